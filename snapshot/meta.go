@@ -1,0 +1,73 @@
+package snapshot
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Meta is a snapshot's self-description, stored as JSON in the file header.
+type Meta struct {
+	Tool        string    `json:"tool"`         // the program that wrote the file, e.g. "oomdbg"
+	ToolVersion string    `json:"tool_version"` // its version
+	Created     time.Time `json:"created"`
+	Host        string    `json:"host,omitempty"`
+	// Source is where the events came from: "oomdbg" (a traced workload) or "pytorch" (an imported snapshot).
+	Source string `json:"source"`
+	// TimeUnit says what Event.Time counts: "ns" (recorded), "us" (imported time_us, scaled to ns) or "index"
+	// (imported traces without time: the event index).
+	TimeUnit string       `json:"time_unit"`
+	Devices  []DeviceInfo `json:"devices"`
+	// AllocatorSettings is the caching allocator's configuration in PYTORCH_CUDA_ALLOC_CONF form.
+	AllocatorSettings string `json:"allocator_settings"`
+	// Workload is the configuration of the traced workload, as its package defines it.
+	Workload json.RawMessage `json:"workload,omitempty"`
+}
+
+// DeviceInfo describes one device of the recording.
+type DeviceInfo struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	Kind  string `json:"kind"` // "meta", "cpu", "cuda", or "unknown" for imported snapshots
+	// Capacity is the device's total memory in bytes; ContextReserve the part the CUDA context and other
+	// non-allocator memory take before the allocator gets any.
+	Capacity       int64 `json:"capacity"`
+	ContextReserve int64 `json:"context_reserve"`
+}
+
+// Footer closes a complete snapshot: a summary of the events and the allocator's final state.
+type Footer struct {
+	Summary  Summary   `json:"summary"`
+	Segments []Segment `json:"segments"`
+}
+
+// Summary counts what a snapshot holds.
+type Summary struct {
+	Events   uint64            `json:"events"`
+	ByAction map[string]uint64 `json:"by_action"` // event counts keyed by Action.String()
+	// PeakAllocated is the highest sum of live block bytes; PeakAllocatedSeq the first event that reached it.
+	PeakAllocated    int64  `json:"peak_allocated"`
+	PeakAllocatedSeq uint64 `json:"peak_allocated_seq"`
+	PeakReserved     int64  `json:"peak_reserved"`
+	EndTime          int64  `json:"end_time"`
+}
+
+// Segment is one allocator segment (a cudaMalloc, or a mapped range of an expandable segment) and the blocks
+// that tile it.
+type Segment struct {
+	Device     int     `json:"device"`
+	Stream     int64   `json:"stream"`
+	Addr       uint64  `json:"address"`
+	Size       int64   `json:"total_size"`
+	Pool       string  `json:"segment_type"` // "small" or "large"
+	Expandable bool    `json:"is_expandable"`
+	Blocks     []Block `json:"blocks"`
+}
+
+// Block is one block of a segment.
+type Block struct {
+	Addr      uint64 `json:"address"`
+	Size      int64  `json:"size"`
+	Requested int64  `json:"requested_size"`
+	// State is "active_allocated", "active_pending_free" or "inactive", as in PyTorch snapshots.
+	State string `json:"state"`
+}
