@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes, the same for every command.
+const (
+	exitOK      = 0 // all went well
+	exitProblem = 1 // a check found a problem (a leak, a budget broken)
+	exitUsage   = 2 // bad usage or unreadable input
+)
+
+// problemError is returned by a command that ran fine but found a problem; it exits 1.
+type problemError struct{ msg string }
+
+func (e *problemError) Error() string { return e.msg }
+
+// run executes the command line args and returns the process exit code. Errors print as one line on stderr.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "oomdbg: %v\n", err)
+	var p *problemError
+	if errors.As(err, &p) {
+		return exitProblem
+	}
+	return exitUsage
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "oomdbg",
+		Short: "Debug GPU out-of-memory errors and memory leaks in neural-network training",
+		Long: `oomdbg records every GPU allocation of a training workload, with its stack and what it is
+(phase, iteration, module, parameter/gradient/optimizer state/activation), into a snapshot file,
+and explains the peak, the out-of-memory error and the leaks it finds.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cmd.Help()
+		},
+	}
+	// Usage mistakes (unknown flag, bad value) print one line and exit 2, like every other bad input.
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())
+	})
+	root.AddCommand(newVersionCmd())
+	return root
+}
