@@ -10,12 +10,23 @@ package alloc
 // allocator. The parameter types are basic so that an observer outside this package (tracer.Recorder)
 // satisfies the interface without importing it.
 type Observer interface {
+	// Alloc: a block was handed out (PyTorch's "alloc"). A segment_alloc or segment_map for new memory,
+	// if any, comes just before it.
 	Alloc(device int, stream int64, addr, requested, block uint64)
+	// FreeRequested: the program freed the block ("free_requested").
 	FreeRequested(device int, stream int64, addr, requested, block uint64)
+	// FreeCompleted: the block went back to the cache ("free_completed"): right after FreeRequested, or,
+	// for a block used on other streams, when their events complete (at the next Malloc, Synchronize or
+	// EmptyCache). block is the size before merging with free neighbours.
 	FreeCompleted(device int, stream int64, addr, requested, block uint64)
+	// SegmentAlloc: a new segment was obtained from the device (cudaMalloc, "segment_alloc").
 	SegmentAlloc(device int, stream int64, addr, size uint64)
+	// SegmentFree: a cached segment was returned to the device (cudaFree, "segment_free").
 	SegmentFree(device int, stream int64, addr, size uint64)
+	// SegmentMap: pages were mapped into an expandable segment ("segment_map").
 	SegmentMap(device int, stream int64, addr, size uint64)
+	// SegmentUnmap: free pages of an expandable segment were unmapped ("segment_unmap").
 	SegmentUnmap(device int, stream int64, addr, size uint64)
+	// OOM: the allocator gave up on a request ("oom"); Malloc then returns an *OutOfMemoryError.
 	OOM(device int, stream int64, requested, allocSize, deviceFree uint64)
 }

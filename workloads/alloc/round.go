@@ -1,0 +1,86 @@
+package alloc
+
+import "math/bits"
+
+// PyTorch's allocator constants (CUDACachingAllocator.cpp, AllocatorConfig.h), verbatim.
+const (
+	MinBlockSize  = 512      // kMinBlockSize: all sizes are rounded to at least 512 bytes
+	SmallSize     = 1 << 20  // kSmallSize: the largest "small" allocation is 1 MiB
+	SmallBuffer   = 2 << 20  // kSmallBuffer: small allocations are packed in 2 MiB segments
+	MinLargeAlloc = 10 << 20 // kMinLargeAlloc: requests between 1 and 10 MiB get a large_segment_size segment
+	RoundLarge    = 2 << 20  // kRoundLarge: larger requests are rounded up to 2 MiB
+	LargeBuffer   = 20 << 20 // kLargeBuffer: the default large_segment_size and max_non_split_rounding_size
+
+	// RoundupIntervals is the number of entries of the roundup_power2_divisions table: one per power-of-two
+	// MiB interval from [1 MiB, 2 MiB) (which also covers everything smaller) to [32 GiB, inf).
+	RoundupIntervals = 16
+
+	mib = 1 << 20
+	// oneExaByte is the request size at which PyTorch refuses without trying ("more than 1EB").
+	oneExaByte = 1 << 60
+)
+
+// RoundSize is PyTorch's round_size: the size a request of size bytes is served with. Below 512 bytes it is
+// 512; where the roundup_power2_divisions table has n > 1 divisions for the size's interval and the size
+// exceeds 512*n, it is rounded up to the next of n equal steps between powers of two; otherwise it is
+// rounded up to a multiple of 512.
+func RoundSize(size uint64, divisions *[RoundupIntervals]uint64) uint64 {
+	if size < MinBlockSize {
+		return MinBlockSize
+	}
+	if divisions != nil {
+		n := divisions[roundupIndex(size)]
+		// Divisions apply only above 512*n, so the docs' example (1200 B with 4 divisions -> 1280) is
+		// not what the code does: 1200 <= 2048 and rounds to 1536.
+		if n > 1 && size > MinBlockSize*n {
+			return roundupPower2NextDivision(size, n)
+		}
+	}
+	return MinBlockSize * ((size + MinBlockSize - 1) / MinBlockSize)
+}
+
+// roundupIndex is the roundup_power2_divisions table entry covering size: log2(size) - 20, clamped to
+// [0, 15].
+func roundupIndex(size uint64) int {
+	logSize := bits.Len64(size) - 1
+	idx := 0
+	if logSize > 20 {
+		idx = logSize - 20
+	}
+	return min(idx, RoundupIntervals-1)
+}
+
+// roundupPower2NextDivision rounds size up to the next of divisions equal steps between the powers of two
+// around it (roundup_power2_next_division). divisions must be a power of two >= 2.
+func roundupPower2NextDivision(size, divisions uint64) uint64 {
+	if size&(size-1) == 0 {
+		return size
+	}
+	floor := uint64(1) << (bits.Len64(size) - 1)
+	step := floor >> (bits.Len64(divisions) - 1)
+	if step == 0 {
+		return floor << 1
+	}
+	down := size &^ (step - 1)
+	if down == size {
+		return size
+	}
+	return down + step
+}
+
+// AllocationSize is PyTorch's get_allocation_size: the size of the segment the allocator asks the device for
+// when no cached block fits a request of rounded size bytes. Up to 1 MiB it is 2 MiB; below 10 MiB it is
+// largeSegment (20 MiB by default); above, the size rounded up to 2 MiB.
+func AllocationSize(rounded, largeSegment uint64) uint64 {
+	switch {
+	case rounded <= SmallSize:
+		return SmallBuffer
+	case rounded < MinLargeAlloc:
+		return largeSegment
+	default:
+		return RoundLarge * ((rounded + RoundLarge - 1) / RoundLarge)
+	}
+}
+
+// IsSmall reports whether a request of rounded size bytes is served from the small pool (<= 1 MiB).
+func IsSmall(rounded uint64) bool { return rounded <= SmallSize }
