@@ -1,0 +1,6 @@
+//go:build !cuda
+
+package device
+
+// cudaBuilt reports whether this binary can run the cuda device.
+const cudaBuilt = false

@@ -1,0 +1,85 @@
+package device
+
+import (
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+)
+
+// Kind is the kind of a device: what it does with the math.
+type Kind string
+
+// The device kinds.
+const (
+	Meta Kind = "meta" // no math: shapes and memory only
+	CPU  Kind = "cpu"  // float32 math on the host; device memory simulated
+	CUDA Kind = "cuda" // device memory on a real GPU (build tag cuda); math as on meta
+)
+
+// ParseKind returns the kind named s.
+func ParseKind(s string) (Kind, error) {
+	switch k := Kind(s); k {
+	case Meta, CPU:
+		return k, nil
+	case CUDA:
+		if !cudaBuilt {
+			return "", fmt.Errorf("device %q needs a build with -tags cuda", s)
+		}
+		return k, nil
+	}
+	return "", fmt.Errorf("unknown device %q (want meta, cpu or cuda)", s)
+}
+
+// The defaults of a simulated device: a 24 GiB card, of which the CUDA context, cuBLAS workspaces and the like
+// take 512 MiB before the allocator gets anything (PyTorch processes typically show 300-600 MiB there).
+const (
+	DefaultCapacity       = 24 << 30
+	DefaultContextReserve = 512 << 20
+)
+
+// Device is one device of a workload: its caching allocator, and whether it computes.
+type Device struct {
+	kind  Kind
+	mem   alloc.Device
+	alloc *alloc.Allocator
+}
+
+// New returns a device of kind whose segments come from mem, allocated through a caching allocator with
+// settings cfg.
+func New(kind Kind, mem alloc.Device, cfg alloc.Config) *Device {
+	return &Device{kind: kind, mem: mem, alloc: alloc.New(mem, cfg)}
+}
+
+// NewSimulated returns a meta or cpu device with a simulated GPU memory of capacity bytes, contextReserve of
+// which the CUDA context takes.
+func NewSimulated(kind Kind, index int, capacity, contextReserve uint64, cfg alloc.Config) *Device {
+	return New(kind, alloc.NewSimDevice(index, capacity, contextReserve), cfg)
+}
+
+// Kind returns the device's kind.
+func (d *Device) Kind() Kind { return d.kind }
+
+// Index returns the device ordinal.
+func (d *Device) Index() int { return d.mem.Index() }
+
+// Computes reports whether ops compute values on this device (cpu), or only shapes and memory.
+func (d *Device) Computes() bool { return d.kind == CPU }
+
+// Allocator returns the device's caching allocator.
+func (d *Device) Allocator() *alloc.Allocator { return d.alloc }
+
+// Memory returns where the allocator's segments come from.
+func (d *Device) Memory() alloc.Device { return d.mem }
+
+// Malloc allocates bytes on the default stream through the caching allocator. The error of a failed
+// allocation is the allocator's *alloc.OutOfMemoryError, whose text is PyTorch's OOM message.
+func (d *Device) Malloc(bytes uint64) (uint64, error) { return d.alloc.Malloc(bytes, 0) }
+
+// Free returns a block to the caching allocator. Freeing what was not allocated is a bug in the runtime.
+func (d *Device) Free(addr uint64) {
+	if err := d.alloc.Free(addr); err != nil {
+		panic(fmt.Sprintf("device: %v", err))
+	}
+}
+
+func (d *Device) String() string { return fmt.Sprintf("%s:%d", d.kind, d.Index()) }
