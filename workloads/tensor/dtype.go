@@ -1,0 +1,52 @@
+package tensor
+
+import "fmt"
+
+// DType is a tensor's element type. Values are computed in float32 on the cpu device; a DType decides how
+// many bytes each element takes on the device and how values are rounded.
+type DType uint8
+
+// The element types.
+const (
+	F32  DType = iota // torch.float32
+	F16               // torch.float16
+	BF16              // torch.bfloat16
+	I64               // torch.int64: token ids, class labels
+	Bool              // torch.bool: masks
+)
+
+var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool"}
+var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1}
+
+// Size is the bytes one element takes on the device.
+func (d DType) Size() int { return dtypeSizes[d] }
+
+func (d DType) String() string {
+	if int(d) < len(dtypeNames) {
+		return dtypeNames[d]
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// IsFloat reports whether d holds floating-point values (and so can require a gradient).
+func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 }
+
+// IsHalf reports whether d is a 16-bit float type.
+func (d DType) IsHalf() bool { return d == F16 || d == BF16 }
+
+// ParseDType returns the dtype named s ("f32", "fp16", "bf16", ...).
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "f32", "fp32", "float32":
+		return F32, nil
+	case "f16", "fp16", "float16":
+		return F16, nil
+	case "bf16", "bfloat16":
+		return BF16, nil
+	case "i64", "int64":
+		return I64, nil
+	case "bool":
+		return Bool, nil
+	}
+	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, i64 or bool)", s)
+}

@@ -1,0 +1,278 @@
+package tensor
+
+import (
+	"math"
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Narrow returns the view of dimension dim from start, length long (x[..., start:start+length, ...]).
+func (t *Tensor) Narrow(dim, start, length int) *Tensor {
+	t.check()
+	dim = t.axis(dim)
+	if start < 0 || length < 0 || start+length > t.shape[dim] {
+		errShape("Narrow", "[%d:%d] out of range for dimension %d of %v", start, start+length, dim, t.shape)
+	}
+	shape := slices.Clone(t.shape)
+	shape[dim] = length
+	full := slices.Clone(t.shape)
+	return t.viewOf(shape, slices.Clone(t.strides), t.offset+start*t.strides[dim], "SliceBackward0", func(g *Tensor) *Tensor {
+		out := g.rt.Zeros(g.dtype, full, "slice.grad", g.rt.category)
+		if g.rt.dev.Computes() {
+			strides := contiguousStrides(full)
+			scatter(&object{st: out.st, shape: g.shape, strides: strides, offset: start * strides[dim]}, g.host())
+		}
+		return out
+	})
+}
+
+// EqualScalar returns the bool tensor x == v (a new allocation; no gradient).
+func EqualScalar(x *Tensor, v float32) *Tensor {
+	x.check()
+	out := x.rt.Empty(Bool, x.shape, "eq.out")
+	if x.rt.dev.Computes() {
+		d, s := out.data(), x.host()
+		for i := range d {
+			if s[i] == v {
+				d[i] = 1
+			} else {
+				d[i] = 0
+			}
+		}
+	}
+	return out
+}
+
+// MaskedFill returns x with v where mask is true; mask broadcasts over x's leading dimensions (its shape a
+// suffix of x's, leading ones allowed). It saves the mask.
+func MaskedFill(x, mask *Tensor, v float32) *Tensor {
+	x.check()
+	mask.check()
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "masked_fill.out")
+	inner := mask.Numel() // the mask repeats over x's leading dimensions
+	if rt.dev.Computes() {
+		d, s, m := out.data(), x.host(), mask.host()
+		for i := range d {
+			if m[i%inner] != 0 {
+				d[i] = v
+			} else {
+				d[i] = s[i]
+			}
+		}
+	}
+	if rt.needsGrad(x) {
+		node := rt.node("MaskedFillBackward0", []*Tensor{x}, []*Tensor{out}, nil)
+		sm := node.save("mask", mask)
+		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+			dx := n.rt.Empty(g[0].dtype, g[0].shape, "masked_fill.grad")
+			if n.rt.dev.Computes() {
+				d, gv, m := dx.data(), g[0].host(), sm.host()
+				for i := range d {
+					if m[i%inner] != 0 {
+						d[i] = 0
+					} else {
+						d[i] = gv[i]
+					}
+				}
+			}
+			return []*Tensor{dx}
+		}
+	}
+	return out
+}
+
+// Arange allocates the int64 tensor [0, 1, ..., n-1] (torch.arange).
+func (rt *Runtime) Arange(n int, role string) *Tensor {
+	out := rt.empty(I64, []int{n}, role, snapshot.CategoryInput)
+	if rt.dev.Computes() {
+		for i := range out.data() {
+			out.data()[i] = float32(i)
+		}
+	}
+	return out
+}
+
+// Tril allocates the lower-triangular n x n matrix of ones (torch.tril(torch.ones(n, n))) with the given
+// category: nanoGPT's causal-mask buffer.
+func (rt *Runtime) Tril(n int, role string, category snapshot.Category) *Tensor {
+	out := rt.empty(F32, []int{n, n}, role, category)
+	if rt.dev.Computes() {
+		d := out.data()
+		for i := range n {
+			for j := 0; j <= i; j++ {
+				d[i*n+j] = 1
+			}
+		}
+	}
+	return out
+}
+
+// ScaledDotProductAttention is memory-efficient (flash) causal attention over q, k, v of shape
+// (batch, heads, seq, head_dim), as F.scaled_dot_product_attention's flash and memory-efficient kernels run
+// it: the seq x seq scores are never materialised. It allocates the output as (batch, seq, heads, head_dim)
+// and returns it viewed as (batch, heads, seq, head_dim), plus a float32 log-sum-exp per row, and saves q, k,
+// v, the output and the log-sum-exp. Dropout, when p > 0 and training, is drawn inside the kernel from a seed
+// (no mask in device memory).
+func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
+	q.check()
+	k.check()
+	v.check()
+	rt := q.rt
+	b, h, s, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	if !training {
+		p = 0
+	}
+	dtype := resultType(q, k)
+	outBTHD := rt.Empty(dtype, []int{b, s, h, d}, "sdpa.out")
+	out := outBTHD.Transpose(1, 2)
+	outBTHD.Release()
+	lse := rt.Empty(F32, []int{b, h, s}, "sdpa.logsumexp")
+	var keep []float32 // the dropout draws: host scratch standing in for the kernel's seeded generator
+	if rt.dev.Computes() {
+		keep = dropoutDraws(rt, p, b*h*s*s)
+		vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), b, h, s, d, causal, p, keep)
+		scatter(out.object, vals)
+		out.round()
+	}
+	if rt.needsGrad(q, k, v) {
+		node := rt.node("ScaledDotProductEfficientAttentionBackward0", []*Tensor{q, k, v}, []*Tensor{out}, nil)
+		sq, sk, sv := node.save("query", q), node.save("key", k), node.save("value", v)
+		so, sl := node.save("output", out), node.save("log_sumexp", lse)
+		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+			rt := n.rt
+			// The backward kernel's workspace: float32 dq accumulator and per-row softmax sums.
+			accum := rt.Empty(F32, []int{b, s, h, d}, "sdpa.grad_q_accum")
+			delta := rt.Empty(F32, []int{b, h, s}, "sdpa.softmax_d")
+			dq := rt.Empty(sq.dtype, []int{b, h, s, d}, "sdpa.grad_q")
+			dk := rt.Empty(sk.dtype, []int{b, h, s, d}, "sdpa.grad_k")
+			dv := rt.Empty(sv.dtype, []int{b, h, s, d}, "sdpa.grad_v")
+			if rt.dev.Computes() {
+				attentionBackward(dq.data(), dk.data(), dv.data(), g[0].host(), sq.host(), sk.host(), sv.host(), so.host(), sl.host(), b, h, s, d, causal, p, keep)
+				dq.round()
+				dk.round()
+				dv.round()
+			}
+			accum.Release()
+			delta.Release()
+			grads := []*Tensor{dq, dk, dv}
+			for i, need := range needs {
+				if !need {
+					grads[i].Release()
+					grads[i] = nil
+				}
+			}
+			return grads
+		}
+	}
+	lse.Release()
+	return out
+}
+
+// dropoutDraws returns n keep-scales (0 or 1/(1-p)) for attention dropout, or nil when p is 0.
+func dropoutDraws(rt *Runtime, p float32, n int) []float32 {
+	if p == 0 {
+		return nil
+	}
+	keep := make([]float32, n)
+	for i := range keep {
+		if rt.rng.Float32() >= p {
+			keep[i] = 1 / (1 - p)
+		}
+	}
+	return keep
+}
+
+// attentionForward computes softmax(q k^T / sqrt(d) [causal]) (dropped out) @ v, row by row, writing each
+// row's log-sum-exp. It returns the output in (b, h, s, d) order.
+func attentionForward(q, k, v, lse []float32, b, h, s, d int, causal bool, p float32, keep []float32) []float32 {
+	out := make([]float32, b*h*s*d)
+	scale := 1 / math.Sqrt(float64(d))
+	row := make([]float64, s)
+	for bh := range b * h {
+		base := bh * s * d
+		for i := range s {
+			n := s
+			if causal {
+				n = i + 1
+			}
+			m := math.Inf(-1)
+			for j := range n {
+				var dot float64
+				for c := range d {
+					dot += float64(q[base+i*d+c]) * float64(k[base+j*d+c])
+				}
+				row[j] = dot * scale
+				m = max(m, row[j])
+			}
+			var sum float64
+			for j := range n {
+				row[j] = math.Exp(row[j] - m)
+				sum += row[j]
+			}
+			lse[bh*s+i] = float32(m + math.Log(sum))
+			for j := range n {
+				w := row[j] / sum
+				if keep != nil {
+					w *= float64(keep[(bh*s+i)*s+j])
+				}
+				for c := range d {
+					out[base+i*d+c] += float32(w * float64(v[base+j*d+c]))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// attentionBackward computes the gradients of attentionForward from the saved log-sum-exp, recomputing the
+// probabilities row by row as the flash kernels do. dq, dk, dv are in (b, h, s, d) order.
+func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d int, causal bool, p float32, keep []float32) {
+	clear(dq)
+	clear(dk)
+	clear(dv)
+	scale := 1 / math.Sqrt(float64(d))
+	prob := make([]float64, s)
+	dp := make([]float64, s)
+	for bh := range b * h {
+		base := bh * s * d
+		for i := range s {
+			n := s
+			if causal {
+				n = i + 1
+			}
+			for j := range n {
+				var dot float64
+				for c := range d {
+					dot += float64(q[base+i*d+c]) * float64(k[base+j*d+c])
+				}
+				prob[j] = math.Exp(dot*scale - float64(lse[bh*s+i]))
+			}
+			// dP = dout . v (through dropout); dS = P * (dP - sum(dP * P_dropped))
+			var rowDot float64
+			for j := range n {
+				var g float64
+				for c := range d {
+					g += float64(dout[base+i*d+c]) * float64(v[base+j*d+c])
+				}
+				kj := 1.0
+				if keep != nil {
+					kj = float64(keep[(bh*s+i)*s+j])
+				}
+				dp[j] = g * kj
+				rowDot += dp[j] * prob[j]
+				for c := range d {
+					dv[base+j*d+c] += float32(prob[j] * kj * float64(dout[base+i*d+c]))
+				}
+			}
+			for j := range n {
+				ds := prob[j] * (dp[j] - rowDot) * scale
+				for c := range d {
+					dq[base+i*d+c] += float32(ds * float64(k[base+j*d+c]))
+					dk[base+j*d+c] += float32(ds * float64(q[base+i*d+c]))
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,251 @@
+package tensor
+
+import (
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/device"
+)
+
+// Add returns a + b. b may be broadcast over a's leading dimensions (its shape a suffix of a's, e.g. a bias).
+// It saves nothing; both inputs receive the output's gradient itself (summed to b's shape when broadcast).
+func Add(a, b *Tensor) *Tensor {
+	a.check()
+	b.check()
+	broadcastable("Add", a, b)
+	rt := a.rt
+	out := rt.Empty(resultType(a, b), a.shape, "add.out")
+	if rt.dev.Computes() {
+		device.Add(out.data(), a.host(), b.host())
+		out.round()
+	}
+	if rt.needsGrad(a, b) {
+		bShape := slices.Clone(b.shape)
+		rt.node("AddBackward0", []*Tensor{a, b}, []*Tensor{out}, func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+			grads := make([]*Tensor, 2)
+			if needs[0] {
+				grads[0] = g[0].Ref()
+			}
+			if needs[1] {
+				grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
+			}
+			return grads
+		})
+	}
+	return out
+}
+
+// addInPlaceOp is y.add_(b) on a tensor y the caller made: no allocation; y's history is rebased onto the
+// add. It returns a new reference to y.
+func addInPlaceOp(y, b *Tensor) *Tensor {
+	broadcastable("add_", y, b)
+	rt := y.rt
+	if rt.dev.Computes() {
+		device.Add(y.data(), y.data(), b.host())
+		y.round()
+	}
+	out := y.Ref()
+	if rt.needsGrad(y, b) {
+		bShape := slices.Clone(b.shape)
+		// node reads y's old grad_fn for its edge before making the add y's new one.
+		rt.node("AddBackward0", []*Tensor{y, b}, []*Tensor{out}, func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+			grads := make([]*Tensor, 2)
+			if needs[0] {
+				grads[0] = g[0].Ref()
+			}
+			if needs[1] {
+				grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
+			}
+			return grads
+		})
+	}
+	return out
+}
+
+// Mul returns a * b elementwise (b may be broadcast like Add's). Each input is saved when the other needs a
+// gradient.
+func Mul(a, b *Tensor) *Tensor {
+	a.check()
+	b.check()
+	broadcastable("Mul", a, b)
+	rt := a.rt
+	out := rt.Empty(resultType(a, b), a.shape, "mul.out")
+	if rt.dev.Computes() {
+		device.Mul(out.data(), a.host(), b.host())
+		out.round()
+	}
+	if rt.needsGrad(a, b) {
+		node := rt.node("MulBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)
+		var sa, sb *Tensor
+		if b.requiresGrad {
+			sa = node.save("self", a)
+		}
+		if a.requiresGrad {
+			sb = node.save("other", b)
+		}
+		bShape := slices.Clone(b.shape)
+		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+			grads := make([]*Tensor, 2)
+			if needs[0] {
+				grads[0] = n.rt.binary(g[0], sb, "self.grad", device.Mul)
+			}
+			if needs[1] {
+				full := n.rt.binary(g[0], sa, "other.grad", device.Mul)
+				grads[1] = n.rt.sumTo(full, bShape, "other.grad")
+				full.Release()
+			}
+			return grads
+		}
+	}
+	return out
+}
+
+// Scale returns x * s for a scalar s (saves nothing).
+func Scale(x *Tensor, s float32) *Tensor {
+	x.check()
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "mul.out")
+	if rt.dev.Computes() {
+		copy(out.data(), x.host())
+		device.Scale(out.data(), s)
+		out.round()
+	}
+	if rt.needsGrad(x) {
+		rt.node("MulBackward1", []*Tensor{x}, []*Tensor{out}, func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+			return []*Tensor{Scale(g[0], s)}
+		})
+	}
+	return out
+}
+
+// ReLU returns max(x, 0). It saves its result.
+func ReLU(x *Tensor) *Tensor {
+	x.check()
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "relu.out")
+	if rt.dev.Computes() {
+		device.ReLU(out.data(), x.host())
+	}
+	if rt.needsGrad(x) {
+		node := rt.node("ReluBackward0", []*Tensor{x}, []*Tensor{out}, nil)
+		result := node.save("result", out)
+		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+			return []*Tensor{n.rt.binary(g[0], result, "relu.grad", device.ReLUBackward)}
+		}
+	}
+	return out
+}
+
+// GELU returns x * Φ(x) (exact form). It saves its input.
+func GELU(x *Tensor) *Tensor {
+	x.check()
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "gelu.out")
+	if rt.dev.Computes() {
+		device.GELU(out.data(), x.host())
+		out.round()
+	}
+	if rt.needsGrad(x) {
+		node := rt.node("GeluBackward0", []*Tensor{x}, []*Tensor{out}, nil)
+		self := node.save("self", x)
+		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+			return []*Tensor{n.rt.binary(g[0], self, "gelu.grad", device.GELUBackward)}
+		}
+	}
+	return out
+}
+
+// Dropout zeroes elements with probability p and scales the rest by 1/(1-p) when training. As CUDA's fused
+// kernel does, it allocates the output and then a one-byte-per-element mask, and saves the mask. With p == 0
+// or outside training it returns x itself (another reference) and allocates nothing, as ATen does.
+func Dropout(x *Tensor, p float32, training bool) *Tensor {
+	x.check()
+	if p == 0 || !training || x.Numel() == 0 {
+		return x.Ref()
+	}
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "dropout.out")
+	mask := rt.Empty(Bool, x.shape, "dropout.mask")
+	if rt.dev.Computes() {
+		device.Dropout(out.data(), mask.data(), x.host(), p, rt.rng.Float32)
+		out.round()
+	}
+	if rt.needsGrad(x) {
+		node := rt.node("NativeDropoutBackward0", []*Tensor{x}, []*Tensor{out}, nil)
+		saved := node.save("result1", mask)
+		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+			dx := n.rt.Empty(g[0].dtype, g[0].shape, "dropout.grad")
+			if n.rt.dev.Computes() {
+				device.DropoutBackward(dx.data(), g[0].host(), saved.host(), p)
+				dx.round()
+			}
+			return []*Tensor{dx}
+		}
+	}
+	mask.Release()
+	return out
+}
+
+// binary allocates f(a, b) elementwise in a new tensor of a's shape (a backward helper).
+func (rt *Runtime) binary(a, b *Tensor, role string, f func(dst, a, b []float32)) *Tensor {
+	out := rt.Empty(a.dtype, a.shape, role)
+	if rt.dev.Computes() {
+		f(out.data(), a.host(), b.host())
+		out.round()
+	}
+	return out
+}
+
+// addNoGrad allocates a + b outside autograd (gradient accumulation).
+func (rt *Runtime) addNoGrad(a, b *Tensor, role string) *Tensor {
+	return rt.binary(a, b, role, device.Add)
+}
+
+// addInPlace adds src into dst's values, allocating nothing.
+func addInPlace(dst, src *Tensor) {
+	if dst.rt.dev.Computes() {
+		d := dst.data()
+		device.Add(d, d, src.host())
+		dst.round()
+	}
+}
+
+// cloneAs allocates a contiguous copy of t with the given category, outside autograd.
+func (rt *Runtime) cloneAs(t *Tensor, role string, category snapshot.Category) *Tensor {
+	out := rt.empty(t.dtype, t.shape, role, category)
+	if rt.dev.Computes() {
+		copy(out.data(), t.host())
+	}
+	return out
+}
+
+// sumTo reduces g to shape by summing over its leading dimensions (the gradient of a broadcast); when the
+// shapes already match it returns another reference to g and allocates nothing.
+func (rt *Runtime) sumTo(g *Tensor, shape []int, role string) *Tensor {
+	if slices.Equal(g.shape, shape) {
+		return g.Ref()
+	}
+	out := rt.Empty(g.dtype, shape, role)
+	if rt.dev.Computes() {
+		device.SumRows(out.data(), g.host(), numel(shape))
+		out.round()
+	}
+	return out
+}
+
+// broadcastable checks that b's shape is a suffix of a's.
+func broadcastable(op string, a, b *Tensor) {
+	if len(b.shape) > len(a.shape) || !slices.Equal(a.shape[len(a.shape)-len(b.shape):], b.shape) {
+		errShape(op, "shapes %v and %v do not broadcast", a.shape, b.shape)
+	}
+}
+
+// roundValues rounds values to what dtype can hold.
+func roundValues(dtype DType, values []float32) {
+	switch dtype {
+	case F16:
+		device.RoundF16(values)
+	case BF16:
+		device.RoundBF16(values)
+	}
+}

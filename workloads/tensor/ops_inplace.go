@@ -1,0 +1,108 @@
+package tensor
+
+import (
+	"math"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// In-place updates for optimizers and gradient bookkeeping. They allocate nothing and record no graph
+// (optimizers run under no_grad), and work on contiguous tensors, as parameters, gradients and optimizer
+// state are.
+
+// inplace applies f to dst's values elementwise, with the matching values of srcs.
+func inplace(dst *Tensor, f func(i int, d []float32), srcs ...*Tensor) {
+	dst.check()
+	if !dst.rt.dev.Computes() {
+		return
+	}
+	if !dst.IsContiguous() {
+		errShape("inplace", "in-place update of a non-contiguous tensor %v", dst.shape)
+	}
+	d := dst.data()
+	for i := range d {
+		f(i, d)
+	}
+	dst.round()
+}
+
+// AddScaled_ sets dst += alpha * src (torch.add_(src, alpha=alpha)).
+func AddScaled_(dst, src *Tensor, alpha float32) {
+	var s []float32
+	if src.rt.dev.Computes() {
+		s = src.host()
+	}
+	inplace(dst, func(i int, d []float32) { d[i] += alpha * s[i] })
+}
+
+// Scale_ sets dst *= s.
+func Scale_(dst *Tensor, s float32) { inplace(dst, func(i int, d []float32) { d[i] *= s }) }
+
+// AddScalar_ sets dst += s.
+func AddScalar_(dst *Tensor, s float32) { inplace(dst, func(i int, d []float32) { d[i] += s }) }
+
+// Zero_ sets every element of dst to 0 (tensor.zero_()).
+func Zero_(dst *Tensor) { inplace(dst, func(i int, d []float32) { d[i] = 0 }) }
+
+// Lerp_ sets dst += w * (end - dst).
+func Lerp_(dst, end *Tensor, w float32) {
+	var e []float32
+	if end.rt.dev.Computes() {
+		e = end.host()
+	}
+	inplace(dst, func(i int, d []float32) { d[i] += w * (e[i] - d[i]) })
+}
+
+// Addcmul_ sets dst += v * a * b.
+func Addcmul_(dst, a, b *Tensor, v float32) {
+	var av, bv []float32
+	if a.rt.dev.Computes() {
+		av, bv = a.host(), b.host()
+	}
+	inplace(dst, func(i int, d []float32) { d[i] += v * av[i] * bv[i] })
+}
+
+// Addcdiv_ sets dst += v * a / b.
+func Addcdiv_(dst, a, b *Tensor, v float32) {
+	var av, bv []float32
+	if a.rt.dev.Computes() {
+		av, bv = a.host(), b.host()
+	}
+	inplace(dst, func(i int, d []float32) { d[i] += v * av[i] / bv[i] })
+}
+
+// Sqrt allocates the elementwise square root of x, outside autograd (torch._foreach_sqrt's output).
+func Sqrt(x *Tensor, role string) *Tensor {
+	out := x.rt.empty(x.dtype, x.shape, role, snapshot.CategoryTemporary)
+	if x.rt.dev.Computes() {
+		d, s := out.data(), x.host()
+		for i := range d {
+			d[i] = float32(math.Sqrt(float64(s[i])))
+		}
+		out.round()
+	}
+	return out
+}
+
+// ZerosLike allocates zeros shaped like x with the given category (torch.zeros_like).
+func ZerosLike(x *Tensor, role string, category snapshot.Category) *Tensor {
+	return x.rt.Zeros(x.dtype, x.shape, role, category)
+}
+
+// Clone allocates a copy of x outside autograd with the given category (torch.clone(x).detach()).
+func Clone(x *Tensor, role string, category snapshot.Category) *Tensor {
+	return x.rt.cloneAs(x, role, category)
+}
+
+// AddNoGrad allocates a + alpha*b outside autograd (torch._foreach_add's output).
+func AddNoGrad(a, b *Tensor, alpha float32, role string) *Tensor {
+	out := a.rt.empty(a.dtype, a.shape, role, snapshot.CategoryTemporary)
+	if a.rt.dev.Computes() {
+		d, av, bv := out.data(), a.host(), b.host()
+		for i := range d {
+			d[i] = av[i] + alpha*bv[i]
+		}
+		out.round()
+	}
+	return out
+}
