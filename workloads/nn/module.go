@@ -1,0 +1,271 @@
+// Package nn holds the modules of oomdbg's workloads: a module tree whose paths ("blocks.3.attn.qkv") are
+// the scopes every allocation is tagged with, the layers a training loop needs, and the models.
+//
+// Modules follow PyTorch's: the same parameters in the same order, the same initialisation, the same ops in
+// forward, so the memory a model uses is the memory its PyTorch twin uses. Forward borrows its input (the
+// caller still holds it) and returns a new reference the caller owns.
+package nn
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// Module is a node of the module tree.
+type Module interface {
+	// Name is the module's path in the tree, e.g. "blocks.3.attn"; the root's is "".
+	Name() string
+	// Parameters returns the module's parameters and its children's, in registration order.
+	Parameters() []*Parameter
+}
+
+// Layer is a module with a one-input forward.
+type Layer interface {
+	Module
+	Forward(x *tensor.Tensor) *tensor.Tensor
+}
+
+// Parameter is a named trainable tensor.
+type Parameter struct {
+	Name   string // full path, e.g. "blocks.0.attn.c_attn.weight"
+	Tensor *tensor.Tensor
+}
+
+// base carries a module's name and runtime.
+type base struct {
+	rt   *tensor.Runtime
+	name string
+}
+
+func (b *base) Name() string { return b.name }
+
+// scope enters the module's scope; call the result to leave.
+func (b *base) scope() func() { return b.rt.Scope(b.name) }
+
+// join makes a child path: join("blocks.3", "attn") is "blocks.3.attn".
+func join(parent, child string) string {
+	if parent == "" {
+		return child
+	}
+	return parent + "." + child
+}
+
+// newParameter allocates a parameter initialised uniformly in [-bound, bound], as PyTorch's kaiming_uniform
+// with a=sqrt(5) does for Linear weights and biases.
+func newParameter(rt *tensor.Runtime, name string, dtype tensor.DType, shape []int, bound float32) *Parameter {
+	t := rt.Uniform(dtype, shape, -bound, bound, name, snapshot.CategoryParameter)
+	return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
+}
+
+// constParameter allocates a parameter with every element v (LayerNorm's ones and zeros).
+func constParameter(rt *tensor.Runtime, name string, dtype tensor.DType, shape []int, v float32) *Parameter {
+	t := rt.Full(dtype, shape, v, name, snapshot.CategoryParameter)
+	return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
+}
+
+// ReleaseParameters releases every parameter of m (and their gradients).
+func ReleaseParameters(m Module) {
+	for _, p := range m.Parameters() {
+		p.Tensor.Release()
+	}
+}
+
+// CountParameters returns the number of parameter elements of m.
+func CountParameters(m Module) int {
+	n := 0
+	for _, p := range m.Parameters() {
+		n += p.Tensor.Numel()
+	}
+	return n
+}
+
+// Linear is nn.Linear: y = x W^T + b.
+type Linear struct {
+	base
+	Weight, Bias *Parameter
+}
+
+// NewLinear makes a Linear layer named name with PyTorch's default initialisation.
+func NewLinear(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType) *Linear {
+	bound := float32(1 / math.Sqrt(float64(in)))
+	l := &Linear{base: base{rt, name}}
+	l.Weight = newParameter(rt, join(name, "weight"), dtype, []int{out, in}, bound)
+	if bias {
+		l.Bias = newParameter(rt, join(name, "bias"), dtype, []int{out}, bound)
+	}
+	return l
+}
+
+// Parameters returns the weight and, if present, the bias.
+func (l *Linear) Parameters() []*Parameter {
+	if l.Bias == nil {
+		return []*Parameter{l.Weight}
+	}
+	return []*Parameter{l.Weight, l.Bias}
+}
+
+// Forward applies the layer.
+func (l *Linear) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer l.scope()()
+	var b *tensor.Tensor
+	if l.Bias != nil {
+		b = l.Bias.Tensor
+	}
+	return tensor.Linear(x, l.Weight.Tensor, b)
+}
+
+// ReLU is nn.ReLU.
+type ReLU struct{ base }
+
+// NewReLU makes a ReLU named name.
+func NewReLU(rt *tensor.Runtime, name string) *ReLU { return &ReLU{base{rt, name}} }
+
+// Parameters returns nothing: ReLU has none.
+func (*ReLU) Parameters() []*Parameter { return nil }
+
+// Forward applies max(x, 0).
+func (r *ReLU) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer r.scope()()
+	return tensor.ReLU(x)
+}
+
+// GELU is nn.GELU (exact form).
+type GELU struct{ base }
+
+// NewGELU makes a GELU named name.
+func NewGELU(rt *tensor.Runtime, name string) *GELU { return &GELU{base{rt, name}} }
+
+// Parameters returns nothing: GELU has none.
+func (*GELU) Parameters() []*Parameter { return nil }
+
+// Forward applies GELU.
+func (g *GELU) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer g.scope()()
+	return tensor.GELU(x)
+}
+
+// Dropout is nn.Dropout; it is active only while Training is set.
+type Dropout struct {
+	base
+	P        float32
+	Training *bool // shared with the model, like module.training
+}
+
+// NewDropout makes a Dropout named name with probability p, active when *training.
+func NewDropout(rt *tensor.Runtime, name string, p float32, training *bool) *Dropout {
+	return &Dropout{base: base{rt, name}, P: p, Training: training}
+}
+
+// Parameters returns nothing: Dropout has none.
+func (*Dropout) Parameters() []*Parameter { return nil }
+
+// Forward applies dropout (or returns x itself when inactive or p is 0).
+func (d *Dropout) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer d.scope()()
+	return tensor.Dropout(x, d.P, *d.Training)
+}
+
+// LayerNorm is nn.LayerNorm over the last dimension, with weight and (optionally) bias, eps 1e-5.
+type LayerNorm struct {
+	base
+	Weight, Bias *Parameter
+}
+
+// NewLayerNorm makes a LayerNorm named name over dim features.
+func NewLayerNorm(rt *tensor.Runtime, name string, dim int, bias bool, dtype tensor.DType) *LayerNorm {
+	l := &LayerNorm{base: base{rt, name}}
+	l.Weight = constParameter(rt, join(name, "weight"), dtype, []int{dim}, 1)
+	if bias {
+		l.Bias = constParameter(rt, join(name, "bias"), dtype, []int{dim}, 0)
+	}
+	return l
+}
+
+// Parameters returns the weight and, if present, the bias.
+func (l *LayerNorm) Parameters() []*Parameter {
+	if l.Bias == nil {
+		return []*Parameter{l.Weight}
+	}
+	return []*Parameter{l.Weight, l.Bias}
+}
+
+// Forward normalises x.
+func (l *LayerNorm) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer l.scope()()
+	var b *tensor.Tensor
+	if l.Bias != nil {
+		b = l.Bias.Tensor
+	}
+	return tensor.LayerNorm(x, l.Weight.Tensor, b, 1e-5)
+}
+
+// Embedding is nn.Embedding: a table of num vectors of size dim, initialised N(0, 1) as PyTorch does.
+type Embedding struct {
+	base
+	Weight *Parameter
+}
+
+// NewEmbedding makes an Embedding named name.
+func NewEmbedding(rt *tensor.Runtime, name string, num, dim int, dtype tensor.DType) *Embedding {
+	e := &Embedding{base: base{rt, name}}
+	t := rt.Randn(dtype, []int{num, dim}, 1, join(name, "weight"), snapshot.CategoryParameter)
+	e.Weight = &Parameter{Name: join(name, "weight"), Tensor: t.SetRequiresGrad(true).SetName(join(name, "weight"))}
+	return e
+}
+
+// Parameters returns the table.
+func (e *Embedding) Parameters() []*Parameter { return []*Parameter{e.Weight} }
+
+// Forward looks up the vectors of the indices idx.
+func (e *Embedding) Forward(idx *tensor.Tensor) *tensor.Tensor {
+	defer e.scope()()
+	return tensor.Embedding(idx, e.Weight.Tensor)
+}
+
+// Sequential is nn.Sequential: children applied in order, named "0", "1", ... under its own name.
+type Sequential struct {
+	base
+	Layers []Layer
+	// AfterLayer, when set, is called with each layer's output, like a forward hook registered on every
+	// child. It borrows the output.
+	AfterLayer func(l Layer, out *tensor.Tensor)
+}
+
+// NewSequential makes an empty Sequential named name; add layers named with Child.
+func NewSequential(rt *tensor.Runtime, name string) *Sequential {
+	return &Sequential{base: base{rt, name}}
+}
+
+// Child returns the path of the next child ("net.3").
+func (s *Sequential) Child() string { return join(s.name, strconv.Itoa(len(s.Layers))) }
+
+// Add appends a layer.
+func (s *Sequential) Add(l Layer) { s.Layers = append(s.Layers, l) }
+
+// Parameters returns the children's parameters in order.
+func (s *Sequential) Parameters() []*Parameter {
+	var ps []*Parameter
+	for _, l := range s.Layers {
+		ps = append(ps, l.Parameters()...)
+	}
+	return ps
+}
+
+// Forward applies the layers in order; each intermediate result is released as soon as the next layer has
+// used it, as Python rebinding `x = layer(x)` drops the old x.
+func (s *Sequential) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer s.scope()()
+	h := x.Ref()
+	for _, l := range s.Layers {
+		y := l.Forward(h)
+		h.Release()
+		h = y
+		if s.AfterLayer != nil {
+			s.AfterLayer(l, h)
+		}
+	}
+	return h
+}
