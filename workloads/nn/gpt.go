@@ -40,6 +40,9 @@ type GPT struct {
 	AfterBlock func(b *Block, out *tensor.Tensor)
 	// Checkpoint, when set, runs a block through activation checkpointing when it returns true.
 	Checkpoint func(i int) bool
+	// CheckpointAttention runs every block's attention (not its MLP) through activation checkpointing:
+	// selective checkpointing of the part whose activations grow with the square of the sequence.
+	CheckpointAttention bool
 
 	Training bool
 }
@@ -51,6 +54,8 @@ type Block struct {
 	Attn *CausalSelfAttention
 	LN2  *LayerNorm
 	MLP  *GPTMLP
+
+	checkpointAttn *bool // the model's CheckpointAttention
 }
 
 // CausalSelfAttention is nanoGPT's attention: one qkv projection, head split, attention, merge, projection.
@@ -104,7 +109,7 @@ func NewGPT(rt *tensor.Runtime, cfg GPTConfig) (*GPT, error) {
 	g.Drop = NewDropout(rt, "transformer.drop", cfg.Dropout, &g.Training)
 	for i := range cfg.Layers {
 		name := fmt.Sprintf("transformer.h.%d", i)
-		b := &Block{base: base{rt, name}}
+		b := &Block{base: base{rt, name}, checkpointAttn: &g.CheckpointAttention}
 		b.LN1 = NewLayerNorm(rt, join(name, "ln_1"), d, cfg.Bias, cfg.DType)
 		an := join(name, "attn")
 		b.Attn = &CausalSelfAttention{base: base{rt, an}, heads: cfg.Heads, flash: cfg.Attention == "flash",
@@ -205,7 +210,12 @@ func (g *GPT) Loss(idx, targets *tensor.Tensor) *tensor.Tensor {
 func (b *Block) Forward(x *tensor.Tensor) *tensor.Tensor {
 	defer b.scope()()
 	h := b.LN1.Forward(x)
-	a := b.Attn.Forward(h)
+	var a *tensor.Tensor
+	if *b.checkpointAttn {
+		a = tensor.Checkpoint(b.Attn.Forward, h)
+	} else {
+		a = b.Attn.Forward(h)
+	}
 	h.Release()
 	x1 := tensor.Add(x, a)
 	a.Release()

@@ -186,3 +186,46 @@ func TestDropoutMaskIsOneBytePerElement(t *testing.T) {
 	y.Release()
 	x.Release()
 }
+
+func TestGradientAccumulationEqualsTheLargeBatch(t *testing.T) {
+	cfg := smallGPT("flash", 0)
+	rt := gptRuntime(device.CPU)
+	g, _ := NewGPT(rt, cfg)
+	idx := tokens(rt, 4, cfg.BlockSize, cfg.Vocab)
+	tgt := tokens(rt, 4, cfg.BlockSize, cfg.Vocab)
+	grads := func() map[string][]float32 {
+		out := map[string][]float32{}
+		for _, p := range g.Parameters() {
+			out[p.Name] = p.Tensor.Grad().Values()
+			p.Tensor.SetGrad(nil)
+		}
+		return out
+	}
+
+	loss := g.Loss(idx, tgt)
+	loss.Backward(false)
+	loss.Release()
+	large := grads()
+
+	for _, half := range [][2]int{{0, 2}, {2, 2}} { // two micro-batches of 2, each loss divided by 2
+		x, y := idx.Narrow(0, half[0], half[1]), tgt.Narrow(0, half[0], half[1])
+		xc, yc := x.Contiguous(), y.Contiguous()
+		l := g.Loss(xc, yc)
+		scaled := tensor.Scale(l, 0.5)
+		scaled.Backward(false)
+		for _, r := range []*tensor.Tensor{x, y, xc, yc, l, scaled} {
+			r.Release()
+		}
+	}
+	accum := grads()
+	for name, want := range large {
+		for i := range want {
+			if d := math.Abs(float64(want[i] - accum[name][i])); d > 1e-5*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("%s[%d]: batch of 4 gives %v, two accumulated micro-batches %v", name, i, want[i], accum[name][i])
+			}
+		}
+	}
+	idx.Release()
+	tgt.Release()
+	g.Release()
+}

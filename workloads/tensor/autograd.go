@@ -21,13 +21,17 @@ type Node struct {
 	apply backwardFunc
 	leaf  *object // for AccumulateGrad: the leaf it accumulates into
 	freed bool    // the saved tensors were released by a backward without retain_graph
+	// refs counts what keeps the node alive: tensors whose grad_fn it is and nodes with an edge to it.
+	// At zero the node goes, releasing what it saved, as a PyTorch Node's refcount does.
+	refs int
 }
 
 // edge connects an input of a node to the node that takes its gradient, and which of that node's outputs the
 // input was.
 type edge struct {
-	node *Node
-	nr   int
+	node  *Node
+	nr    int
+	dtype DType // the input's dtype: its gradient is converted to it
 }
 
 // backwardFunc computes the input gradients from the output gradients. grads[i] may be nil for an output
@@ -83,30 +87,70 @@ func (rt *Runtime) node(name string, inputs []*Tensor, outputs []*Tensor, apply 
 	for i, in := range inputs {
 		if in != nil && in.requiresGrad {
 			n.next[i] = in.gradEdge()
+			n.next[i].node.refs++
 		}
 	}
 	for i, out := range outputs {
+		old := out.gradFn // an in-place op rebases its output's history onto the new node
 		out.requiresGrad, out.gradFn, out.outputNr = true, n, i
+		n.refs++
+		if old != nil {
+			old.unref()
+		}
 	}
 	return n
+}
+
+// unref drops one reference to n; a node nobody references releases what it saved and its references to
+// the nodes it feeds, transitively.
+func (n *Node) unref() {
+	stack := []*Node{n}
+	for len(stack) > 0 {
+		m := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if m.refs--; m.refs > 0 {
+			continue
+		}
+		if m.leaf != nil { // a leaf holds its AccumulateGrad weakly: the next graph makes a new one
+			if m.leaf.accumulate == m {
+				m.leaf.accumulate = nil
+			}
+			continue
+		}
+		if !m.freed {
+			m.releaseSaved()
+		}
+		for _, e := range m.next {
+			if e.node != nil {
+				stack = append(stack, e.node)
+			}
+		}
+	}
 }
 
 // gradEdge returns where a gradient for t goes: its grad_fn, or its leaf's AccumulateGrad node.
 func (t *Tensor) gradEdge() edge {
 	if t.gradFn != nil {
-		return edge{t.gradFn, t.outputNr}
+		return edge{t.gradFn, t.outputNr, t.dtype}
 	}
 	if t.accumulate == nil {
 		t.accumulate = &Node{rt: t.rt, name: "AccumulateGrad", seq: math.MaxUint64, outs: 1, leaf: t.object,
 			apply: accumulateGrad}
 	}
-	return edge{t.accumulate, 0}
+	return edge{t.accumulate, 0, t.dtype}
 }
 
 // save keeps a reference to t for backward, as the slot-th thing the node saved (e.g. "input"). A temporary
 // saved by autograd becomes an activation; that is recorded as it happens.
 func (n *Node) save(slot string, t *Tensor) *Tensor {
-	s := t.Ref()
+	// An output saved by its own node is kept as a new tensor on the same storage, without the grad_fn, as
+	// SavedVariable does: the node must not keep itself alive.
+	var s *Tensor
+	if t.gradFn == n {
+		s = t.Detach()
+	} else {
+		s = t.Ref()
+	}
 	s.owner = owner{node: n, slot: slot}
 	n.saved = append(n.saved, s)
 	if s.st.category == snapshot.CategoryTemporary {
@@ -205,7 +249,7 @@ func (rt *Runtime) runBackward(root edge, g *Tensor, retainGraph bool) {
 				continue
 			}
 			if gi != nil {
-				rt.accumulateInto(buffers, e, gi)
+				rt.accumulateInto(buffers, e, castGrad(gi, e.dtype))
 			}
 			if deps[e.node]--; deps[e.node] == 0 {
 				if buffers[e.node] != nil {

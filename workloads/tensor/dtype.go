@@ -13,10 +13,11 @@ const (
 	BF16              // torch.bfloat16
 	I64               // torch.int64: token ids, class labels
 	Bool              // torch.bool: masks
+	I32               // torch.int32: counters such as the grad scaler's growth tracker
 )
 
-var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool"}
-var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1}
+var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool", I32: "i32"}
+var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1, I32: 4}
 
 // Size is the bytes one element takes on the device.
 func (d DType) Size() int { return dtypeSizes[d] }
@@ -47,6 +48,8 @@ func ParseDType(s string) (DType, error) {
 		return I64, nil
 	case "bool":
 		return Bool, nil
+	case "i32", "int32":
+		return I32, nil
 	}
 	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, i64 or bool)", s)
 }

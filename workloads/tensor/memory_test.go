@@ -264,3 +264,23 @@ func TestRetainersNameWhoKeepsALeakedGraph(t *testing.T) {
 		t.Error("no retainer fc1.weight.grad held by fc1.weight")
 	}
 }
+
+func TestGraphIsFreedWhenItsOutputIsDropped(t *testing.T) {
+	rt := newMeta(t, 1<<30)
+	m := newMLP(rt)
+	base := allocated(rt)
+	// An evaluation with grad on whose output nobody keeps: PyTorch frees the graph, and what it saved,
+	// with the last reference to the output.
+	loss, act := m.forward()
+	act.Release()
+	if allocated(rt) == base+block(4) {
+		t.Fatal("forward saved nothing; the test needs a graph")
+	}
+	loss.Release()
+	if got := allocated(rt); got != base {
+		t.Errorf("%d bytes left after dropping the loss of a forward without backward", got-base)
+	}
+	if n := len(rt.SavedTensors()); n != 0 {
+		t.Errorf("%d saved tensors survive their graph", n)
+	}
+}

@@ -120,6 +120,16 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 	k.check()
 	v.check()
 	rt := q.rt
+	if rt.autocast != F32 {
+		qc, kc, vc := lowPrecision(q), lowPrecision(k), lowPrecision(v)
+		defer qc.Release()
+		defer kc.Release()
+		defer vc.Release()
+		prev := rt.autocast
+		rt.autocast = F32
+		defer func() { rt.autocast = prev }()
+		return ScaledDotProductAttention(qc, kc, vc, causal, p, training)
+	}
 	b, h, s, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	if !training {
 		p = 0

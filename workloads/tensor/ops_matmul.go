@@ -16,6 +16,16 @@ func Linear(x, w, b *Tensor) *Tensor {
 	if x.Dim(-1) != w.Dim(1) {
 		errShape("Linear", "input %v and weight %v do not match", x.shape, w.shape)
 	}
+	if x.rt.autocast != F32 { // cast input, weight and bias (the latter two cached), then linear as usual
+		xc, wc, bc := lowPrecision(x), lowPrecision(w), lowPrecision(b)
+		defer xc.Release()
+		defer wc.Release()
+		defer bc.Release()
+		prev := x.rt.autocast
+		x.rt.autocast = F32
+		defer func() { x.rt.autocast = prev }()
+		return Linear(xc, wc, bc)
+	}
 	wt := w.T()
 	defer wt.Release()
 	switch {
@@ -103,6 +113,15 @@ func mmGrad(a, b *Tensor, ta, tb bool, role string) *Tensor {
 func Matmul(a, b *Tensor) *Tensor {
 	a.check()
 	b.check()
+	if a.rt.autocast != F32 {
+		ac, bc := lowPrecision(a), lowPrecision(b)
+		defer ac.Release()
+		defer bc.Release()
+		prev := a.rt.autocast
+		a.rt.autocast = F32
+		defer func() { a.rt.autocast = prev }()
+		return Matmul(ac, bc)
+	}
 	switch {
 	case a.NDim() == 2 && b.NDim() == 2:
 		return mm(a, b)

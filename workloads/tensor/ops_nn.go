@@ -20,6 +20,11 @@ func LogSoftmax(x *Tensor) *Tensor {
 func softmaxLike(x *Tensor, role, name string, fwd func(dst, x []float32, cols int), bwd func(dx, dy, y []float32, cols int)) *Tensor {
 	x.check()
 	rt := x.rt
+	if rt.autocast != F32 && x.dtype != F32 { // float32 policy with the dtype argument set: convert first
+		xc := ToDType(x, F32)
+		defer xc.Release()
+		return softmaxLike(xc, role, name, fwd, bwd)
+	}
 	cols := x.Dim(-1)
 	out := rt.Empty(x.dtype, x.shape, role)
 	if rt.dev.Computes() {
@@ -47,6 +52,13 @@ func softmaxLike(x *Tensor, role, name string, fwd func(dst, x []float32, cols i
 func LayerNorm(x, weight, bias *Tensor, eps float32) *Tensor {
 	x.check()
 	rt := x.rt
+	if rt.autocast != F32 && (x.dtype != F32 || (weight != nil && weight.dtype != F32)) {
+		xc, wc, bc := fullPrecision(x), fullPrecision(weight), fullPrecision(bias)
+		defer xc.Release()
+		defer wc.Release()
+		defer bc.Release()
+		return LayerNorm(xc, wc, bc, eps)
+	}
 	cols := x.Dim(-1)
 	rowShape := append(slices.Clone(x.shape[:x.NDim()-1]), 1)
 	out := rt.Empty(x.dtype, x.shape, "layer_norm.out")
@@ -131,6 +143,11 @@ func Embedding(indices, weight *Tensor) *Tensor {
 // then nll_loss, as ATen composes it. logits is (n, classes) or (..., classes) viewed as rows; target holds
 // class indices.
 func CrossEntropy(logits, target *Tensor) *Tensor {
+	if logits.rt.autocast != F32 && logits.dtype != F32 { // a float32-policy op: the logits are converted
+		lc := ToDType(logits, F32)
+		defer lc.Release()
+		return CrossEntropy(lc, target)
+	}
 	logp := LogSoftmax(logits)
 	defer logp.Release()
 	if logp.NDim() != 2 {
@@ -178,6 +195,12 @@ func MSELoss(x, y *Tensor) *Tensor {
 	x.check()
 	y.check()
 	rt := x.rt
+	if rt.autocast != F32 && (x.dtype != F32 || y.dtype != F32) {
+		xc, yc := fullPrecision(x), fullPrecision(y)
+		defer xc.Release()
+		defer yc.Release()
+		return MSELoss(xc, yc)
+	}
 	out := rt.Empty(x.dtype, nil, "mse_loss.out")
 	if rt.dev.Computes() {
 		out.data()[0] = device.MSELoss(x.host(), y.host())

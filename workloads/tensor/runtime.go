@@ -41,7 +41,7 @@ type Runtime struct {
 
 	gradEnabled bool
 	autocast    DType // F32: autocast off; F16 or BF16: the autocast dtype
-	ampCache    map[*Tensor]*Tensor
+	ampCache    map[*object]*Tensor
 	category    snapshot.Category // category of new allocations unless an op says otherwise
 	phase       snapshot.Phase
 	inBackward  bool

@@ -149,6 +149,9 @@ func (t *Tensor) Release() {
 		o.grad.Release()
 		o.grad = nil
 	}
+	if o.gradFn != nil {
+		o.gradFn.unref()
+	}
 	o.st.release()
 }
 

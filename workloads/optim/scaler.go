@@ -1,0 +1,94 @@
+package optim
+
+import (
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/nn"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// GradScaler is torch.cuda.amp.GradScaler: dynamic loss scaling for float16 training. The loss is
+// multiplied by the scale before backward so small gradients survive in float16; before the optimizer step
+// the gradients are unscaled in place, and a step whose gradients hold an Inf or NaN is skipped and the
+// scale halved. After 2000 steps without overflow the scale doubles.
+type GradScaler struct {
+	rt     *tensor.Runtime
+	scale  *tensor.Tensor // the scale on the device (a float32 scalar), created at the first Scale
+	growth *tensor.Tensor // the growth tracker (an int32 scalar)
+	value  float32        // the scale's value, mirrored on the host
+	good   int            // steps since the last overflow
+	found  bool           // the last unscale found an Inf or NaN
+	// Skipped counts the optimizer steps skipped because of an overflow.
+	Skipped int
+}
+
+// The defaults of torch.cuda.amp.GradScaler.
+const (
+	initScale      = 65536
+	growthFactor   = 2
+	backoffFactor  = 0.5
+	growthInterval = 2000
+)
+
+// NewGradScaler returns a scaler; it allocates its device state at the first Scale, as PyTorch's does.
+func NewGradScaler(rt *tensor.Runtime) *GradScaler { return &GradScaler{rt: rt, value: initScale} }
+
+// Scale returns loss multiplied by the current scale (a new scalar tensor).
+func (s *GradScaler) Scale(loss *tensor.Tensor) *tensor.Tensor {
+	if s.scale == nil { // _lazy_init_scale_growth_tracker
+		s.scale = s.rt.Full(tensor.F32, nil, s.value, "grad_scaler.scale", snapshot.CategoryOptimizerState).SetName("grad_scaler._scale")
+		s.growth = s.rt.Zeros(tensor.I32, nil, "grad_scaler.growth_tracker", snapshot.CategoryOptimizerState).SetName("grad_scaler._growth_tracker")
+	}
+	return tensor.Scale(loss, s.value)
+}
+
+// Step unscales the gradients of params in place and runs opt.Step unless one of them overflowed. It reports
+// whether the step ran.
+func (s *GradScaler) Step(opt Optimizer, params []*nn.Parameter) bool {
+	prev := s.rt.SetCategory(snapshot.CategoryTemporary)
+	defer s.rt.SetCategory(prev)
+	// unscale_: inv_scale and found_inf are small device tensors; the grads are unscaled in place.
+	inv := s.rt.Full(tensor.F32, nil, 1/s.value, "grad_scaler.inv_scale", snapshot.CategoryTemporary)
+	foundInf := s.rt.Zeros(tensor.F32, nil, "grad_scaler.found_inf", snapshot.CategoryTemporary)
+	s.found = false
+	for _, p := range params {
+		g := p.Tensor.Grad()
+		if g == nil {
+			continue
+		}
+		if tensor.HasNonFinite(g) {
+			s.found = true
+		}
+		tensor.Scale_(g, 1/s.value)
+	}
+	inv.Release()
+	foundInf.Release()
+	if s.found {
+		s.Skipped++
+		return false
+	}
+	opt.Step()
+	return true
+}
+
+// Update adjusts the scale after a step: halved after an overflow, doubled after growthInterval clean steps.
+func (s *GradScaler) Update() {
+	if s.found {
+		s.value *= backoffFactor
+		s.good = 0
+		return
+	}
+	if s.good++; s.good == growthInterval {
+		s.value *= growthFactor
+		s.good = 0
+	}
+}
+
+// Value returns the current scale.
+func (s *GradScaler) Value() float32 { return s.value }
+
+// Release frees the scaler's device state.
+func (s *GradScaler) Release() {
+	s.scale.Release()
+	s.growth.Release()
+	s.scale, s.growth = nil, nil
+}
