@@ -57,6 +57,7 @@ var actionNames = [...]string{
 // NumActions is one past the largest valid Action; arrays indexed by Action use it as their length.
 const NumActions = int(numActions)
 
+// String returns the action's name, PyTorch's spelling for the allocator actions.
 func (a Action) String() string {
 	if int(a) < len(actionNames) {
 		return actionNames[a]
@@ -99,6 +100,7 @@ var phaseNames = [...]string{"none", "setup", "data", "forward", "backward", "re
 // NumPhases is one past the largest valid Phase.
 const NumPhases = int(numPhases)
 
+// String returns the phase's name, e.g. "forward".
 func (p Phase) String() string {
 	if int(p) < len(phaseNames) {
 		return phaseNames[p]
@@ -141,6 +143,7 @@ var categoryNames = [...]string{"unknown", "parameter", "gradient", "optimizer_s
 // NumCategories is one past the largest valid Category.
 const NumCategories = int(numCategories)
 
+// String returns the category's name, e.g. "optimizer_state".
 func (c Category) String() string {
 	if int(c) < len(categoryNames) {
 		return categoryNames[c]

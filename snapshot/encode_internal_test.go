@@ -1,0 +1,22 @@
+package snapshot
+
+import "testing"
+
+// TestEncoderMemory: the encoder's address map stays bounded however many distinct addresses it sees, and
+// still finds the blocks the ring holds.
+func TestEncoderMemory(t *testing.T) {
+	c := newEventEncoder()
+	for i := range 100000 {
+		c.encode(&Event{Action: ActionAlloc, Addr: uint64(i) * 4096, Size: 4096, BlockSize: 4096})
+		if len(c.allocAt) > 4*ringSize+1 {
+			t.Fatalf("after %d allocs the address map holds %d entries", i+1, len(c.allocAt))
+		}
+	}
+	for _, back := range []uint64{2, ringSize / 2, ringSize} { // 1 back is the previous event: modePrev
+		c.reset()
+		c.encode(&Event{Action: ActionFreeRequested, Addr: (100000 - back) * 4096, Size: 4096, BlockSize: 4096})
+		if mode := c.ops[0] >> opModeShift & opModeMask; mode != modeRing {
+			t.Errorf("a free of the alloc %d back is coded in mode %d, want the ring", back, mode)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package snapshot
+
+import "hash/crc32"
+
+// The byte-level constants of the file format; docs/format.md is their specification.
+const (
+	// Magic starts every snapshot. The high first byte marks it as binary; the final newline catches
+	// line-ending conversion.
+	Magic = "\x89OOMDBG\n"
+	// Version is the format version this package writes and the newest it reads.
+	Version = 1
+
+	fileHeaderSize  = 16 // magic, version, flags, metadata length
+	chunkHeaderSize = 24 // kind, codec, reserved, stored length, decoded length, events, payload CRC, header CRC
+)
+
+// Chunk kinds. A kind with the optional bit set may be skipped by a reader that does not know it.
+const (
+	kindEvents   = 1    // new table entries and a run of events
+	kindEnd      = 2    // the last chunk: the footer as JSON, or nothing
+	kindOptional = 0x80 // the bit that marks a kind a reader may skip
+)
+
+// Chunk codecs: how a chunk's payload is stored.
+const (
+	codecStored = 0 // the payload is the decoded bytes
+	codecZstd   = 1 // the payload continues the file's single zstd stream, flushed at the chunk's end
+)
+
+// writerWindow is the zstd window the writer uses. Training loops repeat every iteration; a window that spans
+// a few iterations of encoded events is where most of the compression comes from.
+const writerWindow = 1 << 20
+
+// crcTable is CRC-32C (Castagnoli): hardware-accelerated by hash/crc32 on amd64 and arm64, and the checksum
+// ext4, iSCSI and LevelDB-style logs use for the same job.
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Limits caps what a Reader accepts, so that a hostile file cannot make it allocate without bound. A zero
+// field means the default from DefaultLimits. The Writer never exceeds the defaults.
+type Limits struct {
+	MetaBytes   int // JSON metadata in the header
+	ChunkBytes  int // a chunk's stored payload and its decoded payload, each
+	ChunkEvents int // events in one chunk
+	StringBytes int // one string
+	Strings     int // strings in the table
+	Frames      int // frames in the table
+	Stacks      int // stacks in the table
+	StackDepth  int // frames in one stack
+	WindowBytes int // zstd window (history the decoder keeps)
+	// TableBytes caps the tables' memory, counted as string bytes with their length prefixes, plus 16 bytes
+	// per string, 12 per frame, and 4 per stack and per stack entry.
+	TableBytes int64
+	// Events caps the events Read and ReadFile hold in memory (a Reader streams and needs no such cap). A
+	// few kilobytes of zstd can expand to millions of events; this keeps a shared file from exhausting memory.
+	Events uint64
+}
+
+// DefaultLimits returns the limits a Reader applies unless told otherwise. They are far above what oomdbg
+// writes and low enough that a reader's memory stays bounded: tables, two chunk buffers and the zstd window,
+// well under a gigabyte. Read additionally holds up to Events events (112 bytes each).
+func DefaultLimits() Limits {
+	return Limits{
+		MetaBytes:   1 << 20,
+		ChunkBytes:  64 << 20,
+		ChunkEvents: 1 << 20,
+		StringBytes: 64 << 10,
+		Strings:     1 << 24,
+		Frames:      1 << 24,
+		Stacks:      1 << 24,
+		StackDepth:  1024,
+		TableBytes:  256 << 20,
+		WindowBytes: 32 << 20,
+		Events:      1 << 26,
+	}
+}
+
+// orDefault fills zero fields of l from DefaultLimits.
+func (l Limits) orDefault() Limits {
+	d := DefaultLimits()
+	if l.MetaBytes <= 0 {
+		l.MetaBytes = d.MetaBytes
+	}
+	if l.ChunkBytes <= 0 {
+		l.ChunkBytes = d.ChunkBytes
+	}
+	if l.ChunkEvents <= 0 {
+		l.ChunkEvents = d.ChunkEvents
+	}
+	if l.StringBytes <= 0 {
+		l.StringBytes = d.StringBytes
+	}
+	if l.Strings <= 0 {
+		l.Strings = d.Strings
+	}
+	if l.Frames <= 0 {
+		l.Frames = d.Frames
+	}
+	if l.Stacks <= 0 {
+		l.Stacks = d.Stacks
+	}
+	if l.StackDepth <= 0 {
+		l.StackDepth = d.StackDepth
+	}
+	if l.TableBytes <= 0 {
+		l.TableBytes = d.TableBytes
+	}
+	if l.WindowBytes <= 0 {
+		l.WindowBytes = d.WindowBytes
+	}
+	if l.Events == 0 {
+		l.Events = d.Events
+	}
+	return l
+}
