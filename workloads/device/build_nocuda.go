@@ -2,5 +2,16 @@
 
 package device
 
+import (
+	"errors"
+
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+)
+
 // cudaBuilt reports whether this binary can run the cuda device.
 const cudaBuilt = false
+
+// newCUDA is unavailable without the cuda build tag.
+func newCUDA(int, alloc.Config) (*Device, error) {
+	return nil, errors.New("device cuda needs a build with -tags cuda")
+}

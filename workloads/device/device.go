@@ -56,6 +56,15 @@ func NewSimulated(kind Kind, index int, capacity, contextReserve uint64, cfg all
 	return New(kind, alloc.NewSimDevice(index, capacity, contextReserve), cfg)
 }
 
+// Open returns a device of kind: a simulated GPU of capacity bytes (contextReserve of them taken by the CUDA
+// context) for meta and cpu, or GPU ordinal through the CUDA driver for cuda (whose own capacity applies).
+func Open(kind Kind, ordinal int, capacity, contextReserve uint64, cfg alloc.Config) (*Device, error) {
+	if kind == CUDA {
+		return newCUDA(ordinal, cfg)
+	}
+	return NewSimulated(kind, ordinal, capacity, contextReserve, cfg), nil
+}
+
 // Kind returns the device's kind.
 func (d *Device) Kind() Kind { return d.kind }
 
