@@ -1,0 +1,148 @@
+// Package train is oomdbg's traced training workload: a Config that describes a model, its data, the device
+// and the fixes and bugs to apply, and Run, the training loop that records everything through a
+// tracer.Recorder.
+//
+// The loop is what a PyTorch user writes: load a batch, forward and loss, backward, optimizer step,
+// zero_grad, an occasional evaluation. Each phase is announced to the recorder, a heap dump of who retains
+// each live tensor is taken at every iteration end and at an OOM, and the leak bugs are the real mistakes
+// people make, each next to its fixed code path.
+package train
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+)
+
+// Config describes one training run. Its JSON form is stored in every snapshot the run records, so a
+// snapshot says exactly how to reproduce it.
+type Config struct {
+	Model  string `json:"model"`            // "mlp" or "gpt"
+	Preset string `json:"preset,omitempty"` // the preset the configuration started from, if any
+
+	// MLP shape (and Layers for the GPT).
+	InFeatures int `json:"in_features,omitempty"`
+	Hidden     int `json:"hidden,omitempty"`
+	Layers     int `json:"layers,omitempty"`
+	Classes    int `json:"classes,omitempty"`
+
+	// GPT shape.
+	Seq     int     `json:"seq,omitempty"`
+	DModel  int     `json:"d_model,omitempty"`
+	Heads   int     `json:"heads,omitempty"`
+	Vocab   int     `json:"vocab,omitempty"`
+	Dropout float32 `json:"dropout,omitempty"`
+	Bias    bool    `json:"bias,omitempty"`
+
+	// Fixes.
+	AMP        string `json:"amp"`        // off, fp16 (with dynamic loss scaling) or bf16
+	Checkpoint string `json:"checkpoint"` // off, all, every:N (every N-th block) or attn (attention only)
+	Attention  string `json:"attention"`  // naive or flash
+	Accum      int    `json:"accum"`      // micro-batches per optimizer step (gradient accumulation)
+
+	Batch int `json:"batch"` // micro-batch size: the effective batch is Batch x Accum
+	Steps int `json:"steps"`
+	// EvalEvery runs an evaluation pass after every EvalEvery-th step (0: never).
+	EvalEvery int `json:"eval_every,omitempty"`
+
+	Device         string `json:"device"`          // meta, cpu or cuda
+	GPUMemory      uint64 `json:"gpu_memory"`      // device capacity in bytes
+	ContextReserve uint64 `json:"context_reserve"` // taken by the CUDA context before the allocator
+	AllocConf      string `json:"alloc_conf,omitempty"`
+
+	Optimizer   string  `json:"optimizer"` // sgd, momentum, adam, adamw
+	LR          float32 `json:"lr"`
+	WeightDecay float32 `json:"weight_decay,omitempty"`
+	ZeroGrad    string  `json:"zero_grad"` // none (set_to_none, the default) or zero
+
+	Seed uint64 `json:"seed"`
+	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
+}
+
+// The leak bugs, each a real PyTorch mistake. The fixed code path is the default.
+const (
+	// BugEvalNoGrad runs evaluation without no_grad and keeps its outputs: each keeps its graph and saved
+	// activations alive.
+	BugEvalNoGrad = "eval-no-grad"
+	// BugRetainGraph calls backward(retain_graph=True) while the loss is kept in a history list.
+	BugRetainGraph = "retain-graph"
+	// BugStashActivations keeps every hidden layer's output from a forward hook without detach.
+	BugStashActivations = "stash-activations"
+	// BugTensorLossSum sums the losses as tensors instead of with .item(): the graph grows on the host, not on
+	// the device. It is the negative control: it must not read as a device leak.
+	BugTensorLossSum = "tensor-loss-sum"
+)
+
+// Bugs lists every bug name Config.Bug accepts.
+var Bugs = []string{BugEvalNoGrad, BugRetainGraph, BugStashActivations, BugTensorLossSum}
+
+// DefaultMLP is a small classifier that learns its task in seconds on the cpu device.
+func DefaultMLP() Config {
+	return Config{
+		Model: "mlp", InFeatures: 32, Hidden: 128, Layers: 2, Classes: 8,
+		Batch: 64, Steps: 200, EvalEvery: 0,
+		Device: string(device.Meta), GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
+		Optimizer: string(optim.Adam), LR: 1e-2, ZeroGrad: "none", Seed: 1,
+		AMP: "off", Checkpoint: "off", Attention: "naive", Accum: 1,
+	}
+}
+
+// Validate checks the configuration and says what is wrong in one line.
+func (c *Config) Validate() error {
+	switch c.Model {
+	case "mlp":
+		if c.InFeatures <= 0 || c.Hidden <= 0 || c.Layers <= 0 || c.Classes <= 1 {
+			return fmt.Errorf("mlp needs in_features, hidden and layers > 0 and classes > 1 (got %d, %d, %d, %d)", c.InFeatures, c.Hidden, c.Layers, c.Classes)
+		}
+	case "gpt":
+		if c.Seq <= 0 || c.DModel <= 0 || c.Heads <= 0 || c.Layers <= 0 || c.Vocab <= 1 {
+			return fmt.Errorf("gpt needs seq, d_model, heads and layers > 0 and vocab > 1 (got %d, %d, %d, %d, %d)", c.Seq, c.DModel, c.Heads, c.Layers, c.Vocab)
+		}
+		if c.DModel%c.Heads != 0 {
+			return fmt.Errorf("d_model %d is not divisible by %d heads", c.DModel, c.Heads)
+		}
+		if c.Dropout < 0 || c.Dropout >= 1 {
+			return fmt.Errorf("dropout %g is not in [0, 1)", c.Dropout)
+		}
+	default:
+		return fmt.Errorf("unknown model %q (want mlp or gpt)", c.Model)
+	}
+	if c.Batch <= 0 || c.Steps < 0 || c.EvalEvery < 0 || c.Accum <= 0 {
+		return fmt.Errorf("batch and accum must be > 0 and steps, eval_every >= 0 (got %d, %d, %d, %d)", c.Batch, c.Accum, c.Steps, c.EvalEvery)
+	}
+	if _, err := parseAMP(c.AMP); err != nil {
+		return err
+	}
+	if _, err := parseCheckpoint(c.Checkpoint, c.Layers); err != nil {
+		return err
+	}
+	if c.Attention != "naive" && c.Attention != "flash" {
+		return fmt.Errorf("unknown attention %q (want naive or flash)", c.Attention)
+	}
+	if c.Model == "mlp" && (c.Checkpoint != "off" || c.Attention != "naive") {
+		return fmt.Errorf("checkpoint and attention apply to the gpt model")
+	}
+	if _, err := device.ParseKind(c.Device); err != nil {
+		return err
+	}
+	if c.GPUMemory <= c.ContextReserve {
+		return fmt.Errorf("gpu memory %d must exceed the context reserve %d", c.GPUMemory, c.ContextReserve)
+	}
+	if _, err := alloc.ParseConfig(c.AllocConf); err != nil {
+		return fmt.Errorf("alloc conf: %w", err)
+	}
+	if _, err := optim.ParseKind(c.Optimizer); err != nil {
+		return err
+	}
+	if c.ZeroGrad != "none" && c.ZeroGrad != "zero" {
+		return fmt.Errorf("unknown zero_grad %q (want none or zero)", c.ZeroGrad)
+	}
+	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
+		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/workloads/device"
+)
+
+// RecordOptions tune Record.
+type RecordOptions struct {
+	ToolVersion string          // written into the snapshot's metadata
+	Tracer      []tracer.Option // e.g. a fixed clock for reproducible files
+	Writer      []snapshot.WriterOption
+}
+
+// Record runs cfg and writes its snapshot to w: the header with the configuration, every event, and a
+// footer with the summary and the allocator's final state. A run that ends in an OOM or is interrupted still
+// leaves a complete snapshot; the error is for a configuration that cannot run or a write that failed.
+func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	sw, err := snapshot.NewWriter(w, Meta(cfg, opts.ToolVersion), opts.Writer...)
+	if err != nil {
+		return nil, err
+	}
+	rec := tracer.New(sw, opts.Tracer...)
+	res, dev, err := Run(ctx, cfg, rec)
+	if err != nil {
+		rec.Close(nil)
+		return nil, err
+	}
+	if err := rec.Close(FinalSegments(dev)); err != nil {
+		return res, fmt.Errorf("writing the snapshot: %w", err)
+	}
+	return res, nil
+}
+
+// Meta describes a run of cfg for a snapshot header.
+func Meta(cfg Config, toolVersion string) snapshot.Meta {
+	workload, _ := json.Marshal(cfg)
+	allocCfg, _ := alloc.ParseConfig(cfg.AllocConf)
+	host, _ := os.Hostname()
+	return snapshot.Meta{
+		Tool:        "oomdbg",
+		ToolVersion: toolVersion,
+		Created:     time.Now().UTC().Truncate(time.Second),
+		Host:        host,
+		Source:      "oomdbg",
+		TimeUnit:    "ns",
+		Devices: []snapshot.DeviceInfo{{
+			Index:          0,
+			Name:           fmt.Sprintf("simulated GPU (%s)", cfg.Device),
+			Kind:           cfg.Device,
+			Capacity:       int64(cfg.GPUMemory),
+			ContextReserve: int64(cfg.ContextReserve),
+		}},
+		AllocatorSettings: allocCfg.String(),
+		Workload:          workload,
+	}
+}
+
+// FinalSegments returns the allocator state of dev as snapshot segments.
+func FinalSegments(dev *device.Device) []snapshot.Segment {
+	if dev == nil {
+		return nil
+	}
+	segs := dev.Allocator().Segments()
+	out := make([]snapshot.Segment, len(segs))
+	for i, s := range segs {
+		blocks := make([]snapshot.Block, len(s.Blocks))
+		for j, b := range s.Blocks {
+			blocks[j] = snapshot.Block{Addr: b.Addr, Size: int64(b.Size), Requested: int64(b.Requested), State: b.State}
+		}
+		out[i] = snapshot.Segment{Device: s.Device, Stream: s.Stream, Addr: s.Addr, Size: int64(s.Size),
+			Pool: s.Pool, Expandable: s.Expandable, Blocks: blocks}
+	}
+	return out
+}

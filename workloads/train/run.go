@@ -1,0 +1,386 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/nn"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// Result is what a run did.
+type Result struct {
+	Steps        int       // optimizer steps completed (including steps the grad scaler skipped)
+	SkippedSteps int       // steps skipped by the fp16 grad scaler after an overflow
+	Losses       []float32 // the loss of each completed step (all 0 on the meta device, which computes nothing)
+	Accuracy     float32   // accuracy of the last evaluation (mlp on the cpu device, with evaluation on)
+	Parameters   int       // parameter elements of the model
+
+	PeakAllocated int64 // memory_allocated's peak over the run
+	PeakReserved  int64 // memory_reserved's peak over the run
+	Phases        []PhaseStat
+
+	OOM         *OOM // the out-of-memory error that stopped the run, if any
+	Interrupted bool // the context was cancelled
+}
+
+// PhaseStat is the memory of one phase of one iteration.
+type PhaseStat struct {
+	Iteration int
+	Phase     snapshot.Phase
+	Peak      int64 // highest allocated bytes during the phase
+	End       int64 // allocated bytes when it ended
+}
+
+// OOM is an allocation failure that stopped a run.
+type OOM struct {
+	Message   string // PyTorch's OOM message
+	Phase     snapshot.Phase
+	Iteration int
+	Tensor    string // the tensor that could not be allocated, e.g. "f32[64,128] linear.out"
+}
+
+// model is what the loop trains: the MLP or the GPT.
+type model interface {
+	nn.Module
+	Loss(x, y *tensor.Tensor) *tensor.Tensor
+}
+
+// dataset makes batches on the device.
+type dataset interface {
+	batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor)
+}
+
+// run is the state of one training run.
+type run struct {
+	cfg    Config
+	ctx    context.Context
+	rec    *tracer.Recorder // may be nil
+	dev    *device.Device
+	rt     *tensor.Runtime
+	model  model
+	mlp    *nn.MLP // the model, when it is the MLP
+	opt    optim.Optimizer
+	scaler *optim.GradScaler // fp16 only
+	amp    tensor.DType
+	data   dataset
+	res    *Result
+
+	phase     snapshot.Phase
+	iteration int
+	phaseMark bool // a phase is open in res.Phases
+
+	// What the leak bugs (or their fixed code paths) keep.
+	lossHistory []*tensor.Tensor // retain-graph: the losses themselves
+	evalOutputs []*tensor.Tensor // eval-no-grad: the outputs with their graphs
+	stash       []*tensor.Tensor // stash-activations: every hidden output
+	totalLoss   *tensor.Tensor   // tensor-loss-sum
+	lossSum     float64
+}
+
+// errInterrupted ends a run cancelled by its context between two phases.
+var errInterrupted = errors.New("interrupted")
+
+// Run trains the model cfg describes and records it through rec (nil records nothing). It returns when the
+// steps are done, at an out-of-memory error (Result.OOM, not an error: recording it is the point), or when ctx
+// is cancelled (Result.Interrupted), with the device, whose allocator holds the final state. The error is for
+// a configuration that cannot run.
+func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *device.Device, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	r, err := newRun(ctx, cfg, rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	err = r.rt.Catch(r.train)
+	var oom *tensor.OOMError
+	switch {
+	case errors.As(err, &oom):
+		r.res.OOM = &OOM{Message: oom.Error(), Phase: r.phase, Iteration: r.iteration, Tensor: oom.Label}
+	case errors.Is(err, errInterrupted):
+		r.res.Interrupted = true
+		r.heapDump("interrupted")
+	case err != nil:
+		return nil, nil, err
+	}
+	r.endPhase()
+	st := r.dev.Allocator().Stats()
+	r.res.PeakAllocated = max(r.res.PeakAllocated, st.AllocatedBytes.All().Peak)
+	r.res.PeakReserved = st.ReservedBytes.All().Peak
+	if r.scaler != nil {
+		r.res.SkippedSteps = r.scaler.Skipped
+	}
+	return r.res, r.dev, nil
+}
+
+// newRun sets up the device and runtime of a validated configuration.
+func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error) {
+	kind, _ := device.ParseKind(cfg.Device)
+	allocCfg, _ := alloc.ParseConfig(cfg.AllocConf)
+	dev, err := device.Open(kind, 0, cfg.GPUMemory, cfg.ContextReserve, allocCfg)
+	if err != nil {
+		return nil, err
+	}
+	var tr tensor.Tracer
+	if rec != nil {
+		dev.Allocator().SetObserver(rec)
+		tr = rec
+	}
+	amp, _ := parseAMP(cfg.AMP)
+	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
+		amp: amp, iteration: -1}
+	r.rt.OnOOM(r.onOOM)
+	return r, nil
+}
+
+// train is the training loop; an OOM panics out of it (see tensor.Runtime.Catch).
+func (r *run) train() {
+	cfg := r.cfg
+	r.setup()
+	evalEvery := cfg.EvalEvery
+	if cfg.Bug == BugEvalNoGrad && evalEvery == 0 {
+		evalEvery = 1 // the bug needs an evaluation to happen
+	}
+
+	for step := range cfg.Steps {
+		r.iterate(step, evalEvery > 0 && (step+1)%evalEvery == 0)
+	}
+}
+
+// iterate is one training iteration, an evaluation if asked, and the heap dump at its end.
+func (r *run) iterate(step int, eval bool) {
+	r.checkInterrupt()
+	r.iteration = step
+	if r.rec != nil {
+		r.rec.BeginIteration(step)
+	}
+	r.step()
+	if eval {
+		r.evaluate()
+	}
+	r.endPhase()
+	r.heapDump("iteration end")
+	r.res.Steps++
+}
+
+// setup is the setup phase: the model on the device, the optimizer and, for fp16, the grad scaler.
+func (r *run) setup() {
+	r.setPhase(snapshot.PhaseSetup)
+	r.build()
+	opt, err := optim.New(r.rt, r.model.Parameters(), optim.Config{Kind: optim.Kind(r.cfg.Optimizer), LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay})
+	if err != nil {
+		panic(err) // Validate accepted the kind
+	}
+	r.opt = opt
+	if r.amp == tensor.F16 {
+		r.scaler = optim.NewGradScaler(r.rt)
+	}
+}
+
+// build allocates the model and the dataset.
+func (r *run) build() {
+	cfg := r.cfg
+	switch cfg.Model {
+	case "mlp":
+		m := nn.NewMLP(r.rt, nn.MLPConfig{In: cfg.InFeatures, Hidden: cfg.Hidden, Layers: cfg.Layers, Classes: cfg.Classes, DType: tensor.F32})
+		m.Net.AfterLayer = func(l nn.Layer, out *tensor.Tensor) {
+			if _, hidden := l.(*nn.ReLU); hidden {
+				r.forwardHook(l.Name(), out)
+			}
+		}
+		r.model, r.mlp = m, m
+		r.data = newBlobs(cfg.InFeatures, cfg.Classes, cfg.Seed)
+	case "gpt":
+		g, err := nn.NewGPT(r.rt, nn.GPTConfig{BlockSize: cfg.Seq, Vocab: cfg.Vocab, Layers: cfg.Layers, Heads: cfg.Heads,
+			DModel: cfg.DModel, Dropout: cfg.Dropout, Bias: cfg.Bias, Attention: cfg.Attention, DType: tensor.F32})
+		if err != nil {
+			panic(err) // Validate checked the shape
+		}
+		plan, _ := parseCheckpoint(cfg.Checkpoint, cfg.Layers)
+		g.Checkpoint, g.CheckpointAttention = plan.blocks, plan.attention
+		g.AfterBlock = func(b *nn.Block, out *tensor.Tensor) { r.forwardHook(b.Name(), out) }
+		r.model = g
+		r.data = newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
+	}
+	r.res.Parameters = nn.CountParameters(r.model)
+}
+
+// step is one training iteration: for each micro-batch data, forward and backward; then the optimizer and
+// zero_grad.
+func (r *run) step() {
+	var lossSum float32
+	for range r.cfg.Accum {
+		lossSum += r.microStep()
+	}
+	r.res.Losses = append(r.res.Losses, lossSum)
+
+	r.checkInterrupt()
+	r.setPhase(snapshot.PhaseOptimizer)
+	if r.scaler != nil {
+		r.scaler.Step(r.opt, r.model.Parameters())
+		r.scaler.Update()
+	} else {
+		r.opt.Step()
+	}
+
+	r.setPhase(snapshot.PhaseZeroGrad)
+	r.opt.ZeroGrad(r.cfg.ZeroGrad == "none")
+}
+
+// microStep loads one micro-batch, runs forward (under autocast when mixed precision is on) and backward,
+// and returns its share of the loss.
+func (r *run) microStep() float32 {
+	r.setPhase(snapshot.PhaseData)
+	x, y := r.data.batch(r.rt, r.cfg.Batch, "batch")
+	defer x.Release()
+	defer y.Release()
+
+	r.setPhase(snapshot.PhaseForward)
+	var loss *tensor.Tensor
+	r.autocast(func() { loss = r.model.Loss(x, y) })
+	if r.cfg.Accum > 1 { // loss = loss / accum, so the accumulated gradient is the mean's
+		scaled := tensor.Scale(loss, 1/float32(r.cfg.Accum))
+		loss.Release()
+		loss = scaled
+	}
+	defer loss.Release()
+
+	r.checkInterrupt()
+	r.setPhase(snapshot.PhaseBackward)
+	retain := r.cfg.Bug == BugRetainGraph
+	if r.scaler != nil {
+		scaled := r.scaler.Scale(loss)
+		scaled.Backward(retain)
+		scaled.Release()
+	} else {
+		loss.Backward(retain)
+	}
+	r.keepLoss(loss)
+	return loss.Item()
+}
+
+// autocast runs f under torch.autocast when mixed precision is on.
+func (r *run) autocast(f func()) {
+	if r.amp == tensor.F32 {
+		f()
+		return
+	}
+	r.rt.Autocast(r.amp, f)
+}
+
+// keepLoss is what the loop does with the loss after backward: .item() on the fixed path.
+func (r *run) keepLoss(loss *tensor.Tensor) {
+	switch r.cfg.Bug {
+	case BugRetainGraph: // loss_history.append(loss): the tensor, and with it the retained graph
+		r.lossHistory = append(r.lossHistory, loss.Ref().SetName(fmt.Sprintf("loss_history[%d]", len(r.lossHistory))))
+	case BugTensorLossSum: // total_loss += loss: a new scalar whose graph chains every loss (host memory)
+		if r.totalLoss == nil {
+			r.totalLoss = loss.Ref().SetName("total_loss")
+			return
+		}
+		sum := tensor.Add(r.totalLoss, loss)
+		r.totalLoss.Release()
+		r.totalLoss = sum.SetName("total_loss")
+	default: // total_loss += loss.item()
+		r.lossSum += float64(loss.Item())
+	}
+}
+
+// forwardHook is a forward hook on every hidden layer (MLP) or block (GPT) that keeps its outputs for
+// inspection. The stash-activations bug keeps each output itself, graph and all; the fixed code,
+// activations[name] = output.detach().cpu(), keeps a host copy, which takes no device memory.
+func (r *run) forwardHook(name string, out *tensor.Tensor) {
+	if r.phase != snapshot.PhaseForward || r.cfg.Bug != BugStashActivations {
+		return
+	}
+	r.stash = append(r.stash, out.Ref().SetName(fmt.Sprintf("activation_stash[%d]", len(r.stash))))
+}
+
+// evaluate runs the model on a held-out batch: under no_grad with .item() metrics on the fixed path; with
+// grad on and the outputs kept under the eval-no-grad bug.
+func (r *run) evaluate() {
+	r.setPhase(snapshot.PhaseEval)
+	x, y := r.data.batch(r.rt, r.cfg.Batch, "eval_batch")
+	defer x.Release()
+	defer y.Release()
+	if r.cfg.Bug == BugEvalNoGrad { // eval_outputs.append(model(x)) without torch.no_grad()
+		var out *tensor.Tensor
+		r.autocast(func() {
+			if r.mlp != nil {
+				out = r.mlp.Forward(x)
+			} else {
+				out = r.model.Loss(x, y)
+			}
+		})
+		r.evalOutputs = append(r.evalOutputs, out.SetName(fmt.Sprintf("eval_outputs[%d]", len(r.evalOutputs))))
+		return
+	}
+	r.rt.NoGrad(func() {
+		r.autocast(func() {
+			if r.mlp != nil {
+				logits := r.mlp.Forward(x)
+				r.res.Accuracy = accuracy(logits, y, r.cfg.Classes)
+				logits.Release()
+			} else {
+				r.model.Loss(x, y).Release()
+			}
+		})
+	})
+}
+
+// setPhase ends the current phase and begins p.
+func (r *run) setPhase(p snapshot.Phase) {
+	r.endPhase()
+	r.phase = p
+	cat := snapshot.CategoryTemporary
+	if p == snapshot.PhaseData {
+		cat = snapshot.CategoryInput
+	}
+	r.rt.SetCategory(cat)
+	r.rt.SetPhase(p)
+	r.dev.Allocator().ResetPeakStats()
+	r.res.Phases = append(r.res.Phases, PhaseStat{Iteration: r.iteration, Phase: p})
+	r.phaseMark = true
+}
+
+// endPhase closes the open phase's statistics.
+func (r *run) endPhase() {
+	if !r.phaseMark {
+		return
+	}
+	st := r.dev.Allocator().Stats()
+	ps := &r.res.Phases[len(r.res.Phases)-1]
+	ps.Peak, ps.End = st.AllocatedBytes.All().Peak, st.AllocatedBytes.All().Current
+	r.res.PeakAllocated = max(r.res.PeakAllocated, ps.Peak)
+	r.phaseMark = false
+}
+
+// onOOM takes the heap dump at the moment of the OOM, while every holder still holds.
+func (r *run) onOOM(*tensor.OOMError) { r.heapDump("oom") }
+
+// heapDump records who retains each live tensor.
+func (r *run) heapDump(reason string) {
+	if r.rec == nil {
+		return
+	}
+	edges := r.rt.Retainers()
+	out := make([]tracer.Retainer, len(edges))
+	for i, e := range edges {
+		out[i] = tracer.Retainer{Holder: e.Holder, Parent: e.Parent, Description: e.Description, Device: r.dev.Index(), Addr: e.Addr}
+	}
+	r.rec.HeapDump(reason, out)
+}
+
+// checkInterrupt unwinds the loop when the context is cancelled.
+func (r *run) checkInterrupt() {
+	if r.ctx.Err() != nil {
+		tensor.Abort(errInterrupted)
+	}
+}

@@ -1,0 +1,97 @@
+package train
+
+import (
+	"math/rand/v2"
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// tinyText is the built-in corpus of the tiny preset, learned character by character.
+const tinyText = `the allocator rounds every request up to a multiple of five hundred and twelve bytes.
+small requests share two megabyte segments; large ones get segments of their own.
+a freed block goes back to the cache, not to the device, so reserved memory stays high.
+activations saved for backward are the largest part of memory in a transformer.
+checkpointing keeps only the inputs of each block and recomputes the rest during backward.
+mixed precision halves the bytes of every activation and keeps the weights in float32.
+the optimizer allocates its state at the first step, which is where many runs run out of memory.
+`
+
+// tinyVocab is the sorted set of characters of tinyText.
+var tinyVocab = func() []rune {
+	seen := map[rune]bool{}
+	var v []rune
+	for _, r := range tinyText {
+		if !seen[r] {
+			seen[r] = true
+			v = append(v, r)
+		}
+	}
+	slices.Sort(v)
+	return v
+}()
+
+// tokens is a next-token task: windows of the built-in text when the vocabulary is its characters, else
+// sequences of a random permutation walk (each token usually followed by its successor in a fixed
+// permutation), which any GPT can learn.
+type tokens struct {
+	rng   *rand.Rand
+	text  []int // the encoded text, or nil
+	perm  []int
+	vocab int
+	seq   int
+}
+
+func newTokens(vocab, seq int, seed uint64) *tokens {
+	rng := rand.New(rand.NewPCG(seed, 0x70c5))
+	d := &tokens{rng: rng, vocab: vocab, seq: seq}
+	if vocab == len(tinyVocab) {
+		index := map[rune]int{}
+		for i, r := range tinyVocab {
+			index[r] = i
+		}
+		for _, r := range tinyText {
+			d.text = append(d.text, index[r])
+		}
+		return d
+	}
+	d.perm = rng.Perm(vocab)
+	return d
+}
+
+// batch puts n sequences on the device: inputs (n, seq) and the next tokens as targets (n, seq).
+func (d *tokens) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor) {
+	shape := []int{n, d.seq}
+	if !rt.Device().Computes() {
+		return rt.Zeros(tensor.I64, shape, role+".x", snapshot.CategoryInput), rt.Zeros(tensor.I64, shape, role+".y", snapshot.CategoryInput)
+	}
+	xs, ys := make([]float32, 0, n*d.seq), make([]float32, 0, n*d.seq)
+	for range n {
+		seq := d.sequence()
+		for i := range d.seq {
+			xs = append(xs, float32(seq[i]))
+			ys = append(ys, float32(seq[i+1]))
+		}
+	}
+	return rt.FromValues(tensor.I64, shape, xs, role+".x", snapshot.CategoryInput),
+		rt.FromValues(tensor.I64, shape, ys, role+".y", snapshot.CategoryInput)
+}
+
+// sequence returns seq+1 tokens.
+func (d *tokens) sequence() []int {
+	if d.text != nil {
+		start := d.rng.IntN(len(d.text) - d.seq - 1)
+		return d.text[start : start+d.seq+1]
+	}
+	s := make([]int, d.seq+1)
+	s[0] = d.rng.IntN(d.vocab)
+	for i := 1; i <= d.seq; i++ {
+		if d.rng.Float32() < 0.9 {
+			s[i] = d.perm[s[i-1]]
+		} else {
+			s[i] = d.rng.IntN(d.vocab)
+		}
+	}
+	return s
+}
