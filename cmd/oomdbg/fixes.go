@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+func newFixesCmd() *cobra.Command {
+	cfg := train.DefaultMLP()
+	var preset string
+	var markdown bool
+	cmd := &cobra.Command{
+		Use:   "fixes [flags]",
+		Short: "Measure what each memory fix does to a workload's peak",
+		Long: `Run a workload on the meta device with each memory fix and combination of fixes (flash attention,
+mixed precision, activation checkpointing, a smaller batch with gradient accumulation, another
+optimizer) and print the peak allocated and reserved memory, whether it fits the device, and what it
+needs with unlimited memory. Two steps per fix: the second carries the optimizer state.
+
+It takes the same flags as run; without --preset or --model it measures the default workload.`,
+		Example: `  oomdbg fixes                                  # the default workload (gpt2-medium, batch 16, 24 GiB)
+  oomdbg fixes --preset buildalong --markdown
+  oomdbg fixes --preset gpt2-large --gpu-mem 80GiB`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if preset == "" && !cmd.Flags().Changed("model") {
+				preset = train.DefaultPreset
+			}
+			cfg, err := configFromFlags(cmd.Flags(), preset)
+			if err != nil {
+				return err
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			rows, err := train.Sweep(cmd.Context(), cfg, train.Fixes)
+			if err != nil {
+				return err
+			}
+			printFixes(cmd.OutOrStdout(), cfg, rows, markdown)
+			return nil
+		},
+	}
+	addConfigFlags(cmd.Flags(), &cfg)
+	cmd.Flags().StringVar(&preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
+	return cmd
+}
+
+// printFixes prints the sweep as an aligned table, or as markdown.
+func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) {
+	name := cfg.Preset
+	if name == "" {
+		name = cfg.Model
+	}
+	fmt.Fprintf(w, "%s, batch %d, on %s (%s taken by the CUDA context), meta device, 2 steps:\n\n",
+		name, cfg.Batch, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
+	header := []string{"fix", "peak allocated", "peak reserved", "fits", "needs (allocated)"}
+	var table [][]string
+	for _, r := range rows {
+		fits := "yes"
+		if r.OOM != nil {
+			fits = fmt.Sprintf("OOM in %s", r.OOM.Phase)
+		}
+		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved), fits,
+			units.FormatSize(r.NeedsAllocated)})
+	}
+	if markdown {
+		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+		for _, row := range table {
+			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+		}
+		return
+	}
+	widths := make([]int, len(header))
+	for _, row := range append([][]string{header}, table...) {
+		for i, c := range row {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, row := range append([][]string{header}, table...) {
+		for i, c := range row {
+			if i == 0 {
+				fmt.Fprintf(w, "%-*s", widths[i], c)
+			} else {
+				fmt.Fprintf(w, "  %*s", widths[i], c)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
