@@ -1,0 +1,11 @@
+//go:build cuda
+
+package device
+
+import "github.com/oomdbg/oomdbg/workloads/alloc"
+
+// cudaBuilt reports whether this binary can run the cuda device.
+const cudaBuilt = true
+
+// newCUDA opens GPU ordinal through the CUDA driver.
+func newCUDA(ordinal int, cfg alloc.Config) (*Device, error) { return NewCUDA(ordinal, cfg) }
