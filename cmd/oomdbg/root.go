@@ -49,7 +49,7 @@ and explains the peak, the out-of-memory error and the leaks it finds.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cmd.Help()
+			return runDefault(cmd)
 		},
 	}
 	// Usage mistakes (unknown flag, bad value) print one line and exit 2, like every other bad input.

@@ -14,7 +14,7 @@ func TestExitCodes(t *testing.T) {
 		stderrLine string // the one line stderr must hold exactly, if set
 	}{
 		"help":            {args: []string{"--help"}, code: exitOK, stdout: "Available Commands"},
-		"no args":         {args: nil, code: exitOK, stdout: "Usage:"},
+		"no args":         {args: nil, code: exitOK, stdout: "OOM in iteration 0, forward"},
 		"version":         {args: []string{"version"}, code: exitOK, stdout: "oomdbg "},
 		"completion bash": {args: []string{"completion", "bash"}, code: exitOK, stdout: "bash completion"},
 		"completion zsh":  {args: []string{"completion", "zsh"}, code: exitOK, stdout: "compdef"},
