@@ -229,3 +229,44 @@ func TestGradientAccumulationEqualsTheLargeBatch(t *testing.T) {
 	tgt.Release()
 	g.Release()
 }
+
+// TestCheckpointingKeepsOnlyBlockInputs checks what stays saved after the forward pass when every block is
+// checkpointed: each block's input, held by its CheckpointFunctionBackward, and nothing saved inside a block;
+// the embeddings, final LayerNorm, LM head and loss outside the blocks save as usual.
+func TestCheckpointingKeepsOnlyBlockInputs(t *testing.T) {
+	for _, attention := range []string{"naive", "flash"} {
+		t.Run(attention, func(t *testing.T) {
+			rt := gptRuntime(device.Meta)
+			cfg := GPTConfig{BlockSize: 32, Vocab: 50, Layers: 3, Heads: 2, DModel: 16, Bias: true, Dropout: 0.1,
+				Attention: attention, DType: tensor.F32}
+			g, _ := NewGPT(rt, cfg)
+			g.Checkpoint = func(int) bool { return true }
+			idx := tokens(rt, 2, cfg.BlockSize, cfg.Vocab)
+			loss := g.Loss(idx, idx)
+			var inputs int
+			for _, st := range rt.SavedTensors() {
+				for _, h := range st.Holders {
+					switch {
+					case strings.HasPrefix(h, "CheckpointFunctionBackward"):
+						inputs++
+						if want := fmt.Sprintf("f32[2,%d,%d]", cfg.BlockSize, cfg.DModel); !strings.HasPrefix(st.Label, want) {
+							t.Errorf("checkpoint saved %s, want a block input %s", st.Label, want)
+						}
+					case strings.Contains(h, "[transformer.h."):
+						t.Errorf("%s saved %s inside a checkpointed block", h, st.Label)
+					}
+				}
+			}
+			if inputs != cfg.Layers {
+				t.Errorf("%d checkpointed block inputs saved, want %d", inputs, cfg.Layers)
+			}
+			loss.Backward(false)
+			loss.Release()
+			idx.Release()
+			g.Release()
+			if n := rt.LiveHandles(); n != 0 {
+				t.Errorf("%d references left", n)
+			}
+		})
+	}
+}

@@ -213,3 +213,43 @@ func TestOptimizerMemory(t *testing.T) {
 		})
 	}
 }
+
+func TestGradScalerSkipsOverflowingSteps(t *testing.T) {
+	rt := runtimeOn(device.CPU)
+	inf := float32(math.Inf(1))
+	ps := params(rt, [][]float32{{1, 2}}, [][]float32{{0.5, inf}})
+	opt, _ := New(rt, ps, Config{Kind: SGD, LR: 0.1})
+	s := NewGradScaler(rt)
+	loss := rt.FromValues(tensor.F32, nil, []float32{2}, "loss", snapshot.CategoryTemporary)
+	scaled := s.Scale(loss)
+	if got := scaled.Item(); got != 2*65536 {
+		t.Errorf("scaled loss %v, want %v", got, 2*65536)
+	}
+	if s.Step(opt, ps) {
+		t.Error("a step with an Inf gradient ran")
+	}
+	s.Update()
+	if s.Value() != 32768 || s.Skipped != 1 {
+		t.Errorf("after an overflow: scale %v, %d skipped; want 32768 and 1", s.Value(), s.Skipped)
+	}
+	if got := ps[0].Tensor.Values(); got[0] != 1 || got[1] != 2 {
+		t.Errorf("parameters changed by a skipped step: %v", got)
+	}
+	// Finite gradients (already scaled by the loss scale) are unscaled and the step runs.
+	setGrads(rt, ps, [][]float32{{32768, -32768}})
+	if !s.Step(opt, ps) {
+		t.Fatal("a step with finite gradients was skipped")
+	}
+	if got := ps[0].Tensor.Values(); math.Abs(float64(got[0]-0.9)) > 1e-6 || math.Abs(float64(got[1]-2.1)) > 1e-6 {
+		t.Errorf("parameters after an unscaled step %v, want [0.9 2.1]", got)
+	}
+	for range growthInterval {
+		s.Update()
+	}
+	if s.Value() != 65536 {
+		t.Errorf("scale %v after %d clean steps, want it doubled to 65536", s.Value(), growthInterval)
+	}
+	scaled.Release()
+	loss.Release()
+	s.Release()
+}
