@@ -9,11 +9,14 @@ import (
 	"os/signal"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -139,7 +142,7 @@ func runRecord(ctx context.Context, cfg train.Config, out string, stdout, stderr
 		return err
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
-	res, err := train.Record(ctx, cfg, w, train.RecordOptions{ToolVersion: toolVersion()})
+	res, err := train.Record(ctx, cfg, w, train.RecordOptions{ToolVersion: toolVersion(), OnStart: nvmlSamples(ctx, cfg, stderr)})
 	if ferr := w.Flush(); err == nil {
 		err = ferr
 	}
@@ -155,6 +158,29 @@ func runRecord(ctx context.Context, cfg train.Config, out string, stdout, stderr
 		return &problemError{msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, out)}
 	}
 	return nil
+}
+
+// nvmlSamples returns, for a run on the cuda device, a function that feeds the recorder NVML's reading of
+// the GPU's used memory every 100 ms (as sample events), so the snapshot shows what the driver saw next to
+// what the allocator held. Simulated devices have nothing to read; without a driver it says so once.
+func nvmlSamples(ctx context.Context, cfg train.Config, stderr io.Writer) func(*tracer.Recorder) func() {
+	if cfg.Device != "cuda" {
+		return nil
+	}
+	return func(rec *tracer.Recorder) func() {
+		s, err := nvml.Open()
+		if err != nil {
+			fmt.Fprintf(stderr, "oomdbg: %v; recording without device readings\n", err)
+			return func() {}
+		}
+		sampler := nvml.StartSampler(ctx, s, 0, nvml.DefaultInterval, func(dev int, used, _ uint64, _ time.Time) {
+			rec.Sample(dev, "nvml.used", int64(used))
+		})
+		return func() {
+			sampler.Stop()
+			s.Close()
+		}
+	}
 }
 
 // printRunSummary prints what a run did: the model, the peak, each phase of the first and last iterations,

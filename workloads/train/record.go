@@ -19,6 +19,9 @@ type RecordOptions struct {
 	ToolVersion string          // written into the snapshot's metadata
 	Tracer      []tracer.Option // e.g. a fixed clock for reproducible files
 	Writer      []snapshot.WriterOption
+	// OnStart, when set, is called with the recorder before the run starts (e.g. to feed it device
+	// readings); the function it returns is called when the run has ended, before the snapshot is closed.
+	OnStart func(rec *tracer.Recorder) (stop func())
 }
 
 // Record runs cfg and writes its snapshot to w: the header with the configuration, every event, and a
@@ -33,7 +36,12 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 		return nil, err
 	}
 	rec := tracer.New(sw, opts.Tracer...)
+	stop := func() {}
+	if opts.OnStart != nil {
+		stop = opts.OnStart(rec)
+	}
 	res, dev, err := Run(ctx, cfg, rec)
+	stop()
 	if err != nil {
 		rec.Close(nil)
 		return nil, err

@@ -299,3 +299,30 @@ func TestDefaultWorkloadOOMsAndFixesMakeItFit(t *testing.T) {
 		t.Fatalf("with bf16, flash attention and checkpointing: %v %+v", err, res.OOM)
 	}
 }
+
+func TestRecordFeedsTheRecorderFromOnStart(t *testing.T) {
+	cfg := DefaultMLP()
+	cfg.Steps = 2
+	var stopped bool
+	var buf bytes.Buffer
+	_, err := Record(context.Background(), cfg, &buf, RecordOptions{OnStart: func(rec *tracer.Recorder) func() {
+		rec.Sample(0, "nvml.used", 3<<30)
+		return func() { stopped = true; rec.Sample(0, "nvml.used", 4<<30) }
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Read(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var samples []int64
+	for _, e := range s.Events {
+		if e.Action == snapshot.ActionSample && s.String(e.Text) == "nvml.used" {
+			samples = append(samples, e.Size)
+		}
+	}
+	if !stopped || !slices.Equal(samples, []int64{3 << 30, 4 << 30}) {
+		t.Errorf("stopped %v, samples %v; want the start and the stop readings recorded", stopped, samples)
+	}
+}
