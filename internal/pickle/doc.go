@@ -1,0 +1,38 @@
+// Package pickle decodes the data subset of Python pickles (protocols 2 to 5, and the integer, float and memo
+// opcodes of protocols 0 and 1), as pickle.dump writes PyTorch CUDA memory snapshots.
+//
+// It is strict and built for untrusted files. Opcodes that would import or call Python code (GLOBAL,
+// STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, PERSID, BINPERSID, EXT1/2/4) and out-of-band
+// buffers (NEXT_BUFFER, READONLY_BUFFER) are refused with an error naming the opcode and its offset. Every
+// declared length is checked against the remaining input and against Limits before anything is allocated, and
+// every error is a *DecodeError carrying the byte offset and opcode name. A decoded value is never cyclic and
+// never nests deeper than Limits.MaxDepth, so a recursive walk over it is safe.
+//
+// # Values
+//
+// Python values decode to these Go types:
+//
+//	None                 nil
+//	bool                 bool
+//	int                  int64, or *big.Int when it does not fit (AsInt64 maps PyTorch's 2^64-1 back to -1)
+//	float                float64
+//	str                  string (the UTF-8 bytes as written; lone surrogates stay as "surrogatepass" wrote them)
+//	bytes                []byte
+//	bytearray            ByteArray
+//	list                 *List (elements through Len, At, All; DictAt and Dicts for the usual list of dicts)
+//	dict                 *Dict (insertion order kept; Get by string key, Lookup by any key)
+//	tuple                Tuple ([]any)
+//	set, frozenset       *Set (Frozen tells which)
+//
+// The memo is honoured: every BINGET of one memo slot yields the same value, so a list or dict shared in
+// Python (PyTorch shares each distinct traceback and frame) is the same *List or *Dict here. A consumer can
+// intern by pointer, or by the dense numbers List.ID and Dict.ID, which index a slice.
+//
+// Containers are complete before they are shared: a pickle that adds to a list, dict or set after placing it
+// inside another container (which only a self-referencing structure needs) is refused, and that is what keeps
+// results acyclic.
+//
+// Decode reads from a byte slice, the fast path when the file is in memory; DecodeReader reads all of an
+// io.Reader first, up to Limits.MaxInput. Bytes after the STOP opcode are ignored, as Python's pickle.loads
+// ignores them.
+package pickle

@@ -1,0 +1,96 @@
+package pickle
+
+// The unpickling stack. As in CPython, MARK starts a new region and opcodes may not pop below the newest mark
+// (the fence); the opcodes that end a region (APPENDS, SETITEMS, TUPLE, …) take everything above it.
+
+// push adds an existing value (from the memo or DUP).
+func (d *decoder) push(v any) error {
+	if len(d.stack)+len(d.marks) >= d.lim.MaxStack {
+		return overLimit("stack size", int64(len(d.stack)+len(d.marks))+1, "MaxStack", int64(d.lim.MaxStack))
+	}
+	d.stack = append(grow(d.stack), v)
+	return nil
+}
+
+// pushNew adds a value the current opcode created, counting it against MaxObjects.
+func (d *decoder) pushNew(v any) error {
+	d.objects++
+	if d.objects > d.lim.MaxObjects {
+		return overLimit("values created", d.objects, "MaxObjects", d.lim.MaxObjects)
+	}
+	return d.push(v)
+}
+
+// pop removes and returns the top value, which must be above the fence.
+func (d *decoder) pop() (any, error) {
+	n := len(d.stack)
+	if n <= d.fence {
+		return nil, errUnderflow
+	}
+	v := d.stack[n-1]
+	d.stack[n-1] = nil // let it be collected if nothing else holds it
+	d.stack = d.stack[:n-1]
+	return v, nil
+}
+
+// top returns the top value without removing it.
+func (d *decoder) top() (any, error) {
+	if len(d.stack) <= d.fence {
+		return nil, errUnderflow
+	}
+	return d.stack[len(d.stack)-1], nil
+}
+
+// popOne is POP. Like CPython, with nothing above the fence it discards the mark instead.
+func (d *decoder) popOne() error {
+	if len(d.stack) > d.fence {
+		_, err := d.pop()
+		return err
+	}
+	if len(d.marks) > 0 {
+		_, err := d.popMark()
+		return err
+	}
+	return errUnderflow
+}
+
+// mark is MARK: it starts a new region of the stack.
+func (d *decoder) mark() error {
+	if len(d.stack)+len(d.marks) >= d.lim.MaxStack {
+		return overLimit("stack size", int64(len(d.stack)+len(d.marks))+1, "MaxStack", int64(d.lim.MaxStack))
+	}
+	d.marks = append(grow(d.marks), len(d.stack))
+	d.fence = len(d.stack)
+	return nil
+}
+
+// popMark removes the newest mark and the values above it, and returns those values. The returned slice
+// aliases the stack's storage: use it before the next push.
+func (d *decoder) popMark() ([]any, error) {
+	n := len(d.marks)
+	if n == 0 {
+		return nil, errNoMark
+	}
+	k := d.marks[n-1]
+	d.marks = d.marks[:n-1]
+	if n > 1 {
+		d.fence = d.marks[n-2]
+	} else {
+		d.fence = 0
+	}
+	items := d.stack[k:]
+	d.stack = d.stack[:k]
+	return items, nil
+}
+
+// grow returns s with room for one more element, doubling a full slice. append grows large slices by only a
+// quarter, which allocates five times the final size in all; doubling allocates twice, and the stack and the
+// memo are the decoder's largest slices.
+func grow[T any](s []T) []T {
+	if len(s) < cap(s) {
+		return s
+	}
+	n := make([]T, len(s), max(2*cap(s), 16))
+	copy(n, s)
+	return n
+}

@@ -1,0 +1,242 @@
+package pickle
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// step decodes one opcode other than STOP.
+func (d *decoder) step(op byte) error {
+	switch op {
+	// Memo, by frequency: BINGET and LONG_BINGET are most of a snapshot's opcodes.
+	case opBinGet:
+		i, err := d.u8()
+		if err != nil {
+			return err
+		}
+		return d.get(uint64(i))
+	case opLongBinGet:
+		i, err := d.u32()
+		if err != nil {
+			return err
+		}
+		return d.get(uint64(i))
+	case opMemoize:
+		return d.put(uint64(d.memo.len()))
+	case opBinPut:
+		i, err := d.u8()
+		if err != nil {
+			return err
+		}
+		return d.put(uint64(i))
+	case opLongBinPut:
+		i, err := d.u32()
+		if err != nil {
+			return err
+		}
+		return d.put(uint64(i))
+	case opGet, opPut:
+		i, err := d.textIndex()
+		if err != nil {
+			return err
+		}
+		if op == opGet {
+			return d.get(i)
+		}
+		return d.put(i)
+
+	// Stack and framing.
+	case opMark:
+		return d.mark()
+	case opPop:
+		return d.popOne()
+	case opPopMark:
+		_, err := d.popMark()
+		return err
+	case opDup:
+		if len(d.stack) <= d.fence {
+			return errUnderflow
+		}
+		return d.push(d.stack[len(d.stack)-1])
+	case opProto:
+		p, err := d.u8()
+		if err != nil {
+			return err
+		}
+		if p > highestProtocol {
+			return fmt.Errorf("%w: protocol %d (this decoder knows 0 to %d)", ErrUnsupported, p, highestProtocol)
+		}
+		return nil
+	case opFrame:
+		// Frames only group opcodes for buffered reading; the whole input is in memory, so check the frame
+		// is there and read on, as CPython's C unpickler does.
+		n, err := d.u64()
+		if err != nil {
+			return err
+		}
+		if n > uint64(len(d.data)-d.pos) {
+			return fmt.Errorf("frame of %d bytes: %w", n, errTruncated)
+		}
+		return nil
+
+	// Constants and numbers.
+	case opNone:
+		return d.pushNew(nil)
+	case opNewTrue:
+		return d.pushNew(true)
+	case opNewFalse:
+		return d.pushNew(false)
+	case opBinInt1:
+		b, err := d.u8()
+		if err != nil {
+			return err
+		}
+		return d.pushNew(int64(b))
+	case opBinInt2:
+		b, err := d.take(2)
+		if err != nil {
+			return err
+		}
+		return d.pushNew(d.int(int64(binary.LittleEndian.Uint16(b))))
+	case opBinInt:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		return d.pushNew(d.int(int64(int32(binary.LittleEndian.Uint32(b)))))
+	case opLong1:
+		n, err := d.u8()
+		if err != nil {
+			return err
+		}
+		return d.long(int64(n))
+	case opLong4:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		n := int32(binary.LittleEndian.Uint32(b))
+		if n < 0 {
+			return malformed("negative byte count %d", n)
+		}
+		return d.long(int64(n))
+	case opBinFloat:
+		b, err := d.take(8)
+		if err != nil {
+			return err
+		}
+		return d.pushNew(math.Float64frombits(binary.BigEndian.Uint64(b)))
+	case opInt, opLong, opFloat:
+		return d.textNumber(op)
+
+	// Strings.
+	case opShortBinUnicode:
+		n, err := d.u8()
+		if err != nil {
+			return err
+		}
+		return d.unicode(uint64(n))
+	case opBinUnicode:
+		n, err := d.u32()
+		if err != nil {
+			return err
+		}
+		return d.unicode(uint64(n))
+	case opBinUnicode8:
+		n, err := d.u64()
+		if err != nil {
+			return err
+		}
+		return d.unicode(n)
+	case opShortBinBytes, opBinBytes, opBinBytes8, opByteArray8, opShortBinString, opBinString:
+		return d.bytesOp(op)
+
+	// Containers.
+	case opEmptyDict:
+		return d.pushNew(d.ar.newDict())
+	case opEmptyList:
+		return d.pushNew(d.ar.newList())
+	case opEmptyTuple:
+		return d.pushNew(emptyTuple)
+	case opEmptySet:
+		return d.pushNew(&Set{d: Dict{depth: 1}})
+	case opSetItems:
+		return d.setItems()
+	case opSetItem:
+		return d.setItem()
+	case opAppends:
+		return d.appends()
+	case opAppend:
+		return d.appendOne()
+	case opAddItems:
+		return d.addItems()
+	case opDict, opList, opTuple, opFrozenSet:
+		return d.fromMark(op)
+	case opTuple1, opTuple2, opTuple3:
+		return d.smallTuple(int(op-opTuple1) + 1)
+
+	// Refused.
+	case opGlobal, opStackGlobal, opReduce, opBuild, opInst, opObj, opNewObj, opNewObjEx,
+		opPersID, opBinPersID, opExt1, opExt2, opExt4:
+		return errRunsCode
+	case opNextBuffer, opReadonlyBuffer:
+		return errOutOfBand
+	case opString, opUnicode:
+		return fmt.Errorf("%w: the protocol 0 text strings", ErrUnsupported)
+	}
+	return malformed("unknown opcode")
+}
+
+// emptyTuple is the one empty tuple, as in Python; boxing it once saves an allocation per EMPTY_TUPLE.
+var emptyTuple any = Tuple{}
+
+// Readers of fixed-size arguments. They never read past the input and report truncation.
+
+func (d *decoder) u8() (byte, error) {
+	if d.pos >= len(d.data) {
+		return 0, errTruncated
+	}
+	b := d.data[d.pos]
+	d.pos++
+	return b, nil
+}
+
+func (d *decoder) u32() (uint32, error) {
+	b, err := d.take(4)
+	if err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint32(b), nil
+}
+
+func (d *decoder) u64() (uint64, error) {
+	b, err := d.take(8)
+	if err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b), nil
+}
+
+// take returns the next n bytes of input, without copying.
+func (d *decoder) take(n int) ([]byte, error) {
+	if n > len(d.data)-d.pos {
+		d.pos = len(d.data)
+		return nil, errTruncated
+	}
+	b := d.data[d.pos : d.pos+n]
+	d.pos += n
+	return b, nil
+}
+
+// takeDeclared returns the next n bytes for a length the input declared: it is checked against the limit and
+// the remaining input before anything is sliced or allocated.
+func (d *decoder) takeDeclared(n uint64, what string) ([]byte, error) {
+	if n > uint64(d.lim.MaxString) {
+		return nil, overLimit("length of "+what, int64(min(n, 1<<63-1)), "MaxString", d.lim.MaxString)
+	}
+	if n > uint64(len(d.data)-d.pos) {
+		return nil, fmt.Errorf("%s of %d bytes with %d left: %w", what, n, len(d.data)-d.pos, errTruncated)
+	}
+	return d.take(int(n))
+}
