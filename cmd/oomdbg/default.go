@@ -7,16 +7,21 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/tui"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// runDefault is oomdbg without arguments: it records the default workload (GPT-2 medium at batch 16 on a
-// 24 GiB card, which runs out of memory as configured) on the meta device and explains what happened. The
-// snapshot goes to the temporary directory; its path is printed.
+// runDefault is oomdbg without arguments: the default workload (GPT-2 medium at batch 16 on a 24 GiB card,
+// which runs out of memory as configured) recorded on the meta device. In a terminal it opens the TUI, which
+// streams the run in and lands on the OOM; otherwise it prints the summary and the snapshot goes to the
+// temporary directory.
 func runDefault(cmd *cobra.Command) error {
 	cfg, err := train.PresetConfig(train.DefaultPreset)
 	if err != nil {
 		return err
+	}
+	if isTerminal(os.Stdin) && isTerminal(os.Stdout) {
+		return runTUI(cmd, tui.Options{Workload: &cfg})
 	}
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("oomdbg-%s-%d.oomdbg", train.DefaultPreset, os.Getpid()))
 	w := cmd.OutOrStdout()

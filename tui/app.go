@@ -1,0 +1,291 @@
+// Package tui is oomdbg's terminal interface: a timeline of allocated and reserved memory with phase bands,
+// stepping by event, phase and iteration to the peak and the OOM, the live set with stacks and retainers,
+// the bytes by category, the allocator's segments, the leaks, and fixes that re-run the workload and show the
+// peak before and after. It works in any 80x24 terminal, over SSH, without a mouse or colour.
+package tui
+
+import (
+	"context"
+	"fmt"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+	"github.com/charmbracelet/colorprofile"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// Options say what the TUI shows.
+type Options struct {
+	// Workload, when set, is recorded on start and streamed in as it runs.
+	Workload *train.Config
+	// File, when set, is a snapshot to open; Follow keeps reading it as it grows.
+	File   string
+	Follow bool
+	// Snapshot, when set, is shown as is (tests, imported files).
+	Snapshot *snapshot.Snapshot
+	// Profile is the terminal's colour profile (NO_COLOR gives Ascii).
+	Profile colorprofile.Profile
+	// Version is written into snapshots the TUI records.
+	Version string
+	// Devices reads the GPUs for the device pane; nil shows that no reader is configured.
+	Devices DeviceReader
+}
+
+// pane names the panes under the timeline.
+type pane int
+
+const (
+	paneLive pane = iota
+	paneCategories
+	paneSegments
+	paneLeaks
+	paneFixes
+	paneDevice
+	numPanes
+)
+
+var paneNames = [numPanes]string{"Live", "Categories", "Segments", "Leaks", "Fixes", "Device"}
+
+// Model is the TUI's one root model.
+type Model struct {
+	ctx    context.Context
+	opts   Options
+	keys   KeyMap
+	styles Styles
+	help   help.Model
+
+	width, height int
+	layout        layout
+
+	snap   *snapshot.Snapshot
+	ix     *index
+	stream *stream
+	load   loadState
+
+	cursor, prev   int // the event shown, and the one shown before the last move
+	viewFrom       int // the timeline's window of events
+	viewTo         int
+	zoomed         bool
+	pane           pane
+	showHelp       bool
+	status         string
+	statusIsError  bool
+	landedOnTarget bool // the cursor was put on the OOM (or peak) once loading ended
+
+	timeline timelinePane
+	live     livePane
+	cats     categoriesPane
+	segs     segmentsPane
+	leaks    leaksPane
+	fixes    fixesPane
+	device   devicePane
+}
+
+// New returns the model for opts.
+func New(ctx context.Context, opts Options) *Model {
+	m := &Model{ctx: ctx, opts: opts, keys: DefaultKeyMap(), styles: DefaultStyles(opts.Profile), help: help.New()}
+	if opts.Profile <= colorprofile.Ascii { // the help's own styles carry colours
+		plain := lipgloss.NewStyle()
+		m.help.Styles = help.Styles{Ellipsis: plain, ShortKey: plain.Bold(true), ShortDesc: plain, ShortSeparator: plain,
+			FullKey: plain.Bold(true), FullDesc: plain, FullSeparator: plain}
+	}
+	m.fixes = newFixesPane(opts.Workload)
+	m.device = newDevicePane(opts.Devices)
+	switch {
+	case opts.Snapshot != nil:
+		m.setSnapshot(opts.Snapshot)
+		m.load = loadState{label: "snapshot", done: true}
+		m.landOnTarget()
+	case opts.Workload != nil:
+		m.load.label = "recording " + describeConfig(*opts.Workload)
+	case opts.File != "":
+		m.load.label = "reading " + opts.File
+	}
+	return m
+}
+
+// Init starts loading.
+func (m *Model) Init() tea.Cmd {
+	cmds := []tea.Cmd{m.device.refresh()}
+	switch {
+	case m.opts.Snapshot != nil:
+	case m.opts.Workload != nil:
+		cmds = append(cmds, recordWorkload(m.ctx, *m.opts.Workload, m.opts.Version))
+	case m.opts.File != "":
+		cmds = append(cmds, openFile(m.ctx, m.opts.File, m.opts.Follow))
+	}
+	return tea.Batch(cmds...)
+}
+
+// Update handles a message.
+func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+		m.relayout()
+		return m, nil
+	case streamMsg:
+		return m, m.onStream(msg)
+	case chunkMsg:
+		return m, m.onChunk(msg)
+	case fixResultMsg:
+		m.fixes.onResult(msg)
+		m.timeline.after = m.fixes.afterIndex()
+		switch {
+		case msg.err != nil:
+			m.setStatus("re-run: "+msg.err.Error(), true)
+		case m.fixes.after != nil:
+			m.setStatus("re-run done: "+m.fixes.after.verdict()+"; the • curve is the re-run, phase by phase", false)
+		}
+		return m, nil
+	case deviceMsg:
+		m.device.onReading(msg)
+		return m, m.device.tick()
+	case tea.KeyPressMsg:
+		return m, m.onKey(msg)
+	}
+	return m, nil
+}
+
+// onStream starts reading an opened stream.
+func (m *Model) onStream(msg streamMsg) tea.Cmd {
+	if msg.err != nil {
+		m.load.err, m.load.done = msg.err, true
+		m.setStatus(msg.err.Error(), true)
+		return nil
+	}
+	m.stream = msg.s
+	m.setSnapshot(&snapshot.Snapshot{Meta: msg.meta})
+	return m.readMore()
+}
+
+// readMore asks for the stream's next chunk.
+func (m *Model) readMore() tea.Cmd {
+	return nextChunk(m.stream, len(m.snap.Strings), len(m.snap.Frames), len(m.snap.Stacks))
+}
+
+// onChunk adds a chunk's events, keeping the cursor where it was unless loading ended.
+func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
+	follow := m.cursor >= m.ix.len()-1 // a cursor at the end follows the stream
+	m.snap.Apply(msg.delta)
+	m.ix.extend()
+	if !m.zoomed {
+		m.viewFrom, m.viewTo = 0, m.ix.len()
+	}
+	if follow && m.ix.len() > 0 {
+		m.moveTo(m.ix.len() - 1)
+	}
+	if !msg.done {
+		return m.readMore()
+	}
+	m.load.done, m.load.result = true, msg.result
+	m.fixes.setBaseline(msg.result, m.ix)
+	switch {
+	case msg.err != nil:
+		m.load.err = msg.err
+		m.setStatus(fmt.Sprintf("read %d events; then: %v", m.ix.len(), msg.err), true)
+	case m.snap.Warning != nil:
+		m.setStatus(m.snap.Warning.Error(), true)
+	}
+	m.landOnTarget()
+	return nil
+}
+
+// setSnapshot makes s the snapshot shown.
+func (m *Model) setSnapshot(s *snapshot.Snapshot) {
+	m.snap, m.ix = s, newIndex(s)
+	m.viewFrom, m.viewTo = 0, m.ix.len()
+	m.timeline.ix = m.ix
+	m.fixes.setBaseline(nil, m.ix)
+	m.refreshPanes()
+}
+
+// landOnTarget puts the cursor on the OOM, else on the peak, once.
+func (m *Model) landOnTarget() {
+	if m.landedOnTarget || m.ix == nil || m.ix.len() == 0 {
+		return
+	}
+	m.landedOnTarget = true
+	switch {
+	case m.ix.oom >= 0:
+		m.moveTo(m.ix.oom)
+		m.setStatus("landed on the OOM: o jumps back here, p to the peak", false)
+	case m.ix.peak >= 0:
+		m.moveTo(m.ix.peak)
+		m.setStatus("landed on the peak: p jumps back here", false)
+	}
+	m.prev = m.cursor // the first stop has nothing before it to compare with
+	m.refreshPanes()
+}
+
+// onKey handles a key press: global keys first, then the focused pane's.
+func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
+	k := m.keys
+	if m.live.filtering {
+		return m.live.onFilterKey(msg, m)
+	}
+	switch {
+	case key.Matches(msg, k.Quit):
+		m.fixes.cancel()
+		return tea.Quit
+	case key.Matches(msg, k.Help):
+		m.showHelp = !m.showHelp
+		return nil
+	case m.showHelp && key.Matches(msg, k.Back):
+		m.showHelp = false
+		return nil
+	case key.Matches(msg, k.NextPane):
+		m.pane = (m.pane + 1) % numPanes
+		return nil
+	case key.Matches(msg, k.PrevPane):
+		m.pane = (m.pane + numPanes - 1) % numPanes
+		return nil
+	case key.Matches(msg, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device):
+		m.pane = pane(msg.String()[0] - '1')
+		return nil
+	}
+	if m.ix == nil || m.ix.len() == 0 {
+		return nil
+	}
+	if cmd, handled := m.onNavigate(msg); handled {
+		return cmd
+	}
+	return m.onPaneKey(msg)
+}
+
+// onPaneKey gives a key to the focused pane.
+func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
+	switch m.pane {
+	case paneLive:
+		return m.live.onKey(msg, m)
+	case paneSegments:
+		m.segs.onKey(msg, m.keys)
+	case paneLeaks:
+		return m.leaks.onKey(msg, m)
+	case paneFixes:
+		return m.fixes.onKey(msg, m)
+	}
+	return nil
+}
+
+// setStatus shows a message in the status bar.
+func (m *Model) setStatus(s string, isErr bool) { m.status, m.statusIsError = s, isErr }
+
+// Cursor returns the event the TUI shows (for tests and program-level checks).
+func (m *Model) Cursor() int { return m.cursor }
+
+// Pane returns the name of the pane shown under the timeline.
+func (m *Model) Pane() string { return paneNames[m.pane] }
+
+// describeConfig names a workload in a few words.
+func describeConfig(c train.Config) string {
+	name := c.Preset
+	if name == "" {
+		name = c.Model
+	}
+	return fmt.Sprintf("%s on %s", name, c.Device)
+}

@@ -1,0 +1,66 @@
+package tui
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// categoriesPane shows the live bytes by category at the cursor as bars, with the change since the start of
+// the current phase: what this phase added, and what it freed.
+type categoriesPane struct {
+	now, start [snapshot.NumCategories]int64
+	span       span
+	haveStart  bool
+}
+
+func (p *categoriesPane) setData(live, atSpanStart []liveBlock, sp span, _ *snapshot.Snapshot) {
+	p.now = byCategory(live)
+	p.haveStart = atSpanStart != nil
+	if p.haveStart {
+		p.start = byCategory(atSpanStart)
+	} else {
+		p.start = p.now
+	}
+	p.span = sp
+}
+
+func (p *categoriesPane) view(s Styles, w, h int) string {
+	var total int64
+	for _, v := range p.now {
+		total += v
+	}
+	head := fmt.Sprintf("%s live by category; change since this %s phase began (iteration %d)", units.FormatSize(total), p.span.phase, p.span.iteration)
+	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
+	const label, num = 16, 23
+	barW := max(w-label-num-2, 4)
+	var top int64 = 1
+	for _, v := range p.now {
+		top = max(top, v)
+	}
+	for c := range snapshot.NumCategories {
+		v, d := p.now[c], p.now[c]-p.start[c]
+		if v == 0 && d == 0 {
+			continue
+		}
+		n := int(int64(barW) * v / top)
+		bar := strings.Repeat("█", n) + strings.Repeat(" ", barW-n)
+		delta := ""
+		if d != 0 {
+			delta = signed(d)
+		}
+		line := fmt.Sprintf("%-*s %s %10s %11s", label, snapshot.Category(c), s.Category[c].Render(bar), units.FormatSize(v), delta)
+		lines = append(lines, ansi.Truncate(line, w, ""))
+		if len(lines) >= h {
+			break
+		}
+	}
+	if len(lines) == 1 {
+		lines = append(lines, s.Muted.Render("nothing is alive here"))
+	}
+	return strings.Join(lines, "\n")
+}

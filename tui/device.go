@@ -1,0 +1,81 @@
+package tui
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/tracer/nvml"
+)
+
+// DeviceReader reads the GPUs for the device pane: nvml.ReadReport in the command line, a fake in tests.
+type DeviceReader func() nvml.Report
+
+// deviceMsg is a reading of the GPUs.
+type deviceMsg struct{ report nvml.Report }
+
+// devicePane shows what the NVIDIA driver reports: each GPU's memory and utilization, and the processes
+// holding memory, refreshed every two seconds. Without a driver it says so.
+type devicePane struct {
+	read   DeviceReader
+	report *nvml.Report
+}
+
+func newDevicePane(r DeviceReader) devicePane { return devicePane{read: r} }
+
+// refresh reads the devices now.
+func (p *devicePane) refresh() tea.Cmd {
+	if p.read == nil {
+		return nil
+	}
+	read := p.read
+	return func() tea.Msg { return deviceMsg{read()} }
+}
+
+// tick reads the devices again in two seconds, while a driver answers.
+func (p *devicePane) tick() tea.Cmd {
+	if p.read == nil || p.report == nil || !p.report.Driver {
+		return nil
+	}
+	read := p.read
+	return tea.Tick(2*time.Second, func(time.Time) tea.Msg { return deviceMsg{read()} })
+}
+
+func (p *devicePane) onReading(m deviceMsg) { p.report = &m.report }
+
+func (p *devicePane) view(s Styles, w, h int) string {
+	switch {
+	case p.read == nil:
+		return s.Muted.Render("device readings are off")
+	case p.report == nil:
+		return s.Muted.Render("reading the devices…")
+	case !p.report.Driver:
+		msg := "no NVIDIA driver found: GPU readings are unavailable"
+		if p.report.Err != nil {
+			msg = p.report.Err.Error()
+		}
+		return s.Muted.Render(ansi.Truncate(msg, w, "…")) + "\n" +
+			s.Muted.Render(ansi.Truncate("the simulated device above needs none; on a GPU box this pane shows the driver's view", w, "…"))
+	}
+	lines := []string{s.Muted.Render(fmt.Sprintf("NVIDIA driver %s, %d GPUs", p.report.DriverVersion, len(p.report.Devices)))}
+	for _, d := range p.report.Devices {
+		if len(lines) >= h {
+			break
+		}
+		if d.Err != nil {
+			lines = append(lines, ansi.Truncate(fmt.Sprintf("GPU %d: %v", d.Index, d.Err), w, "…"))
+			continue
+		}
+		util := ""
+		if d.Utilization != nil {
+			util = fmt.Sprintf(", GPU %d%%", d.Utilization.GPU)
+		}
+		lines = append(lines, ansi.Truncate(fmt.Sprintf("GPU %d %s: %s used of %s%s, %d processes", d.Index, d.Name,
+			units.FormatSize(int64(d.Memory.Used)), units.FormatSize(int64(d.Memory.Total)), util, len(d.Processes)), w, "…"))
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,358 @@
+package tui
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// fixesPane changes the workload's fixes and re-runs it on the meta device in the background: the re-run's
+// curve is drawn over the timeline, and a table compares the peaks, whether it fits, the bytes by category at
+// each peak, and what the fix costs in recomputation.
+type fixesPane struct {
+	base     *train.Config // the workload as recorded; nil when the snapshot is not oomdbg's own
+	choice   [numFixRows]int
+	selected int
+	before   *runSummary
+	after    *runSummary
+	afterIx  *index
+	running  context.CancelFunc
+	err      error
+}
+
+// The rows of the pane, each a setting with its choices.
+const (
+	rowAMP = iota
+	rowAttention
+	rowCheckpoint
+	rowAccum
+	rowOptimizer
+	rowZeroGrad
+	rowBug
+	numFixRows
+)
+
+var fixRowNames = [numFixRows]string{"mixed precision", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug"}
+
+// choices lists a row's choices for the base configuration.
+func (p *fixesPane) choices(row int) []string {
+	c := p.base
+	switch row {
+	case rowAMP:
+		return []string{"off", "bf16", "fp16"}
+	case rowAttention:
+		if c.Model != "gpt" {
+			return []string{c.Attention}
+		}
+		return []string{"naive", "flash"}
+	case rowCheckpoint:
+		if c.Model != "gpt" {
+			return []string{c.Checkpoint}
+		}
+		return []string{"off", "attn", "every:2", "all"}
+	case rowAccum:
+		var out []string
+		for k := 1; k <= 8 && c.Batch*c.Accum/k >= 1; k *= 2 {
+			if (c.Batch*c.Accum)%k == 0 {
+				out = append(out, fmt.Sprintf("%d x %d", c.Batch*c.Accum/k, k))
+			}
+		}
+		return out
+	case rowOptimizer:
+		return []string{"adamw", "adam", "momentum", "sgd"}
+	case rowZeroGrad:
+		return []string{"none", "zero"}
+	case rowBug:
+		if c.Bug == "" {
+			return []string{"none"}
+		}
+		return []string{c.Bug, "fixed"}
+	}
+	return nil
+}
+
+func newFixesPane(cfg *train.Config) fixesPane {
+	p := fixesPane{}
+	if cfg != nil {
+		c := *cfg
+		p.base = &c
+		p.reset()
+	}
+	return p
+}
+
+// reset makes the choices match the base configuration.
+func (p *fixesPane) reset() {
+	c := p.base
+	current := [numFixRows]string{c.AMP, c.Attention, c.Checkpoint, fmt.Sprintf("%d x %d", c.Batch, c.Accum), c.Optimizer, c.ZeroGrad, c.Bug}
+	if c.Bug == "" {
+		current[rowBug] = "none"
+	}
+	for r := range numFixRows {
+		p.choice[r] = max(indexOf(p.choices(r), current[r]), 0)
+	}
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// setBaseline takes the loaded run as the "before" of the comparison.
+func (p *fixesPane) setBaseline(_ *train.Result, ix *index) {
+	if ix == nil {
+		return
+	}
+	if p.base == nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
+		var c train.Config
+		if json.Unmarshal(ix.snap.Meta.Workload, &c) == nil && c.Validate() == nil {
+			p.base = &c
+			p.reset()
+		}
+	}
+	if ix.len() > 0 {
+		p.before = summarize(ix)
+	}
+}
+
+// config returns the base configuration with the chosen fixes, on the meta device.
+func (p *fixesPane) config() train.Config {
+	c := *p.base
+	pick := func(r int) string { return p.choices(r)[p.choice[r]] }
+	c.AMP, c.Attention, c.Checkpoint, c.Optimizer, c.ZeroGrad = pick(rowAMP), pick(rowAttention), pick(rowCheckpoint), pick(rowOptimizer), pick(rowZeroGrad)
+	fmt.Sscanf(pick(rowAccum), "%d x %d", &c.Batch, &c.Accum)
+	if pick(rowBug) == "fixed" {
+		c.Bug = ""
+	}
+	c.Device = "meta"
+	return c
+}
+
+func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+	if p.base == nil {
+		return nil
+	}
+	k := m.keys
+	switch {
+	case key.Matches(msg, k.Up):
+		p.selected = max(p.selected-1, 0)
+	case key.Matches(msg, k.Down):
+		p.selected = min(p.selected+1, numFixRows-1)
+	case key.Matches(msg, k.Toggle, k.Detail):
+		p.choice[p.selected] = (p.choice[p.selected] + 1) % len(p.choices(p.selected))
+	case key.Matches(msg, k.Back):
+		if p.running != nil {
+			p.cancel()
+			m.setStatus("re-run cancelled", false)
+		}
+	case key.Matches(msg, k.Rerun):
+		if p.running != nil {
+			p.cancel()
+			m.setStatus("re-run cancelled", false)
+			return nil
+		}
+		ctx, cancel := context.WithCancel(m.ctx)
+		p.running, p.err = cancel, nil
+		m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
+		return rerun(ctx, p.config())
+	}
+	return nil
+}
+
+func (p *fixesPane) cancel() {
+	if p.running != nil {
+		p.running()
+		p.running = nil
+	}
+}
+
+// describe names the chosen fixes that differ from the base.
+func (p *fixesPane) describe() string {
+	var parts []string
+	c := p.config()
+	b := *p.base
+	if c.AMP != b.AMP {
+		parts = append(parts, "amp "+c.AMP)
+	}
+	if c.Attention != b.Attention {
+		parts = append(parts, c.Attention+" attention")
+	}
+	if c.Checkpoint != b.Checkpoint {
+		parts = append(parts, "checkpoint "+c.Checkpoint)
+	}
+	if c.Batch != b.Batch {
+		parts = append(parts, fmt.Sprintf("batch %d x %d", c.Batch, c.Accum))
+	}
+	if c.Optimizer != b.Optimizer {
+		parts = append(parts, c.Optimizer)
+	}
+	if c.ZeroGrad != b.ZeroGrad {
+		parts = append(parts, "zero_grad "+c.ZeroGrad)
+	}
+	if c.Bug != b.Bug {
+		parts = append(parts, "the leak fixed")
+	}
+	if len(parts) == 0 {
+		return "no change"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fixResultMsg is a finished re-run.
+type fixResultMsg struct {
+	ix  *index
+	err error
+}
+
+// rerun records cfg on the meta device into memory and indexes it.
+func rerun(ctx context.Context, cfg train.Config) tea.Cmd {
+	return func() tea.Msg {
+		var buf bytes.Buffer
+		if _, err := train.Record(ctx, cfg, &buf, train.RecordOptions{}); err != nil {
+			return fixResultMsg{err: err}
+		}
+		if ctx.Err() != nil {
+			return fixResultMsg{err: ctx.Err()}
+		}
+		s, err := snapshot.Read(&buf)
+		if err != nil {
+			return fixResultMsg{err: err}
+		}
+		return fixResultMsg{ix: newIndex(s)}
+	}
+}
+
+func (p *fixesPane) onResult(msg fixResultMsg) {
+	p.running = nil
+	if msg.err != nil {
+		p.err = msg.err
+		return
+	}
+	p.afterIx, p.after = msg.ix, summarize(msg.ix)
+}
+
+func (p *fixesPane) afterIndex() *index { return p.afterIx }
+
+// runSummary is what the comparison shows of one run.
+type runSummary struct {
+	peakAlloc, peakRes int64
+	capacity           int64
+	oom                bool
+	oomWhere           string
+	atPeak             [snapshot.NumCategories]int64
+	recompute, forward int // allocations in the recompute and forward phases
+}
+
+func summarize(ix *index) *runSummary {
+	r := &runSummary{peakAlloc: ix.allocated[max(ix.peak, 0)], peakRes: maxOf(ix.reserved), capacity: ix.capacity, oom: ix.oom >= 0}
+	if r.oom {
+		sp := ix.spanAt(ix.oom)
+		r.oomWhere = fmt.Sprintf("OOM in %s, iteration %d", sp.phase, sp.iteration)
+	}
+	if ix.peak >= 0 {
+		r.atPeak = byCategory(ix.liveAt(ix.peak))
+	}
+	for i := range ix.snap.Events {
+		e := &ix.snap.Events[i]
+		if e.Action != snapshot.ActionAlloc {
+			continue
+		}
+		switch e.Phase {
+		case snapshot.PhaseRecompute:
+			r.recompute++
+		case snapshot.PhaseForward:
+			r.forward++
+		}
+	}
+	return r
+}
+
+// verdict says in a few words how a run ended.
+func (r *runSummary) verdict() string {
+	if r.oom {
+		return r.oomWhere + fmt.Sprintf(" at %s allocated", units.FormatSize(r.peakAlloc))
+	}
+	return fmt.Sprintf("fits, peak %s allocated", units.FormatSize(r.peakAlloc))
+}
+
+func (p *fixesPane) view(s Styles, w, h int) string {
+	if p.base == nil {
+		return s.Muted.Render(ansi.Truncate("fixes re-run oomdbg's own workloads; this snapshot did not come from one", w, "…"))
+	}
+	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)", w, "…"))}
+	for r := range numFixRows {
+		opts := p.choices(r)
+		var cells []string
+		for i, o := range opts {
+			if i == p.choice[r] {
+				o = "[" + o + "]"
+			} else {
+				o = " " + o + " "
+			}
+			cells = append(cells, o)
+		}
+		line := fmt.Sprintf("%-21s %s", fixRowNames[r], strings.Join(cells, ""))
+		line = ansi.Truncate(line, w, "…")
+		if r == p.selected {
+			line = s.Selected.Render(padRight(line, w))
+		}
+		lines = append(lines, line)
+	}
+	lines = append(lines, p.comparison(s, w)...)
+	if len(lines) > h {
+		lines = lines[:h]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// comparison is the before/after table.
+func (p *fixesPane) comparison(s Styles, w int) []string {
+	switch {
+	case p.running != nil:
+		return []string{s.Warn.Render("re-running…")}
+	case p.err != nil:
+		return []string{s.Error.Render(ansi.Truncate("re-run failed: "+p.err.Error(), w, "…"))}
+	case p.after == nil || p.before == nil:
+		return []string{s.Muted.Render("no re-run yet")}
+	}
+	b, a := p.before, p.after
+	fits := func(r *runSummary) string {
+		if r.oom {
+			return r.oomWhere
+		}
+		return "fits"
+	}
+	out := []string{
+		s.Header.Render(ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "", "before", "after", "change"), w, "")),
+		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak allocated", units.FormatSize(b.peakAlloc), units.FormatSize(a.peakAlloc), signed(a.peakAlloc-b.peakAlloc)), w, ""),
+		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak reserved", units.FormatSize(b.peakRes), units.FormatSize(a.peakRes), signed(a.peakRes-b.peakRes)), w, ""),
+	}
+	verdict := s.Good
+	if a.oom {
+		verdict = s.Error
+	}
+	out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "device", fits(b)), w, "")+verdict.Render(fits(a)))
+	for c := range snapshot.NumCategories {
+		if d := a.atPeak[c] - b.atPeak[c]; d != 0 {
+			out = append(out, ansi.Truncate(fmt.Sprintf("  %-16s %12s %12s %12s", snapshot.Category(c), units.FormatSize(b.atPeak[c]), units.FormatSize(a.atPeak[c]), signed(d)), w, ""))
+		}
+	}
+	if a.recompute > 0 && a.forward > 0 {
+		out = append(out, ansi.Truncate(fmt.Sprintf("cost: backward recomputes %d%% of the forward's allocations", 100*a.recompute/a.forward), w, "…"))
+	}
+	return out
+}

@@ -1,0 +1,81 @@
+package tui
+
+import "charm.land/bubbles/v2/key"
+
+// KeyMap is every key the TUI answers to. The habits are memray's, nvitop's and lazygit's: arrows and hjkl
+// to move, ? for help, q to quit, / to filter, enter for detail, esc to go back.
+type KeyMap struct {
+	StepBack, StepForward   key.Binding
+	JumpBack, JumpForward   key.Binding // 1% of the events
+	PrevPhase, NextPhase    key.Binding
+	PrevIter, NextIter      key.Binding
+	Peak, OOM               key.Binding
+	Start, End              key.Binding
+	ZoomIn, ZoomOut, ZoomAll key.Binding
+	Up, Down                key.Binding
+	NextPane, PrevPane      key.Binding
+	Live, Categories        key.Binding
+	Segments, Leaks         key.Binding
+	Fixes, Device           key.Binding
+	Detail, Back            key.Binding
+	Filter, Sort            key.Binding
+	Toggle, Rerun           key.Binding
+	Help, Quit              key.Binding
+}
+
+// DefaultKeyMap returns the key map.
+func DefaultKeyMap() KeyMap {
+	b := func(help string, desc string, keys ...string) key.Binding {
+		return key.NewBinding(key.WithKeys(keys...), key.WithHelp(help, desc))
+	}
+	return KeyMap{
+		StepBack:    b("←/h", "event back", "left", "h"),
+		StepForward: b("→/l", "event on", "right", "l"),
+		JumpBack:    b("H", "1% back", "H", "shift+left"),
+		JumpForward: b("L", "1% on", "L", "shift+right"),
+		PrevPhase:   b("[", "prev phase", "["),
+		NextPhase:   b("]", "next phase", "]"),
+		PrevIter:    b("{", "prev iteration", "{"),
+		NextIter:    b("}", "next iteration", "}"),
+		Peak:        b("p", "peak", "p"),
+		OOM:         b("o", "OOM", "o"),
+		Start:       b("g", "start", "g", "home"),
+		End:         b("G", "end", "G", "end"),
+		ZoomIn:      b("+", "zoom in", "+", "="),
+		ZoomOut:     b("-", "zoom out", "-"),
+		ZoomAll:     b("0", "zoom all", "0"),
+		Up:          b("↑/k", "up", "up", "k"),
+		Down:        b("↓/j", "down", "down", "j"),
+		NextPane:    b("tab", "next pane", "tab"),
+		PrevPane:    b("shift+tab", "prev pane", "shift+tab"),
+		Live:        b("1", "live set", "1"),
+		Categories:  b("2", "categories", "2"),
+		Segments:    b("3", "segments", "3"),
+		Leaks:       b("4", "leaks", "4"),
+		Fixes:       b("5", "fixes", "5"),
+		Device:      b("6", "device", "6"),
+		Detail:      b("enter", "detail", "enter"),
+		Back:        b("esc", "back", "esc"),
+		Filter:      b("/", "filter", "/"),
+		Sort:        b("s", "sort", "s"),
+		Toggle:      b("space", "change", "space"),
+		Rerun:       b("r", "re-run", "r"),
+		Help:        b("?", "help", "?"),
+		Quit:        b("q", "quit", "q", "ctrl+c"),
+	}
+}
+
+// ShortHelp is the footer: the keys that matter most.
+func (k KeyMap) ShortHelp() []key.Binding {
+	return []key.Binding{k.StepForward, k.NextPhase, k.NextIter, k.Peak, k.OOM, k.NextPane, k.Help, k.Quit}
+}
+
+// FullHelp is the help overlay, in groups.
+func (k KeyMap) FullHelp() [][]key.Binding {
+	return [][]key.Binding{
+		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
+		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll},
+		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device},
+		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Help, k.Quit},
+	}
+}

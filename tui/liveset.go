@@ -1,0 +1,261 @@
+package tui
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// livePane is the table of blocks alive at the cursor: size, category, module scope, tensor, and when it was
+// allocated. Rows new since the previous stop are marked +. enter opens the selected block's stack and
+// retainer path; / filters by any column's text; s changes the sort.
+type livePane struct {
+	ix       *index
+	at       int
+	rows     []liveBlock
+	shown    []liveBlock // rows after the filter, sorted
+	added    map[int]bool
+	freed    int // blocks freed since the previous stop
+	freedB   int64
+	selected int
+	offset   int
+	sortBy   int
+	filter   string
+
+	filtering bool // typing a filter
+	detail    bool // showing the selected block's stack and retainers
+}
+
+var sortNames = []string{"size", "newest", "category", "scope"}
+
+func (p *livePane) setData(ix *index, at int, live, before []liveBlock) {
+	p.ix, p.at, p.rows = ix, at, live
+	p.added = map[int]bool{}
+	p.freed, p.freedB = 0, 0
+	if before != nil {
+		was := map[int]bool{}
+		for _, b := range before {
+			was[b.alloc] = true
+		}
+		now := map[int]bool{}
+		for _, b := range live {
+			now[b.alloc] = true
+			if !was[b.alloc] {
+				p.added[b.alloc] = true
+			}
+		}
+		for _, b := range before {
+			if !now[b.alloc] {
+				p.freed++
+				p.freedB += b.size
+			}
+		}
+	}
+	p.apply()
+}
+
+// apply filters and sorts the rows, keeping the selection in range.
+func (p *livePane) apply() {
+	p.shown = p.shown[:0]
+	f := strings.ToLower(p.filter)
+	for _, b := range p.rows {
+		if f == "" || strings.Contains(strings.ToLower(p.describe(b)), f) {
+			p.shown = append(p.shown, b)
+		}
+	}
+	switch sortNames[p.sortBy] {
+	case "newest":
+		slices.SortStableFunc(p.shown, func(a, b liveBlock) int { return cmp.Compare(b.alloc, a.alloc) })
+	case "category":
+		slices.SortStableFunc(p.shown, func(a, b liveBlock) int { return cmp.Compare(a.category, b.category) })
+	case "scope":
+		slices.SortStableFunc(p.shown, func(a, b liveBlock) int {
+			return cmp.Compare(p.ix.snap.String(p.ev(a).Scope), p.ix.snap.String(p.ev(b).Scope))
+		})
+	}
+	p.selected = min(p.selected, max(len(p.shown)-1, 0))
+}
+
+func (p *livePane) ev(b liveBlock) *snapshot.Event { return &p.ix.snap.Events[b.alloc] }
+
+// describe is a row's searchable text.
+func (p *livePane) describe(b liveBlock) string {
+	e := p.ev(b)
+	s := p.ix.snap
+	return b.category.String() + " " + s.String(e.Scope) + " " + s.String(e.Label) + " " + e.Phase.String()
+}
+
+func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+	k := m.keys
+	switch {
+	case p.detail && key.Matches(msg, k.Back, k.Detail):
+		p.detail = false
+	case key.Matches(msg, k.Up):
+		p.selected = max(p.selected-1, 0)
+	case key.Matches(msg, k.Down):
+		p.selected = min(p.selected+1, max(len(p.shown)-1, 0))
+	case key.Matches(msg, k.Detail):
+		p.detail = len(p.shown) > 0
+	case key.Matches(msg, k.Sort):
+		p.sortBy = (p.sortBy + 1) % len(sortNames)
+		p.apply()
+		m.setStatus("live set sorted by "+sortNames[p.sortBy], false)
+	case key.Matches(msg, k.Filter):
+		p.filtering = true
+	case key.Matches(msg, k.Back):
+		if p.filter != "" {
+			p.filter = ""
+			p.apply()
+		}
+	}
+	return nil
+}
+
+// onFilterKey edits the filter while typing it: enter keeps it, esc clears it.
+func (p *livePane) onFilterKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+	switch msg.String() {
+	case "enter":
+		p.filtering = false
+	case "esc":
+		p.filtering, p.filter = false, ""
+	case "backspace":
+		if r := []rune(p.filter); len(r) > 0 {
+			p.filter = string(r[:len(r)-1])
+		}
+	default:
+		if msg.Text != "" {
+			p.filter += msg.Text
+		}
+	}
+	p.apply()
+	return nil
+}
+
+// view renders the table, or the selected block's detail, in w x h.
+func (p *livePane) view(s Styles, w, h int) string {
+	if p.ix == nil {
+		return ""
+	}
+	if p.detail && p.selected < len(p.shown) {
+		return p.detailView(s, w, h)
+	}
+	var total int64
+	for _, b := range p.rows {
+		total += b.size
+	}
+	head := fmt.Sprintf("%d blocks, %s live", len(p.rows), units.FormatSize(total))
+	if p.freed > 0 || len(p.added) > 0 {
+		head += fmt.Sprintf(" · since last stop +%d new, -%d freed (%s)", len(p.added), p.freed, units.FormatSize(p.freedB))
+	}
+	if p.filter != "" || p.filtering {
+		head += " · filter: " + p.filter
+		if p.filtering {
+			head += "▏"
+		}
+	}
+	head += " · sort: " + sortNames[p.sortBy]
+	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
+	cols := fmt.Sprintf("  %10s  %-15s %-*s  %s", "size", "category", scopeWidth(w), "scope", "tensor")
+	lines = append(lines, s.Header.Render(ansi.Truncate(cols, w, "")))
+	rows := h - 2
+	if p.selected < p.offset {
+		p.offset = p.selected
+	}
+	if p.selected >= p.offset+rows {
+		p.offset = p.selected - rows + 1
+	}
+	for i := p.offset; i < len(p.shown) && i < p.offset+rows; i++ {
+		b := p.shown[i]
+		e := p.ev(b)
+		mark := " "
+		if p.added[b.alloc] {
+			mark = "+"
+		}
+		scope := p.ix.snap.String(e.Scope)
+		if scope == "" {
+			scope = "-"
+		}
+		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.size), b.category,
+			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
+		line = ansi.Truncate(line, w, "…")
+		if i == p.selected {
+			line = s.Selected.Render(padRight(line, w))
+		} else {
+			line = s.Category[b.category].Render(line)
+		}
+		lines = append(lines, line)
+	}
+	if len(p.shown) == 0 {
+		lines = append(lines, s.Muted.Render("  no block is alive here"))
+	}
+	return strings.Join(lines, "\n")
+}
+
+func scopeWidth(w int) int { return min(max(w/3, 12), 40) }
+
+// detailView shows the selected block: what it is, where it was allocated, and who keeps it alive.
+func (p *livePane) detailView(s Styles, w, h int) string {
+	b := p.shown[p.selected]
+	e := p.ev(b)
+	snap := p.ix.snap
+	lines := []string{
+		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", snap.String(e.Label), units.FormatSize(b.size), b.category), w, "…")),
+		ansi.Truncate(fmt.Sprintf("allocated at event %d, iteration %d, %s, in %s; block %#x", b.alloc, e.Iteration, e.Phase, orDash(snap.String(e.Scope)), b.addr), w, "…"),
+	}
+	if path := p.ix.retainerPath(p.at, b.device, b.addr); len(path) > 0 {
+		lines = append(lines, s.Header.Render(fmt.Sprintf("kept alive by (%d holders to the root)", len(path))))
+		// A long chain of autograd nodes says little past its ends: who saved the block, and the root.
+		if room := max(h-len(lines)-3, 4); len(path) > room {
+			head, tail := path[:room-2], path[len(path)-1:]
+			path = append(append(head, fmt.Sprintf("… %d more holders …", len(path)-len(head)-len(tail))), tail...)
+		}
+		for i, r := range path {
+			lines = append(lines, ansi.Truncate(strings.Repeat(" ", min(i, 12))+"← "+r, w, "…"))
+		}
+	} else {
+		lines = append(lines, s.Muted.Render("no heap dump names this block (heap dumps come at iteration ends and at an OOM)"))
+	}
+	lines = append(lines, s.Header.Render("allocated from"))
+	for _, f := range snap.Stack(e.Stack) {
+		fr := snap.Frame(f)
+		lines = append(lines, ansi.Truncate(fmt.Sprintf("  %s  %s:%d", snap.String(fr.Function), shortFile(snap.String(fr.File)), fr.Line), w, "…"))
+	}
+	if e.Stack == 0 {
+		lines = append(lines, s.Muted.Render("  no stack recorded"))
+	}
+	if len(lines) > h {
+		lines = lines[:h]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// shortFile keeps the last two elements of a path.
+func shortFile(f string) string {
+	parts := strings.Split(f, "/")
+	if len(parts) > 2 {
+		return strings.Join(parts[len(parts)-2:], "/")
+	}
+	return f
+}
+
+func padRight(s string, w int) string {
+	if n := ansi.StringWidth(s); n < w {
+		return s + strings.Repeat(" ", w-n)
+	}
+	return s
+}

@@ -1,0 +1,106 @@
+package tui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// stream is a snapshot arriving chunk by chunk: from a workload recording into a pipe, or from a file that
+// may still be growing.
+type stream struct {
+	r      *snapshot.Reader
+	close  func()
+	result chan *train.Result // the workload's result, once it has run (nil for files)
+}
+
+// streamMsg says a stream has opened (or failed to).
+type streamMsg struct {
+	s    *stream
+	meta snapshot.Meta
+	err  error
+}
+
+// chunkMsg carries what one read brought: events and new table entries; done when the stream ended.
+type chunkMsg struct {
+	delta  snapshot.Delta
+	done   bool
+	err    error
+	result *train.Result
+}
+
+// recordWorkload starts cfg recording into a pipe and opens the pipe's other end.
+func recordWorkload(ctx context.Context, cfg train.Config, version string) tea.Cmd {
+	return func() tea.Msg {
+		pr, pw := io.Pipe()
+		results := make(chan *train.Result, 1)
+		go func() {
+			res, err := train.Record(ctx, cfg, pw, train.RecordOptions{ToolVersion: version})
+			results <- res
+			pw.CloseWithError(err)
+		}()
+		r, err := snapshot.NewReader(pr)
+		if err != nil {
+			pr.CloseWithError(err)
+			return streamMsg{err: fmt.Errorf("recording %s: %w", cfg.Preset, err)}
+		}
+		return streamMsg{s: &stream{r: r, close: func() { pr.Close() }, result: results}, meta: r.Meta()}
+	}
+}
+
+// openFile opens a snapshot file; with follow, it keeps reading as the file grows until its end chunk.
+func openFile(ctx context.Context, path string, follow bool) tea.Cmd {
+	return func() tea.Msg {
+		f, err := os.Open(path)
+		if err != nil {
+			return streamMsg{err: err}
+		}
+		var opts []snapshot.ReaderOption
+		if follow {
+			opts = append(opts, snapshot.WithFollow(ctx, 200*time.Millisecond))
+		}
+		r, err := snapshot.NewReader(f, opts...)
+		if err != nil {
+			f.Close()
+			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
+		}
+		return streamMsg{s: &stream{r: r, close: func() { f.Close() }}, meta: r.Meta()}
+	}
+}
+
+// nextChunk reads the stream's next chunk; have holds the table sizes the model's snapshot already has.
+func nextChunk(s *stream, strings, frames, stacks int) tea.Cmd {
+	return func() tea.Msg {
+		evs, err := s.r.ReadChunk(nil)
+		d := s.r.DeltaSince(strings, frames, stacks)
+		d.Events = evs
+		if err == nil {
+			return chunkMsg{delta: d}
+		}
+		s.close()
+		msg := chunkMsg{delta: d, done: true}
+		if !errors.Is(err, io.EOF) {
+			msg.err = err
+		}
+		if s.result != nil {
+			msg.result = <-s.result
+		}
+		return msg
+	}
+}
+
+// loadState is how far loading has come.
+type loadState struct {
+	label  string // what is loading
+	done   bool
+	err    error
+	result *train.Result
+}

@@ -1,0 +1,146 @@
+package tui
+
+import (
+	"slices"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+)
+
+// onNavigate moves the cursor or the timeline's window; it reports whether the key was one of those.
+func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
+	k, n := m.keys, m.ix.len()
+	step := max(n/100, 1)
+	switch {
+	case key.Matches(msg, k.StepBack):
+		m.moveTo(m.cursor - 1)
+	case key.Matches(msg, k.StepForward):
+		m.moveTo(m.cursor + 1)
+	case key.Matches(msg, k.JumpBack):
+		m.moveTo(m.cursor - step)
+	case key.Matches(msg, k.JumpForward):
+		m.moveTo(m.cursor + step)
+	case key.Matches(msg, k.NextPhase):
+		m.moveTo(m.nextBoundary(+1))
+	case key.Matches(msg, k.PrevPhase):
+		m.moveTo(m.nextBoundary(-1))
+	case key.Matches(msg, k.NextIter):
+		m.moveTo(m.nextIteration(+1))
+	case key.Matches(msg, k.PrevIter):
+		m.moveTo(m.nextIteration(-1))
+	case key.Matches(msg, k.Peak):
+		if m.ix.peak >= 0 {
+			m.moveTo(m.ix.peak)
+			m.setStatus("the peak: the first event reaching the highest allocated bytes", false)
+		}
+	case key.Matches(msg, k.OOM):
+		if m.ix.oom < 0 {
+			m.setStatus("this run did not run out of memory", false)
+		} else {
+			m.moveTo(m.ix.oom)
+			m.setStatus("the OOM", false)
+		}
+	case key.Matches(msg, k.Start):
+		m.moveTo(0)
+	case key.Matches(msg, k.End):
+		m.moveTo(n - 1)
+	case key.Matches(msg, k.ZoomIn):
+		m.zoom(0.5)
+	case key.Matches(msg, k.ZoomOut):
+		m.zoom(2)
+	case key.Matches(msg, k.ZoomAll):
+		m.viewFrom, m.viewTo, m.zoomed = 0, n, false
+	default:
+		return nil, false
+	}
+	return nil, true
+}
+
+// moveTo puts the cursor on event i (clamped), keeps it inside the timeline's window, and brings the panes
+// to it. The previous stop is remembered so the panes can show what changed.
+func (m *Model) moveTo(i int) {
+	n := m.ix.len()
+	if n == 0 {
+		return
+	}
+	i = min(max(i, 0), n-1)
+	if i == m.cursor && m.live.at == i {
+		return
+	}
+	m.prev, m.cursor = m.cursor, i
+	if w := m.viewTo - m.viewFrom; i < m.viewFrom || i >= m.viewTo {
+		m.viewFrom = min(max(i-w/2, 0), max(n-w, 0))
+		m.viewTo = m.viewFrom + w
+	}
+	m.refreshPanes()
+}
+
+// zoom scales the timeline's window around the cursor by f.
+func (m *Model) zoom(f float64) {
+	n := m.ix.len()
+	w := int(float64(m.viewTo-m.viewFrom) * f)
+	w = min(max(w, min(n, max(m.layout.timeline.w, 16))), n)
+	m.viewFrom = min(max(m.cursor-w/2, 0), n-w)
+	m.viewTo = m.viewFrom + w
+	m.zoomed = w < n
+}
+
+// nextBoundary returns the start of the next phase span (dir +1) or of the current or previous one (-1).
+func (m *Model) nextBoundary(dir int) int {
+	spans := m.ix.spans
+	if len(spans) == 0 {
+		return m.cursor
+	}
+	if dir > 0 {
+		for _, s := range spans {
+			if s.from > m.cursor {
+				return s.from
+			}
+		}
+		return m.ix.len() - 1
+	}
+	for i := len(spans) - 1; i >= 0; i-- {
+		if spans[i].from < m.cursor {
+			return spans[i].from
+		}
+	}
+	return 0
+}
+
+// nextIteration returns the next (+1) or previous (-1) iteration marker.
+func (m *Model) nextIteration(dir int) int {
+	it := m.ix.iters
+	j, _ := slices.BinarySearch(it, m.cursor+1)
+	if dir > 0 {
+		if j < len(it) {
+			return it[j]
+		}
+		return m.ix.len() - 1
+	}
+	j, _ = slices.BinarySearch(it, m.cursor)
+	if j > 0 {
+		return it[j-1]
+	}
+	return 0
+}
+
+// refreshPanes hands the panes what they show at the cursor.
+func (m *Model) refreshPanes() {
+	if m.ix == nil || m.ix.len() == 0 {
+		return
+	}
+	live := m.ix.liveAt(m.cursor)
+	var before []liveBlock
+	if m.prev != m.cursor && m.prev < m.ix.len() {
+		before = m.ix.liveAt(m.prev)
+	}
+	m.live.setData(m.ix, m.cursor, live, before)
+	span := m.ix.spanAt(m.cursor)
+	var atSpanStart []liveBlock
+	if span.from < m.cursor {
+		atSpanStart = m.ix.liveAt(span.from)
+	}
+	m.cats.setData(live, atSpanStart, span, m.ix.snap)
+	m.segs.setData(m.ix, m.cursor)
+	m.leaks.setData(m.ix)
+}

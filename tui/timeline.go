@@ -1,0 +1,171 @@
+package tui
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// timelinePane draws allocated and reserved memory over the events, the device's capacity, the phase bands and
+// iteration ticks, and the cursor. A re-run of the workload with fixes is drawn over it for comparison.
+type timelinePane struct {
+	ix    *index
+	after *index // the re-run with fixes, if any
+}
+
+// axisWidth is the width of the memory axis labels.
+const axisWidth = 10
+
+var eighths = []rune(" ▁▂▃▄▅▆▇█")
+
+// view renders the plot in w x h cells (h includes the phase band), for events [from, to) with the cursor.
+func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
+	if p.ix == nil || p.ix.len() == 0 || w <= axisWidth+2 || h < 2 {
+		return strings.Repeat("\n", max(h-1, 0))
+	}
+	plotW, plotH := w-axisWidth, h-1
+	alloc, res := p.ix.columns(from, to, plotW)
+	top := max(p.ix.capacity, maxOf(res), maxOf(alloc), 1)
+	top += top / 20 // headroom so the capacity line and the peak stay visible
+	var after []int64
+	if p.after != nil && p.after.len() > 0 {
+		after = p.alignedAfter(from, to, plotW)
+	}
+	curCol := -1
+	if cursor >= from && cursor < to {
+		curCol = (cursor - from) * plotW / max(to-from, 1)
+	}
+	capRow := -1
+	if p.ix.capacity > 0 {
+		capRow = plotH - 1 - int(int64(plotH)*p.ix.capacity/top)
+	}
+
+	var b strings.Builder
+	for row := range plotH {
+		// The value range of this row, bottom to top: [lo, hi).
+		hi := top * int64(plotH-row) / int64(plotH)
+		lo := top * int64(plotH-row-1) / int64(plotH)
+		switch {
+		case row == capRow: // the device's capacity, labelled with its size
+			b.WriteString(s.Capacity.Render(padLeft(units.FormatSize(p.ix.capacity), axisWidth-1)) + " ")
+		case row == 0:
+			b.WriteString(s.Muted.Render(padLeft(units.FormatSize(top), axisWidth-1) + " "))
+		case row == plotH-1:
+			b.WriteString(s.Muted.Render(padLeft("0", axisWidth-1) + " "))
+		default:
+			b.WriteString(strings.Repeat(" ", axisWidth))
+		}
+		var line runs
+		for c := range plotW {
+			ch, id := cell(alloc[c], res[c], lo, hi, row == capRow)
+			if after != nil && after[c] >= lo && after[c] < hi {
+				ch, id = '•', styleAfter
+			}
+			line.add(ch, id, c == curCol)
+		}
+		line.render(&b, s.byID)
+		b.WriteByte('\n')
+	}
+	b.WriteString(s.Muted.Render(padLeft("phase", axisWidth-1) + " "))
+	b.WriteString(p.band(s, from, to, plotW, curCol))
+	return b.String()
+}
+
+// cell returns the character and style for a column's values in a row's range [lo, hi).
+func cell(alloc, res, lo, hi int64, capacityRow bool) (rune, styleID) {
+	switch {
+	case alloc < 0: // no events in this column
+		return ' ', stylePlain
+	case alloc >= hi:
+		return '█', styleAllocated
+	case alloc > lo:
+		return eighths[int((alloc-lo)*8/max(hi-lo, 1))], styleAllocated
+	case res > lo:
+		return '░', styleReserved
+	case capacityRow:
+		return '─', styleCapacity
+	}
+	return ' ', stylePlain
+}
+
+// band is the row of phase letters under the plot, with a tick where an iteration begins.
+func (p *timelinePane) band(s Styles, from, to, width, curCol int) string {
+	var line runs
+	n := to - from
+	iters := p.ix.iters
+	j := 0
+	for c := range width {
+		a := from + c*n/width
+		e := from + (c+1)*n/width
+		if a >= to {
+			line.add(' ', stylePlain, false)
+			continue
+		}
+		sp := p.ix.spanAt(a)
+		ch := rune(phaseLetter[min(int(sp.phase), snapshot.NumPhases-1)])
+		for j < len(iters) && iters[j] < a {
+			j++
+		}
+		if j < len(iters) && iters[j] < max(e, a+1) {
+			ch = '│'
+		}
+		line.add(ch, stylePhase+styleID(sp.phase), c == curCol)
+	}
+	var b strings.Builder
+	line.render(&b, s.byID)
+	return b.String()
+}
+
+// alignedAfter returns, per column, the re-run's highest allocated bytes over the same part of the run: each
+// event maps to the same phase of the same iteration in the re-run, at the same fraction of the phase. Columns
+// the re-run has no counterpart for are -1.
+func (p *timelinePane) alignedAfter(from, to, width int) []int64 {
+	first := map[[2]int32]span{}
+	for _, sp := range p.after.spans {
+		k := [2]int32{sp.iteration, int32(sp.phase)}
+		if _, ok := first[k]; !ok {
+			first[k] = sp
+		}
+	}
+	at := func(i int) int {
+		sp := p.ix.spanAt(i)
+		q, ok := first[[2]int32{sp.iteration, int32(sp.phase)}]
+		if !ok {
+			return -1
+		}
+		return q.from + (i-sp.from)*(q.to-q.from)/max(sp.to-sp.from, 1)
+	}
+	out := make([]int64, width)
+	n := to - from
+	for c := range width {
+		a, b := from+c*n/width, from+(c+1)*n/width-1
+		if a >= to {
+			out[c] = -1
+			continue
+		}
+		x, y := at(a), at(max(a, b))
+		if x < 0 || y < 0 {
+			out[c] = -1
+			continue
+		}
+		out[c] = slices.Max(p.after.allocated[min(x, y) : max(x, y)+1])
+	}
+	return out
+}
+
+func maxOf(v []int64) int64 {
+	var m int64
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+func padLeft(s string, w int) string {
+	if len(s) >= w {
+		return s[:w]
+	}
+	return strings.Repeat(" ", w-len(s)) + s
+}

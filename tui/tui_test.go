@@ -1,0 +1,284 @@
+package tui
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
+	"github.com/charmbracelet/x/exp/golden"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/tracer/nvml"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// fixture records a workload once per configuration, with a fixed clock, so views are reproducible.
+var fixtures sync.Map
+
+// tinyOOM is the tiny GPT with the retain-graph leak on a 40 MiB device: the leak runs it out of memory in
+// the backward pass of its third iteration.
+func tinyOOM() train.Config {
+	cfg, _ := train.PresetConfig("tiny")
+	cfg.Steps, cfg.GPUMemory, cfg.ContextReserve, cfg.Bug = 6, 40<<20, 4<<20, train.BugRetainGraph
+	return cfg
+}
+
+// leaky is the MLP with the retain-graph bug: a leak to find.
+func leaky() train.Config {
+	cfg := train.DefaultMLP()
+	cfg.Steps, cfg.Bug = 6, train.BugRetainGraph
+	return cfg
+}
+
+func recordFixture(t testing.TB, cfg train.Config) *snapshot.Snapshot {
+	t.Helper()
+	key := fmt.Sprintf("%+v", cfg)
+	if s, ok := fixtures.Load(key); ok {
+		return s.(*snapshot.Snapshot)
+	}
+	var clock int64
+	var buf bytes.Buffer
+	_, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{
+		ToolVersion: "test",
+		Tracer:      []tracer.Option{tracer.WithClock(func() int64 { clock += 1000; return clock })},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Read(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixtures.Store(key, s)
+	return s
+}
+
+func noDriver() nvml.Report {
+	return nvml.Report{Err: fmt.Errorf("%w (libnvidia-ml.so.1 could not be loaded); GPU readings are unavailable", nvml.ErrNoDriver)}
+}
+
+// newTestModel returns a model showing s at w x h, with device readings answered without a driver.
+func newTestModel(t testing.TB, s *snapshot.Snapshot, w, h int) *Model {
+	t.Helper()
+	m := New(context.Background(), Options{Snapshot: s, Profile: colorprofile.Ascii, Devices: noDriver})
+	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
+	m.Update(deviceMsg{noDriver()})
+	return m
+}
+
+// press sends keys as a user types them: "right", "p", "space", ...
+func press(m *Model, keys ...string) {
+	for _, k := range keys {
+		m.Update(keyPress(k))
+	}
+}
+
+func keyPress(k string) tea.KeyPressMsg {
+	switch k {
+	case "right":
+		return tea.KeyPressMsg{Code: tea.KeyRight}
+	case "left":
+		return tea.KeyPressMsg{Code: tea.KeyLeft}
+	case "up":
+		return tea.KeyPressMsg{Code: tea.KeyUp}
+	case "down":
+		return tea.KeyPressMsg{Code: tea.KeyDown}
+	case "enter":
+		return tea.KeyPressMsg{Code: tea.KeyEnter}
+	case "esc":
+		return tea.KeyPressMsg{Code: tea.KeyEscape}
+	case "tab":
+		return tea.KeyPressMsg{Code: tea.KeyTab}
+	case "space":
+		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
+	case "backspace":
+		return tea.KeyPressMsg{Code: tea.KeyBackspace}
+	}
+	r := []rune(k)[0]
+	return tea.KeyPressMsg{Code: r, Text: k}
+}
+
+func screen(m *Model) string { return ansi.Strip(m.View().Content) }
+
+func TestViews(t *testing.T) {
+	sizes := []struct{ w, h int }{{80, 24}, {160, 48}}
+	views := []struct {
+		name    string
+		fixture func() train.Config
+		keys    []string
+	}{
+		{"oom-live", tinyOOM, nil},
+		{"oom-live-detail", tinyOOM, []string{"enter"}},
+		{"oom-categories", tinyOOM, []string{"2"}},
+		{"oom-segments", tinyOOM, []string{"3"}},
+		{"peak-live", tinyOOM, []string{"p"}},
+		{"leak-leaks", leaky, []string{"4"}},
+		{"leak-fixes", leaky, []string{"5"}},
+		{"oom-device", tinyOOM, []string{"6"}},
+		{"oom-help", tinyOOM, []string{"?"}},
+		{"filtered", tinyOOM, []string{"/", "a", "t", "t", "n", "enter"}},
+	}
+	for _, sz := range sizes {
+		for _, v := range views {
+			t.Run(fmt.Sprintf("%s-%dx%d", v.name, sz.w, sz.h), func(t *testing.T) {
+				m := newTestModel(t, recordFixture(t, v.fixture()), sz.w, sz.h)
+				press(m, v.keys...)
+				out := screen(m)
+				if got := strings.Count(out, "\n") + 1; got != sz.h {
+					t.Errorf("view has %d lines, want %d", got, sz.h)
+				}
+				for i, line := range strings.Split(out, "\n") {
+					if w := ansi.StringWidth(line); w > sz.w {
+						t.Errorf("line %d is %d cells wide, more than %d: %q", i, w, sz.w, line)
+					}
+				}
+				golden.RequireEqual(t, []byte(out))
+			})
+		}
+	}
+}
+
+func TestNavigation(t *testing.T) {
+	s := recordFixture(t, tinyOOM())
+	m := newTestModel(t, s, 100, 30)
+	ix := m.ix
+	if ix.oom < 0 || m.Cursor() != ix.oom {
+		t.Fatalf("the view opens at event %d; want the OOM at %d", m.Cursor(), ix.oom)
+	}
+	steps := []struct {
+		keys  []string
+		check func() error
+	}{
+		{[]string{"g"}, atEvent(m, 0)},
+		{[]string{"right", "right", "left"}, atEvent(m, 1)},
+		{[]string{"p"}, atEvent(m, ix.peak)},
+		{[]string{"o"}, atEvent(m, ix.oom)},
+		{[]string{"G"}, atEvent(m, ix.len()-1)},
+		{[]string{"g", "}"}, atEvent(m, ix.iters[0])},
+		{[]string{"}"}, atEvent(m, ix.iters[1])},
+		{[]string{"{"}, atEvent(m, ix.iters[0])},
+		{[]string{"]"}, func() error { // the next phase begins with a phase marker
+			if e := s.Events[m.Cursor()]; e.Action != snapshot.ActionPhase {
+				return fmt.Errorf("] landed on a %v event, want a phase marker", e.Action)
+			}
+			return nil
+		}},
+		{[]string{"o", "["}, func() error {
+			if sp := ix.spanAt(ix.oom); m.Cursor() != sp.from {
+				return fmt.Errorf("[ from the OOM landed at %d, want the start of its phase %d", m.Cursor(), sp.from)
+			}
+			return nil
+		}},
+		{[]string{"tab", "tab"}, func() error {
+			if m.Pane() != "Segments" {
+				return fmt.Errorf("two tabs from Live show %s", m.Pane())
+			}
+			return nil
+		}},
+	}
+	for i, st := range steps {
+		press(m, st.keys...)
+		if err := st.check(); err != nil {
+			t.Errorf("step %d %v: %v", i, st.keys, err)
+		}
+	}
+}
+
+func atEvent(m *Model, want int) func() error {
+	return func() error {
+		if m.Cursor() != want {
+			return fmt.Errorf("cursor at %d, want %d", m.Cursor(), want)
+		}
+		return nil
+	}
+}
+
+func TestEveryKeyAtEverySizeNeverPanics(t *testing.T) {
+	s := recordFixture(t, tinyOOM())
+	keys := []string{"right", "left", "H", "L", "[", "]", "{", "}", "p", "o", "g", "G", "+", "-", "0", "up", "down",
+		"tab", "1", "enter", "esc", "2", "3", "down", "4", "5", "down", "space", "6", "/", "x", "backspace", "enter",
+		"s", "?", "?"}
+	for _, sz := range [][2]int{{1, 1}, {10, 5}, {39, 11}, {40, 12}, {80, 24}, {61, 17}, {200, 60}, {300, 100}} {
+		m := newTestModel(t, s, sz[0], sz[1])
+		for _, k := range keys {
+			press(m, k)
+			out := screen(m)
+			for _, line := range strings.Split(out, "\n") {
+				if ansi.StringWidth(line) > sz[0] {
+					t.Fatalf("%dx%d after %q: a line is wider than the terminal: %q", sz[0], sz[1], k, line)
+				}
+			}
+		}
+		m.Update(tea.WindowSizeMsg{Width: sz[1], Height: sz[0]}) // and a resize
+		_ = screen(m)
+	}
+}
+
+func TestNoColorDrawsNoColor(t *testing.T) {
+	m := newTestModel(t, recordFixture(t, tinyOOM()), 80, 24)
+	out := m.View().Content
+	if sgrColour.MatchString(out) {
+		t.Errorf("the Ascii profile still sets colours: %q", sgrColour.FindString(out))
+	}
+	if !strings.Contains(ansi.Strip(out), "OOM in iteration") {
+		t.Error("the view does not show the OOM")
+	}
+}
+
+// sgrColour matches an SGR sequence that sets a foreground or background colour.
+var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-9]|4[0-9]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)
+
+func TestFixesRerunLowersThePeak(t *testing.T) {
+	m := newTestModel(t, recordFixture(t, tinyOOM()), 100, 30)
+	press(m, "5")
+	// bf16 autocast, flash attention and the leak fixed, then re-run.
+	press(m, "space", "down", "space", "down", "down", "down", "down", "down", "space")
+	cfg := m.fixes.config()
+	if cfg.AMP != "bf16" || cfg.Attention != "flash" || cfg.Bug != "" {
+		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)
+	}
+	cmd := m.fixes.onKey(keyPress("r"), m)
+	if cmd == nil {
+		t.Fatal("r started no re-run")
+	}
+	m.Update(cmd())
+	if m.fixes.after == nil {
+		t.Fatalf("no result after the re-run (err %v)", m.fixes.err)
+	}
+	if m.fixes.after.oom || m.fixes.after.peakAlloc >= m.fixes.before.peakAlloc {
+		t.Errorf("after bf16+flash: oom %v, peak %d; before: peak %d", m.fixes.after.oom, m.fixes.after.peakAlloc, m.fixes.before.peakAlloc)
+	}
+	if out := screen(m); !strings.Contains(out, "fits") || !strings.Contains(out, "•") {
+		t.Errorf("the pane and timeline do not show the re-run:\n%s", out)
+	}
+}
+
+func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
+	cfg := tinyOOM()
+	m := New(context.Background(), Options{Workload: &cfg, Profile: colorprofile.Ascii})
+	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
+	msg := recordWorkload(context.Background(), cfg, "test")()
+	cmd := m.onStream(msg.(streamMsg))
+	chunks := 0
+	for cmd != nil {
+		cmd = m.onChunk(cmd().(chunkMsg))
+		chunks++
+	}
+	if !m.load.done || m.ix.oom < 0 || m.Cursor() != m.ix.oom {
+		t.Fatalf("after %d chunks: done %v, oom at %d, cursor %d", chunks, m.load.done, m.ix.oom, m.Cursor())
+	}
+	if m.snap.Footer == nil {
+		t.Error("the streamed snapshot has no footer")
+	}
+	if want := recordFixture(t, cfg); len(want.Events) != len(m.snap.Events) {
+		t.Errorf("streamed %d events, a recording of the same run has %d", len(m.snap.Events), len(want.Events))
+	}
+}

@@ -1,0 +1,175 @@
+package tui
+
+import (
+	"fmt"
+	"strings"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+)
+
+// rect is a region of the screen.
+type rect struct{ w, h int }
+
+// layout is the screen's division, computed once per window size: a title line, the timeline (with its phase
+// band), the pane tabs, the pane, two status lines and the key help.
+type layout struct {
+	tooSmall bool
+	timeline rect
+	pane     rect
+}
+
+// Smallest usable terminal.
+const minWidth, minHeight = 40, 12
+
+func (m *Model) relayout() {
+	w, h := m.width, m.height
+	if w < minWidth || h < minHeight {
+		m.layout = layout{tooSmall: true}
+		return
+	}
+	const fixed = 1 + 1 + 2 + 1 // title, tabs, status, help
+	rest := h - fixed
+	tl := max(rest*2/5, 4)
+	m.layout = layout{timeline: rect{w, tl}, pane: rect{w, rest - tl}}
+	m.help.SetWidth(w)
+}
+
+// View renders the screen.
+func (m *Model) View() tea.View {
+	v := tea.NewView(m.render())
+	v.AltScreen = true
+	v.WindowTitle = "oomdbg"
+	return v
+}
+
+func (m *Model) render() string {
+	if m.width == 0 {
+		return ""
+	}
+	if m.layout.tooSmall {
+		return ansi.Truncate(fmt.Sprintf("oomdbg needs a terminal of at least %dx%d (this one is %dx%d)", minWidth, minHeight, m.width, m.height), m.width, "…")
+	}
+	if m.showHelp {
+		return fitHeight(m.helpView(), m.height)
+	}
+	var parts []string
+	parts = append(parts, m.titleView())
+	if m.ix == nil || m.ix.len() == 0 {
+		parts = append(parts, m.loadingView())
+	} else {
+		parts = append(parts, m.timeline.view(m.styles, m.width, m.layout.timeline.h, m.viewFrom, m.viewTo, m.cursor))
+		parts = append(parts, m.tabsView())
+		parts = append(parts, fitHeight(m.paneView(), m.layout.pane.h))
+		parts = append(parts, m.statusView()...)
+	}
+	parts = append(parts, ansi.Truncate(m.help.ShortHelpView(m.keys.ShortHelp()), m.width, "…"))
+	return fitHeight(strings.Join(parts, "\n"), m.height)
+}
+
+func (m *Model) titleView() string {
+	title := "oomdbg"
+	if m.snap != nil {
+		meta := m.snap.Meta
+		var w strings.Builder
+		w.WriteString("oomdbg")
+		switch {
+		case m.opts.File != "":
+			fmt.Fprintf(&w, " · %s", m.opts.File)
+		case m.fixes.base != nil:
+			fmt.Fprintf(&w, " · %s", describeConfig(*m.fixes.base))
+		}
+		if len(meta.Devices) > 0 {
+			fmt.Fprintf(&w, ", %s", units.FormatSize(meta.Devices[0].Capacity))
+		}
+		if m.ix != nil && m.ix.oom >= 0 {
+			sp := m.ix.spanAt(m.ix.oom)
+			fmt.Fprintf(&w, " · OOM in iteration %d, %s", sp.iteration, sp.phase)
+		}
+		title = w.String()
+	}
+	return m.styles.Title.Render(padRight(ansi.Truncate(" "+title, m.width, "…"), m.width))
+}
+
+func (m *Model) loadingView() string {
+	h := m.layout.timeline.h + 1 + m.layout.pane.h + 2
+	msg := m.load.label + "…"
+	if m.load.err != nil {
+		msg = m.styles.Error.Render(ansi.Truncate(m.load.err.Error(), m.width, "…"))
+	}
+	return fitHeight(msg, h)
+}
+
+func (m *Model) tabsView() string {
+	var b strings.Builder
+	for i, name := range paneNames {
+		label := fmt.Sprintf(" %d %s ", i+1, name)
+		if pane(i) == m.pane {
+			b.WriteString(m.styles.ActiveTab.Render(label))
+		} else {
+			b.WriteString(m.styles.Tab.Render(label))
+		}
+	}
+	return ansi.Truncate(b.String(), m.width, "")
+}
+
+func (m *Model) paneView() string {
+	w, h := m.layout.pane.w, m.layout.pane.h
+	switch m.pane {
+	case paneLive:
+		return m.live.view(m.styles, w, h)
+	case paneCategories:
+		return m.cats.view(m.styles, w, h)
+	case paneSegments:
+		return m.segs.view(m.styles, w, h)
+	case paneLeaks:
+		return m.leaks.view(m.styles, w, h)
+	case paneFixes:
+		return m.fixes.view(m.styles, w, h)
+	case paneDevice:
+		return m.device.view(m.styles, w, h)
+	}
+	return ""
+}
+
+// statusView is two lines: where the cursor is, with the change since the previous stop, and a message.
+func (m *Model) statusView() []string {
+	ix, c := m.ix, m.cursor
+	e := &m.snap.Events[c]
+	sp := ix.spanAt(c)
+	delta := ix.allocated[c] - ix.allocated[min(m.prev, ix.len()-1)]
+	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s)  reserved %s", c, ix.len()-1, sp.iteration,
+		sp.phase, e.Action, units.FormatSize(ix.allocated[c]), signed(delta), units.FormatSize(ix.reserved[c]))
+	msg := m.status
+	style := m.styles.Muted
+	if m.statusIsError {
+		style = m.styles.Error
+	}
+	if !m.load.done {
+		msg = fmt.Sprintf("%s: %d events so far", m.load.label, ix.len())
+	}
+	return []string{ansi.Truncate(pos, m.width, "…"), style.Render(ansi.Truncate(msg, m.width, "…"))}
+}
+
+func (m *Model) helpView() string {
+	lines := []string{m.styles.Title.Render(padRight(" oomdbg keys (? or esc to close)", m.width)), ""}
+	for _, l := range strings.Split(m.help.FullHelpView(m.keys.FullHelp()), "\n") {
+		lines = append(lines, ansi.Truncate(l, m.width, "…"))
+	}
+	lines = append(lines, "", m.styles.Muted.Render(ansi.Truncate("timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration", m.width, "…")))
+	return strings.Join(lines, "\n")
+}
+
+// fitHeight pads or cuts s to exactly h lines.
+func fitHeight(s string, h int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > h {
+		lines = lines[:h]
+	}
+	for len(lines) < h {
+		lines = append(lines, "")
+	}
+	return strings.Join(lines, "\n")
+}
