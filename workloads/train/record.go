@@ -35,7 +35,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	rec := tracer.New(sw, opts.Tracer...)
+	rec := tracer.New(sw, append([]tracer.Option{tracer.WithSkippedFrames(runtimeFrames...)}, opts.Tracer...)...)
 	stop := func() {}
 	if opts.OnStart != nil {
 		stop = opts.OnStart(rec)
@@ -50,6 +50,14 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 		return res, fmt.Errorf("writing the snapshot: %w", err)
 	}
 	return res, nil
+}
+
+// runtimeFrames are the workload runtime's own plumbing, left out of stacks like the allocator's: a stack
+// names the op (tensor.Linear), the module and the training loop that asked for memory, not how the runtime
+// got it.
+var runtimeFrames = []string{
+	"github.com/oomdbg/oomdbg/workloads/device.",
+	"github.com/oomdbg/oomdbg/workloads/tensor.(*Runtime).",
 }
 
 // Meta describes a run of cfg for a snapshot header.
