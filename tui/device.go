@@ -9,6 +9,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 )
 
@@ -23,6 +24,32 @@ type deviceMsg struct{ report nvml.Report }
 type devicePane struct {
 	read   DeviceReader
 	report *nvml.Report
+
+	// From the snapshot, at the cursor: the driver's last reading of used memory (sample events recorded on
+	// the cuda device) against the allocator's reserved bytes.
+	sampled            bool
+	driverUsed, reserv int64
+}
+
+// setData finds the last device reading at or before event at.
+func (p *devicePane) setData(ix *index, at int) {
+	p.sampled = false
+	evs := ix.snap.Events
+	for i := at; i >= 0; i-- {
+		if evs[i].Action == snapshot.ActionSample && ix.snap.String(evs[i].Text) == "nvml.used" {
+			p.sampled, p.driverUsed, p.reserv = true, evs[i].Size, ix.reserved[at]
+			return
+		}
+	}
+}
+
+// samplesView compares the driver's reading with the allocator's reserved bytes.
+func (p *devicePane) samplesView(s Styles, w int) []string {
+	if !p.sampled {
+		return []string{s.Muted.Render(ansi.Truncate("this snapshot has no driver readings (they are recorded on the cuda device)", w, "…"))}
+	}
+	return []string{ansi.Truncate(fmt.Sprintf("recorded: the driver saw %s used; the allocator reserved %s; the rest, %s, is the CUDA context and memory outside the allocator",
+		units.FormatSize(p.driverUsed), units.FormatSize(p.reserv), units.FormatSize(p.driverUsed-p.reserv)), w, "…")}
 }
 
 func newDevicePane(r DeviceReader) devicePane { return devicePane{read: r} }
@@ -48,20 +75,20 @@ func (p *devicePane) tick() tea.Cmd {
 func (p *devicePane) onReading(m deviceMsg) { p.report = &m.report }
 
 func (p *devicePane) view(s Styles, w, h int) string {
+	lines := p.samplesView(s, w)
 	switch {
 	case p.read == nil:
-		return s.Muted.Render("device readings are off")
+		return strings.Join(append(lines, s.Muted.Render("live device readings are off")), "\n")
 	case p.report == nil:
-		return s.Muted.Render("reading the devices…")
+		return strings.Join(append(lines, s.Muted.Render("reading the devices…")), "\n")
 	case !p.report.Driver:
 		msg := "no NVIDIA driver found: GPU readings are unavailable"
 		if p.report.Err != nil {
 			msg = p.report.Err.Error()
 		}
-		return s.Muted.Render(ansi.Truncate(msg, w, "…")) + "\n" +
-			s.Muted.Render(ansi.Truncate("the simulated device above needs none; on a GPU box this pane shows the driver's view", w, "…"))
+		return strings.Join(append(lines, s.Muted.Render(ansi.Truncate("live: "+msg, w, "…"))), "\n")
 	}
-	lines := []string{s.Muted.Render(fmt.Sprintf("NVIDIA driver %s, %d GPUs", p.report.DriverVersion, len(p.report.Devices)))}
+	lines = append(lines, s.Muted.Render(fmt.Sprintf("live: NVIDIA driver %s, %d GPUs", p.report.DriverVersion, len(p.report.Devices))))
 	for _, d := range p.report.Devices {
 		if len(lines) >= h {
 			break

@@ -143,4 +143,5 @@ func (m *Model) refreshPanes() {
 	m.cats.setData(live, atSpanStart, span, m.ix.snap)
 	m.segs.setData(m.ix, m.cursor)
 	m.leaks.setData(m.ix)
+	m.device.setData(m.ix, m.cursor)
 }

@@ -282,3 +282,18 @@ func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 		t.Errorf("streamed %d events, a recording of the same run has %d", len(m.snap.Events), len(want.Events))
 	}
 }
+
+func TestDevicePaneComparesDriverReadingsWithReserved(t *testing.T) {
+	s := &snapshot.Snapshot{Strings: []string{"", "nvml.used"}, Stacks: [][]snapshot.FrameID{nil}, Frames: []snapshot.Frame{{}}}
+	s.Events = []snapshot.Event{
+		{Seq: 0, Action: snapshot.ActionSegmentAlloc, Addr: 1 << 40, Size: 20 << 20},
+		{Seq: 1, Action: snapshot.ActionAlloc, Addr: 1 << 40, Size: 10 << 20, BlockSize: 10 << 20},
+		{Seq: 2, Action: snapshot.ActionSample, Size: 532 << 20, Text: 1},
+	}
+	m := newTestModel(t, s, 100, 30)
+	press(m, "6", "G")
+	out := screen(m)
+	if !strings.Contains(out, "the driver saw 532.00 MiB used; the allocator reserved 20.00 MiB; the rest, 512.00 MiB") {
+		t.Errorf("the device pane does not compare the reading with reserved memory:\n%s", out)
+	}
+}
