@@ -20,19 +20,25 @@ func Add(a, b *Tensor) *Tensor {
 		out.round()
 	}
 	if rt.needsGrad(a, b) {
-		bShape := slices.Clone(b.shape)
-		rt.node("AddBackward0", []*Tensor{a, b}, []*Tensor{out}, func(n *Node, g []*Tensor, needs []bool) []*Tensor {
-			grads := make([]*Tensor, 2)
-			if needs[0] {
-				grads[0] = g[0].Ref()
-			}
-			if needs[1] {
-				grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
-			}
-			return grads
-		})
+		rt.node("AddBackward0", []*Tensor{a, b}, []*Tensor{out}, addBackward(b.shape))
 	}
 	return out
+}
+
+// addBackward is AddBackward0's backward: the output's gradient for the first input, the same summed to the
+// second input's shape (when it was broadcast) for the second.
+func addBackward(bShape []int) backwardFunc {
+	bShape = slices.Clone(bShape)
+	return func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+		grads := make([]*Tensor, 2)
+		if needs[0] {
+			grads[0] = g[0].Ref()
+		}
+		if needs[1] {
+			grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
+		}
+		return grads
+	}
 }
 
 // addInPlaceOp is y.add_(b) on a tensor y the caller made: no allocation; y's history is rebased onto the
@@ -46,18 +52,8 @@ func addInPlaceOp(y, b *Tensor) *Tensor {
 	}
 	out := y.Ref()
 	if rt.needsGrad(y, b) {
-		bShape := slices.Clone(b.shape)
 		// node reads y's old grad_fn for its edge before making the add y's new one.
-		rt.node("AddBackward0", []*Tensor{y, b}, []*Tensor{out}, func(n *Node, g []*Tensor, needs []bool) []*Tensor {
-			grads := make([]*Tensor, 2)
-			if needs[0] {
-				grads[0] = g[0].Ref()
-			}
-			if needs[1] {
-				grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
-			}
-			return grads
-		})
+		rt.node("AddBackward0", []*Tensor{y, b}, []*Tensor{out}, addBackward(b.shape))
 	}
 	return out
 }
