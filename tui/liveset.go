@@ -163,7 +163,11 @@ func (p *livePane) view(s Styles, w, h int) string {
 	}
 	head += " · sort: " + sortNames[p.sortBy]
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
+	wide := w >= 110 // room for when each block was allocated
 	cols := fmt.Sprintf("  %10s  %-15s %-*s  %s", "size", "category", scopeWidth(w), "scope", "tensor")
+	if wide {
+		cols = fmt.Sprintf("  %10s  %-15s %-10s %4s  %-*s  %s", "size", "category", "phase", "iter", scopeWidth(w), "scope", "tensor")
+	}
 	lines = append(lines, s.Header.Render(ansi.Truncate(cols, w, "")))
 	rows := h - 2
 	if p.selected < p.offset {
@@ -185,6 +189,10 @@ func (p *livePane) view(s Styles, w, h int) string {
 		}
 		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.size), b.category,
 			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
+		if wide {
+			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.size), b.category, e.Phase, e.Iteration,
+				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
+		}
 		line = ansi.Truncate(line, w, "…")
 		if i == p.selected {
 			line = s.Selected.Render(padRight(line, w))
