@@ -1,0 +1,274 @@
+package snapshot
+
+import (
+	"math"
+	"slices"
+)
+
+// Timeline indexes a snapshot for the questions a memory debugger asks at any event: how many bytes were
+// allocated, reserved and active after it; where the peak is; which phase and iteration it belongs to; which
+// blocks were alive, what they held and who retained them; what the allocator's segments looked like.
+//
+// NewTimeline builds it in one pass over the events and Update indexes events appended to the snapshot since
+// (a recording being followed). Memory is bounded per event and holds no per-event heap objects: three int64
+// series (24 bytes an event), their min/max pyramids (about 3 bytes), a table of 25 bytes per allocation
+// and 16 per category change, and checkpoints of the live set that take at most 4 bytes an event. Queries that
+// need the live set start from the nearest checkpoint, so they cost what is alive plus what was allocated
+// since the checkpoint, whatever the length of the snapshot.
+//
+// Accounting follows PyTorch's memory_stats: allocated bytes count a block's size from its alloc until its
+// free is requested, active bytes until the free completes, reserved bytes the segments (cudaMalloc'd or
+// mapped) the allocator holds. Frees of blocks allocated before the trace began, as in imported PyTorch
+// snapshots, are counted in Stats and otherwise ignored, so no total ever goes negative.
+//
+// A Timeline indexes at most MaxTimelineEvents events. Queries do not change it and may run concurrently;
+// Update must not run concurrently with queries.
+type Timeline struct {
+	s *Snapshot
+	n int // events indexed
+
+	series [numSeries][]int64
+	pyr    [numSeries]pyramid
+
+	blocks  blockTable
+	changes []categoryChange
+
+	checkpoints []checkpoint
+	cpBlocks    []int32 // the checkpoints' block IDs, one run per checkpoint
+
+	phases     []PhaseSpan
+	iterations []IterationSpan
+	dumps      []HeapDump
+	ooms       []int
+	notes      []int // annotation events
+	segEvents  []uint32
+
+	peaks    [numSeries]Peak
+	byAction [NumActions]int
+	stats    TimelineStats
+
+	b builder // the state of the pass, kept for Update
+}
+
+// MaxTimelineEvents is the most events a Timeline indexes; events past it are left out.
+const MaxTimelineEvents = math.MaxUint32 - 1
+
+// Series names one of the byte counts a Timeline keeps for every event.
+type Series uint8
+
+// The series.
+const (
+	// Allocated is PyTorch's memory_allocated: block bytes from alloc until free_requested.
+	Allocated Series = iota
+	// Reserved is memory_reserved: the bytes of the segments the allocator holds.
+	Reserved
+	// Active is active_bytes: block bytes from alloc until free_completed.
+	Active
+	numSeries
+)
+
+var seriesNames = [...]string{"allocated", "reserved", "active"}
+
+// String returns the series' name, e.g. "allocated".
+func (s Series) String() string {
+	if int(s) < len(seriesNames) {
+		return seriesNames[s]
+	}
+	return "series(?)"
+}
+
+// Peak is the highest value of a series and the first event after which it was reached.
+type Peak struct {
+	Bytes int64
+	Seq   int // -1 when no event was indexed
+}
+
+// PhaseSpan is a run of events in one phase of one iteration, [Start, End).
+type PhaseSpan struct {
+	Phase     Phase
+	Iteration int32
+	Start     int
+	End       int
+	// Before and After are the allocated bytes by category before the span's first event and after its
+	// last.
+	Before, After [NumCategories]int64
+}
+
+// IterationSpan is the run of events of one training iteration, [Start, End). Setup is iteration -1. A
+// snapshot without iteration tags (an imported trace) is one span.
+type IterationSpan struct {
+	Iteration int32
+	Start     int
+	End       int
+}
+
+// HeapDump is a point where the runtime recorded who retains each live tensor: the heap_dump event at Seq,
+// followed by Edges retain events.
+type HeapDump struct {
+	Seq       int
+	Reason    string // "iteration end", "oom", "interrupted", ...
+	Phase     Phase
+	Iteration int32
+	Edges     int
+}
+
+// TimelineStats counts what a Timeline indexed.
+type TimelineStats struct {
+	Events   int
+	ByAction [NumActions]int // events per Action
+	Blocks   int             // allocations
+	// UnmatchedFrees counts free events of blocks the trace never allocated (allocated before it began);
+	// UnmatchedSegmentFrees the same for segments.
+	UnmatchedFrees        int
+	UnmatchedSegmentFrees int
+	// ReusedAddresses counts allocations at the address of a block whose free was never recorded; the old
+	// block is taken as freed there.
+	ReusedAddresses int
+}
+
+// NewTimeline indexes the events of s. The Timeline keeps s: queries read the events and tables from it.
+func NewTimeline(s *Snapshot) *Timeline {
+	t := &Timeline{s: s}
+	t.b.init()
+	for i := range t.peaks {
+		t.peaks[i].Seq = -1
+	}
+	t.Update()
+	return t
+}
+
+// Update indexes the events appended to the snapshot since the last call (or NewTimeline) and returns how
+// many there were.
+func (t *Timeline) Update() int {
+	end := min(len(t.s.Events), MaxTimelineEvents)
+	if end <= t.n {
+		return 0
+	}
+	start := t.n
+	t.index(start, end)
+	for k := range t.series {
+		t.pyr[k].extend(t.series[k], start)
+	}
+	t.n = end
+	return end - start
+}
+
+// Snapshot returns the snapshot the Timeline indexes.
+func (t *Timeline) Snapshot() *Snapshot { return t.s }
+
+// Len returns the number of events indexed.
+func (t *Timeline) Len() int { return t.n }
+
+// Value returns the bytes of series s after event seq; 0 for a seq outside the indexed events.
+func (t *Timeline) Value(s Series, seq int) int64 {
+	if seq < 0 || seq >= t.n || s >= numSeries {
+		return 0
+	}
+	return t.series[s][seq]
+}
+
+// Allocated returns the allocated bytes after event seq.
+func (t *Timeline) Allocated(seq int) int64 { return t.Value(Allocated, seq) }
+
+// Reserved returns the reserved bytes after event seq.
+func (t *Timeline) Reserved(seq int) int64 { return t.Value(Reserved, seq) }
+
+// Active returns the active bytes after event seq.
+func (t *Timeline) Active(seq int) int64 { return t.Value(Active, seq) }
+
+// Values returns series s after every event, indexed by seq. The slice is the Timeline's own: do not
+// modify it.
+func (t *Timeline) Values(s Series) []int64 {
+	if s >= numSeries {
+		return nil
+	}
+	return t.series[s][:t.n:t.n]
+}
+
+// Peak returns the highest value of series s and the first event after which it was reached.
+func (t *Timeline) Peak(s Series) Peak {
+	if s >= numSeries {
+		return Peak{Seq: -1}
+	}
+	return t.peaks[s]
+}
+
+// PeakIn returns the highest value of series s over events [from, to) and the first event that reached it.
+func (t *Timeline) PeakIn(s Series, from, to int) Peak {
+	from, to = max(from, 0), min(to, t.n)
+	if from >= to || s >= numSeries {
+		return Peak{Seq: -1}
+	}
+	seq, v := t.pyr[s].firstMax(t.series[s], from, to)
+	return Peak{Bytes: v, Seq: seq}
+}
+
+// Phases returns the phase spans in order. The slice is the Timeline's own: do not modify it.
+func (t *Timeline) Phases() []PhaseSpan { return t.phases }
+
+// Iterations returns the iteration spans in order. The slice is the Timeline's own: do not modify it.
+func (t *Timeline) Iterations() []IterationSpan { return t.iterations }
+
+// PhaseAt returns the index in Phases of the span holding event seq, or -1.
+func (t *Timeline) PhaseAt(seq int) int {
+	i, ok := slices.BinarySearchFunc(t.phases, seq, func(p PhaseSpan, seq int) int {
+		switch {
+		case seq < p.Start:
+			return 1
+		case seq >= p.End:
+			return -1
+		}
+		return 0
+	})
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// IterationAt returns the index in Iterations of the span holding event seq, or -1.
+func (t *Timeline) IterationAt(seq int) int {
+	i, ok := slices.BinarySearchFunc(t.iterations, seq, func(p IterationSpan, seq int) int {
+		switch {
+		case seq < p.Start:
+			return 1
+		case seq >= p.End:
+			return -1
+		}
+		return 0
+	})
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// HeapDumps returns the heap dumps in order. The slice is the Timeline's own: do not modify it.
+func (t *Timeline) HeapDumps() []HeapDump { return t.dumps }
+
+// OOMs returns the seqs of the oom events. The slice is the Timeline's own: do not modify it.
+func (t *Timeline) OOMs() []int { return t.ooms }
+
+// Annotations returns the seqs of the annotation events. The slice is the Timeline's own: do not modify it.
+func (t *Timeline) Annotations() []int { return t.notes }
+
+// Stats returns what the Timeline indexed.
+func (t *Timeline) Stats() TimelineStats {
+	st := t.stats
+	st.Events = t.n
+	st.ByAction = t.byAction
+	st.Blocks = len(t.blocks.alloc)
+	return st
+}
+
+// SeqAtTime returns the first event whose Time is at least ns (Len if none). Event times never decrease.
+func (t *Timeline) SeqAtTime(ns int64) int {
+	evs := t.s.Events[:t.n]
+	i, _ := slices.BinarySearchFunc(evs, ns, func(e Event, ns int64) int {
+		if e.Time < ns {
+			return -1
+		}
+		return 1
+	})
+	return i
+}

@@ -1,0 +1,265 @@
+package snapshot
+
+import "slices"
+
+// The indexing pass: one loop over the events that keeps the running totals, the block table, the spans and
+// the checkpoints.
+
+// noSeq marks a block event that has not happened (yet).
+const noSeq = ^uint32(0)
+
+// checkpointEvery is the least number of events between two checkpoints of the live set. A checkpoint is
+// also at least as many events after the previous one as it holds blocks, so checkpoints never take more
+// than 4 bytes an event, and a live-set query replays at most max(checkpointEvery, live blocks) allocations.
+const checkpointEvery = 1 << 14
+
+// blockTable holds one entry per allocation, indexed by block ID (allocations in order), as columns.
+type blockTable struct {
+	alloc []uint32 // seq of the alloc event
+	free  []uint32 // seq of free_requested; noSeq while allocated
+	done  []uint32 // seq of free_completed; noSeq while active
+	size  []int64  // bytes counted: the block size, or the requested size when the trace has none
+	cat   []Category
+	first []int32 // first category change, -1 for none
+}
+
+// categoryChange is a category event applied to a live block; changes of one block are linked in order.
+type categoryChange struct {
+	seq   uint32
+	next  int32
+	cat   Category
+	label StringID // 0 keeps the label
+}
+
+// checkpoint is the set of active blocks after event seq: cpBlocks[start:end], in allocation order.
+type checkpoint struct {
+	seq        int
+	start, end int
+}
+
+// liveKey names a block by where it is.
+type liveKey struct {
+	device int16
+	addr   uint64
+}
+
+// builder is the state the indexing pass carries from one Update to the next.
+type builder struct {
+	cur      [numSeries]int64
+	catBytes [NumCategories]int64
+	live     liveTable // active blocks by place
+	lastCP   int
+	segs     segmentSet
+	dump     int // the heap dump that retain events extend, -1 for none
+	// The tags of the open spans.
+	phase     Phase
+	iteration int32
+}
+
+func (b *builder) init() {
+	b.live.init()
+	b.lastCP, b.dump = -1, -1
+}
+
+// blockBytes is what an alloc counts: the block size, or the requested size when the trace gives none.
+func blockBytes(e *Event) int64 {
+	if e.BlockSize > 0 {
+		return e.BlockSize
+	}
+	return max(e.Size, 0)
+}
+
+// index runs the pass over events [start, end).
+func (t *Timeline) index(start, end int) {
+	for k := range t.series {
+		t.series[k] = slices.Grow(t.series[k], end-start)[:end]
+	}
+	allocated, reserved, active := t.series[Allocated], t.series[Reserved], t.series[Active]
+	b := &t.b
+	bt := &t.blocks
+	cur := b.cur
+	// Pre-size the block table for a training loop's mix (an alloc, two frees and a tag or two per block),
+	// so that it is not copied as it grows.
+	if grow := (end - start) / 4; cap(bt.alloc)-len(bt.alloc) < grow {
+		bt.grow(grow)
+	}
+	evs := t.s.Events[start:end]
+	for i := range evs {
+		e := &evs[i]
+		seq := start + i
+		if e.Action < numActions {
+			t.byAction[e.Action]++
+		}
+		if len(t.phases) == 0 || e.Iteration != b.iteration || e.Phase != b.phase && e.Action != ActionIteration {
+			t.spans(e, seq)
+		}
+
+		switch e.Action {
+		case ActionAlloc:
+			if old, ok := b.live.get(e.Device, e.Addr); ok {
+				// The address is handed out again, so the block there was freed without a trace of it.
+				if bt.free[old] == noSeq {
+					t.stats.ReusedAddresses++
+				}
+				cur = t.release(old, e, seq, cur)
+			}
+			size := blockBytes(e)
+			cat := e.Category
+			if !cat.Valid() {
+				cat = CategoryUnknown
+			}
+			id := int32(len(bt.alloc))
+			bt.alloc = append(bt.alloc, uint32(seq))
+			bt.free = append(bt.free, noSeq)
+			bt.done = append(bt.done, noSeq)
+			bt.size = append(bt.size, size)
+			bt.cat = append(bt.cat, cat)
+			bt.first = append(bt.first, -1)
+			b.live.put(e.Device, e.Addr, id)
+			cur[Allocated] += size
+			cur[Active] += size
+			b.catBytes[cat] += size
+
+		case ActionFreeRequested:
+			id, ok := b.live.get(e.Device, e.Addr)
+			if !ok {
+				t.stats.UnmatchedFrees++
+				break
+			}
+			if bt.free[id] == noSeq {
+				bt.free[id] = uint32(seq)
+				cur[Allocated] -= bt.size[id]
+				b.catBytes[bt.cat[id]] -= bt.size[id]
+			}
+
+		case ActionFreeCompleted:
+			id, ok := b.live.get(e.Device, e.Addr)
+			if !ok {
+				if i == 0 || evs[i-1].Action != ActionFreeRequested || evs[i-1].Addr != e.Addr {
+					t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
+				}
+				break
+			}
+			cur = t.release(id, e, seq, cur)
+
+		case ActionCategory:
+			id, ok := b.live.get(e.Device, e.Addr)
+			if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
+				break
+			}
+			if old := bt.cat[id]; old != e.Category {
+				b.catBytes[old] -= bt.size[id]
+				b.catBytes[e.Category] += bt.size[id]
+				bt.cat[id] = e.Category
+			}
+			c := int32(len(t.changes))
+			t.changes = append(t.changes, categoryChange{seq: uint32(seq), next: -1, cat: e.Category, label: e.Label})
+			if l := bt.first[id]; l < 0 {
+				bt.first[id] = c
+			} else {
+				for t.changes[l].next >= 0 { // a block changes category once or twice
+					l = t.changes[l].next
+				}
+				t.changes[l].next = c
+			}
+
+		case ActionSegmentAlloc, ActionSegmentFree, ActionSegmentMap, ActionSegmentUnmap:
+			t.segEvents = append(t.segEvents, uint32(seq))
+			delta, matched := b.segs.apply(e)
+			if !matched {
+				t.stats.UnmatchedSegmentFrees++
+			}
+			cur[Reserved] += delta
+
+		case ActionOOM:
+			t.ooms = append(t.ooms, seq)
+
+		case ActionAnnotation:
+			t.notes = append(t.notes, seq)
+
+		case ActionHeapDump:
+			b.dump = len(t.dumps)
+			t.dumps = append(t.dumps, HeapDump{Seq: seq, Reason: t.s.String(e.Text), Phase: e.Phase, Iteration: e.Iteration})
+
+		case ActionRetain:
+			if b.dump >= 0 {
+				d := &t.dumps[b.dump]
+				if d.Seq+d.Edges+1 == seq {
+					d.Edges++
+				}
+			}
+		}
+
+		allocated[seq], reserved[seq], active[seq] = cur[Allocated], cur[Reserved], cur[Active]
+		for k := range cur {
+			if p := &t.peaks[k]; cur[k] > p.Bytes || p.Seq < 0 {
+				p.Bytes, p.Seq = cur[k], seq
+			}
+		}
+		if seq-b.lastCP >= max(checkpointEvery, b.live.n) {
+			t.checkpoint(seq)
+		}
+	}
+	b.cur = cur
+	if n := len(t.phases); n > 0 {
+		t.phases[n-1].End, t.phases[n-1].After = end, b.catBytes
+	}
+	if n := len(t.iterations); n > 0 {
+		t.iterations[n-1].End = end
+	}
+}
+
+// release ends block id at seq (event e names its place): its free completed, and was requested if that
+// was not recorded.
+func (t *Timeline) release(id int32, e *Event, seq int, cur [numSeries]int64) [numSeries]int64 {
+	b, bt := &t.b, &t.blocks
+	if bt.free[id] == noSeq {
+		bt.free[id] = uint32(seq)
+		cur[Allocated] -= bt.size[id]
+		b.catBytes[bt.cat[id]] -= bt.size[id]
+	}
+	bt.done[id] = uint32(seq)
+	cur[Active] -= bt.size[id]
+	b.live.del(e.Device, e.Addr)
+	return cur
+}
+
+// grow makes room for n more blocks.
+func (bt *blockTable) grow(n int) {
+	bt.alloc = slices.Grow(bt.alloc, n)
+	bt.free = slices.Grow(bt.free, n)
+	bt.done = slices.Grow(bt.done, n)
+	bt.size = slices.Grow(bt.size, n)
+	bt.cat = slices.Grow(bt.cat, n)
+	bt.first = slices.Grow(bt.first, n)
+}
+
+// spans opens a new iteration or phase span when event e starts one. It runs before e is applied, so a
+// span's Before holds the bytes before its first event.
+func (t *Timeline) spans(e *Event, seq int) {
+	if n := len(t.iterations); n == 0 || t.iterations[n-1].Iteration != e.Iteration {
+		if n > 0 {
+			t.iterations[n-1].End = seq
+		}
+		t.iterations = append(t.iterations, IterationSpan{Iteration: e.Iteration, Start: seq, End: seq + 1})
+	}
+	// An iteration marker carries the new iteration but still the previous phase: it opens no phase span.
+	n := len(t.phases)
+	if n > 0 && (e.Action == ActionIteration || t.phases[n-1].Phase == e.Phase && t.phases[n-1].Iteration == e.Iteration) {
+		return
+	}
+	if n > 0 {
+		t.phases[n-1].End, t.phases[n-1].After = seq, t.b.catBytes
+	}
+	t.phases = append(t.phases, PhaseSpan{Phase: e.Phase, Iteration: e.Iteration, Start: seq, End: seq + 1, Before: t.b.catBytes})
+	t.b.phase, t.b.iteration = e.Phase, e.Iteration
+}
+
+// checkpoint records the active blocks after event seq.
+func (t *Timeline) checkpoint(seq int) {
+	start := len(t.cpBlocks)
+	t.cpBlocks = t.b.live.appendIDs(t.cpBlocks)
+	slices.Sort(t.cpBlocks[start:]) // allocation order
+	t.checkpoints = append(t.checkpoints, checkpoint{seq: seq, start: start, end: len(t.cpBlocks)})
+	t.b.lastCP = seq
+}
