@@ -1,0 +1,92 @@
+package leaks
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// suspectFrames is how many frames of a suspect's stack are kept.
+const suspectFrames = 8
+
+// suspect describes growing group g over n measured iterations; live is the live set at the last point.
+func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last Point, live []snapshot.Allocation) *Suspect {
+	s := tl.Snapshot()
+	sp := &Suspect{
+		Scope:             s.String(g.key.scope),
+		Category:          g.key.category,
+		Bytes:             g.bytes,
+		Counts:            g.counts,
+		BytesPerIteration: (g.bytes[n] - g.bytes[0]) / int64(n),
+		CountPerIteration: float64(g.counts[n]-g.counts[0]) / float64(n),
+	}
+	if sp.Scope == "" {
+		sp.Scope = noScope
+	}
+	for _, f := range s.UserFrames(g.key.stack, suspectFrames) {
+		sp.Stack = append(sp.Stack, s.FrameString(f))
+	}
+
+	// The survivors, and the example: the last block allocated in a measured iteration, else the last one.
+	example := -1
+	for i := range live {
+		b := &live[i]
+		if b.Stack != g.key.stack || b.Scope != g.key.scope || b.Category != g.key.category {
+			continue
+		}
+		if !slices.Contains(sp.Survivors, b.Iteration) {
+			sp.Survivors = append(sp.Survivors, b.Iteration)
+		}
+		if example < 0 || b.Iteration >= firstMeasured || live[example].Iteration < firstMeasured {
+			example = i
+		}
+	}
+	slices.Sort(sp.Survivors)
+	if example >= 0 {
+		sp.Example = live[example]
+		sp.Label = s.String(sp.Example.Label)
+		if p, ok := tl.RetainerPath(sp.Example, last.Seq); ok {
+			r := &Retainer{Root: p.Root(), Dump: p.Dump.Seq, Reason: p.Dump.Reason}
+			for _, h := range p.Holders {
+				r.Path = append(r.Path, h.Description)
+			}
+			sp.Retainer = r
+		}
+	}
+	sp.Kind = classify(sp, g, n)
+	return sp
+}
+
+// classify says what keeps a growing group's blocks alive.
+func classify(sp *Suspect, g *group, n int) Kind {
+	// Bytes grow but blocks do not multiply: the same place holds a larger block each time.
+	if g.counts[n] <= g.counts[0] {
+		return GrowingCache
+	}
+	if r := sp.Retainer; r != nil {
+		// Through an autograd node: the graph holds what it saved for backward, and something holds the
+		// graph (a loss in a list, an output kept with its grad_fn).
+		if slices.ContainsFunc(r.Path, autogradHolder) {
+			return RetainedGraph
+		}
+		if slices.ContainsFunc(r.Path, func(h string) bool { return strings.Contains(strings.ToLower(h), "cache") }) {
+			return GrowingCache
+		}
+		return StashedOutputs
+	}
+	// No heap dump names the blocks (an imported trace): go by what they hold.
+	switch sp.Category {
+	case snapshot.CategoryActivation, snapshot.CategoryAutogradDetail:
+		return RetainedGraph
+	case snapshot.CategoryAMPCache:
+		return GrowingCache
+	}
+	return Unclassified
+}
+
+// autogradHolder reports whether a holder is an autograd node or one of its saved slots, e.g.
+// "AddmmBackward0[net.2]" or "AddmmBackward0[net.2] saved mat1".
+func autogradHolder(desc string) bool {
+	return strings.Contains(desc, "Backward") || strings.Contains(desc, " saved ")
+}

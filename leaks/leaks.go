@@ -1,0 +1,404 @@
+// Package leaks finds device memory that a training loop keeps from one iteration to the next, says what
+// keeps it, and checks snapshots in tests.
+//
+// A leak is sustained growth of allocated memory measured at the same point of every iteration (its end)
+// after a warm-up, explained by groups of blocks (same allocating stack, module scope and category) that
+// keep growing: each iteration leaves survivors behind. One-time growth (Adam's state at the first step, a
+// cache that fills once) is not a leak, and reserved memory that grows while allocated memory does not is
+// fragmentation, not a leak. Each group is classified from what holds its blocks at the nearest heap dump:
+// a path through autograd nodes to a user variable is a retained autograd graph, a user variable holding
+// the block directly is stashed outputs, a block that grows in place is a growing cache.
+//
+// The test API is shaped like goleak and pytest-memray:
+//
+//	func TestTrainingDoesNotLeak(t *testing.T) {
+//		t.Parallel()
+//		s := leakstest.Record(t, cfg)
+//		leaks.Check(t, s, leaks.MaxGrowth(1<<20), leaks.IgnoreScopes("eval"))
+//	}
+//
+// Check fails the test with a one-line reason and the detail after it; Verify returns the same as an error;
+// Find and Analyze return the whole Result. Nothing is global, so checks run safely under t.Parallel.
+package leaks
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Verdict is what Analyze concludes.
+type Verdict string
+
+// The verdicts.
+const (
+	NoLeak        Verdict = "no_leak"       // allocated memory does not keep growing after warm-up
+	Leak          Verdict = "leak"          // it does, and groups of surviving blocks explain it
+	Fragmentation Verdict = "fragmentation" // reserved memory keeps growing while allocated memory does not
+	Inconclusive  Verdict = "inconclusive"  // too few complete iterations after warm-up to tell
+)
+
+// Kind is what keeps a suspect's blocks alive.
+type Kind string
+
+// The kinds of leak.
+const (
+	// RetainedGraph: an autograd graph kept alive by a user variable (a loss in a list, an output kept
+	// without no_grad or detach) holds the tensors it saved for backward.
+	RetainedGraph Kind = "retained_graph"
+	// StashedOutputs: a user variable (a list, a dict, a hook's stash) holds the tensors themselves.
+	StashedOutputs Kind = "stashed_outputs"
+	// GrowingCache: the same place holds a block that grows, or a cache adds to itself.
+	GrowingCache Kind = "growing_cache"
+	// Unclassified: nothing recorded says what holds the blocks (no heap dump names them).
+	Unclassified Kind = "unclassified"
+)
+
+// Describe returns the kind in words, e.g. "retained autograd graph".
+func (k Kind) Describe() string {
+	switch k {
+	case RetainedGraph:
+		return "retained autograd graph"
+	case StashedOutputs:
+		return "stashed outputs"
+	case GrowingCache:
+		return "growing cache"
+	}
+	return "unclassified growth"
+}
+
+// Point is memory measured at the end of one iteration.
+type Point struct {
+	Iteration int32
+	Seq       int // the iteration's last event
+	Allocated int64
+	Reserved  int64
+}
+
+// Result is what Analyze found.
+type Result struct {
+	Verdict Verdict
+	// Kind is the kind of the leak: that of the suspects that leak the most bytes. Empty but for a leak.
+	Kind Kind
+	// Reason says in one line what was found, e.g. "leak: allocated memory grows 66.50 KiB per iteration
+	// over iterations 2-7 (retained autograd graph, retained by loss_history[7])".
+	Reason string
+
+	Warmup int
+	// Iterations is how many complete training iterations the snapshot holds (setup not counted).
+	Iterations int
+	// Points are the measurements: the baseline, at the end of the last warm-up iteration (or of setup; in
+	// a long run, of the iteration before the last 256), then the end of each complete iteration after it.
+	// Empty when there were not enough iterations.
+	Points []Point
+	// GrowthPerIteration is the mean growth of allocated memory per iteration over Points;
+	// ReservedGrowthPerIteration that of reserved memory.
+	GrowthPerIteration         int64
+	ReservedGrowthPerIteration int64
+	// LeakPerIteration is the growth the suspects account for: the sum of their BytesPerIteration.
+	LeakPerIteration int64
+	// Suspects are the groups of blocks that keep growing, largest first.
+	Suspects []Suspect
+
+	// PeakAllocated is the snapshot's peak of allocated memory, for MaxPeak.
+	PeakAllocated int64
+
+	cfg config
+}
+
+// Suspect is a group of blocks, allocated from one stack in one module scope and holding one category,
+// whose bytes grow from iteration to iteration.
+type Suspect struct {
+	Scope    string // "(no scope)" when the blocks have none
+	Category snapshot.Category
+	// Stack is the allocating stack, innermost first, without the allocator's frames: "function file:line".
+	Stack []string
+	Kind  Kind
+
+	BytesPerIteration int64
+	CountPerIteration float64
+	// Bytes and Counts are the group's live bytes and blocks at each Point.
+	Bytes  []int64
+	Counts []int
+	// Survivors are the iterations whose allocations in this group are still alive at the last Point.
+	Survivors []int32
+
+	// Example is a representative leaked block (the last one allocated), Label its tensor label.
+	Example snapshot.Allocation
+	Label   string
+	// Retainer says what held Example at the nearest heap dump; nil when no heap dump named it.
+	Retainer *Retainer
+}
+
+// Site returns the innermost frame of the allocating stack, "" without a stack.
+func (s *Suspect) Site() string {
+	if len(s.Stack) == 0 {
+		return ""
+	}
+	return s.Stack[0]
+}
+
+// Retainer is the path that kept a block alive at a heap dump.
+type Retainer struct {
+	// Path lists the holders from the one holding the block to the root, e.g. "AddmmBackward0[net.2] saved
+	// mat1", "AddmmBackward0[net.2]", ..., "loss_history[7]".
+	Path   []string
+	Root   string
+	Dump   int    // the heap_dump event
+	Reason string // why the dump was taken: "iteration end", "oom", ...
+}
+
+// String returns the path root first: "loss_history[7] > NllLossBackward0 > ... > AddmmBackward0[net.2]
+// saved mat1".
+func (r *Retainer) String() string { return r.Short(0) }
+
+// Short returns the path root first like String, with the middle of a path longer than max holders (max >
+// 0) left out: the root and the holder after it, "(N more)", and the two holders nearest the block.
+func (r *Retainer) Short(max int) string {
+	rev := make([]string, 0, len(r.Path))
+	for i := len(r.Path) - 1; i >= 0; i-- {
+		rev = append(rev, r.Path[i])
+	}
+	if max > 0 && len(rev) > max && len(rev) > 4 {
+		rev = []string{rev[0], rev[1], fmt.Sprintf("(%d more)", len(rev)-4), rev[len(rev)-2], rev[len(rev)-1]}
+	}
+	return strings.Join(rev, " > ")
+}
+
+// Find indexes s and analyzes it; see Analyze.
+func Find(s *snapshot.Snapshot, opts ...Option) *Result {
+	return Analyze(snapshot.NewTimeline(s), opts...)
+}
+
+// groupKey is what suspects are grouped by.
+type groupKey struct {
+	stack    snapshot.StackID
+	scope    snapshot.StringID
+	category snapshot.Category
+}
+
+// group is a groupKey's live bytes and counts at each point.
+type group struct {
+	key    groupKey
+	bytes  []int64
+	counts []int
+}
+
+// maxMeasured is how many iterations Analyze measures at most: the last ones. A leak shows in a few dozen;
+// measuring thousands would cost a live set each.
+const maxMeasured = 256
+
+// Analyze measures allocated and reserved memory at the end of each complete iteration after the warm-up
+// (the last 256 of them at most), finds the groups of blocks that keep growing, classifies them and gives a
+// verdict.
+func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
+	c := newConfig(opts)
+	s := tl.Snapshot()
+	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: tl.Peak(snapshot.Allocated).Bytes}
+	its := completeIterations(tl)
+	r.Iterations = len(its)
+	n := len(its) - c.warmup // deltas measured
+	if n < 2 {
+		r.Verdict = Inconclusive
+		r.Reason = fmt.Sprintf("inconclusive: %d complete %s with a warm-up of %d; need 2 or more after it",
+			len(its), plural(len(its), "iteration"), c.warmup)
+		if tl.Stats().ByAction[snapshot.ActionIteration] == 0 {
+			r.Reason += " (the snapshot has no iteration markers)"
+		}
+		return r
+	}
+
+	// The points: the end of the iteration before the measured ones (the last warm-up iteration), or the event
+	// before the first iteration, then the end of each measured one.
+	first := c.warmup
+	if n > maxMeasured {
+		first, n = len(its)-maxMeasured, maxMeasured
+	}
+	baseSeq := its[0].Start - 1
+	baseIter := its[0].Iteration - 1
+	if first > 0 {
+		baseSeq, baseIter = its[first-1].End-1, its[first-1].Iteration
+	}
+	r.Points = append(r.Points, Point{Iteration: baseIter, Seq: baseSeq, Allocated: tl.Allocated(baseSeq), Reserved: tl.Reserved(baseSeq)})
+	for _, it := range its[first:] {
+		seq := it.End - 1
+		r.Points = append(r.Points, Point{Iteration: it.Iteration, Seq: seq, Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq)})
+	}
+	allocs := make([]int64, len(r.Points))
+	reserved := make([]int64, len(r.Points))
+	for i, p := range r.Points {
+		allocs[i], reserved[i] = p.Allocated, p.Reserved
+	}
+	r.GrowthPerIteration = (allocs[n] - allocs[0]) / int64(n)
+	r.ReservedGrowthPerIteration = (reserved[n] - reserved[0]) / int64(n)
+
+	// The groups' bytes at each point.
+	index := map[groupKey]int{}
+	var groups []*group
+	var live []snapshot.Allocation
+	for i, p := range r.Points {
+		live = tl.LiveAt(p.Seq, live[:0])
+		for _, b := range live {
+			k := groupKey{b.Stack, b.Scope, b.Category}
+			j, ok := index[k]
+			if !ok {
+				j = len(groups)
+				index[k] = j
+				groups = append(groups, &group{key: k, bytes: make([]int64, len(r.Points)), counts: make([]int, len(r.Points))})
+			}
+			groups[j].bytes[i] += b.Size
+			groups[j].counts[i]++
+		}
+	}
+
+	// Suspects: groups that keep growing, and that the ignore options do not leave out.
+	firstMeasured := its[first].Iteration
+	last := r.Points[n]
+	for _, g := range groups {
+		if !sustained(g.bytes) || c.ignored(s, g.key) {
+			continue
+		}
+		sp := suspect(tl, g, n, firstMeasured, last, live)
+		if c.filter != nil && !c.filter(sp) {
+			continue
+		}
+		r.Suspects = append(r.Suspects, *sp)
+		r.LeakPerIteration += sp.BytesPerIteration
+	}
+	slices.SortFunc(r.Suspects, func(a, b Suspect) int {
+		if x := cmp.Compare(b.BytesPerIteration, a.BytesPerIteration); x != 0 {
+			return x
+		}
+		if x := cmp.Compare(a.Scope, b.Scope); x != 0 {
+			return x
+		}
+		if x := cmp.Compare(a.Category, b.Category); x != 0 {
+			return x
+		}
+		return cmp.Compare(a.Example.Alloc, b.Example.Alloc)
+	})
+
+	window := fmt.Sprintf("iterations %d-%d", r.Points[1].Iteration, last.Iteration)
+	switch {
+	case len(r.Suspects) > 0 && allocs[n] > allocs[0]:
+		r.Verdict = Leak
+		r.Kind = dominantKind(r.Suspects)
+		top := r.Suspects[0]
+		r.Reason = fmt.Sprintf("leak: allocated memory grows %s per iteration over %s (%s: %d %s, the largest %s per iteration of %s",
+			units.FormatSize(r.LeakPerIteration), window, r.Kind.Describe(), len(r.Suspects), plural(len(r.Suspects), "suspect"),
+			units.FormatSize(top.BytesPerIteration), top.Category)
+		if top.Scope != noScope {
+			r.Reason += " in " + top.Scope
+		}
+		if site := top.Site(); site != "" {
+			r.Reason += " at " + site
+		}
+		if top.Retainer != nil {
+			r.Reason += ", retained by " + top.Retainer.Root
+		}
+		r.Reason += ")"
+	case sustained(reserved) && !sustained(allocs):
+		r.Verdict = Fragmentation
+		r.Reason = fmt.Sprintf("fragmentation, not a leak: reserved memory grows %s per iteration over %s while allocated memory does not (%s per iteration)",
+			units.FormatSize(r.ReservedGrowthPerIteration), window, signedSize(r.GrowthPerIteration))
+	default:
+		r.Verdict = NoLeak
+		r.Reason = fmt.Sprintf("no leak: allocated memory at the end of %s changes by %s per iteration after a warm-up of %d",
+			window, signedSize(r.GrowthPerIteration), c.warmup)
+		if len(r.Suspects) > 0 {
+			r.Reason += fmt.Sprintf(" (%d %s grow, but the total does not)", len(r.Suspects), plural(len(r.Suspects), "group"))
+		}
+	}
+	return r
+}
+
+// noScope names the scope of blocks allocated outside any module.
+const noScope = "(no scope)"
+
+// sustained reports whether x keeps growing: it ends higher than it starts and than at its middle, and
+// grows in at least two steps. One-time growth (a step up, then flat) is not sustained.
+func sustained(x []int64) bool {
+	n := len(x) - 1
+	if n < 2 || x[n] <= x[0] || x[n] <= x[n/2] {
+		return false
+	}
+	steps := 0
+	for i := 1; i <= n; i++ {
+		if x[i] > x[i-1] {
+			steps++
+		}
+	}
+	return steps >= 2
+}
+
+// completeIterations returns the training iterations (setup left out) that ran to their end: all but an
+// iteration that ran out of memory, was interrupted or was cut short with the file.
+func completeIterations(tl *snapshot.Timeline) []snapshot.IterationSpan {
+	var its []snapshot.IterationSpan
+	for _, it := range tl.Iterations() {
+		if it.Iteration >= 0 {
+			its = append(its, it)
+		}
+	}
+	// Markers are how iterations are known; a snapshot without them (an imported trace) is one pseudo-iteration,
+	// which cannot show growth per iteration.
+	if len(its) == 0 {
+		return nil
+	}
+	s := tl.Snapshot()
+	last := its[len(its)-1]
+	finished := s.Footer != nil && s.Warning == nil // the recording ended normally
+	stopped := false                                // the last iteration ran out of memory or was interrupted
+	ended := false                                  // its end-of-iteration heap dump is whole
+	for _, o := range tl.OOMs() {
+		stopped = stopped || o >= last.Start && o < last.End
+	}
+	for _, d := range tl.HeapDumps() {
+		if d.Seq < last.Start || d.Seq >= last.End {
+			continue
+		}
+		switch d.Reason {
+		case "oom", "interrupted":
+			stopped = true
+		case "iteration end":
+			ended = d.Seq+d.Edges+1 < tl.Len() // events follow it, so no retain event is missing
+		}
+	}
+	if stopped || !finished && !ended {
+		its = its[:len(its)-1]
+	}
+	return its
+}
+
+func dominantKind(sus []Suspect) Kind {
+	by := map[Kind]int64{}
+	for _, s := range sus {
+		by[s.Kind] += s.BytesPerIteration
+	}
+	best := Unclassified
+	for _, k := range []Kind{RetainedGraph, StashedOutputs, GrowingCache, Unclassified} {
+		if by[k] > by[best] {
+			best = k
+		}
+	}
+	return best
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+// signedSize prints a change with its sign: "+1.50 KiB", "-512 B", "0 B".
+func signedSize(n int64) string {
+	if n > 0 {
+		return "+" + units.FormatSize(n)
+	}
+	return units.FormatSize(n)
+}
