@@ -113,6 +113,7 @@ func (m *Model) Init() tea.Cmd {
 	cmds := []tea.Cmd{m.device.refresh()}
 	switch {
 	case m.opts.Snapshot != nil:
+		cmds = append(cmds, m.leaks.analyze(m.ix.tl))
 	case m.opts.Workload != nil:
 		cmds = append(cmds, recordWorkload(m.ctx, *m.opts.Workload, m.opts.Version))
 	case m.opts.File != "":
@@ -141,6 +142,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		case m.fixes.after != nil:
 			m.setStatus("re-run done: "+m.fixes.after.verdict()+"; the • curve is the re-run, phase by phase", false)
 		}
+		return m, nil
+	case leaksMsg:
+		m.leaks.onResult(msg)
 		return m, nil
 	case deviceMsg:
 		m.device.onReading(msg)
@@ -192,7 +196,7 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 		m.setStatus(m.snap.Warning.Error(), true)
 	}
 	m.landOnTarget()
-	return nil
+	return m.leaks.analyze(m.ix.tl)
 }
 
 // setSnapshot makes s the snapshot shown.

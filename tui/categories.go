@@ -15,18 +15,10 @@ import (
 type categoriesPane struct {
 	now, start [snapshot.NumCategories]int64
 	span       span
-	haveStart  bool
 }
 
-func (p *categoriesPane) setData(live, atSpanStart []liveBlock, sp span, _ *snapshot.Snapshot) {
-	p.now = byCategory(live)
-	p.haveStart = atSpanStart != nil
-	if p.haveStart {
-		p.start = byCategory(atSpanStart)
-	} else {
-		p.start = p.now
-	}
-	p.span = sp
+func (p *categoriesPane) setData(live []snapshot.Allocation, sp span) {
+	p.now, p.start, p.span = byCategory(live), sp.before, sp
 }
 
 func (p *categoriesPane) view(s Styles, w, h int) string {

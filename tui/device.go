@@ -37,7 +37,7 @@ func (p *devicePane) setData(ix *index, at int) {
 	evs := ix.snap.Events
 	for i := at; i >= 0; i-- {
 		if evs[i].Action == snapshot.ActionSample && ix.snap.String(evs[i].Text) == "nvml.used" {
-			p.sampled, p.driverUsed, p.reserv = true, evs[i].Size, ix.reserved[at]
+			p.sampled, p.driverUsed, p.reserv = true, evs[i].Size, ix.reserved(at)
 			return
 		}
 	}

@@ -258,7 +258,7 @@ type runSummary struct {
 }
 
 func summarize(ix *index) *runSummary {
-	r := &runSummary{peakAlloc: ix.allocated[max(ix.peak, 0)], peakRes: maxOf(ix.reserved), capacity: ix.capacity, oom: ix.oom >= 0}
+	r := &runSummary{peakAlloc: ix.allocated(max(ix.peak, 0)), peakRes: ix.peakReserved(), capacity: ix.capacity, oom: ix.oom >= 0}
 	if r.oom {
 		sp := ix.spanAt(ix.oom)
 		r.oomWhere = fmt.Sprintf("OOM in %s, iteration %d", sp.phase, sp.iteration)

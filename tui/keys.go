@@ -5,22 +5,22 @@ import "charm.land/bubbles/v2/key"
 // KeyMap is every key the TUI answers to. The habits are memray's, nvitop's and lazygit's: arrows and hjkl
 // to move, ? for help, q to quit, / to filter, enter for detail, esc to go back.
 type KeyMap struct {
-	StepBack, StepForward   key.Binding
-	JumpBack, JumpForward   key.Binding // 1% of the events
-	PrevPhase, NextPhase    key.Binding
-	PrevIter, NextIter      key.Binding
-	Peak, OOM               key.Binding
-	Start, End              key.Binding
+	StepBack, StepForward    key.Binding
+	JumpBack, JumpForward    key.Binding // 1% of the events
+	PrevPhase, NextPhase     key.Binding
+	PrevIter, NextIter       key.Binding
+	Peak, OOM                key.Binding
+	Start, End               key.Binding
 	ZoomIn, ZoomOut, ZoomAll key.Binding
-	Up, Down                key.Binding
-	NextPane, PrevPane      key.Binding
-	Live, Categories        key.Binding
-	Segments, Leaks         key.Binding
-	Fixes, Device           key.Binding
-	Detail, Back            key.Binding
-	Filter, Sort            key.Binding
-	Toggle, Rerun           key.Binding
-	Help, Quit              key.Binding
+	Up, Down                 key.Binding
+	NextPane, PrevPane       key.Binding
+	Live, Categories         key.Binding
+	Segments, Leaks          key.Binding
+	Fixes, Device            key.Binding
+	Detail, Back             key.Binding
+	Filter, Sort             key.Binding
+	Toggle, Rerun            key.Binding
+	Help, Quit               key.Binding
 }
 
 // DefaultKeyMap returns the key map.

@@ -4,64 +4,104 @@ import (
 	"fmt"
 	"strings"
 
+	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
-// leaksPane shows allocated memory at the start of every iteration and its growth: memory that is still
-// there one iteration later, every iteration, is a leak.
+// leaksPane shows the leak analysis: the verdict, memory at the end of each iteration and its growth, and the
+// suspects (groups of blocks that keep growing) with what keeps them alive. enter on a suspect jumps to its
+// example block in the live set.
 type leaksPane struct {
-	starts []iterStart
+	res      *leaks.Result
+	selected int
+	running  bool
 }
 
-type iterStart struct {
-	iteration int32
-	at        int
-	allocated int64
+// leaksMsg is a finished leak analysis.
+type leaksMsg struct{ res *leaks.Result }
+
+// analyze runs the leak analysis of the timeline in the background (it reads the whole snapshot).
+func (p *leaksPane) analyze(tl *snapshot.Timeline) tea.Cmd {
+	p.running = true
+	return func() tea.Msg { return leaksMsg{leaks.Analyze(tl)} }
 }
 
-func (p *leaksPane) setData(ix *index) {
-	p.starts = p.starts[:0]
-	for _, i := range ix.iters {
-		p.starts = append(p.starts, iterStart{ix.snap.Events[i].Iteration, i, ix.allocated[i]})
+func (p *leaksPane) onResult(msg leaksMsg) {
+	p.res, p.running = msg.res, false
+	p.selected = 0
+}
+
+func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+	if p.res == nil {
+		return nil
 	}
+	k := m.keys
+	switch {
+	case key.Matches(msg, k.Up):
+		p.selected = max(p.selected-1, 0)
+	case key.Matches(msg, k.Down):
+		p.selected = min(p.selected+1, max(len(p.res.Suspects)-1, 0))
+	case key.Matches(msg, k.Detail):
+		if p.selected < len(p.res.Suspects) {
+			ex := p.res.Suspects[p.selected].Example
+			m.moveTo(ex.Alloc)
+			m.pane = paneLive
+			m.live.selectAlloc(ex.Alloc)
+			m.setStatus(fmt.Sprintf("the suspect's example block, allocated at event %d", ex.Alloc), false)
+		}
+	}
+	return nil
 }
-
-func (p *leaksPane) onKey(tea.KeyPressMsg, *Model) tea.Cmd { return nil }
 
 func (p *leaksPane) view(s Styles, w, h int) string {
-	if len(p.starts) < 2 {
-		return s.Muted.Render("growth per iteration needs at least two iterations")
+	switch {
+	case p.running:
+		return s.Muted.Render("looking for leaks…")
+	case p.res == nil:
+		return s.Muted.Render("the leak analysis runs once the snapshot has loaded")
 	}
-	lines := []string{s.Muted.Render(ansi.Truncate("allocated at the start of each iteration, and growth since the one before", w, "…"))}
-	var growing int
-	for i, st := range p.starts {
-		g := ""
-		if i > 0 {
-			d := st.allocated - p.starts[i-1].allocated
-			g = fmt.Sprintf("%+12s", signed(d))
-			if d > 0 {
-				growing++
+	r := p.res
+	verdict := s.Good
+	switch r.Verdict {
+	case leaks.Leak:
+		verdict = s.Error
+	case leaks.Fragmentation, leaks.Inconclusive:
+		verdict = s.Warn
+	}
+	lines := []string{verdict.Render(ansi.Truncate(r.Reason, w, "…"))}
+	if len(r.Points) > 0 {
+		var b strings.Builder
+		b.WriteString("allocated at iteration ends:")
+		for i, pt := range r.Points {
+			if i > 0 {
+				b.WriteString(" →")
 			}
+			fmt.Fprintf(&b, " %d: %s", pt.Iteration, units.FormatSize(pt.Allocated))
 		}
-		lines = append(lines, fmt.Sprintf("  iteration %4d  %12s %s", st.iteration, units.FormatSize(st.allocated), g))
+		lines = append(lines, s.Muted.Render(ansi.Truncate(b.String(), w, "…")))
 	}
-	verdict := s.Good.Render("flat: no growth from iteration to iteration")
-	if n := len(p.starts) - 1; growing >= max(n-1, 1) && n >= 2 {
-		verdict = s.Error.Render(fmt.Sprintf("growing in %d of %d iterations: a leak", growing, n))
+	if len(r.Suspects) > 0 {
+		lines = append(lines, s.Header.Render(ansi.Truncate(fmt.Sprintf("%-12s %-16s %-28s %s", "per iteration", "category", "scope", "kept alive by (enter: the block)"), w, "")))
 	}
-	lines = append([]string{lines[0], verdict}, lines[1:]...)
-	if len(lines) > h {
-		lines = append(lines[:h-1], s.Muted.Render(fmt.Sprintf("  … %d more iterations", len(lines)-h+1)))
+	for i, sus := range r.Suspects {
+		if len(lines) >= h {
+			break
+		}
+		ret := "no heap dump names it"
+		if sus.Retainer != nil {
+			ret = sus.Retainer.Short(4)
+		}
+		line := ansi.Truncate(fmt.Sprintf("%12s %-16s %-28s %s", "+"+units.FormatSize(sus.BytesPerIteration), sus.Category,
+			ansi.Truncate(sus.Scope, 28, "…"), ret), w, "…")
+		if i == p.selected {
+			line = s.Selected.Render(padRight(line, w))
+		}
+		lines = append(lines, line)
 	}
 	return strings.Join(lines, "\n")
-}
-
-func signed(d int64) string {
-	if d >= 0 {
-		return "+" + units.FormatSize(d)
-	}
-	return units.FormatSize(d)
 }

@@ -20,8 +20,8 @@ import (
 type livePane struct {
 	ix       *index
 	at       int
-	rows     []liveBlock
-	shown    []liveBlock // rows after the filter, sorted
+	rows     []snapshot.Allocation
+	shown    []snapshot.Allocation // rows after the filter, sorted
 	added    map[int]bool
 	freed    int // blocks freed since the previous stop
 	freedB   int64
@@ -36,26 +36,26 @@ type livePane struct {
 
 var sortNames = []string{"size", "newest", "category", "scope"}
 
-func (p *livePane) setData(ix *index, at int, live, before []liveBlock) {
+func (p *livePane) setData(ix *index, at int, live, before []snapshot.Allocation) {
 	p.ix, p.at, p.rows = ix, at, live
 	p.added = map[int]bool{}
 	p.freed, p.freedB = 0, 0
 	if before != nil {
 		was := map[int]bool{}
 		for _, b := range before {
-			was[b.alloc] = true
+			was[b.Alloc] = true
 		}
 		now := map[int]bool{}
 		for _, b := range live {
-			now[b.alloc] = true
-			if !was[b.alloc] {
-				p.added[b.alloc] = true
+			now[b.Alloc] = true
+			if !was[b.Alloc] {
+				p.added[b.Alloc] = true
 			}
 		}
 		for _, b := range before {
-			if !now[b.alloc] {
+			if !now[b.Alloc] {
 				p.freed++
-				p.freedB += b.size
+				p.freedB += b.Size
 			}
 		}
 	}
@@ -73,24 +73,36 @@ func (p *livePane) apply() {
 	}
 	switch sortNames[p.sortBy] {
 	case "newest":
-		slices.SortStableFunc(p.shown, func(a, b liveBlock) int { return cmp.Compare(b.alloc, a.alloc) })
+		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int { return cmp.Compare(b.Alloc, a.Alloc) })
 	case "category":
-		slices.SortStableFunc(p.shown, func(a, b liveBlock) int { return cmp.Compare(a.category, b.category) })
+		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int { return cmp.Compare(a.Category, b.Category) })
 	case "scope":
-		slices.SortStableFunc(p.shown, func(a, b liveBlock) int {
-			return cmp.Compare(p.ix.snap.String(p.ev(a).Scope), p.ix.snap.String(p.ev(b).Scope))
+		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int {
+			return cmp.Compare(p.ix.snap.String(a.Scope), p.ix.snap.String(b.Scope))
 		})
 	}
 	p.selected = min(p.selected, max(len(p.shown)-1, 0))
 }
 
-func (p *livePane) ev(b liveBlock) *snapshot.Event { return &p.ix.snap.Events[b.alloc] }
-
 // describe is a row's searchable text.
-func (p *livePane) describe(b liveBlock) string {
-	e := p.ev(b)
+func (p *livePane) describe(b snapshot.Allocation) string {
 	s := p.ix.snap
-	return b.category.String() + " " + s.String(e.Scope) + " " + s.String(e.Label) + " " + e.Phase.String()
+	return b.Category.String() + " " + s.String(b.Scope) + " " + s.String(b.Label) + " " + b.Phase.String()
+}
+
+// selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it.
+func (p *livePane) selectAlloc(alloc int) {
+	p.detail = false
+	for pass := 0; pass < 2; pass++ {
+		for i, b := range p.shown {
+			if b.Alloc == alloc {
+				p.selected = i
+				return
+			}
+		}
+		p.filter = ""
+		p.apply()
+	}
 }
 
 func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
@@ -149,7 +161,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 	}
 	var total int64
 	for _, b := range p.rows {
-		total += b.size
+		total += b.Size
 	}
 	head := fmt.Sprintf("%d blocks, %s live", len(p.rows), units.FormatSize(total))
 	if p.freed > 0 || len(p.added) > 0 {
@@ -178,26 +190,26 @@ func (p *livePane) view(s Styles, w, h int) string {
 	}
 	for i := p.offset; i < len(p.shown) && i < p.offset+rows; i++ {
 		b := p.shown[i]
-		e := p.ev(b)
+		e := &b
 		mark := " "
-		if p.added[b.alloc] {
+		if p.added[b.Alloc] {
 			mark = "+"
 		}
 		scope := p.ix.snap.String(e.Scope)
 		if scope == "" {
 			scope = "-"
 		}
-		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.size), b.category,
+		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.Size), b.Category,
 			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
 		if wide {
-			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.size), b.category, e.Phase, e.Iteration,
+			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, e.Iteration,
 				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
 		}
 		line = ansi.Truncate(line, w, "…")
 		if i == p.selected {
 			line = s.Selected.Render(padRight(line, w))
 		} else {
-			line = s.Category[b.category].Render(line)
+			line = s.Category[b.Category].Render(line)
 		}
 		lines = append(lines, line)
 	}
@@ -212,13 +224,13 @@ func scopeWidth(w int) int { return min(max(w/3, 12), 40) }
 // detailView shows the selected block: what it is, where it was allocated, and who keeps it alive.
 func (p *livePane) detailView(s Styles, w, h int) string {
 	b := p.shown[p.selected]
-	e := p.ev(b)
+	e := &b
 	snap := p.ix.snap
 	lines := []string{
-		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", snap.String(e.Label), units.FormatSize(b.size), b.category), w, "…")),
-		ansi.Truncate(fmt.Sprintf("allocated at event %d, iteration %d, %s, in %s; block %#x", b.alloc, e.Iteration, e.Phase, orDash(snap.String(e.Scope)), b.addr), w, "…"),
+		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", snap.String(e.Label), units.FormatSize(b.Size), b.Category), w, "…")),
+		ansi.Truncate(fmt.Sprintf("allocated at event %d, iteration %d, %s, in %s; block %#x", b.Alloc, e.Iteration, e.Phase, orDash(snap.String(e.Scope)), b.Addr), w, "…"),
 	}
-	if path := p.ix.retainerPath(p.at, b.device, b.addr); len(path) > 0 {
+	if path := p.ix.retainerPath(b, p.at); len(path) > 0 {
 		lines = append(lines, s.Header.Render(fmt.Sprintf("kept alive by (%d holders to the root)", len(path))))
 		// A long chain of autograd nodes says little past its ends: who saved the block, and the root.
 		if room := max(h-len(lines)-3, 4); len(path) > room {

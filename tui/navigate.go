@@ -5,6 +5,8 @@ import (
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // onNavigate moves the cursor or the timeline's window; it reports whether the key was one of those.
@@ -130,18 +132,12 @@ func (m *Model) refreshPanes() {
 		return
 	}
 	live := m.ix.liveAt(m.cursor)
-	var before []liveBlock
+	var before []snapshot.Allocation
 	if m.prev != m.cursor && m.prev < m.ix.len() {
-		before = m.ix.liveAt(m.prev)
+		before = m.ix.tl.LiveAt(m.prev, nil)
 	}
 	m.live.setData(m.ix, m.cursor, live, before)
-	span := m.ix.spanAt(m.cursor)
-	var atSpanStart []liveBlock
-	if span.from < m.cursor {
-		atSpanStart = m.ix.liveAt(span.from)
-	}
-	m.cats.setData(live, atSpanStart, span, m.ix.snap)
+	m.cats.setData(live, m.ix.spanAt(m.cursor))
 	m.segs.setData(m.ix, m.cursor)
-	m.leaks.setData(m.ix)
 	m.device.setData(m.ix, m.cursor)
 }

@@ -1,9 +1,7 @@
 package tui
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 	"strings"
 
 	"charm.land/bubbles/v2/key"
@@ -18,49 +16,13 @@ import (
 // range), how much of it is allocated, a map of its blocks, and the fragmentation: reserved bytes no block
 // uses, which empty_cache cannot return while the segment is split.
 type segmentsPane struct {
-	segs   []segmentState
+	segs   []snapshot.SegmentState
 	offset int
 }
 
-type segmentState struct {
-	addr, size int64
-	base       uint64
-	blocks     [][2]int64 // allocated blocks: offset, size
-	used       int64
-}
-
+// setData replays the allocator's segments at event at.
 func (p *segmentsPane) setData(ix *index, at int) {
-	type seg = segmentState
-	segs := map[uint64]*seg{}
-	evs := ix.snap.Events[:at+1]
-	live := map[uint64]int64{}
-	for i := range evs {
-		e := &evs[i]
-		switch e.Action {
-		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
-			segs[e.Addr] = &seg{base: e.Addr, size: e.Size}
-		case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
-			delete(segs, e.Addr)
-		case snapshot.ActionAlloc:
-			live[e.Addr] = e.BlockSize
-		case snapshot.ActionFreeRequested:
-			delete(live, e.Addr)
-		}
-	}
-	p.segs = p.segs[:0]
-	for _, sg := range segs {
-		p.segs = append(p.segs, *sg)
-	}
-	slices.SortFunc(p.segs, func(a, b segmentState) int { return cmp.Compare(a.base, b.base) })
-	for i := range p.segs {
-		sg := &p.segs[i]
-		for addr, size := range live {
-			if addr >= sg.base && addr < sg.base+uint64(sg.size) {
-				sg.blocks = append(sg.blocks, [2]int64{int64(addr - sg.base), size})
-				sg.used += size
-			}
-		}
-	}
+	p.segs = ix.tl.SegmentsAt(at)
 	p.offset = min(p.offset, max(len(p.segs)-1, 0))
 }
 
@@ -76,8 +38,8 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 func (p *segmentsPane) view(s Styles, w, h int) string {
 	var reserved, used int64
 	for _, sg := range p.segs {
-		reserved += sg.size
-		used += sg.used
+		reserved += sg.Size
+		used += sg.Allocated()
 	}
 	head := fmt.Sprintf("%d segments, %s reserved, %s allocated, %s reserved but unallocated", len(p.segs),
 		units.FormatSize(reserved), units.FormatSize(used), units.FormatSize(reserved-used))
@@ -89,15 +51,16 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		for j := range cells {
 			cells[j] = '·'
 		}
-		for _, b := range sg.blocks {
-			from := int(b[0] * int64(mapW) / sg.size)
-			to := int((b[0] + b[1]) * int64(mapW) / sg.size)
+		for _, b := range sg.Blocks {
+			off := int64(b.Addr - sg.Addr)
+			from := int(off * int64(mapW) / sg.Size)
+			to := int((off + b.Size) * int64(mapW) / sg.Size)
 			for j := from; j < max(to, from+1) && j < mapW; j++ {
 				cells[j] = '█'
 			}
 		}
-		line := fmt.Sprintf("%#014x %10s %3.0f%% %s", sg.base, units.FormatSize(sg.size),
-			100*float64(sg.used)/float64(max(sg.size, 1)), s.Allocated.Render(string(cells)))
+		line := fmt.Sprintf("%#014x %10s %3.0f%% %s", sg.Addr, units.FormatSize(sg.Size),
+			100*float64(sg.Allocated())/float64(max(sg.Size, 1)), s.Allocated.Render(string(cells)))
 		lines = append(lines, ansi.Truncate(line, w, ""))
 	}
 	if len(p.segs) == 0 {

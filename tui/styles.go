@@ -90,7 +90,7 @@ const (
 	styleReserved
 	styleCapacity
 	styleAfter
-	stylePhase // + the phase
+	stylePhase  // + the phase
 	numStyleIDs = stylePhase + styleID(snapshot.NumPhases)
 )
 

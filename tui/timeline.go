@@ -1,7 +1,6 @@
 package tui
 
 import (
-	"slices"
 	"strings"
 
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -27,7 +26,12 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	}
 	plotW, plotH := w-axisWidth, h-1
 	alloc, res := p.ix.columns(from, to, plotW)
-	top := max(p.ix.capacity, maxOf(res), maxOf(alloc), 1)
+	// Scale to the run; the device's capacity joins the scale when the run comes near it (a run that uses a
+	// sliver of the card would otherwise be a flat line).
+	top := max(maxOf(res), maxOf(alloc), 1)
+	if c := p.ix.capacity; c > 0 && c <= top*3/2 {
+		top = max(top, c)
+	}
 	top += top / 20 // headroom so the capacity line and the peak stay visible
 	var after []int64
 	if p.after != nil && p.after.len() > 0 {
@@ -38,8 +42,8 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 		curCol = (cursor - from) * plotW / max(to-from, 1)
 	}
 	capRow := -1
-	if p.ix.capacity > 0 {
-		capRow = plotH - 1 - int(int64(plotH)*p.ix.capacity/top)
+	if c := p.ix.capacity; c > 0 && c < top {
+		capRow = plotH - 1 - int(int64(plotH)*c/top)
 	}
 
 	var b strings.Builder
@@ -150,7 +154,7 @@ func (p *timelinePane) alignedAfter(from, to, width int) []int64 {
 			out[c] = -1
 			continue
 		}
-		out[c] = slices.Max(p.after.allocated[min(x, y) : max(x, y)+1])
+		out[c] = p.after.tl.Range(snapshot.Allocated, min(x, y), max(x, y)+1).Max
 	}
 	return out
 }

@@ -71,6 +71,7 @@ func newTestModel(t testing.TB, s *snapshot.Snapshot, w, h int) *Model {
 	m := New(context.Background(), Options{Snapshot: s, Profile: colorprofile.Ascii, Devices: noDriver})
 	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 	m.Update(deviceMsg{noDriver()})
+	m.Update(m.leaks.analyze(m.ix.tl)()) // as Init's command would
 	return m
 }
 
@@ -269,7 +270,13 @@ func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 	cmd := m.onStream(msg.(streamMsg))
 	chunks := 0
 	for cmd != nil {
-		cmd = m.onChunk(cmd().(chunkMsg))
+		msg := cmd()
+		chunk, ok := msg.(chunkMsg)
+		if !ok { // loading ended: the leak analysis follows
+			m.Update(msg)
+			break
+		}
+		cmd = m.onChunk(chunk)
 		chunks++
 	}
 	if !m.load.done || m.ix.oom < 0 || m.Cursor() != m.ix.oom {
