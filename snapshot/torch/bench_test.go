@@ -1,0 +1,63 @@
+package torch
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// benchmarkImport measures Import (decode and build the snapshot) on a real snapshot, in bytes of pickle per
+// second, to set against CPython's pickle.load of the same file (testdata/cpython_bench.py), which only
+// decodes. It also reports the size of the snapshot written in oomdbg's format against the pickle's.
+func benchmarkImport(b *testing.B, name string) {
+	data := readFixture(b, name)
+	s, err := Import(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := writeNative(&buf, s); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := Import(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(buf.Len())/float64(len(data)), "native/pickle")
+	b.ReportMetric(float64(buf.Len())/float64(max(len(s.Events), 1)), "native-B/event")
+}
+
+func BenchmarkImportF1(b *testing.B) { benchmarkImport(b, fixtureF1) }
+func BenchmarkImportF2(b *testing.B) { benchmarkImport(b, fixtureF2) }
+func BenchmarkImportF3(b *testing.B) { benchmarkImport(b, fixtureF3) }
+func BenchmarkImportF4(b *testing.B) { benchmarkImport(b, fixtureF4) }
+func BenchmarkImportF7(b *testing.B) { benchmarkImport(b, fixtureF7) }
+
+// writeNative writes s in oomdbg's file format, interning its tables in ID order so that the IDs stay.
+func writeNative(buf *bytes.Buffer, s *snapshot.Snapshot) error {
+	w, err := snapshot.NewWriter(buf, s.Meta)
+	if err != nil {
+		return err
+	}
+	for _, str := range s.Strings[1:] {
+		w.InternString(str)
+	}
+	for _, f := range s.Frames[1:] {
+		w.InternFrame(s.Strings[f.Function], s.Strings[f.File], int(f.Line))
+	}
+	for _, st := range s.Stacks[1:] {
+		w.InternStack(st)
+	}
+	for i := range s.Events {
+		e := s.Events[i]
+		if err := w.Write(&e); err != nil {
+			return err
+		}
+	}
+	return w.Close(s.Footer)
+}

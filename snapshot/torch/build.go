@@ -1,0 +1,640 @@
+package torch
+
+import (
+	"cmp"
+	"container/heap"
+	"encoding/json"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// devicePlan is what the analysis of one device's trace and final state produced.
+type devicePlan struct {
+	dev    int
+	segs   []preSeg   // alive before the trace
+	blocks []preBlock // in use before the trace
+}
+
+// aliveRef is a block in use during the first pass: the alloc entry that made it, or a pre-existing block.
+type aliveRef struct {
+	idx       int32 // entry index, or -(pre-existing block index)-1
+	requested bool  // its free was requested
+}
+
+// analyze finds, for one device, what was alive before the trace began, and sizes every block.
+func (im *importer) analyze(dev int) devicePlan {
+	p := devicePlan{dev: dev}
+	var entries []entry
+	if dev < len(im.traces) {
+		entries = im.traces[dev]
+	}
+
+	// Forward: a free of an address the trace never allocated is a block from before the trace.
+	active := 0
+	for si := range im.segs {
+		if s := &im.segs[si]; s.Device == dev {
+			for j := range s.Blocks {
+				if s.Blocks[j].State != stateInactive {
+					active++
+				}
+			}
+		}
+	}
+	p.blocks = make([]preBlock, 0, active)
+	alive := make(map[uint64]aliveRef)
+	seen := make(map[uint64]struct{})
+	for i := range entries {
+		e := &entries[i]
+		switch e.act {
+		case snapshot.ActionAlloc:
+			if _, ok := alive[e.addr]; ok {
+				im.origin.Inconsistencies++ // handed out again without a free
+			}
+			alive[e.addr] = aliveRef{idx: int32(i)}
+			seen[e.addr] = struct{}{}
+		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+			done := e.act == snapshot.ActionFreeCompleted
+			if r, ok := alive[e.addr]; ok {
+				if done {
+					delete(alive, e.addr)
+				} else {
+					r.requested = true
+					alive[e.addr] = r
+				}
+				break
+			}
+			if _, ok := seen[e.addr]; ok {
+				im.origin.Inconsistencies++ // freed twice
+				break
+			}
+			seen[e.addr] = struct{}{}
+			p.blocks = append(p.blocks, preBlock{addr: e.addr, requested: e.size, stream: e.stream, stack: e.stack, pending: done})
+			if !done {
+				alive[e.addr] = aliveRef{idx: int32(-len(p.blocks)), requested: true}
+			}
+		}
+	}
+
+	// The final state: blocks still in use that the trace never allocated were allocated before it began
+	// ("ghosts" in memory_viz). Blocks the trace allocated and never freed take their size from the state.
+	fixed := make(map[int32]int64) // alloc entry -> block size from the final state
+	found := 0
+	bi := 0
+	for si := range im.segs {
+		s := &im.segs[si]
+		for j := range s.Blocks {
+			b := &s.Blocks[j]
+			stack := im.blockStacks[bi]
+			bi++
+			if s.Device != dev || b.State == stateInactive {
+				continue
+			}
+			if r, ok := alive[b.Addr]; ok {
+				found++
+				if r.idx >= 0 {
+					fixed[r.idx] = b.Size
+				} else {
+					pb := &p.blocks[-r.idx-1]
+					pb.size, pb.sizeKnown = b.Size, true
+				}
+				continue
+			}
+			if _, ok := seen[b.Addr]; ok {
+				im.origin.Inconsistencies++ // the trace freed it, the state holds it
+				continue
+			}
+			p.blocks = append(p.blocks, preBlock{addr: b.Addr, requested: b.Requested, size: b.Size, stream: s.Stream,
+				stack: stack, sizeKnown: true, pending: b.State == statePendingFree})
+		}
+	}
+	if im.haveState {
+		im.origin.Inconsistencies += len(alive) - found // alive at the end by the trace, absent from the state
+	}
+
+	// Backward from the final state: the segments that existed when the trace began. Walking back, a
+	// segment_alloc removes its segment (made during the trace) and a segment_free adds one (made before).
+	var exp intervals
+	created := map[uint64]bool{} // segments of the final state the trace made
+	freed := map[uint64]preSeg{} // segments the trace freed that it had not made
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := &entries[i]
+		end := e.addr + uint64(e.size)
+		switch e.act {
+		case snapshot.ActionSegmentAlloc:
+			if _, ok := freed[e.addr]; ok {
+				delete(freed, e.addr) // freed later, made here: not from before
+			} else if created[e.addr] {
+				im.origin.Inconsistencies++ // made twice without a free between
+			} else {
+				created[e.addr] = true
+			}
+		case snapshot.ActionSegmentFree:
+			if _, ok := freed[e.addr]; ok {
+				im.origin.Inconsistencies++ // freed twice without an alloc between
+				break
+			}
+			// The stack of a segment_free is the releasing caller's (empty_cache), not the creator's: none.
+			freed[e.addr] = preSeg{addr: e.addr, size: e.size, stream: e.stream, small: e.size <= smallBuffer}
+		case snapshot.ActionSegmentMap:
+			if !exp.remove(e.addr, end) && im.haveState {
+				im.origin.Inconsistencies++
+			}
+		case snapshot.ActionSegmentUnmap:
+			if !exp.add(e.addr, end, e.stream) {
+				im.origin.Inconsistencies++
+			}
+		}
+	}
+	nfinal := 0
+	for si := range im.segs {
+		s := &im.segs[si]
+		if s.Device != dev {
+			continue
+		}
+		if s.Expandable {
+			exp.add(s.Addr, s.Addr+uint64(s.Size), s.Stream)
+			continue
+		}
+		if created[s.Addr] {
+			nfinal++
+			continue
+		}
+		p.segs = append(p.segs, preSeg{addr: s.Addr, size: s.Size, stream: s.Stream, stack: im.segStacks[si],
+			small: s.Pool == "small", known: true})
+	}
+	if im.haveState && nfinal != len(created) {
+		im.origin.Inconsistencies += len(created) - nfinal // made during the trace, never freed, not in the state
+	}
+	for _, s := range freed {
+		s.known = im.haveState // without the final state, blocks alive from start to end are unknown
+		p.segs = append(p.segs, s)
+	}
+	for _, r := range exp {
+		p.segs = append(p.segs, preSeg{addr: r.start, size: int64(r.end - r.start), stream: r.stream, expandable: true})
+	}
+	im.startLayout(p.segs, p.blocks)
+
+	if len(entries) > 0 {
+		im.sizeBlocks(entries, &p, fixed)
+	}
+	im.origin.PreExistingSegments += len(p.segs)
+	im.origin.PreExistingBlocks += len(p.blocks)
+	for i := range p.blocks {
+		if p.blocks[i].sizeKnown {
+			im.origin.BlockSizesExact++
+		} else {
+			im.origin.BlockSizesEstimated++
+		}
+	}
+	return p
+}
+
+// sizeBlocks runs forward through the trace, following the layout of the segments, to size every block.
+func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]int64) {
+	var lay layout
+	backing := make([]lseg, 0, len(p.segs))
+	for i := range p.segs {
+		s := &p.segs[i]
+		if s.expandable {
+			lay.exp.add(s.addr, s.end(), s.stream)
+			continue
+		}
+		backing = append(backing, lseg{base: s.addr, end: s.end(), known: s.known})
+		lay.segs = append(lay.segs, &backing[len(backing)-1])
+	}
+	for i := range p.blocks { // sorted by address, so each goes at the end of its segment's list
+		b := &p.blocks[i]
+		if b.size > smallSize {
+			if s := lay.find(b.addr); s != nil && s.known {
+				s.blocks = append(s.blocks, lblock{b.addr, uint64(b.size)})
+			}
+		}
+	}
+	// Sizes of the blocks the trace allocates; those of pre-existing blocks are found in p.blocks (by address).
+	sizes := make(map[uint64]int64)
+	sizeOf := func(addr uint64) int64 {
+		if n, ok := sizes[addr]; ok {
+			return n
+		}
+		if i, ok := slices.BinarySearchFunc(p.blocks, addr, func(b preBlock, a uint64) int { return cmp.Compare(b.addr, a) }); ok {
+			return p.blocks[i].size
+		}
+		return 0
+	}
+	// A segment_alloc is recorded immediately before the alloc it serves, at the same address.
+	fresh := false
+	for i := range entries {
+		e := &entries[i]
+		switch e.act {
+		case snapshot.ActionSegmentAlloc:
+			if !lay.add(&lseg{base: e.addr, end: e.addr + uint64(e.size), known: true}) {
+				im.origin.Inconsistencies++
+			}
+			fresh = e.size > 0 && i+1 < len(entries) && entries[i+1].addr == e.addr
+			continue
+		case snapshot.ActionSegmentFree:
+			lay.remove(e.addr)
+		case snapshot.ActionSegmentMap:
+			lay.exp.add(e.addr, e.addr+uint64(e.size), e.stream)
+		case snapshot.ActionSegmentUnmap:
+			lay.exp.remove(e.addr, e.addr+uint64(e.size))
+		case snapshot.ActionAlloc:
+			e.block = im.blockSize(e, &lay, fixed, int32(i), fresh)
+			sizes[e.addr] = e.block
+		case snapshot.ActionFreeRequested:
+			e.block = sizeOf(e.addr)
+		case snapshot.ActionFreeCompleted:
+			e.block = sizeOf(e.addr)
+			delete(sizes, e.addr)
+			if e.block > smallSize {
+				if s := lay.find(e.addr); s != nil {
+					s.removeBlock(e.addr)
+				}
+			}
+		case snapshot.ActionOOM:
+			e.block = int64(im.rules.allocationSize(uint64(e.size)))
+		}
+		fresh = false
+	}
+}
+
+// blockSize returns the size of the block an alloc entry got, and records it in the layout.
+func (im *importer) blockSize(e *entry, lay *layout, fixed map[int32]int64, idx int32, fresh bool) int64 {
+	r := im.rules.roundSize(uint64(e.size))
+	var size uint64
+	exact := true
+	var seg *lseg
+	switch {
+	case r <= smallSize || lay.exp.contains(e.addr):
+		size = r
+	default:
+		seg = lay.find(e.addr)
+		free, ok := uint64(0), false
+		if seg != nil {
+			free, ok = seg.freeBlockAt(e.addr)
+			if fresh && !ok { // a new segment: its one free block is the segment
+				free, ok = seg.end-seg.base, seg.base == e.addr
+			}
+		}
+		switch {
+		case ok && free >= r:
+			size = free
+			if im.rules.splits(free, r) {
+				size = r
+			}
+		default:
+			size, exact = r, false
+			if seg != nil && ok { // the layout says less room than the request: it was wrong
+				seg.known = false
+			}
+		}
+	}
+	if f, ok := fixed[idx]; ok {
+		if exact && uint64(f) != size {
+			im.origin.Inconsistencies++
+		}
+		size, exact = uint64(f), true
+	}
+	if exact {
+		im.origin.BlockSizesExact++
+	} else {
+		im.origin.BlockSizesEstimated++
+	}
+	if size > smallSize && seg != nil {
+		if exact && seg.known {
+			seg.insert(e.addr, size)
+		} else {
+			seg.known = false
+		}
+	}
+	return int64(min(size, math.MaxInt64))
+}
+
+// build turns the records into the snapshot.
+func (im *importer) build() (*snapshot.Snapshot, error) {
+	plans := make([]devicePlan, 0, len(im.devices))
+	nsynth := 0
+	for _, d := range im.devices {
+		p := im.analyze(d)
+		nsynth += len(p.segs) + len(p.blocks)
+		for i := range p.blocks {
+			if p.blocks[i].pending {
+				nsynth++
+			}
+		}
+		plans = append(plans, p)
+	}
+	ntrace := 0
+	for _, t := range im.traces {
+		ntrace += len(t)
+	}
+	if nsynth+ntrace+len(im.annots) > im.lim.MaxEvents {
+		return nil, limitErr("", "%d events > Limits.MaxEvents (%d)", nsynth+ntrace+len(im.annots), im.lim.MaxEvents)
+	}
+	em := emitter{im: im, iteration: -1}
+	em.events = make([]snapshot.Event, 0, nsynth+ntrace+len(im.annots)+16)
+	pre := im.tab.str(PreExistingLabel)
+	for _, p := range plans {
+		for _, s := range p.segs {
+			act := snapshot.ActionSegmentAlloc
+			if s.expandable {
+				act = snapshot.ActionSegmentMap
+			}
+			em.add(snapshot.Event{Action: act, Device: int16(p.dev), Stream: s.stream, Addr: s.addr, Size: s.size,
+				Stack: s.stack, Label: pre, Iteration: -1})
+		}
+		for _, b := range p.blocks {
+			e := snapshot.Event{Action: snapshot.ActionAlloc, Device: int16(p.dev), Stream: b.stream, Addr: b.addr,
+				Size: b.requested, BlockSize: b.size, Stack: b.stack, Label: pre, Iteration: -1}
+			em.add(e)
+			if b.pending {
+				e.Action = snapshot.ActionFreeRequested
+				em.add(e)
+			}
+		}
+	}
+	em.trace()
+	if im.tab.err != nil {
+		return nil, im.tab.err
+	}
+
+	meta := snapshot.Meta{Tool: Source, Source: Source, TimeUnit: "index", AllocatorSettings: im.settings}
+	if im.timeKnown {
+		meta.TimeUnit = "us"
+		// time_us counts from the Unix epoch; a clock that says otherwise leaves the start unknown (and a
+		// time beyond year 9999 could not be written as JSON).
+		if c := time.UnixMicro(em.t0).UTC(); em.t0 > 0 && c.Year() <= 9999 {
+			meta.Created = c
+		}
+	}
+	for _, d := range im.devices {
+		meta.Devices = append(meta.Devices, snapshot.DeviceInfo{Index: d, Name: "cuda:" + strconv.Itoa(d), Kind: "unknown"})
+	}
+	origin, err := json.Marshal(im.origin)
+	if err != nil {
+		return nil, &ImportError{Offset: -1, Err: err}
+	}
+	meta.Workload = origin
+	segs := im.segs
+	if segs == nil {
+		segs = []snapshot.Segment{}
+	}
+	return &snapshot.Snapshot{
+		Meta:    meta,
+		Events:  em.events,
+		Strings: im.tab.strings,
+		Frames:  im.tab.frames,
+		Stacks:  im.tab.stacks,
+		Footer:  &snapshot.Footer{Summary: summarize(em.events), Segments: segs},
+	}, nil
+}
+
+// emitter writes the events in order, inferring phases and iterations as it goes.
+type emitter struct {
+	im     *importer
+	events []snapshot.Event
+	t0     int64 // time_us of the first entry: Event.Time counts from it
+
+	iteration int32
+	inferred  snapshot.Phase // from the stacks of the latest allocations
+	phase     snapshot.Phase // the phase of the events being written
+	regions   []region       // record_function regions that set the phase (Optimizer.step#...)
+}
+
+// region is an open record_function region that names a phase.
+type region struct {
+	name  string
+	phase snapshot.Phase
+}
+
+func (em *emitter) add(e snapshot.Event) {
+	e.Seq = uint64(len(em.events))
+	em.events = append(em.events, e)
+}
+
+// setPhase writes a phase marker when the phase the next events carry changes.
+func (em *emitter) setPhase(t int64, dev int16) {
+	p := em.inferred
+	if n := len(em.regions); n > 0 {
+		p = em.regions[n-1].phase
+	}
+	if p != em.phase {
+		em.phase = p
+		em.add(snapshot.Event{Time: t, Action: snapshot.ActionPhase, Device: dev, Phase: p, Iteration: em.iteration})
+	}
+}
+
+// trace writes the trace entries of every device and the annotations: merged by time_us when every entry
+// has one, else device after device in recorded order with Event.Time the entry's index (from 1).
+func (em *emitter) trace() {
+	im := em.im
+	annots := im.annots
+	slices.SortStableFunc(annots, func(a, b annotation) int { return cmp.Compare(a.time, b.time) })
+	if im.timeKnown {
+		em.t0 = math.MaxInt64
+		for _, t := range im.traces {
+			if len(t) > 0 {
+				em.t0 = min(em.t0, t[0].time)
+			}
+		}
+		if len(annots) > 0 {
+			em.t0 = min(em.t0, annots[0].time)
+		}
+	}
+	// The next entry is the earliest by time over all devices (device order breaks ties), kept in a heap of
+	// each device's next entry; time_us that steps back on a device is held at the device's latest. Without
+	// times, devices follow each other in order.
+	var next devHeap
+	cursor := make([]int, len(im.traces))
+	for d, tr := range im.traces {
+		if len(tr) > 0 {
+			t := int64(0)
+			if im.timeKnown {
+				t = tr[0].time
+			}
+			next = append(next, devKey{t, d})
+		}
+	}
+	heap.Init(&next)
+	ai := 0
+	index := int64(0)
+	for {
+		dev, t := -1, int64(0)
+		if len(next) > 0 {
+			dev, t = next[0].dev, next[0].time
+		}
+		// Annotations go before entries of their time (after, for an END), and after all entries when the
+		// entries have no time.
+		if ai < len(annots) && (dev < 0 || im.timeKnown && (annots[ai].time < t || annots[ai].time == t && annots[ai].start)) {
+			a := annots[ai]
+			ai++
+			at := em.nanos(a.time)
+			if !im.timeKnown {
+				at = index
+			}
+			em.annotation(a, at)
+			continue
+		}
+		if dev < 0 {
+			return
+		}
+		tr := im.traces[dev]
+		e := &tr[cursor[dev]]
+		cursor[dev]++
+		if cursor[dev] < len(tr) {
+			nt := t
+			if im.timeKnown {
+				nt = max(tr[cursor[dev]].time, t)
+			}
+			next[0].time = nt
+			heap.Fix(&next, 0)
+		} else {
+			heap.Pop(&next)
+		}
+		index++
+		et := index
+		if im.timeKnown {
+			et = em.nanos(t)
+		}
+		em.entry(e, int16(dev), et)
+	}
+}
+
+// devKey is a device's next trace entry in the merge: its time, then the device ordinal.
+type devKey struct {
+	time int64
+	dev  int
+}
+
+// devHeap is a min-heap of devKeys (container/heap).
+type devHeap []devKey
+
+func (h devHeap) Len() int { return len(h) }
+func (h devHeap) Less(i, j int) bool {
+	return h[i].time < h[j].time || h[i].time == h[j].time && h[i].dev < h[j].dev
+}
+func (h devHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *devHeap) Push(x any)   { *h = append(*h, x.(devKey)) }
+func (h *devHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// nanos converts time_us to nanoseconds since the first entry, saturating on absurd values.
+func (em *emitter) nanos(us int64) int64 {
+	if us <= em.t0 {
+		return 0
+	}
+	d := uint64(us) - uint64(em.t0) // exact: the difference of two int64s fits a uint64
+	if d > math.MaxInt64/1000 {
+		return math.MaxInt64 / 1000 * 1000
+	}
+	return int64(d) * 1000
+}
+
+// entry writes one trace entry.
+func (em *emitter) entry(e *entry, dev int16, t int64) {
+	switch e.act {
+	case snapshot.ActionAlloc, snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap, snapshot.ActionOOM:
+		// Allocation stacks tell the phase; a free's stack is often its allocation's, so it does not.
+		if p, ok := em.im.tab.evidence[e.stack].phase(); ok {
+			em.inferred = p
+		}
+		em.setPhase(t, dev)
+	}
+	ev := snapshot.Event{Time: t, Action: e.act, Device: dev, Stream: e.stream, Addr: e.addr, Size: e.size,
+		BlockSize: e.block, Stack: e.stack, Scope: e.scope, Category: e.cat, Text: e.text,
+		Phase: em.phase, Iteration: em.iteration}
+	if e.act == snapshot.ActionOOM {
+		ev.DeviceFree = e.extra
+	}
+	em.add(ev)
+}
+
+// annotation writes a record_function region boundary: ProfilerStep#N starts iteration N, Optimizer.step#...
+// and Optimizer.zero_grad#... are the optimizer and zero_grad phases, and every other name is an annotation
+// whose Label is the stage, "START" or "END".
+func (em *emitter) annotation(a annotation, t int64) {
+	if n, ok := strings.CutPrefix(a.name, "ProfilerStep#"); ok {
+		if it, err := strconv.ParseInt(n, 10, 32); err == nil && it >= 0 {
+			if a.start {
+				em.iteration = int32(it)
+				em.add(snapshot.Event{Time: t, Action: snapshot.ActionIteration, Device: a.device, Phase: em.phase, Iteration: em.iteration})
+				em.inferred, em.regions = snapshot.PhaseNone, em.regions[:0]
+				em.setPhase(t, a.device)
+			}
+			return
+		}
+	}
+	phase, named := snapshot.PhaseNone, false
+	switch {
+	case strings.HasPrefix(a.name, "Optimizer.step#"):
+		phase, named = snapshot.PhaseOptimizer, true
+	case strings.HasPrefix(a.name, "Optimizer.zero_grad#"):
+		phase, named = snapshot.PhaseZeroGrad, true
+	}
+	if named {
+		if a.start {
+			em.regions = append(em.regions, region{a.name, phase})
+		} else {
+			for i := len(em.regions) - 1; i >= 0; i-- {
+				if em.regions[i].name == a.name {
+					em.regions = slices.Delete(em.regions, i, i+1)
+					break
+				}
+			}
+			em.inferred = snapshot.PhaseNone // the step is over; the next allocations say what comes
+		}
+		em.setPhase(t, a.device)
+		return
+	}
+	stage := "END"
+	if a.start {
+		stage = "START"
+	}
+	em.add(snapshot.Event{Time: t, Action: snapshot.ActionAnnotation, Device: a.device, Text: em.im.tab.str(a.name),
+		Label: em.im.tab.str(stage), Phase: em.phase, Iteration: em.iteration})
+}
+
+// summarize counts the events and finds the peaks, as the recorder does: a block counts as allocated from its
+// alloc until its free is requested (PyTorch's allocated_bytes), and segments are reserved from segment_alloc
+// (or segment_map) to segment_free (or segment_unmap). Sums run over all devices.
+func summarize(events []snapshot.Event) snapshot.Summary {
+	var counts [snapshot.NumActions]uint64
+	var s snapshot.Summary
+	var allocated, reserved int64
+	for i := range events {
+		e := &events[i]
+		counts[e.Action]++
+		s.EndTime = e.Time
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			allocated += e.BlockSize
+			if allocated > s.PeakAllocated {
+				s.PeakAllocated, s.PeakAllocatedSeq = allocated, uint64(i)
+			}
+		case snapshot.ActionFreeRequested:
+			allocated -= e.BlockSize
+		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
+			reserved += e.Size
+			s.PeakReserved = max(s.PeakReserved, reserved)
+		case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
+			reserved -= e.Size
+		}
+	}
+	s.Events = uint64(len(events))
+	s.ByAction = make(map[string]uint64)
+	for a, n := range counts {
+		if n > 0 {
+			s.ByAction[snapshot.Action(a).String()] = n
+		}
+	}
+	return s
+}

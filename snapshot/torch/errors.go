@@ -1,0 +1,86 @@
+package torch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/oomdbg/oomdbg/internal/pickle"
+)
+
+// Sentinel errors. Every error Import returns is an *ImportError whose Err wraps one of these, so callers can
+// sort failures with errors.Is.
+var (
+	// ErrNotSnapshot means the input is neither a pickle nor JSON, or is one that holds no PyTorch memory
+	// snapshot (no segments and no device traces).
+	ErrNotSnapshot = errors.New("not a PyTorch memory snapshot")
+	// ErrSchema means a field of the snapshot has the wrong type or an impossible value.
+	ErrSchema = errors.New("unexpected snapshot structure")
+	// ErrUnsafe means the pickle holds an opcode that would import or call Python code (GLOBAL, REDUCE, ...).
+	// PyTorch never writes one; such a file was crafted, or is not a memory snapshot.
+	ErrUnsafe = errors.New("pickle would run code")
+	// ErrTruncated means the input ends early: the file was cut short.
+	ErrTruncated = errors.New("snapshot truncated")
+	// ErrLimit means the input exceeds a Limits field.
+	ErrLimit = errors.New("limit exceeded")
+	// ErrMalformed means the bytes do not decode: a damaged pickle or invalid JSON.
+	ErrMalformed = errors.New("malformed input")
+)
+
+// ImportError describes why a snapshot could not be imported and where in its structure.
+type ImportError struct {
+	// Path locates the failing value in the snapshot's structure, as a Python expression would:
+	// "device_traces[0][1234].size", "segments[3].blocks[7].state". It is "" for failures of the whole
+	// input (not a snapshot, a pickle that does not decode).
+	Path string
+	// Offset is the byte offset of the failure in the input, when known (decode failures), else -1.
+	Offset int64
+	// Err is the cause; it wraps one of the sentinel errors of this package.
+	Err error
+}
+
+// Error says what failed where, in one line: "torch: device_traces[0][1234].size: want int, got str".
+func (e *ImportError) Error() string {
+	if e.Path == "" {
+		return "torch: " + e.Err.Error()
+	}
+	return "torch: " + e.Path + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *ImportError) Unwrap() error { return e.Err }
+
+// schemaErr reports a value of the wrong type or an impossible value at path.
+func schemaErr(path, format string, args ...any) error {
+	return &ImportError{Path: path, Offset: -1, Err: fmt.Errorf("%w: "+format, append([]any{ErrSchema}, args...)...)}
+}
+
+// wantErr reports a value of the wrong type at path: "want int, got str".
+func wantErr(path, want string, got any) error {
+	return &ImportError{Path: path, Offset: -1, Err: fmt.Errorf("%w: want %s, got %s", ErrSchema, want, pyType(got))}
+}
+
+// limitErr reports a snapshot over one of the Limits.
+func limitErr(path, format string, args ...any) error {
+	return &ImportError{Path: path, Offset: -1, Err: fmt.Errorf("%w: "+format, append([]any{ErrLimit}, args...)...)}
+}
+
+// decodeErr turns a pickle decoder failure into an ImportError wrapping both this package's sentinel and the
+// decoder's own error.
+func decodeErr(err error) error {
+	var de *pickle.DecodeError
+	off := int64(-1)
+	if errors.As(err, &de) {
+		off = de.Offset
+	}
+	kind := ErrMalformed
+	switch {
+	case errors.Is(err, pickle.ErrRefused):
+		kind = ErrUnsafe
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		kind = ErrTruncated
+	case errors.Is(err, pickle.ErrLimit):
+		kind = ErrLimit
+	}
+	return &ImportError{Offset: off, Err: fmt.Errorf("%w: %w", kind, err)}
+}

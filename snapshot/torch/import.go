@@ -1,0 +1,311 @@
+package torch
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"github.com/oomdbg/oomdbg/internal/pickle"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Limits bound what one import may take. A zero field takes its default.
+type Limits struct {
+	// MaxInput is the largest input in bytes (default 8 GiB). A decoded snapshot takes about 2 to 10 times
+	// its file size in memory, so lower it for input from a network.
+	MaxInput int64
+	// MaxEvents caps the trace entries, segments, blocks and annotations, and so the events of the result
+	// (default snapshot.DefaultLimits().Events, what snapshot.Read holds). Whatever it is, an input may not
+	// hold more of them than it has bytes: a pickle that repeats one list through its memo cannot expand.
+	MaxEvents int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxInput <= 0 {
+		l.MaxInput = 8 << 30
+	}
+	if l.MaxEvents <= 0 {
+		l.MaxEvents = int(min(snapshot.DefaultLimits().Events, 1<<40))
+	}
+	return l
+}
+
+// Option configures an import.
+type Option func(*config)
+
+type config struct {
+	lim     Limits
+	keepAll bool
+}
+
+// WithLimits sets the limits of the import.
+func WithLimits(l Limits) Option { return func(c *config) { c.lim = l } }
+
+// WithAllFrames keeps every stack frame. By default the frames memory_viz hides (the unwinder, the
+// interpreter loop, dispatcher plumbing) are dropped, as its frameFilter does.
+func WithAllFrames() Option { return func(c *config) { c.keepAll = true } }
+
+// Origin describes where an imported snapshot came from and how the import went. Import stores it as JSON in
+// Meta.Workload; OriginOf reads it back.
+type Origin struct {
+	Format   string `json:"format"`                    // "pickle" or "json"
+	Protocol int    `json:"pickle_protocol,omitempty"` // the pickle protocol, 2 to 5
+	// Form is "snapshot" for _snapshot()/_dump_snapshot()'s dict, "segments" for memory_snapshot()'s bare
+	// list of segments (no trace).
+	Form string `json:"form"`
+	// Generation is the schema generation the fields present point to, "G0" (≤2.0, legacy history blocks)
+	// to "G5" (≈2.11+), as docs/pytorch-reference.md §1.10 defines them; "" for the segments-only form.
+	Generation string `json:"generation,omitempty"`
+	// SettingsKnown says whether the snapshot recorded allocator_settings (≈2.4+). Without them
+	// Meta.AllocatorSettings is "" and PyTorch's defaults were assumed when sizing blocks.
+	SettingsKnown bool `json:"allocator_settings_known"`
+	// TraceEntries counts the entries of device_traces, over all devices.
+	TraceEntries int `json:"trace_entries"`
+	// SkippedActions counts trace entries of actions this importer does not know, by action.
+	SkippedActions map[string]int `json:"skipped_actions,omitempty"`
+	// HostEntries counts pinned host memory entries (host_segments, host_traces), which are not imported:
+	// oomdbg models device memory.
+	HostEntries int `json:"host_entries_skipped,omitempty"`
+	// PreExistingSegments and PreExistingBlocks count the segments and blocks that were alive before the
+	// trace began (the ring buffer dropped their history), added as events labelled PreExistingLabel.
+	PreExistingSegments int `json:"pre_existing_segments"`
+	PreExistingBlocks   int `json:"pre_existing_blocks"`
+	// BlockSizesExact counts allocations whose block size is certain: from the final state, the small pool's
+	// exact rounding, or the allocator's split rule applied to a segment whose layout is known.
+	// BlockSizesEstimated counts the others, which carry the rounded request, a lower bound.
+	BlockSizesExact     int `json:"block_sizes_exact"`
+	BlockSizesEstimated int `json:"block_sizes_estimated"`
+	// Inconsistencies counts places where the trace and the final state contradict each other or the
+	// allocator's rules (a free of a block freed before, an alloc over a live block, a block the trace says
+	// is alive but the state does not hold, ...). Real snapshots have none.
+	Inconsistencies int `json:"inconsistencies,omitempty"`
+	Annotations     int `json:"annotations,omitempty"` // external_annotations entries
+}
+
+// OriginOf returns the Origin of a snapshot made by Import, and false for any other snapshot.
+func OriginOf(s *snapshot.Snapshot) (*Origin, bool) {
+	if s == nil || s.Meta.Source != Source || len(s.Meta.Workload) == 0 {
+		return nil, false
+	}
+	var o Origin
+	if err := json.Unmarshal(s.Meta.Workload, &o); err != nil || o.Format == "" {
+		return nil, false
+	}
+	return &o, true
+}
+
+// Source is Meta.Source of an imported snapshot.
+const Source = "pytorch"
+
+// PreExistingLabel is the Label of the events Import adds, at time 0, for segments and blocks that were
+// alive before the trace began: a free with no alloc before it, an active block of the final state that
+// the trace never allocated (PyTorch's trace is a ring buffer that keeps the newest entries), a segment
+// freed but never allocated in the trace, a segment of the final state the trace never created. Analysis
+// that must tell recorded history from reconstructed state compares Event.Label with this string.
+const PreExistingLabel = "pre-existing (allocated before the trace)"
+
+// ImportFile imports the PyTorch memory snapshot at path.
+func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	lim := c.lim.withDefaults()
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// Read one byte past the limit to tell "at the limit" from "over it" without trusting the file's size.
+	data, err := io.ReadAll(io.LimitReader(f, lim.MaxInput+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	s, err := Import(data, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
+
+// Import turns a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes, protocols 2 to 5,
+// memory_snapshot()'s bare list of segments, or either as JSON, which memory_viz also reads) into a snapshot.
+// Every error is an *ImportError; hostile input gives an error, never a panic, within Limits. The result is a
+// pure function of the input: importing the same bytes twice gives equal snapshots.
+func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	c.lim = c.lim.withDefaults()
+	if int64(len(data)) > c.lim.MaxInput {
+		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: input of %d bytes > Limits.MaxInput (%d)", ErrLimit, len(data), c.lim.MaxInput)}
+	}
+	im := &importer{lim: c.lim, tab: newTables(c.keepAll), rules: defaultRules(), inputLen: len(data)}
+	var root any
+	switch {
+	case len(data) >= 2 && data[0] == 0x80:
+		im.origin.Format, im.origin.Protocol = "pickle", int(data[1])
+		root, err = pickle.Limits{MaxInput: c.lim.MaxInput}.Decode(data)
+		if err != nil {
+			return nil, decodeErr(err)
+		}
+	case jsonStart(data) >= 0:
+		im.origin.Format = "json"
+		if root, err = decodeJSON(data); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: neither a pickle (no PROTO opcode) nor JSON", ErrNotSnapshot)}
+	}
+	defer func() {
+		// The decoded input is acyclic and every access is checked, so nothing here should panic; if a bug
+		// makes something do so anyway, the user gets an error naming it, not a crash.
+		if !recoverPanics {
+			return
+		}
+		if r := recover(); r != nil {
+			s, err = nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: internal error: %v", ErrMalformed, r)}
+		}
+	}()
+	if err := im.read(root); err != nil {
+		return nil, err
+	}
+	return im.build()
+}
+
+// recoverPanics turns a panic of the importer into an error; tests turn it off to see the panic.
+var recoverPanics = true
+
+// decodeJSON decodes JSON keeping integers exact (addresses and times exceed float64's 2^53 in principle).
+func decodeJSON(data []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	err := dec.Decode(&v)
+	if err == nil {
+		if _, e := dec.Token(); e != io.EOF {
+			err = errors.New("data after the JSON value")
+		}
+	}
+	if err != nil {
+		kind := ErrMalformed
+		if errors.Is(err, io.ErrUnexpectedEOF) || err == io.EOF {
+			kind = ErrTruncated
+		}
+		off := dec.InputOffset()
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			off = se.Offset
+		}
+		return nil, &ImportError{Offset: off, Err: fmt.Errorf("%w: json: %w", kind, err)}
+	}
+	return v, nil
+}
+
+// importer holds the state of one import.
+type importer struct {
+	lim      Limits
+	inputLen int // bytes of input
+	records  int // records admitted so far (see admit)
+	tab      *tables
+	rules    rules
+	origin   Origin
+
+	settings    string             // Meta.AllocatorSettings
+	segs        []snapshot.Segment // the final state, as the footer holds it
+	segStacks   []snapshot.StackID // by segment: the stack that created it
+	blockStacks []snapshot.StackID // by block, in the order of all segments' blocks
+	haveState   bool               // the snapshot holds a final state (segments)
+	traces      [][]entry          // by device ordinal
+	timeKnown   bool               // every trace entry has time_us
+	annots      []annotation
+	devices     []int // every device seen, sorted
+
+	seen struct { // fields whose presence tells the schema generation
+		history, blockAddress, segmentFrames, timeUS, userMetadata, g4, g5 bool
+	}
+}
+
+func (im *importer) seeDevice(d int) {
+	if i, found := slices.BinarySearch(im.devices, d); !found {
+		im.devices = slices.Insert(im.devices, i, d)
+	}
+}
+
+// read walks the decoded value into the importer's records.
+func (im *importer) read(root any) error {
+	if _, ok := asList(root); ok {
+		// memory_snapshot() returns the segments alone.
+		im.origin.Form = "segments"
+		im.haveState = true
+		return im.parseSegments(root, "segments")
+	}
+	d, ok := asDict(root)
+	if !ok {
+		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: the top level is a %s, not a dict or a list", ErrNotSnapshot, pyType(root))}
+	}
+	im.origin.Form = "snapshot"
+	segs, hasSegs := d.get("segments")
+	traces, hasTraces := d.get("device_traces")
+	if !hasSegs && !hasTraces {
+		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: a dict without \"segments\" or \"device_traces\"", ErrNotSnapshot)}
+	}
+	if hasSegs {
+		im.haveState = true
+		if err := im.parseSegments(segs, "segments"); err != nil {
+			return err
+		}
+	}
+	if hasTraces {
+		if err := im.parseTraces(traces); err != nil {
+			return err
+		}
+	}
+	if v, ok := d.get("allocator_settings"); ok {
+		if err := im.parseSettings(v); err != nil {
+			return err
+		}
+	}
+	if v, ok := d.get("external_annotations"); ok {
+		if err := im.parseAnnotations(v); err != nil {
+			return err
+		}
+		im.origin.Annotations = len(im.annots)
+		for _, a := range im.annots {
+			im.seeDevice(int(a.device))
+		}
+	}
+	for _, k := range []string{"host_segments", "host_traces"} {
+		if v, ok := d.get(k); ok {
+			im.seen.g5 = true
+			if l, ok := asList(v); ok {
+				im.origin.HostEntries += l.len()
+			}
+		}
+	}
+	im.origin.Generation = im.generation(d)
+	return nil
+}
+
+// generation names the schema generation the fields present point to (docs/pytorch-reference.md §1.10).
+func (im *importer) generation(d dictView) string {
+	switch {
+	case im.seen.g5:
+		return "G5"
+	case im.seen.g4 || im.seen.userMetadata:
+		return "G4"
+	case d.has("allocator_settings") || d.has("external_annotations"):
+		return "G3"
+	case im.seen.timeUS:
+		return "G2"
+	case im.seen.history && !im.seen.blockAddress:
+		return "G0"
+	default:
+		return "G1"
+	}
+}

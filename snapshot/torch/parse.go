@@ -1,0 +1,696 @@
+package torch
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// This file reads the decoded snapshot into compact records, checking every field it uses. Fields are keyed
+// on presence (docs/pytorch-reference.md §1.10): a missing optional field means "not recorded", a present
+// field of the wrong type is an error naming its path.
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// optInt reads an optional integer field.
+func optInt(d dictView, key string, path func() string) (int64, bool, error) {
+	v, ok := d.get(key)
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := toInt(v, field{path, key})
+	return n, err == nil, err
+}
+
+// optString reads an optional string field ("" when absent or None).
+func optString(d dictView, key string, path func() string) (string, error) {
+	v, _ := d.get(key)
+	return toString(v, field{path, key})
+}
+
+// optBool reads an optional bool field.
+func optBool(d dictView, key string, path func() string) (bool, error) {
+	v, _ := d.get(key)
+	return toBool(v, field{path, key})
+}
+
+// checkDevice accepts a CUDA device ordinal that fits an event.
+func checkDevice(n int64, f field) (int, error) {
+	if n < 0 || n > math.MaxInt16 {
+		return 0, schemaErr(f.String(), "device %d out of range", n)
+	}
+	return int(n), nil
+}
+
+// field names the path of a field: path().key, built only when an error needs it.
+type field struct {
+	path func() string
+	key  string
+}
+
+func (f field) String() string { return f.path() + "." + f.key }
+
+// toInt converts a present field to an integer.
+func toInt(v any, f field) (int64, error) {
+	n, ok := asInt(v)
+	if !ok {
+		return 0, wantErr(f.String(), "int", v)
+	}
+	return n, nil
+}
+
+// toSize converts a present field to a non-negative integer.
+func toSize(v any, f field) (int64, error) {
+	n, err := toInt(v, f)
+	if err == nil && n < 0 {
+		err = schemaErr(f.String(), "want a size, got %d", n)
+	}
+	return n, err
+}
+
+// toString converts a present field to a string; None is "".
+func toString(v any, f field) (string, error) {
+	if v == nil {
+		return "", nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", wantErr(f.String(), "str", v)
+	}
+	return s, nil
+}
+
+// toBool converts a present field to a bool; None is false.
+func toBool(v any, f field) (bool, error) {
+	if v == nil {
+		return false, nil
+	}
+	b, ok := v.(bool)
+	if !ok {
+		return false, wantErr(f.String(), "bool", v)
+	}
+	return b, nil
+}
+
+// admit counts n more records (segments, blocks, trace entries, annotations) against the limit: Limits.MaxEvents,
+// and one record per input byte. No snapshot spends less than a byte per record, but a pickle can repeat one
+// list many times through its memo (PyTorch shares only frames and tracebacks): this keeps such a file from
+// expanding into more records than it has bytes.
+func (im *importer) admit(path string, n int) error {
+	im.records += n
+	if limit := min(im.lim.MaxEvents, im.inputLen); im.records > limit {
+		return limitErr(path, "%d records > %d (Limits.MaxEvents %d, input bytes %d)", im.records, limit, im.lim.MaxEvents, im.inputLen)
+	}
+	return nil
+}
+
+// Block states as PyTorch spells them.
+const (
+	stateAllocated   = "active_allocated"
+	statePendingFree = "active_pending_free"
+	stateInactive    = "inactive"
+)
+
+// parseSegments reads the final allocator state: a list of segment dicts.
+func (im *importer) parseSegments(v any, name string) error {
+	l, ok := asList(v)
+	if !ok {
+		return wantErr(name, "list", v)
+	}
+	n := l.len()
+	total := 0
+	for i := range n {
+		seg, ok := l.dictAt(i)
+		if !ok {
+			return wantErr(name+"["+itoa(i)+"]", "dict", l.at(i))
+		}
+		if bv, ok := seg.get("blocks"); ok {
+			if bl, ok := asList(bv); ok {
+				total += bl.len()
+			}
+		}
+	}
+	if err := im.admit(name, n+total); err != nil {
+		return err
+	}
+	// One backing array for every block: the footer's segments slice into it.
+	blocks := make([]snapshot.Block, 0, total)
+	im.blockStacks = make([]snapshot.StackID, 0, total)
+	im.segs = make([]snapshot.Segment, 0, n)
+	im.segStacks = make([]snapshot.StackID, 0, n)
+	for i := range n {
+		seg, _ := l.dictAt(i)
+		path := func() string { return name + "[" + itoa(i) + "]" }
+		s, stack, err := im.parseSegment(seg, path, &blocks)
+		if err != nil {
+			return err
+		}
+		im.segs = append(im.segs, s)
+		im.segStacks = append(im.segStacks, stack)
+		im.seeDevice(s.Device)
+	}
+	return nil
+}
+
+// The keys of a segment dict the importer reads, in pick order.
+var segmentKeys = []string{"device", "address", "total_size", "stream", "segment_type", "is_expandable", "frames", "blocks"}
+
+func (im *importer) parseSegment(seg dictView, path func() string, blocks *[]snapshot.Block) (snapshot.Segment, snapshot.StackID, error) {
+	var s snapshot.Segment
+	var v [8]any
+	found := seg.pick(segmentKeys, v[:])
+	for _, req := range [...]int{0, 1, 2, 7} { // device, address, total_size, blocks
+		if found&(1<<req) == 0 {
+			return s, 0, schemaErr(path(), "missing %q", segmentKeys[req])
+		}
+	}
+	dev, err := toInt(v[0], field{path, "device"})
+	if err != nil {
+		return s, 0, err
+	}
+	if s.Device, err = checkDevice(dev, field{path, "device"}); err != nil {
+		return s, 0, err
+	}
+	addr, err := toInt(v[1], field{path, "address"})
+	if err != nil {
+		return s, 0, err
+	}
+	s.Addr = uint64(addr)
+	if s.Size, err = toSize(v[2], field{path, "total_size"}); err != nil {
+		return s, 0, err
+	}
+	if found&(1<<3) != 0 {
+		if s.Stream, err = toInt(v[3], field{path, "stream"}); err != nil {
+			return s, 0, err
+		}
+	}
+	if s.Pool, err = toString(v[4], field{path, "segment_type"}); err != nil {
+		return s, 0, err
+	}
+	if s.Pool == "" {
+		s.Pool = "large"
+		if s.Size <= smallBuffer {
+			s.Pool = "small"
+		}
+	}
+	if s.Expandable, err = toBool(v[5], field{path, "is_expandable"}); err != nil {
+		return s, 0, err
+	}
+	var stack snapshot.StackID
+	if found&(1<<6) != 0 {
+		im.seen.segmentFrames = true
+		if stack, err = im.framesOf(v[6], func() string { return path() + ".frames" }); err != nil {
+			return s, 0, err
+		}
+	}
+	bl, ok := asList(v[7])
+	if !ok {
+		return s, 0, wantErr(path()+".blocks", "list", v[7])
+	}
+	start := len(*blocks)
+	next := s.Addr // legacy blocks have no address: they tile the segment from its base
+	for j := range bl.len() {
+		bd, ok := bl.dictAt(j)
+		bpath := func() string { return path() + ".blocks[" + itoa(j) + "]" }
+		if !ok {
+			return s, 0, wantErr(bpath(), "dict", bl.at(j))
+		}
+		b, bstack, err := im.parseBlock(bd, bpath, next)
+		if err != nil {
+			return s, 0, err
+		}
+		next = b.Addr + uint64(b.Size)
+		*blocks = append(*blocks, b)
+		im.blockStacks = append(im.blockStacks, bstack)
+	}
+	s.Blocks = (*blocks)[start:len(*blocks):len(*blocks)]
+	return s, stack, nil
+}
+
+// The keys of a block dict the importer reads, in pick order.
+var blockKeys = []string{"size", "address", "state", "requested_size", "frames", "history"}
+
+func (im *importer) parseBlock(bd dictView, path func() string, next uint64) (snapshot.Block, snapshot.StackID, error) {
+	var b snapshot.Block
+	var v [6]any
+	found := bd.pick(blockKeys, v[:])
+	if found&1 == 0 {
+		return b, 0, schemaErr(path(), `missing "size"`)
+	}
+	var err error
+	if b.Size, err = toSize(v[0], field{path, "size"}); err != nil {
+		return b, 0, err
+	}
+	b.Addr = next
+	if found&(1<<1) != 0 {
+		addr, err := toInt(v[1], field{path, "address"})
+		if err != nil {
+			return b, 0, err
+		}
+		b.Addr = uint64(addr)
+		im.seen.blockAddress = true
+	}
+	if b.State, err = toString(v[2], field{path, "state"}); err != nil {
+		return b, 0, err
+	}
+	switch b.State {
+	case stateAllocated, statePendingFree, stateInactive:
+	case "active_awaiting_free": // the spelling of the _snapshot() docstring; the C++ code writes the other
+		b.State = statePendingFree
+	default:
+		return b, 0, schemaErr(path()+".state", "unknown block state %q", truncate(b.State, 64))
+	}
+	var req int64
+	hasReq := found&(1<<3) != 0
+	if hasReq {
+		if req, err = toInt(v[3], field{path, "requested_size"}); err != nil {
+			return b, 0, err
+		}
+	}
+	var stack snapshot.StackID
+	if found&(1<<4) != 0 {
+		if stack, err = im.framesOf(v[4], func() string { return path() + ".frames" }); err != nil {
+			return b, 0, err
+		}
+	}
+	// The legacy format (<= 2.0) keeps the block's allocations in "history", newest first; memory_viz reads
+	// history[0] for the frames and, without requested_size, the size asked for.
+	if found&(1<<5) != 0 {
+		im.seen.history = true
+		hl, ok := asList(v[5])
+		if !ok {
+			return b, 0, wantErr(path()+".history", "list", v[5])
+		}
+		if hl.len() > 0 {
+			h, ok := hl.dictAt(0)
+			hpath := func() string { return path() + ".history[0]" }
+			if !ok {
+				return b, 0, wantErr(hpath(), "dict", hl.at(0))
+			}
+			if fv, ok := h.get("frames"); ok && stack == 0 {
+				if stack, err = im.framesOf(fv, func() string { return hpath() + ".frames" }); err != nil {
+					return b, 0, err
+				}
+			}
+			if !hasReq {
+				if req, hasReq, err = optInt(h, "real_size", hpath); err != nil {
+					return b, 0, err
+				}
+			}
+		}
+	}
+	if hasReq {
+		b.Requested = max(req, 0)
+	}
+	return b, stack, nil
+}
+
+// entry is one trace entry, compact. The importer keeps these rather than the decoded dicts so that its later
+// passes touch 64 bytes per entry.
+type entry struct {
+	time   int64 // time_us, when recorded
+	addr   uint64
+	size   int64
+	stream int64
+	extra  int64 // oom: device_free
+	block  int64 // the block size, filled in by the layout pass
+	stack  snapshot.StackID
+	scope  snapshot.StringID
+	text   snapshot.StringID // annotate: the annotation
+	act    snapshot.Action
+	cat    snapshot.Category
+}
+
+// actions maps PyTorch's action strings to events; "annotate" (≈2.11+, _annotate_memory) becomes an
+// annotation on the block.
+func actionOf(s string) (snapshot.Action, bool) {
+	switch s {
+	case "alloc":
+		return snapshot.ActionAlloc, true
+	case "free_requested":
+		return snapshot.ActionFreeRequested, true
+	case "free_completed":
+		return snapshot.ActionFreeCompleted, true
+	case "segment_alloc":
+		return snapshot.ActionSegmentAlloc, true
+	case "segment_free":
+		return snapshot.ActionSegmentFree, true
+	case "segment_map":
+		return snapshot.ActionSegmentMap, true
+	case "segment_unmap":
+		return snapshot.ActionSegmentUnmap, true
+	case "snapshot":
+		return snapshot.ActionSnapshot, true
+	case "oom":
+		return snapshot.ActionOOM, true
+	case "annotate":
+		return snapshot.ActionAnnotation, true
+	}
+	return snapshot.ActionInvalid, false
+}
+
+// parseTraces reads device_traces: one list of entries per device ordinal, oldest first.
+func (im *importer) parseTraces(v any) error {
+	l, ok := asList(v)
+	if !ok {
+		return wantErr("device_traces", "list", v)
+	}
+	if l.len() > math.MaxInt16+1 {
+		return schemaErr("device_traces", "%d devices", l.len())
+	}
+	total := 0
+	lists := make([]listView, l.len())
+	for dev := range l.len() {
+		tv := l.at(dev)
+		tl, ok := asList(tv)
+		if !ok {
+			return wantErr("device_traces["+itoa(dev)+"]", "list", tv)
+		}
+		lists[dev] = tl
+		total += tl.len()
+	}
+	if err := im.admit("device_traces", total); err != nil {
+		return err
+	}
+	im.traces = make([][]entry, l.len())
+	backing := make([]entry, 0, total)
+	im.timeKnown = total > 0
+	for dev, tl := range lists {
+		start := len(backing)
+		for i := range tl.len() {
+			d, ok := tl.dictAt(i)
+			path := func() string { return "device_traces[" + itoa(dev) + "][" + itoa(i) + "]" }
+			if !ok {
+				return wantErr(path(), "dict", tl.at(i))
+			}
+			e, keep, err := im.parseEntry(d, path)
+			if err != nil {
+				return err
+			}
+			if keep {
+				backing = append(backing, e)
+			}
+		}
+		im.traces[dev] = backing[start:len(backing):len(backing)]
+		if tl.len() > 0 {
+			im.seeDevice(dev)
+		}
+	}
+	im.origin.TraceEntries = total
+	im.timeKnown = im.timeKnown && len(backing) > 0 // entries of unknown actions are skipped before their time is read
+	return nil
+}
+
+// The keys of a trace entry the importer reads, in pick order.
+var entryKeys = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
+	"user_metadata", "compile_context", "pool_id", "internal_metadata", "forward_frames"}
+
+func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, error) {
+	var e entry
+	var v [13]any
+	found := d.pick(entryKeys, v[:])
+	if found&1 == 0 {
+		return e, false, schemaErr(path(), `missing "action"`)
+	}
+	as, ok := v[0].(string)
+	if !ok {
+		return e, false, wantErr(path()+".action", "str", v[0])
+	}
+	act, ok := actionOf(as)
+	if !ok {
+		// A newer PyTorch may record actions this importer does not know: skip them, and say so.
+		if im.origin.SkippedActions == nil {
+			im.origin.SkippedActions = make(map[string]int)
+		}
+		if len(im.origin.SkippedActions) < 64 {
+			im.origin.SkippedActions[truncate(as, 64)]++
+		}
+		return e, false, nil
+	}
+	e.act = act
+	var err error
+	if act == snapshot.ActionOOM {
+		// An OOM entry carries the device's free bytes in place of an address.
+		if found&(1<<6) != 0 {
+			if e.extra, err = toInt(v[6], field{path, "device_free"}); err != nil {
+				return e, false, err
+			}
+		}
+	} else {
+		if found&(1<<1) == 0 {
+			return e, false, schemaErr(path(), `missing "addr"`)
+		}
+		addr, err := toInt(v[1], field{path, "addr"})
+		if err != nil {
+			return e, false, err
+		}
+		e.addr = uint64(addr)
+	}
+	if found&(1<<2) == 0 {
+		return e, false, schemaErr(path(), `missing "size"`)
+	}
+	if e.size, err = toSize(v[2], field{path, "size"}); err != nil {
+		return e, false, err
+	}
+	if found&(1<<3) != 0 {
+		if e.stream, err = toInt(v[3], field{path, "stream"}); err != nil {
+			return e, false, err
+		}
+	}
+	if found&(1<<4) != 0 {
+		if e.time, err = toInt(v[4], field{path, "time_us"}); err != nil {
+			return e, false, err
+		}
+		im.seen.timeUS = true
+	} else {
+		im.timeKnown = false
+	}
+	if found&(1<<5) != 0 {
+		if e.stack, err = im.framesOf(v[5], func() string { return path() + ".frames" }); err != nil {
+			return e, false, err
+		}
+	}
+	// Tags PyTorch does not record but tools add: the memory profiler's category (_profile_to_snapshot).
+	if found&(1<<7) != 0 && v[7] != nil {
+		cs, ok := v[7].(string)
+		if !ok {
+			return e, false, wantErr(path()+".category", "str", v[7])
+		}
+		e.cat, _ = snapshot.ParseCategory(strings.ToLower(cs))
+	}
+	// user_metadata (_set_memory_metadata) and the compile context name the region an allocation belongs to,
+	// which is what the scope tag is for.
+	if found&(1<<8|1<<9) != 0 {
+		im.seen.userMetadata = true
+	}
+	if ms, ok := v[8].(string); ok && ms != "" {
+		e.scope = im.tab.str(ms)
+	}
+	if cs, ok := v[9].(string); ok && cs != "" && cs != "N/A" && e.scope == 0 {
+		e.scope = im.tab.str(cs)
+	}
+	if act == snapshot.ActionAnnotation {
+		// _annotate_memory's text travels as the entry's metadata.
+		im.seen.g5 = true
+		e.text, e.scope = e.scope, 0
+		if ms, ok := v[8].(string); ok && ms != "" {
+			e.text = im.tab.str(ms)
+		}
+		if e.text == 0 {
+			e.text = im.tab.str("annotate")
+		}
+	}
+	if found&(1<<10|1<<11|1<<12) != 0 {
+		im.seen.g5 = true
+	}
+	return e, true, im.tab.err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// annotation is one external_annotations entry: a record_function region's START or END.
+type annotation struct {
+	time   int64
+	device int16
+	start  bool
+	name   string
+}
+
+// parseAnnotations reads external_annotations.
+func (im *importer) parseAnnotations(v any) error {
+	l, ok := asList(v)
+	if !ok {
+		return wantErr("external_annotations", "list", v)
+	}
+	if err := im.admit("external_annotations", l.len()); err != nil {
+		return err
+	}
+	im.annots = make([]annotation, 0, l.len())
+	for i := range l.len() {
+		d, ok := l.dictAt(i)
+		path := func() string { return "external_annotations[" + itoa(i) + "]" }
+		if !ok {
+			return wantErr(path(), "dict", l.at(i))
+		}
+		var a annotation
+		stage, err := optString(d, "stage", path)
+		if err != nil {
+			return err
+		}
+		switch stage {
+		case "START":
+			a.start = true
+		case "END":
+		default:
+			return schemaErr(path()+".stage", "want START or END, got %q", truncate(stage, 64))
+		}
+		if a.name, err = optString(d, "name", path); err != nil {
+			return err
+		}
+		dev, _, err := optInt(d, "device", path)
+		if err != nil {
+			return err
+		}
+		// The device is the current one when the region began; -1 (none current) counts as device 0.
+		dv, err := checkDevice(max(dev, 0), field{path, "device"})
+		if err != nil {
+			return err
+		}
+		a.device = int16(dv)
+		if a.time, _, err = optInt(d, "time_us", path); err != nil {
+			return err
+		}
+		im.annots = append(im.annots, a)
+	}
+	return nil
+}
+
+// parseSettings reads allocator_settings (≈2.4+) into the PYTORCH_CUDA_ALLOC_CONF string shown to the user
+// and the rules used to size blocks.
+func (im *importer) parseSettings(v any) error {
+	d, ok := asDict(v)
+	if !ok {
+		return wantErr("allocator_settings", "dict", v)
+	}
+	path := func() string { return "allocator_settings" }
+	im.origin.SettingsKnown = true
+	conf, err := optString(d, "PYTORCH_CUDA_ALLOC_CONF", path)
+	if err != nil {
+		return err
+	}
+	im.rules.applyConf(conf)
+	// The effective values win over the string: settings can change at run time.
+	var parts []string
+	if ms, ok, err := optInt(d, "max_split_size", path); err != nil {
+		return err
+	} else if ok {
+		if ms < 0 || uint64(ms) >= 1<<62 {
+			im.rules.maxSplit = math.MaxUint64
+		} else {
+			im.rules.maxSplit = uint64(ms)
+			parts = append(parts, "max_split_size_mb:"+strconv.FormatInt(ms>>20, 10))
+		}
+	}
+	if rv, ok := d.get("roundup_power2_divisions"); ok {
+		rd, ok := asDict(rv)
+		if !ok {
+			return wantErr("allocator_settings.roundup_power2_divisions", "dict", rv)
+		}
+		var t [roundupIntervals]uint64
+		for i := range t {
+			key := strconv.Itoa(1 << i)
+			n, _, err := optInt(rd, key, func() string { return "allocator_settings.roundup_power2_divisions" })
+			if err != nil {
+				return err
+			}
+			if n < 0 || n > 1<<20 || n&(n-1) != 0 {
+				return schemaErr("allocator_settings.roundup_power2_divisions."+key, "want 0 or a power of two, got %d", n)
+			}
+			t[i] = uint64(n)
+		}
+		im.rules.setDivisions(t)
+		if s := renderDivisions(t); s != "" {
+			parts = append(parts, "roundup_power2_divisions:"+s)
+		}
+	}
+	if g, ok := d.get("garbage_collection_threshold"); ok {
+		f, ok := asFloat(g)
+		if !ok {
+			return wantErr("allocator_settings.garbage_collection_threshold", "float", g)
+		}
+		if f > 0 {
+			parts = append(parts, "garbage_collection_threshold:"+strconv.FormatFloat(f, 'g', -1, 64))
+		}
+	}
+	exp, err := optBool(d, "expandable_segments", path)
+	if err != nil {
+		return err
+	}
+	if d.has("expandable_segments") {
+		im.rules.expandable = exp
+	}
+	if exp {
+		parts = append(parts, "expandable_segments:True")
+	}
+	for _, k := range []string{"release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "graph_capture_record_stream_reuse"} {
+		b, err := optBool(d, k, path)
+		if err != nil {
+			return err
+		}
+		if b {
+			parts = append(parts, k+":True")
+		}
+		if k == "graph_capture_record_stream_reuse" && d.has(k) {
+			im.seen.g4 = true
+		}
+	}
+	if n, ok, err := optInt(d, "pinned_num_register_threads", path); err != nil {
+		return err
+	} else if ok && n != 1 && n > 0 {
+		parts = append(parts, "pinned_num_register_threads:"+strconv.FormatInt(n, 10))
+	}
+	if d.has("max_round_threshold") || d.has("max_cached_size") {
+		im.seen.g5 = true
+	}
+	// The string as the user set it, when there was one; otherwise the settings rendered from the values.
+	if conf != "" {
+		im.settings = conf
+	} else {
+		im.settings = strings.Join(parts, ",")
+	}
+	return nil
+}
+
+// renderDivisions writes a roundup_power2_divisions table as a settings value: one number when every interval
+// agrees, else the list of all sixteen intervals (keys are the intervals' starts in MiB); "" when all are 0.
+func renderDivisions(t [roundupIntervals]uint64) string {
+	uniform := true
+	for _, n := range t {
+		uniform = uniform && n == t[0]
+	}
+	if uniform {
+		if t[0] == 0 {
+			return ""
+		}
+		return strconv.FormatUint(t[0], 10)
+	}
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, n := range t {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(1 << i))
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatUint(n, 10))
+	}
+	b.WriteByte(']')
+	return b.String()
+}

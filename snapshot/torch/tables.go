@@ -1,0 +1,388 @@
+package torch
+
+import (
+	"encoding/binary"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// tables interns strings, frames and stacks the way snapshot.Writer does (dense IDs in first-use order, 0 for
+// "" and for the empty stack, the same caps), so that an imported snapshot writes out unchanged.
+//
+// PyTorch shares each distinct frame dict and traceback list between all the entries that have it, and the
+// pickle decoder keeps that sharing: a traceback seen before is found by its list's ID in a slice, so a
+// repeated traceback costs one lookup. JSON has no sharing; its frames are interned by content.
+type tables struct {
+	strings       []string
+	frames        []snapshot.Frame
+	stacks        [][]snapshot.FrameID
+	stringID      map[string]snapshot.StringID
+	frameID       map[snapshot.Frame]snapshot.FrameID
+	stackID       map[string]snapshot.StackID
+	evidence      []phaseEvidence // by StackID
+	frameEvidence []phaseEvidence // by FrameID
+
+	byList    []uint32                    // pickle List.ID -> StackID+1 (0: not seen)
+	byDict    []uint32                    // pickle Dict.ID -> FrameID+1, or dropFrame (0: not seen)
+	byContent map[frameKey]uint32         // a frame's fields -> FrameID+1, or dropFrame
+	byHash    map[uint64]snapshot.StackID // a hash of a stack's frame IDs -> a stack with that hash
+	scratch   []snapshot.FrameID
+	key       []byte
+
+	keepAll bool  // no frame filter
+	bytes   int64 // table memory, counted as snapshot.Limits.TableBytes counts it
+	err     error // the first table over a limit
+}
+
+const dropFrame = ^uint32(0) // byDict: the frame is filtered out
+
+// writeLimits are the limits snapshot.Writer keeps to; the importer keeps to them too.
+var writeLimits = snapshot.DefaultLimits()
+
+func newTables(keepAll bool) *tables {
+	return &tables{
+		strings:       []string{""},
+		frames:        []snapshot.Frame{{}},
+		stacks:        [][]snapshot.FrameID{nil},
+		evidence:      []phaseEvidence{evidenceNone},
+		frameEvidence: []phaseEvidence{evidenceNone},
+		stringID:      make(map[string]snapshot.StringID),
+		frameID:       make(map[snapshot.Frame]snapshot.FrameID),
+		stackID:       make(map[string]snapshot.StackID),
+		byContent:     make(map[frameKey]uint32),
+		byHash:        make(map[uint64]snapshot.StackID),
+		keepAll:       keepAll,
+	}
+}
+
+// full records a table overflow and reports whether one happened.
+func (t *tables) full(count, limit int, size int64, what string) bool {
+	if count < limit && t.bytes+size <= writeLimits.TableBytes {
+		t.bytes += size
+		return false
+	}
+	if t.err == nil {
+		t.err = limitErr("", "more %s than a snapshot holds (%d entries, %d table bytes)", what, count, t.bytes)
+	}
+	return true
+}
+
+func (t *tables) str(s string) snapshot.StringID {
+	if s == "" {
+		return 0
+	}
+	if id, ok := t.stringID[s]; ok {
+		return id
+	}
+	key := s
+	if len(s) > writeLimits.StringBytes {
+		// Cut at a rune boundary, as the Writer would: the file format holds no longer strings.
+		cut := writeLimits.StringBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	s = strings.Clone(s) // the decoded string may share a large buffer
+	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, "strings") {
+		return 0
+	}
+	id := snapshot.StringID(len(t.strings))
+	t.strings = append(t.strings, s)
+	t.stringID[key] = id
+	return id
+}
+
+// frameKey is a frame as PyTorch writes it.
+type frameKey struct {
+	name, file string
+	line       int64
+}
+
+// frame interns one frame; 0 when it is filtered out or a table is full. Old snapshots repeat equal frames in
+// distinct dicts, so frames are also remembered by content: a frame seen before costs one lookup.
+func (t *tables) frame(name, file string, line int64) snapshot.FrameID {
+	k := frameKey{name, file, line}
+	if id, ok := t.byContent[k]; ok {
+		if id == dropFrame {
+			return 0
+		}
+		return snapshot.FrameID(id - 1)
+	}
+	if !t.keepAll && hiddenFrame(name, file) {
+		t.byContent[k] = dropFrame
+		return 0
+	}
+	f := snapshot.Frame{Function: t.str(name), File: t.str(file), Line: int32(max(-1<<31, min(1<<31-1, line)))}
+	id, ok := t.frameID[f]
+	if !ok {
+		if t.full(len(t.frames), writeLimits.Frames, 12, "frames") {
+			return 0
+		}
+		id = snapshot.FrameID(len(t.frames))
+		t.frames = append(t.frames, f)
+		t.frameEvidence = append(t.frameEvidence, frameClass(name, file))
+		t.frameID[f] = id
+	}
+	// Cloned: the key must not keep a slice of a large decoded buffer alive (a no-op for short strings).
+	t.byContent[frameKey{t.strings[f.Function], t.strings[f.File], line}] = uint32(id) + 1
+	return id
+}
+
+// stackHashSeed and stackHash hash a stack's frame IDs as framesOf collects them.
+const stackHashSeed uint64 = 0x2545f4914f6cdd1d
+
+func stackHash(h uint64, f snapshot.FrameID) uint64 {
+	h = (h ^ uint64(f)) * 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+// stack interns the frames in t.scratch (innermost first), whose stackHash is h; an empty stack is 0.
+// Snapshots repeat equal tracebacks in distinct lists, so a stack is first looked for by its hash, then
+// compared.
+func (t *tables) stack(h uint64) snapshot.StackID {
+	frames := t.scratch
+	if len(frames) == 0 {
+		return 0
+	}
+	if len(frames) > writeLimits.StackDepth {
+		// Keep the innermost frames: they say where memory was asked for.
+		frames = frames[:writeLimits.StackDepth]
+		h = stackHashSeed
+		for _, f := range frames {
+			h = stackHash(h, f)
+		}
+	}
+	if id, ok := t.byHash[h]; ok && slices.Equal(t.stacks[id], frames) {
+		return id
+	}
+	t.key = t.key[:0]
+	for _, f := range frames {
+		t.key = binary.LittleEndian.AppendUint32(t.key, uint32(f))
+	}
+	id, ok := t.stackID[string(t.key)]
+	if !ok {
+		if t.full(len(t.stacks), writeLimits.Stacks, 4*int64(len(frames))+4, "stacks") {
+			return 0
+		}
+		id = snapshot.StackID(len(t.stacks))
+		t.stacks = append(t.stacks, append([]snapshot.FrameID(nil), frames...))
+		t.evidence = append(t.evidence, t.classify(frames))
+		t.stackID[string(t.key)] = id
+	}
+	if _, ok := t.byHash[h]; !ok {
+		t.byHash[h] = id
+	}
+	return id
+}
+
+// omitFunctions and omitFilenames are memory_viz's frameFilter (MemoryViz.js, and _frame_filter in
+// torch/cuda/_memory_viz.py): the unwinder, the interpreter loop and dispatcher plumbing, which every stack
+// has and nobody reads.
+var (
+	omitFunctions = []string{"unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp", "_start",
+		"__libc_start_main", "PyEval_", "PyObject_", "PyFunction_"}
+	omitFilenames = []string{"core/boxing", "/Register", "/Redispatch", "pythonrun.c", "Modules/main.c",
+		"Objects/call.c", "Objects/methodobject.c", "pycore_ceval.h", "ceval.c", "cpython/abstract.h"}
+)
+
+// hiddenFrame is frameFilter: true for a frame memory_viz does not show.
+func hiddenFrame(name, file string) bool {
+	for _, s := range omitFunctions {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	for _, s := range omitFilenames {
+		if strings.Contains(file, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// phaseEvidence is what a stack says about the training phase it was captured in.
+type phaseEvidence uint8
+
+const (
+	evidenceNone      phaseEvidence = iota // no frames: says nothing (autograd threads have no Python frames)
+	evidenceOther                          // frames, none of autograd's or an optimizer's
+	evidenceBackward                       // the autograd engine is on the stack
+	evidenceOptimizer                      // torch/optim code is on the stack
+	evidenceZeroGrad                       // zero_grad of an optimizer or module
+)
+
+// classify reads a stack innermost first; the first frame that names a phase decides, so an optimizer's
+// closure that calls backward() counts as backward.
+func (t *tables) classify(frames []snapshot.FrameID) phaseEvidence {
+	for _, id := range frames {
+		if e := t.frameEvidence[id]; e != evidenceNone {
+			return e
+		}
+	}
+	return evidenceOther
+}
+
+// frameClass is what one frame says about the phase: evidenceNone when it says nothing.
+func frameClass(name, file string) phaseEvidence {
+	switch {
+	case strings.Contains(name, "torch::autograd::Engine::"),
+		strings.Contains(name, "torch::autograd::python::PythonEngine::"),
+		strings.Contains(name, "torch::autograd::AccumulateGrad::"),
+		strings.Contains(name, "torch::autograd::generated::") && strings.Contains(name, "Backward"),
+		strings.HasSuffix(file, "torch/autograd/__init__.py") && (name == "backward" || name == "grad"),
+		strings.HasSuffix(file, "torch/autograd/graph.py") && name == "_engine_run_backward",
+		strings.HasSuffix(file, "torch/_tensor.py") && name == "backward":
+		return evidenceBackward
+	case name == "zero_grad" && (strings.Contains(file, "/torch/optim/") || strings.HasSuffix(file, "torch/nn/modules/module.py")):
+		return evidenceZeroGrad
+	case strings.Contains(file, "/torch/optim/") && !strings.Contains(file, "lr_scheduler"):
+		return evidenceOptimizer
+	}
+	return evidenceNone
+}
+
+// phase returns the phase a stack's evidence names, and false when it names none.
+func (e phaseEvidence) phase() (snapshot.Phase, bool) {
+	switch e {
+	case evidenceOther:
+		return snapshot.PhaseNone, true
+	case evidenceBackward:
+		return snapshot.PhaseBackward, true
+	case evidenceOptimizer:
+		return snapshot.PhaseOptimizer, true
+	case evidenceZeroGrad:
+		return snapshot.PhaseZeroGrad, true
+	}
+	return snapshot.PhaseNone, false
+}
+
+// framesOf interns the traceback v (a list of frame dicts, innermost first) at path, returning its stack.
+func (im *importer) framesOf(v any, path func() string) (snapshot.StackID, error) {
+	l, ok := asList(v)
+	if !ok {
+		if v == nil {
+			return 0, nil
+		}
+		return 0, wantErr(path(), "list", v)
+	}
+	t := im.tab
+	id := l.id()
+	if id >= 0 && id < len(t.byList) && t.byList[id] != 0 {
+		return snapshot.StackID(t.byList[id] - 1), nil
+	}
+	n := l.len()
+	if cap(t.scratch) < n {
+		t.scratch = make([]snapshot.FrameID, 0, max(n, 2*cap(t.scratch)))
+	}
+	scratch := t.scratch[:0]
+	h := stackHashSeed
+	if pl := l.p; pl != nil && pl.OnlyDicts() {
+		// The common case, kept tight: a pickled list of frame dicts, most of them seen before.
+		byDict := t.byDict
+		for i := range n {
+			d, _ := pl.DictAt(i)
+			did := d.ID()
+			var f uint32
+			if uint(did) < uint(len(byDict)) {
+				f = byDict[did]
+			}
+			if f == 0 {
+				var err error
+				if f, err = im.resolveFrame(dictView{p: d}, path, i); err != nil {
+					return 0, err
+				}
+				byDict = t.byDict
+			}
+			if f != dropFrame {
+				scratch = append(scratch, snapshot.FrameID(f-1))
+				h = stackHash(h, snapshot.FrameID(f-1))
+			}
+		}
+	} else {
+		for i := range n {
+			d, ok := l.dictAt(i)
+			if !ok {
+				return 0, wantErr(path()+"["+itoa(i)+"]", "dict", l.at(i))
+			}
+			var f uint32
+			if did := d.id(); did >= 0 && did < len(t.byDict) {
+				f = t.byDict[did]
+			}
+			if f == 0 {
+				var err error
+				if f, err = im.resolveFrame(d, path, i); err != nil {
+					return 0, err
+				}
+			}
+			if f != dropFrame {
+				scratch = append(scratch, snapshot.FrameID(f-1))
+				h = stackHash(h, snapshot.FrameID(f-1))
+			}
+		}
+	}
+	t.scratch = scratch
+	s := t.stack(h)
+	if id >= 0 {
+		t.byList = growTo(t.byList, id)
+		t.byList[id] = uint32(s) + 1
+	}
+	return s, t.err
+}
+
+// resolveFrame reads frame dict d (element i of the traceback at path) and remembers it by its pickle ID. It
+// returns FrameID+1, or dropFrame for a frame the filter hides.
+func (im *importer) resolveFrame(d dictView, path func() string, i int) (uint32, error) {
+	fid, err := im.frameDict(d, func() string { return path() + "[" + itoa(i) + "]" })
+	if err != nil {
+		return 0, err
+	}
+	f := dropFrame
+	if fid != 0 {
+		f = uint32(fid) + 1
+	}
+	if did := d.id(); did >= 0 {
+		t := im.tab
+		t.byDict = growTo(t.byDict, did)
+		t.byDict[did] = f
+	}
+	return f, nil
+}
+
+// The keys of a frame dict the importer reads, in pick order.
+var frameKeys = []string{"name", "filename", "line"}
+
+// frameDict reads one frame {filename, line, name}; FX annotations are ignored.
+func (im *importer) frameDict(d dictView, path func() string) (snapshot.FrameID, error) {
+	var v [3]any
+	found := d.pick(frameKeys, v[:])
+	name, err := toString(v[0], field{path, "name"})
+	if err != nil {
+		return 0, err
+	}
+	file, err := toString(v[1], field{path, "filename"})
+	if err != nil {
+		return 0, err
+	}
+	var line int64
+	if found&(1<<2) != 0 {
+		if line, err = toInt(v[2], field{path, "line"}); err != nil {
+			return 0, err
+		}
+	}
+	return im.tab.frame(name, file, line), nil
+}
+
+// growTo returns s with index i valid.
+func growTo(s []uint32, i int) []uint32 {
+	if i < len(s) {
+		return s
+	}
+	n := max(2*len(s), i+1, 1024)
+	out := make([]uint32, n)
+	copy(out, s)
+	return out
+}
