@@ -1,0 +1,219 @@
+package triage
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Measurer re-runs the workload a snapshot recorded, once per memory fix, and reports the peaks. The
+// command line implements it with the training workload's sweep on the meta device; triage does not run
+// workloads itself.
+type Measurer interface {
+	// Measure returns the peaks of the workload as configured and with each fix. It returns an error
+	// wrapping ErrNotMeasurable when the snapshot's workload cannot be re-run (an imported trace).
+	Measure(ctx context.Context, s *snapshot.Snapshot) (*Measurements, error)
+}
+
+// ErrNotMeasurable says a snapshot's workload cannot be re-run.
+var ErrNotMeasurable = errors.New("the snapshot does not describe a workload oomdbg can re-run")
+
+// Measurements are the peaks of a workload under each fix.
+type Measurements struct {
+	// Note says how they were measured, e.g. "re-run on the meta device, 2 steps per fix".
+	Note string
+	// Rows are the fixes; the first is the workload as configured.
+	Rows []Measurement
+}
+
+// Measurement is one fix's run.
+type Measurement struct {
+	Fix           string
+	PeakAllocated int64 // on the configured device, up to the OOM when it ran out
+	PeakReserved  int64
+	OOM           bool // it ran out of memory on the configured device
+	OOMPhase      string
+	// NeedsAllocated is the peak with unlimited memory: what the run needs.
+	NeedsAllocated int64
+}
+
+// Advice is one fix and what it saves.
+type Advice struct {
+	Fix string `json:"fix"`
+	// Measured says whether Saving was measured by re-running the workload, or estimated.
+	Measured bool `json:"measured"`
+	// Saving is the bytes the fix takes off the peak of Metric memory ("allocated", or "reserved" for
+	// allocator settings): measured (negative when the fix costs memory), or an upper bound when estimated.
+	Saving int64  `json:"saving"`
+	Metric string `json:"metric"`
+	// PeakAfter is the measured peak the run needs with the fix, and Fits whether it fits the device; both
+	// null for an estimate.
+	PeakAfter *int64 `json:"peak_after"`
+	Fits      *bool  `json:"fits"`
+	// Why says what the fix changes in what was alive at the peak.
+	Why string `json:"why"`
+}
+
+// composition is what was alive at the peak, in the terms the fixes act on.
+type composition struct {
+	peak        int64
+	activations int64 // activation and autograd_detail
+	inputs      int64
+	optimizer   int64
+	attention   int64 // B*H*T*T score and probability tensors
+	fp32Acts    int64 // activations labelled f32
+	blocks      int   // distinct numbered blocks among the activations' scopes
+	gap         int64 // reserved - allocated at the peak
+	reserved    int64
+}
+
+// scoreShape matches a label of a 4-D tensor whose last two dimensions are equal: attention scores.
+var scoreShape = regexp.MustCompile(`^[a-z0-9]+\[\d+,\d+,(\d+),(\d+)\]`)
+
+// blockScope is a scope's numbered block: "transformer.h.3" of "transformer.h.3.attn.c_attn".
+var blockScope = regexp.MustCompile(`^(.*?\.\d+)(\.|$)`)
+
+func compose(tl *snapshot.Timeline, r *Report) composition {
+	s := tl.Snapshot()
+	c := composition{peak: r.Peak.Allocated, gap: r.Gaps.ReservedUnallocatedAtPeak, reserved: r.Peak.Reserved}
+	blocks := map[string]bool{}
+	for _, b := range tl.LiveAt(r.Peak.Event, nil) {
+		label := s.String(b.Label)
+		switch b.Category {
+		case snapshot.CategoryActivation, snapshot.CategoryAutogradDetail:
+			c.activations += b.Size
+			if strings.HasPrefix(label, "f32[") {
+				c.fp32Acts += b.Size
+			}
+			if m := blockScope.FindStringSubmatch(s.String(b.Scope)); m != nil {
+				blocks[m[1]] = true
+			}
+		case snapshot.CategoryInput:
+			c.inputs += b.Size
+		case snapshot.CategoryOptimizerState:
+			c.optimizer += b.Size
+		}
+		if m := scoreShape.FindStringSubmatch(label); m != nil && m[1] == m[2] && m[1] != "1" {
+			c.attention += b.Size
+		}
+	}
+	c.blocks = len(blocks)
+	return c
+}
+
+// advise returns the fixes for the peak, measured when m can re-run the workload, estimated otherwise.
+func advise(ctx context.Context, tl *snapshot.Timeline, r *Report, m Measurer) ([]Advice, string) {
+	c := compose(tl, r)
+	why := reasons(c)
+	var advice []Advice
+	note := ""
+	var ms *Measurements
+	var err error
+	if m != nil {
+		ms, err = m.Measure(ctx, tl.Snapshot())
+	}
+	switch {
+	case m == nil:
+		note = "estimated from what was alive at the peak; no measurement was asked for"
+	case errors.Is(err, ErrNotMeasurable):
+		note = "estimated from what was alive at the peak; not measured: " + err.Error()
+	case err != nil:
+		note = "estimated from what was alive at the peak; measuring failed: " + err.Error()
+	case ms == nil || len(ms.Rows) == 0:
+		note = "estimated from what was alive at the peak; the measurement returned nothing"
+	default:
+		note = "measured: " + ms.Note + "; saving is the drop in the peak the run needs with unlimited memory"
+		base := ms.Rows[0]
+		for _, row := range ms.Rows[1:] {
+			after, fits := row.NeedsAllocated, !row.OOM
+			a := Advice{Fix: row.Fix, Measured: true, Saving: base.NeedsAllocated - row.NeedsAllocated, Metric: "allocated",
+				PeakAfter: &after, Fits: &fits, Why: measuredWhy(row, why)}
+			advice = append(advice, a)
+		}
+	}
+	if ms == nil || err != nil || len(ms.Rows) == 0 {
+		advice = append(advice, estimates(c, why)...)
+	}
+	// Allocator settings are not part of the sweep: their effect on reserved memory is always estimated.
+	if c.gap > 0 && c.gap*100 >= c.reserved {
+		advice = append(advice, Advice{Fix: "expandable_segments:True", Saving: c.gap, Metric: "reserved",
+			Why: units.FormatSize(c.gap) + " was reserved but unallocated at the peak; expandable segments grow and shrink in place instead of caching whole segments"})
+	}
+	slices.SortStableFunc(advice, func(a, b Advice) int { return cmp.Compare(b.Saving, a.Saving) })
+	if advice == nil {
+		advice = []Advice{}
+	}
+	return advice, note
+}
+
+// reasons says, per kind of fix, what it changes in what was alive at the peak.
+func reasons(c composition) map[string]string {
+	why := map[string]string{}
+	if c.attention > 0 {
+		why["flash"] = "flash attention never materialises the B*H*T*T attention scores and probabilities (" + units.FormatSize(c.attention) + " at the peak)"
+	}
+	if c.activations > 0 && c.blocks >= 2 {
+		why["checkpoint"] = "checkpointing keeps each of the " + strconv.Itoa(c.blocks) + " blocks' inputs instead of the activations saved for backward (" + units.FormatSize(c.activations) + " at the peak) and recomputes them in backward"
+	}
+	if c.fp32Acts > 0 {
+		why["bf16"] = "autocast saves matmul activations in 16 bits: half of the " + units.FormatSize(c.fp32Acts) + " of fp32 activations at the peak"
+		why["fp16"] = why["bf16"]
+	}
+	if c.activations+c.inputs > 0 {
+		why["batch"] = "activations and inputs (" + units.FormatSize(c.activations+c.inputs) + " at the peak) scale with the micro-batch"
+	}
+	if c.optimizer > 0 {
+		why["SGD"] = "Adam's two fp32 slots per parameter (" + units.FormatSize(c.optimizer) + " at the peak) go; SGD keeps no state"
+	}
+	return why
+}
+
+// measuredWhy explains a measured fix by the parts of its name that have a reason.
+func measuredWhy(row Measurement, why map[string]string) string {
+	var parts []string
+	for _, k := range []string{"flash", "checkpoint", "bf16", "fp16", "batch", "SGD"} {
+		if strings.Contains(row.Fix, k) && why[k] != "" && !slices.Contains(parts, why[k]) {
+			parts = append(parts, why[k])
+		}
+	}
+	out := "needs " + units.FormatSize(row.NeedsAllocated)
+	if row.OOM {
+		out += "; still runs out of memory"
+		if row.OOMPhase != "" {
+			out += " in " + row.OOMPhase
+		}
+	} else {
+		out += "; fits"
+	}
+	if len(parts) > 0 {
+		out += "; " + strings.Join(parts, "; ")
+	}
+	return out
+}
+
+// estimates are the savings the composition of the peak suggests, each an upper bound: what the fix would
+// remove if it removed all it can (autocast leaves the fp32 inputs of softmax and losses, checkpointing
+// recomputes one block at a time, flash attention keeps a logsumexp per row).
+func estimates(c composition, why map[string]string) []Advice {
+	var out []Advice
+	add := func(fix string, saving int64, key string) {
+		if saving > 0 {
+			out = append(out, Advice{Fix: fix, Saving: saving, Metric: "allocated", Why: why[key]})
+		}
+	}
+	add("flash attention", c.attention, "flash")
+	if c.blocks >= 2 && c.activations*10 >= c.peak {
+		add("checkpoint every block", c.activations*int64(c.blocks-1)/int64(c.blocks), "checkpoint")
+	}
+	add("bf16 autocast", c.fp32Acts/2, "bf16")
+	add("batch / 4, accumulate 4", (c.activations+c.inputs)*3/4, "batch")
+	add("SGD instead of Adam", c.optimizer, "SGD")
+	return out
+}

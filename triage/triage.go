@@ -1,0 +1,367 @@
+// Package triage explains a snapshot's memory: the peak (exact, and what was alive at it), the out-of-memory
+// error (PyTorch's message, what was alive, by category, scope and stack), every phase of every iteration,
+// the largest allocations, the CUDA-context and fragmentation gaps, the leak verdict, and which fixes would
+// bring the peak down and by how much. It writes the result as text for a terminal, markdown for an issue
+// or a pull request, or JSON (docs/report-json.md).
+//
+// Savings are measured when a Measurer is given and the snapshot came from oomdbg's own workload: the
+// command line re-runs the workload with each fix on the meta device. Otherwise they are estimated from
+// what was alive at the peak, and the report says so.
+package triage
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Format is the value of a JSON report's "format" field.
+const Format = "oomdbg-report/1"
+
+// Options tune Analyze.
+type Options struct {
+	// File names the snapshot in the report (source.file).
+	File string
+	// Measurer re-runs the workload with each fix. Nil: savings are estimated.
+	Measurer Measurer
+	// Leaks are the options of the leak analysis (warm-up, filters).
+	Leaks []leaks.Option
+	// Top is how many allocations, scopes and stacks the report lists (default 10).
+	Top int
+}
+
+// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/1" schema.
+type Report struct {
+	Format     string      `json:"format"`
+	Source     Source      `json:"source"`
+	Devices    []Device    `json:"devices"`
+	Peak       Peak        `json:"peak"`
+	OOM        *OOM        `json:"oom"`
+	Gaps       Gaps        `json:"gaps"`
+	Iterations []Iteration `json:"iterations"`
+	Leaks      Leaks       `json:"leaks"`
+	Advice     []Advice    `json:"advice"`
+	// AdviceNote says how the savings were found: measured (and how), or estimated (and why).
+	AdviceNote string `json:"advice_note"`
+
+	scopes []Share // every scope alive at the peak, for Diff
+}
+
+// Source describes the snapshot.
+type Source struct {
+	File        string `json:"file"`
+	Tool        string `json:"tool"`
+	ToolVersion string `json:"tool_version"`
+	// Origin is where the events came from: "oomdbg" (a traced workload) or "pytorch" (an imported snapshot).
+	Origin   string `json:"origin"`
+	Created  string `json:"created"` // RFC 3339, "" when unknown
+	Host     string `json:"host"`
+	TimeUnit string `json:"time_unit"`
+	// Workload is the recorded workload's configuration, null for an imported snapshot; WorkloadSummary says
+	// it in a line, e.g. "mlp, batch 64, adam, bug retain-graph".
+	Workload          json.RawMessage `json:"workload"`
+	WorkloadSummary   string          `json:"workload_summary"`
+	AllocatorSettings string          `json:"allocator_settings"`
+	Events            int             `json:"events"`
+	EventsByAction    map[string]int  `json:"events_by_action"`
+	Allocations       int             `json:"allocations"`
+	// Complete is false for a snapshot cut short (Warning says where) or written without a footer.
+	Complete bool   `json:"complete"`
+	Warning  string `json:"warning"`
+	// UnmatchedFrees counts frees of blocks allocated before the trace began (imported traces).
+	UnmatchedFrees int `json:"unmatched_frees"`
+}
+
+// Device is a device of the recording.
+type Device struct {
+	Index          int    `json:"index"`
+	Name           string `json:"name"`
+	Kind           string `json:"kind"`
+	Capacity       int64  `json:"capacity"`
+	ContextReserve int64  `json:"context_reserve"`
+}
+
+// Peak is the highest allocated memory and what was alive then.
+type Peak struct {
+	Allocated int64 `json:"allocated"`
+	// Event is the first event after which allocated memory was at its peak.
+	Event     int    `json:"event"`
+	Time      int64  `json:"time"`
+	Phase     string `json:"phase"`
+	Iteration int32  `json:"iteration"`
+	// Reserved is the peak of reserved memory, reached first after ReservedEvent.
+	Reserved      int64 `json:"reserved"`
+	ReservedEvent int   `json:"reserved_event"`
+	Alive
+}
+
+// Alive is what was alive at an event: bytes by category (every category, zeros included), the largest
+// scopes and stacks, and the largest allocations.
+type Alive struct {
+	ByCategory map[string]int64 `json:"by_category"`
+	ByScope    []Share          `json:"by_scope"`
+	ByStack    []StackShare     `json:"by_stack"`
+	Top        []Allocation     `json:"top_allocations"`
+}
+
+// Share is the bytes and blocks of one scope (or other name).
+type Share struct {
+	Name  string `json:"name"`
+	Bytes int64  `json:"bytes"`
+	Count int    `json:"count"`
+}
+
+// StackShare is the bytes and blocks allocated from one stack.
+type StackShare struct {
+	Frames []string `json:"frames"`
+	Bytes  int64    `json:"bytes"`
+	Count  int      `json:"count"`
+}
+
+// Allocation is one live block.
+type Allocation struct {
+	Event     int      `json:"event"` // its alloc event
+	Bytes     int64    `json:"bytes"`
+	Requested int64    `json:"requested"`
+	Category  string   `json:"category"`
+	Scope     string   `json:"scope"`
+	Label     string   `json:"label"`
+	Phase     string   `json:"phase"`
+	Iteration int32    `json:"iteration"`
+	Stack     []string `json:"stack"`
+}
+
+// OOM is the first out-of-memory error of the snapshot.
+type OOM struct {
+	// Message is PyTorch's message for it; Exact says whether the snapshot held everything the message
+	// needs (an imported trace does not record the device's capacity).
+	Message   string `json:"message"`
+	Exact     bool   `json:"exact"`
+	Event     int    `json:"event"`
+	Phase     string `json:"phase"`
+	Iteration int32  `json:"iteration"`
+	// Requested is the rounded request, AllocSize what the allocator tried to get from the device (what the
+	// message says it tried to allocate), Free what the device had free.
+	Requested int64    `json:"requested"`
+	AllocSize int64    `json:"alloc_size"`
+	Free      int64    `json:"free"`
+	Label     string   `json:"label"`
+	Scope     string   `json:"scope"`
+	Stack     []string `json:"stack"`
+	Allocated int64    `json:"allocated"`
+	Reserved  int64    `json:"reserved"`
+	Alive
+}
+
+// Gaps is the memory of the device that allocated tensors do not use.
+type Gaps struct {
+	// ContextReserve is what the CUDA context takes before the allocator gets any memory.
+	ContextReserve int64 `json:"context_reserve"`
+	// ReservedUnallocatedAtPeak is reserved minus allocated memory at the peak of allocated memory: cached
+	// blocks the allocator holds but no tensor uses (fragmentation) when memory is tightest. AtEnd is the
+	// same after the last event, AtOOM at the OOM (null without one).
+	ReservedUnallocatedAtPeak int64  `json:"reserved_unallocated_at_peak"`
+	ReservedUnallocatedAtEnd  int64  `json:"reserved_unallocated_at_end"`
+	ReservedUnallocatedAtOOM  *int64 `json:"reserved_unallocated_at_oom"`
+}
+
+// Iteration is one training iteration (-1 is setup) and its phases.
+type Iteration struct {
+	Iteration     int32   `json:"iteration"`
+	StartEvent    int     `json:"start_event"`
+	EndEvent      int     `json:"end_event"` // one past the last
+	PeakAllocated int64   `json:"peak_allocated"`
+	EndAllocated  int64   `json:"end_allocated"`
+	Phases        []Phase `json:"phases"`
+}
+
+// Phase is one phase of one iteration. Under activation checkpointing the backward phase spans the
+// recomputations inside it, and a "recompute" phase after it sums them up: its peak is the highest inside a
+// recomputation, its delta the sum of theirs, its end that of the last one.
+type Phase struct {
+	Name          string `json:"name"`
+	StartEvent    int    `json:"start_event"`
+	EndEvent      int    `json:"end_event"` // one past the last
+	PeakAllocated int64  `json:"peak_allocated"`
+	PeakEvent     int    `json:"peak_event"`
+	EndAllocated  int64  `json:"end_allocated"`
+	// EndByCategory is allocated memory by category after the phase; DeltaByCategory its change over the
+	// phase.
+	EndByCategory   map[string]int64 `json:"end_by_category"`
+	DeltaByCategory map[string]int64 `json:"delta_by_category"`
+}
+
+// Leaks is the leak analysis (package leaks).
+type Leaks struct {
+	Verdict                    string      `json:"verdict"`
+	Kind                       string      `json:"kind"`
+	Reason                     string      `json:"reason"`
+	Warmup                     int         `json:"warmup"`
+	Iterations                 int         `json:"iterations"`
+	GrowthPerIteration         int64       `json:"growth_per_iteration"`
+	ReservedGrowthPerIteration int64       `json:"reserved_growth_per_iteration"`
+	LeakPerIteration           int64       `json:"leak_per_iteration"`
+	Points                     []LeakPoint `json:"points"`
+	Suspects                   []Suspect   `json:"suspects"`
+}
+
+// LeakPoint is memory at the end of one iteration.
+type LeakPoint struct {
+	Iteration int32 `json:"iteration"`
+	Event     int   `json:"event"`
+	Allocated int64 `json:"allocated"`
+	Reserved  int64 `json:"reserved"`
+}
+
+// Suspect is a group of blocks that keeps growing.
+type Suspect struct {
+	Scope             string    `json:"scope"`
+	Category          string    `json:"category"`
+	Stack             []string  `json:"stack"`
+	Kind              string    `json:"kind"`
+	BytesPerIteration int64     `json:"bytes_per_iteration"`
+	CountPerIteration float64   `json:"count_per_iteration"`
+	Survivors         []int32   `json:"survivors"`
+	Label             string    `json:"label"`
+	Retainer          *Retainer `json:"retainer"`
+}
+
+// Retainer is what held a suspect's example block at a heap dump.
+type Retainer struct {
+	Root string `json:"root"`
+	// Path lists the holders from the one holding the block to the root.
+	Path          []string `json:"path"`
+	HeapDumpEvent int      `json:"heap_dump_event"`
+	Reason        string   `json:"reason"`
+}
+
+// Analyze builds the report of the snapshot tl indexes.
+func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
+	if opts.Top <= 0 {
+		opts.Top = 10
+	}
+	s := tl.Snapshot()
+	r := &Report{Format: Format, Source: source(s, tl, opts.File), Devices: devices(s.Meta)}
+	r.Peak = peak(tl, opts.Top)
+	r.scopes = allScopes(s, tl.LiveAt(r.Peak.Event, nil))
+	r.OOM = oom(tl, opts.Top)
+	r.Gaps = gaps(tl, r)
+	r.Iterations = iterations(tl)
+	r.Leaks = LeakReport(leaks.Analyze(tl, opts.Leaks...))
+	r.Advice, r.AdviceNote = advise(ctx, tl, r, opts.Measurer)
+	return r
+}
+
+func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
+	st := tl.Stats()
+	src := Source{
+		File: file, Tool: s.Meta.Tool, ToolVersion: s.Meta.ToolVersion, Origin: s.Meta.Source, Host: s.Meta.Host,
+		TimeUnit: s.Meta.TimeUnit, AllocatorSettings: s.Meta.AllocatorSettings,
+		Events: st.Events, Allocations: st.Blocks, EventsByAction: map[string]int{},
+		Complete: s.Footer != nil && s.Warning == nil, UnmatchedFrees: st.UnmatchedFrees,
+	}
+	if !s.Meta.Created.IsZero() {
+		src.Created = s.Meta.Created.UTC().Format(time.RFC3339)
+	}
+	if len(s.Meta.Workload) > 0 && json.Valid(s.Meta.Workload) {
+		src.Workload = s.Meta.Workload
+		src.WorkloadSummary = workloadSummary(s.Meta.Workload)
+	}
+	if s.Warning != nil {
+		src.Warning = s.Warning.Error()
+	}
+	for a, n := range st.ByAction {
+		if n > 0 && snapshot.Action(a).Valid() {
+			src.EventsByAction[snapshot.Action(a).String()] = n
+		}
+	}
+	return src
+}
+
+// workloadSummary says in a line what a recorded workload was, from the fields every oomdbg workload
+// configuration has.
+func workloadSummary(raw json.RawMessage) string {
+	var w struct {
+		Model, Preset, Device, Optimizer, AMP, Checkpoint, Attention, Bug string
+		Batch, Steps, Accum                                               int
+	}
+	if json.Unmarshal(raw, &w) != nil || w.Model == "" {
+		return ""
+	}
+	parts := []string{w.Model}
+	if w.Preset != "" && w.Preset != w.Model {
+		parts[0] = w.Preset
+	}
+	parts = append(parts, "batch "+itoa(int64(w.Batch)))
+	if w.Accum > 1 {
+		parts[len(parts)-1] += " x " + itoa(int64(w.Accum)) + " accumulated"
+	}
+	parts = append(parts, itoa(int64(w.Steps))+" steps", w.Optimizer)
+	for _, fix := range []struct{ name, val, off string }{{"amp", w.AMP, "off"}, {"checkpoint", w.Checkpoint, "off"}, {"attention", w.Attention, "naive"}} {
+		if fix.val != "" && fix.val != fix.off {
+			parts = append(parts, fix.name+" "+fix.val)
+		}
+	}
+	if w.Device != "" {
+		parts = append(parts, w.Device+" device")
+	}
+	if w.Bug != "" {
+		parts = append(parts, "bug "+w.Bug)
+	}
+	return joinComma(parts)
+}
+
+func devices(m snapshot.Meta) []Device {
+	out := make([]Device, 0, len(m.Devices))
+	for _, d := range m.Devices {
+		out = append(out, Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve})
+	}
+	return out
+}
+
+// device returns the recording's device with the given index, if the metadata describes it.
+func device(m snapshot.Meta, index int) (snapshot.DeviceInfo, bool) {
+	i := slices.IndexFunc(m.Devices, func(d snapshot.DeviceInfo) bool { return d.Index == index })
+	if i < 0 {
+		return snapshot.DeviceInfo{}, false
+	}
+	return m.Devices[i], true
+}
+
+// LeakReport returns a leak analysis in the report's form (the "leaks" object of the JSON report).
+func LeakReport(lr *leaks.Result) Leaks {
+	l := Leaks{
+		Verdict: string(lr.Verdict), Kind: string(lr.Kind), Reason: lr.Reason, Warmup: lr.Warmup, Iterations: lr.Iterations,
+		GrowthPerIteration: lr.GrowthPerIteration, ReservedGrowthPerIteration: lr.ReservedGrowthPerIteration,
+		LeakPerIteration: lr.LeakPerIteration, Points: []LeakPoint{}, Suspects: []Suspect{},
+	}
+	for _, p := range lr.Points {
+		l.Points = append(l.Points, LeakPoint{Iteration: p.Iteration, Event: p.Seq, Allocated: p.Allocated, Reserved: p.Reserved})
+	}
+	for _, sp := range lr.Suspects {
+		out := Suspect{
+			Scope: sp.Scope, Category: sp.Category.String(), Stack: nonNil(sp.Stack), Kind: string(sp.Kind),
+			BytesPerIteration: sp.BytesPerIteration, CountPerIteration: sp.CountPerIteration,
+			Survivors: sp.Survivors, Label: sp.Label,
+		}
+		if out.Survivors == nil {
+			out.Survivors = []int32{}
+		}
+		if rt := sp.Retainer; rt != nil {
+			out.Retainer = &Retainer{Root: rt.Root, Path: nonNil(rt.Path), HeapDumpEvent: rt.Dump, Reason: rt.Reason}
+		}
+		l.Suspects = append(l.Suspects, out)
+	}
+	return l
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
