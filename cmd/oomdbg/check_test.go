@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+)
+
+func TestCheckCommand(t *testing.T) {
+	dir := testFiles(t)
+	f := func(name string) string { return filepath.Join(dir, name) }
+	tests := map[string]struct {
+		args   []string
+		code   int
+		first  string   // the first line of stdout, "" when stdout is not checked
+		stdout []string // substrings of the detail
+		stderr string   // the one line stderr holds, "" for none
+	}{
+		"fixed passes": {args: []string{f("fixed.oomdbg")}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2"},
+		"leak fails": {args: []string{f("leak.oomdbg")}, code: exitProblem,
+			first:  "FAIL: leak: allocated memory grows 75.50 KiB per iteration over iterations 2-7 (retained autograd graph: 7 suspects, the largest 32.00 KiB per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[7])",
+			stdout: []string{"\n          7    860.50 KiB      2.00 MiB\n", "retained by loss_history[7] >", "allocated at:\n      nn.(*ReLU).Forward"},
+			stderr: "oomdbg: check failed: leak: allocated memory grows 75.50 KiB per iteration"},
+		"leak within max growth": {args: []string{f("leak.oomdbg"), "--max-growth", "76KiB"}, code: exitOK,
+			first: "PASS: leak: allocated memory grows 75.50 KiB per iteration over iterations 2-7 (retained autograd graph: 7 suspects, the largest 32.00 KiB per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[7]), within the limit of 76.00 KiB per iteration"},
+		"leak over max growth": {args: []string{f("leak.oomdbg"), "--max-growth", "75KB"}, code: exitProblem,
+			stderr: "oomdbg: check failed: leak: "},
+		"peak over": {args: []string{f("fixed.oomdbg"), "--max-peak", "400KiB"}, code: exitProblem,
+			first: "FAIL: peak: allocated memory peaked at 462.50 KiB, over the limit of 400.00 KiB"},
+		"peak under, GB is binary": {args: []string{f("fixed.oomdbg"), "--max-peak", "1GB"}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2; peak 462.50 KiB is within the limit of 1.00 GiB"},
+		"scope ignored": {args: []string{f("leak.oomdbg"), "--ignore-scope", "net", "--ignore-function", "train.(*blobs).batch,nn.(*MLP).Loss"}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by +75.50 KiB per iteration after a warm-up of 2"},
+		"fragmentation passes": {args: []string{f("frag.oomdbg")}, code: exitOK,
+			first: "PASS: fragmentation, not a leak: reserved memory grows 107.00 MiB per iteration over iterations 2-5 while allocated memory does not (0 B per iteration)"},
+		"inconclusive passes": {args: []string{f("oom.oomdbg")}, code: exitOK,
+			first: "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it"},
+		"bad size":  {args: []string{f("fixed.oomdbg"), "--max-peak", "big"}, code: exitUsage, stderr: `oomdbg: invalid argument "big" for "--max-peak" flag: invalid size "big"`},
+		"bad input": {args: []string{f("text.txt")}, code: exitUsage, stderr: "oomdbg: " + f("text.txt") + " is neither an oomdbg snapshot nor a PyTorch memory snapshot (pickle or JSON)"},
+		"damaged":   {args: []string{f("damaged.oomdbg")}, code: exitUsage, stderr: "oomdbg: " + f("damaged.oomdbg") + ": snapshot: "},
+		"two files": {args: []string{f("fixed.oomdbg"), f("leak.oomdbg")}, code: exitUsage, stderr: "oomdbg: accepts 1 arg(s), received 2"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(append([]string{"check"}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d; stderr %q", code, tc.code, stderr)
+			}
+			if first, _, _ := strings.Cut(stdout, "\n"); tc.first != "" && first != tc.first {
+				t.Errorf("first line\n%q\nwant\n%q", first, tc.first)
+			}
+			for _, s := range tc.stdout {
+				if !strings.Contains(stdout, s) {
+					t.Errorf("stdout lacks %q:\n%s", s, stdout)
+				}
+			}
+			if tc.stderr != "" && (!strings.HasPrefix(stderr, tc.stderr) || strings.Count(stderr, "\n") != 1) {
+				t.Errorf("stderr %q, want one line starting %q", stderr, tc.stderr)
+			}
+			if tc.code == exitOK && stderr != "" {
+				t.Errorf("stderr %q on success", stderr)
+			}
+		})
+	}
+}
+
+func TestCheckJSON(t *testing.T) {
+	dir := testFiles(t)
+	schema := loadSchemaFile(t, "report-json-check.schema.json")
+	report := loadSchemaFile(t, "report-json.schema.json")
+	tests := map[string]struct {
+		args []string
+		code int
+		pass bool
+	}{
+		"pass":       {[]string{filepath.Join(dir, "fixed.oomdbg"), "--max-peak", "1GiB"}, exitOK, true},
+		"fail":       {[]string{filepath.Join(dir, "leak.oomdbg"), "--max-peak", "1KiB"}, exitProblem, false},
+		"allowance":  {[]string{filepath.Join(dir, "leak.oomdbg"), "--max-growth", "1MiB"}, exitOK, true},
+		"fragmented": {[]string{filepath.Join(dir, "frag.oomdbg")}, exitOK, true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, _ := runCmd(append([]string{"check", "--json"}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d", code, tc.code)
+			}
+			if errs := schema.Validate([]byte(stdout)); len(errs) > 0 {
+				t.Fatalf("the result does not match docs/report-json-check.schema.json: %v", errors.Join(errs...))
+			}
+			var c struct {
+				Pass     bool            `json:"pass"`
+				Failures []string        `json:"failures"`
+				Leaks    json.RawMessage `json:"leaks"`
+			}
+			if err := json.Unmarshal([]byte(stdout), &c); err != nil {
+				t.Fatal(err)
+			}
+			if errs := report.ValidateRef("#/$defs/leaks", c.Leaks); len(errs) > 0 {
+				t.Fatalf("leaks does not match the report's: %v", errors.Join(errs...))
+			}
+			if c.Pass != tc.pass || (len(c.Failures) == 0) != tc.pass {
+				t.Errorf("pass %v with failures %q, want pass %v", c.Pass, c.Failures, tc.pass)
+			}
+		})
+	}
+}
+
+// BenchmarkCheck checks a file of a million events (the generated GPT-2-small loop, 435 iterations): read,
+// index, leak analysis and report, as CI runs it.
+func BenchmarkCheck(b *testing.B) {
+	cfg := snapshottest.GPT2Small()
+	cfg.Iterations = 435
+	path := filepath.Join(b.TempDir(), "1m.oomdbg")
+	var buf bytes.Buffer
+	if err := snapshottest.Encode(&buf, cfg); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	s, err := openSnapshot(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	events := len(s.Events)
+	b.ResetTimer()
+	for b.Loop() {
+		if code, stdout, stderr := runCmd("check", path); code != exitOK {
+			b.Fatalf("exit %d: %s%s", code, stdout, stderr)
+		}
+	}
+	b.ReportMetric(float64(events), "events")
+	b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}

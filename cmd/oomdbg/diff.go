@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
+)
+
+func newDiffCmd() *cobra.Command {
+	var format string
+	var warmup int
+	cmd := &cobra.Command{
+		Use:   "diff A B",
+		Short: "Show what changed between two runs: peak, phases, categories, scopes",
+		Long: `Compare two snapshots, say before and after a fix: the peaks of allocated and reserved memory, where
+each peaked, the OOM, the leak verdict, the highest peak of every phase, and the bytes by category and
+by module scope at the peak, largest changes first. Either file may be oomdbg's or a PyTorch memory
+snapshot.`,
+		Example: `  oomdbg run --preset gpt2-medium -o before.oomdbg
+  oomdbg run --preset gpt2-medium --checkpoint all -o after.oomdbg
+  oomdbg diff before.oomdbg after.oomdbg`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format != "text" && format != "markdown" && format != "md" {
+				return fmt.Errorf("unknown format %q (want text or markdown)", format)
+			}
+			var reports [2]*triage.Report
+			for i, path := range args {
+				s, err := openSnapshot(path)
+				if err != nil {
+					return err
+				}
+				reports[i] = triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
+			}
+			c := triage.Diff(reports[0], reports[1])
+			if format == "text" {
+				return c.WriteText(cmd.OutOrStdout())
+			}
+			return c.WriteMarkdown(cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text or markdown")
+	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before leaks are measured")
+	return cmd
+}

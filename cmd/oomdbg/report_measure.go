@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// sweepMeasurer measures fixes the way oomdbg fixes does: it re-runs the workload a snapshot recorded with
+// each of train.Fixes on the meta device, on the configured device's capacity and with unlimited memory.
+type sweepMeasurer struct{}
+
+// Measure implements triage.Measurer.
+func (sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
+	cfg, err := workloadOf(s)
+	if err != nil {
+		return nil, err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	rows, err := train.Sweep(ctx, cfg, train.Fixes)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: no fix applies to it", triage.ErrNotMeasurable)
+	}
+	m := &triage.Measurements{
+		Note: fmt.Sprintf("the workload re-run with each fix on the meta device, %d steps each, without its leak bug", rows[0].MeasuredOnSteps),
+	}
+	for _, r := range rows {
+		row := triage.Measurement{Fix: r.Fix, PeakAllocated: r.PeakAllocated, PeakReserved: r.PeakReserved, NeedsAllocated: r.NeedsAllocated}
+		if r.OOM != nil {
+			row.OOM, row.OOMPhase = true, r.OOM.Phase.String()
+		}
+		m.Rows = append(m.Rows, row)
+	}
+	return m, nil
+}
+
+// workloadOf returns the configuration of the oomdbg workload a snapshot recorded.
+func workloadOf(s *snapshot.Snapshot) (train.Config, error) {
+	var cfg train.Config
+	if s.Meta.Source != "oomdbg" || len(s.Meta.Workload) == 0 {
+		return cfg, fmt.Errorf("%w: it was not recorded from oomdbg's workload", triage.ErrNotMeasurable)
+	}
+	if err := json.Unmarshal(s.Meta.Workload, &cfg); err != nil {
+		return cfg, fmt.Errorf("%w: its workload configuration does not read: %v", triage.ErrNotMeasurable, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("%w: its workload configuration is not one oomdbg runs: %v", triage.ErrNotMeasurable, err)
+	}
+	return cfg, nil
+}

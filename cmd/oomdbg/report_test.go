@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/triage/jsonschema"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// files are snapshots recorded once for the command tests, in a directory of their own.
+var (
+	filesOnce sync.Once
+	filesDir  string
+	filesErr  error
+)
+
+func mlpConfig(bug string) train.Config {
+	cfg := train.DefaultMLP()
+	cfg.Steps, cfg.Bug = 8, bug
+	return cfg
+}
+
+// testFiles records the snapshots the command tests read: the MLP with the retain-graph bug and fixed,
+// GPT-2 medium running out of memory, a fragmenting loop, a generated trace (not a workload oomdbg can
+// re-run), a file cut short, one damaged part-way and one that is not a snapshot.
+func testFiles(t *testing.T) string {
+	t.Helper()
+	filesOnce.Do(func() {
+		filesDir, filesErr = os.MkdirTemp("", "oomdbg-cmd-test-")
+		if filesErr != nil {
+			return
+		}
+		medium, _ := train.PresetConfig("gpt2-medium")
+		medium.Steps = 2
+		for name, cfg := range map[string]train.Config{"leak": mlpConfig(train.BugRetainGraph), "fixed": mlpConfig(""), "oom": medium} {
+			data, _, err := leakstest.Encode(context.Background(), cfg)
+			if err != nil {
+				filesErr = err
+				return
+			}
+			if filesErr = os.WriteFile(filepath.Join(filesDir, name+".oomdbg"), data, 0o644); filesErr != nil {
+				return
+			}
+		}
+		var frag, gen bytes.Buffer
+		if filesErr = leakstest.EncodeFragmentation(&frag, 6); filesErr != nil {
+			return
+		}
+		if filesErr = snapshottest.Encode(&gen, snapshottest.Tiny()); filesErr != nil {
+			return
+		}
+		fixed, _ := os.ReadFile(filepath.Join(filesDir, "fixed.oomdbg"))
+		damaged := bytes.Clone(fixed)
+		damaged[len(damaged)*3/5] ^= 0xff
+		for name, data := range map[string][]byte{
+			"frag.oomdbg": frag.Bytes(), "generated.oomdbg": gen.Bytes(), "cut.oomdbg": fixed[:len(fixed)/2], "damaged.oomdbg": damaged,
+			"text.txt": []byte("not a snapshot\n"),
+		} {
+			if filesErr = os.WriteFile(filepath.Join(filesDir, name), data, 0o644); filesErr != nil {
+				return
+			}
+		}
+	})
+	if filesErr != nil {
+		t.Fatal(filesErr)
+	}
+	return filesDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if filesDir != "" {
+		os.RemoveAll(filesDir)
+	}
+	os.Exit(code)
+}
+
+// runCmd runs the command line and returns the exit code, stdout and stderr.
+func runCmd(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func loadSchemaFile(t *testing.T, name string) *jsonschema.Schema {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "docs", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jsonschema.Compile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestReportCommand(t *testing.T) {
+	dir := testFiles(t)
+	f := func(name string) string { return filepath.Join(dir, name) }
+	tests := map[string]struct {
+		args   []string
+		code   int
+		stdout []string // substrings
+		stderr string   // the one line stderr holds, "" for none
+	}{
+		"text": {args: []string{f("leak.oomdbg"), "--measure=false"}, code: exitOK,
+			stdout: []string{"oomdbg report: " + f("leak.oomdbg"), "\nPEAK  1.01 MiB allocated at event", "\nPHASES", "\nGAPS", "\nLEAKS\n  leak: allocated memory grows 75.50 KiB per iteration",
+				"retained by loss_history[7] >", "\nFIXES (estimated from what was alive at the peak; no measurement was asked for)"}},
+		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown", "--measure=false"}, code: exitOK,
+			stdout: []string{"## oomdbg report: `", "### Out of memory\n\n```\nCUDA out of memory. Tried to allocate 1024.00 MiB.", "| iteration | phase | peak | at end | change |"}},
+		"generated: not measurable": {args: []string{f("generated.oomdbg")}, code: exitOK,
+			stdout: []string{"FIXES (estimated from what was alive at the peak; not measured: the snapshot does not describe a workload oomdbg can re-run: its workload configuration is not one oomdbg runs"}},
+		"cut short": {args: []string{f("cut.oomdbg"), "--measure=false"}, code: exitOK, stdout: []string{"cut short"}},
+		"damaged": {args: []string{f("damaged.oomdbg"), "--measure=false"}, code: exitOK, stdout: []string{"cut short: " + f("damaged.oomdbg") + ": snapshot:"},
+			stderr: "prefix:oomdbg: warning: " + f("damaged.oomdbg") + ": snapshot: "},
+		"warm-up": {args: []string{f("leak.oomdbg"), "--warmup", "7", "--measure=false"}, code: exitOK, stdout: []string{"inconclusive: 8 complete iterations with a warm-up of 7"}},
+		"bad format": {args: []string{f("leak.oomdbg"), "--format", "yaml"}, code: exitUsage,
+			stderr: `oomdbg: unknown format "yaml" (want text, markdown or json)`},
+		"missing":      {args: []string{f("nothere.oomdbg")}, code: exitUsage, stderr: "oomdbg: open " + f("nothere.oomdbg") + ": no such file or directory"},
+		"not snapshot": {args: []string{f("text.txt")}, code: exitUsage, stderr: "oomdbg: " + f("text.txt") + " is neither an oomdbg snapshot nor a PyTorch memory snapshot (pickle or JSON)"},
+		"no file":      {args: nil, code: exitUsage, stderr: "oomdbg: accepts 1 arg(s), received 0"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(append([]string{"report"}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d; stderr %q", code, tc.code, stderr)
+			}
+			for _, s := range tc.stdout {
+				if !strings.Contains(stdout, s) {
+					t.Errorf("stdout lacks %q:\n%s", s, stdout)
+				}
+			}
+			if prefix, ok := strings.CutPrefix(tc.stderr, "prefix:"); ok {
+				if !strings.HasPrefix(stderr, prefix) || strings.Count(stderr, "\n") != 1 {
+					t.Errorf("stderr %q, want one line starting %q", stderr, prefix)
+				}
+			} else if tc.stderr != "" && stderr != tc.stderr+"\n" {
+				t.Errorf("stderr %q, want the one line %q", stderr, tc.stderr)
+			}
+		})
+	}
+}
+
+// TestReportMeasures checks the measured savings against the workload's own sweep.
+func TestReportMeasures(t *testing.T) {
+	dir := testFiles(t)
+	code, stdout, stderr := runCmd("report", filepath.Join(dir, "oom.oomdbg"), "--format", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if errs := loadSchemaFile(t, "report-json.schema.json").Validate([]byte(stdout)); len(errs) > 0 {
+		t.Fatalf("the report does not match the schema: %v", errors.Join(errs...))
+	}
+	var r triage.Report
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	medium, _ := train.PresetConfig("gpt2-medium")
+	medium.Steps = 2
+	rows, err := train.Sweep(context.Background(), medium, train.Fixes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	measured := map[string]triage.Advice{}
+	for _, a := range r.Advice {
+		if a.Measured {
+			measured[a.Fix] = a
+		}
+	}
+	if len(measured) != len(rows)-1 || !strings.HasPrefix(r.AdviceNote, "measured: the workload re-run with each fix on the meta device, 2 steps each") {
+		t.Fatalf("%d measured fixes, the sweep has %d; note %q", len(measured), len(rows)-1, r.AdviceNote)
+	}
+	for _, row := range rows[1:] {
+		a, ok := measured[row.Fix]
+		if !ok {
+			t.Errorf("no advice for %q", row.Fix)
+			continue
+		}
+		if a.Saving != rows[0].NeedsAllocated-row.NeedsAllocated || *a.PeakAfter != row.NeedsAllocated || *a.Fits != (row.OOM == nil) {
+			t.Errorf("%s: saving %d, needs %d, fits %v; the sweep: %d, %d, %v", row.Fix, a.Saving, *a.PeakAfter, *a.Fits,
+				rows[0].NeedsAllocated-row.NeedsAllocated, row.NeedsAllocated, row.OOM == nil)
+		}
+	}
+}
+
+// TestReportJSONSchema validates the JSON report of every kind of snapshot the command reads, PyTorch
+// snapshots included, against docs/report-json.schema.json.
+func TestReportJSONSchema(t *testing.T) {
+	dir := testFiles(t)
+	schema := loadSchemaFile(t, "report-json.schema.json")
+	files := []string{"leak.oomdbg", "fixed.oomdbg", "oom.oomdbg", "frag.oomdbg", "generated.oomdbg", "cut.oomdbg"}
+	for i := range files {
+		files[i] = filepath.Join(dir, files[i])
+	}
+	torch, _ := filepath.Glob(filepath.Join("..", "..", "snapshot", "torch", "testdata", "snapshots", "*"))
+	if len(torch) == 0 {
+		t.Error("no PyTorch snapshots in snapshot/torch/testdata/snapshots")
+	}
+	for _, file := range append(files, torch...) {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			code, stdout, stderr := runCmd("report", file, "--format", "json", "--measure=false")
+			if code != exitOK {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if errs := schema.Validate([]byte(stdout)); len(errs) > 0 {
+				t.Fatalf("the report does not match the schema: %v", errors.Join(errs...))
+			}
+		})
+	}
+}
+
+func TestOpenSnapshot(t *testing.T) {
+	dir := testFiles(t)
+	s, err := openSnapshot(filepath.Join(dir, "cut.oomdbg"))
+	var trunc *snapshot.TruncatedError
+	if err != nil || !errors.As(s.Warning, &trunc) {
+		t.Errorf("a file cut short: %v, warning %v", err, s.Warning)
+	}
+	pickles, _ := filepath.Glob(filepath.Join("..", "..", "snapshot", "torch", "testdata", "snapshots", "*.pickle"))
+	for _, p := range pickles {
+		s, err := openSnapshot(p)
+		if err != nil || s.Meta.Source != "pytorch" {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
