@@ -199,11 +199,12 @@ func (p *livePane) view(s Styles, w, h int) string {
 		if scope == "" {
 			scope = "-"
 		}
+		what := p.what(b)
 		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.Size), b.Category,
-			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
+			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		if wide {
 			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, e.Iteration,
-				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), p.ix.snap.String(e.Label))
+				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		}
 		line = ansi.Truncate(line, w, "…")
 		if i == p.selected {
@@ -217,6 +218,18 @@ func (p *livePane) view(s Styles, w, h int) string {
 		lines = append(lines, s.Muted.Render("  no block is alive here"))
 	}
 	return strings.Join(lines, "\n")
+}
+
+// what says what a block holds: its tensor label, or, for snapshots without labels (PyTorch's), the code
+// that allocated it.
+func (p *livePane) what(b snapshot.Allocation) string {
+	if l := p.ix.snap.String(b.Label); l != "" {
+		return l
+	}
+	if fs := p.ix.snap.UserFrames(b.Stack, 1); len(fs) > 0 {
+		return "at " + p.ix.snap.FrameString(fs[0])
+	}
+	return ""
 }
 
 func scopeWidth(w int) int { return min(max(w/3, 12), 40) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -302,5 +304,27 @@ func TestDevicePaneComparesDriverReadingsWithReserved(t *testing.T) {
 	out := screen(m)
 	if !strings.Contains(out, "the driver saw 532.00 MiB used; the allocator reserved 20.00 MiB; the rest, 512.00 MiB") {
 		t.Errorf("the device pane does not compare the reading with reserved memory:\n%s", out)
+	}
+}
+
+func TestPyTorchSnapshotView(t *testing.T) {
+	const f3 = "../../shared/fixtures/pytorch-snapshots/f3_2023_frames_no_time_us.pickle"
+	if _, err := os.Stat(f3); err != nil {
+		t.Skipf("PyTorch fixtures not found next to the repository: %v", err)
+	}
+	s, err := load.File(f3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newTestModel(t, s, 100, 30)
+	out := screen(m)
+	for _, want := range []string{"landed on the peak", "at forward linear.py:114", "pre-existing (allocated before the"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the view of f3 lacks %q:\n%s", want, out)
+		}
+	}
+	press(m, "4")
+	if out := screen(m); !strings.Contains(out, "inconclusive") {
+		t.Errorf("a trace without iterations should read as inconclusive for leaks:\n%s", out)
 	}
 }

@@ -81,7 +81,7 @@ func (m *Model) titleView() string {
 		case m.fixes.base != nil:
 			fmt.Fprintf(&w, " · %s", describeConfig(*m.fixes.base))
 		}
-		if len(meta.Devices) > 0 {
+		if len(meta.Devices) > 0 && meta.Devices[0].Capacity > 0 {
 			fmt.Fprintf(&w, ", %s", units.FormatSize(meta.Devices[0].Capacity))
 		}
 		if m.ix != nil && m.ix.oom >= 0 {
