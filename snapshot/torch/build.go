@@ -118,7 +118,14 @@ func (im *importer) analyze(dev int) devicePlan {
 
 	// Backward from the final state: the segments that existed when the trace began. Walking back, a
 	// segment_alloc removes its segment (made during the trace) and a segment_free adds one (made before).
+	// The expandable ranges mapped at the end are where the walk back starts: a segment_map of a range still
+	// mapped at the end removes it, an unmap adds it back.
 	var exp intervals
+	for si := range im.segs {
+		if s := &im.segs[si]; s.Device == dev && s.Expandable {
+			exp.add(s.Addr, s.Addr+uint64(s.Size), s.Stream)
+		}
+	}
 	created := map[uint64]bool{} // segments of the final state the trace made
 	freed := map[uint64]preSeg{} // segments the trace freed that it had not made
 	for i := len(entries) - 1; i >= 0; i-- {
@@ -157,8 +164,7 @@ func (im *importer) analyze(dev int) devicePlan {
 			continue
 		}
 		if s.Expandable {
-			exp.add(s.Addr, s.Addr+uint64(s.Size), s.Stream)
-			continue
+			continue // in exp already
 		}
 		if created[s.Addr] {
 			nfinal++

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"os"
@@ -374,5 +375,39 @@ func TestSharedListsDoNotExpand(t *testing.T) {
 	}
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64*uint64(len(data)) {
 		t.Errorf("allocated %d bytes for a %d-byte input", grew, len(data))
+	}
+}
+
+// TestExpandableMappedDuringTheTrace pins that a range mapped by the trace and still mapped at the end is
+// neither an inconsistency nor a segment from before the trace.
+func TestExpandableMappedDuringTheTrace(t *testing.T) {
+	const base = 0x7f0000000000
+	data := []byte(fmt.Sprintf(`{"segments": [{"device": 0, "address": %d, "total_size": 20971520, "allocated_size": 1024,
+		"active_size": 1024, "requested_size": 1000, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+		"is_expandable": true, "frames": [], "blocks": [
+			{"address": %d, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": []},
+			{"address": %d, "size": 20970496, "requested_size": 0, "state": "inactive", "frames": []}]}],
+		"device_traces": [[
+			{"action": "segment_map", "addr": %d, "size": 20971520, "stream": 0, "time_us": 1},
+			{"action": "alloc", "addr": %d, "size": 1000, "stream": 0, "time_us": 2}]]}`, base, base, base+1024, base, base))
+	s, err := Import(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := OriginOf(s)
+	if !ok {
+		t.Fatal("no import origin recorded")
+	}
+	if o.Inconsistencies != 0 {
+		t.Errorf("%d inconsistencies in a consistent trace", o.Inconsistencies)
+	}
+	var maps int
+	for _, e := range s.Events {
+		if e.Action == snapshot.ActionSegmentMap {
+			maps++
+		}
+	}
+	if maps != 1 {
+		t.Errorf("%d segment_map events, want the trace's one (no pre-existing copy of the range)", maps)
 	}
 }
