@@ -1,0 +1,345 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Format names an export format.
+type Format string
+
+// The formats.
+const (
+	FormatTorch     Format = "torch"      // PyTorch's snapshot pickle
+	FormatTorchJSON Format = "torch-json" // the same document as JSON
+	FormatPprof     Format = "pprof"      // gzipped profile.proto of live bytes by stack
+	FormatPerfetto  Format = "perfetto"   // Chrome Trace Event Format JSON
+	FormatSVG       Format = "svg"        // the timeline plot
+	FormatPNG       Format = "png"        // the timeline plot, rasterised
+)
+
+// Formats lists every format, in the order help texts show them.
+var Formats = []Format{FormatTorch, FormatTorchJSON, FormatPprof, FormatPerfetto, FormatSVG, FormatPNG}
+
+// ErrFormat is wrapped by the error for a format name that is not one of Formats.
+var ErrFormat = errors.New("unknown export format")
+
+// ParseFormat returns the format named s.
+func ParseFormat(s string) (Format, error) {
+	for _, f := range Formats {
+		if string(f) == s {
+			return f, nil
+		}
+	}
+	names := make([]string, len(Formats))
+	for i, f := range Formats {
+		names[i] = string(f)
+	}
+	return "", fmt.Errorf("%w %q (want one of %s)", ErrFormat, s, strings.Join(names, ", "))
+}
+
+// Extension is the file name extension a file of the format usually has, with its dot.
+func (f Format) Extension() string {
+	switch f {
+	case FormatTorch:
+		return ".pickle"
+	case FormatTorchJSON:
+		return ".json"
+	case FormatPprof:
+		return ".pb.gz"
+	case FormatPerfetto:
+		return ".trace.json"
+	case FormatSVG:
+		return ".svg"
+	case FormatPNG:
+		return ".png"
+	}
+	return ""
+}
+
+// FormatForFile guesses the format from a file name's extension: .pickle, .pkl, .pb.gz, .pprof, .trace.json,
+// .svg, .png. A plain .json is ambiguous and guesses nothing.
+func FormatForFile(name string) (Format, bool) {
+	n := strings.ToLower(name)
+	for _, c := range []struct {
+		suffix string
+		f      Format
+	}{
+		{".pickle", FormatTorch}, {".pkl", FormatTorch}, {".pb.gz", FormatPprof}, {".pprof", FormatPprof},
+		{".trace.json", FormatPerfetto}, {".perfetto.json", FormatPerfetto}, {".svg", FormatSVG}, {".png", FormatPNG},
+	} {
+		if strings.HasSuffix(n, c.suffix) {
+			return c.f, true
+		}
+	}
+	return "", false
+}
+
+// Options configure Write.
+type Options struct {
+	// Device, when set, is the one device whose memory is exported; nil exports every device. Phase,
+	// iteration and annotation markers are kept whatever the device, and event numbers (in At, and in
+	// what the export shows) stay those of the whole snapshot.
+	Device *int
+	// At is the event a pprof profile describes (the peak when nil); plots and traces mark it. The torch
+	// formats hold the whole trace and refuse it.
+	At *At
+	// Plot sizes the svg and png plots; zero fields take the defaults.
+	Plot PlotOptions
+}
+
+// Write exports s in format f to w and returns a line that says what it wrote, e.g. "PyTorch memory
+// snapshot: 1,587 trace entries and 7 segments (open it at https://pytorch.org/memory_viz)".
+func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, error) {
+	if _, err := ParseFormat(string(f)); err != nil {
+		return "", err
+	}
+	if opts.At != nil && (f == FormatTorch || f == FormatTorchJSON) {
+		return "", fmt.Errorf("an event to export at (--at) does not apply to %s: it holds the whole trace", f)
+	}
+	view, seqs, err := selectDevice(s, opts.Device)
+	if err != nil {
+		return "", err
+	}
+	tl := snapshot.NewTimeline(view)
+	at := -1
+	if opts.At != nil {
+		if at, err = opts.At.resolve(tl, seqs, len(s.Events)); err != nil {
+			return "", err
+		}
+	}
+	switch f {
+	case FormatTorch, FormatTorchJSON:
+		write := Torch
+		if f == FormatTorchJSON {
+			write = TorchJSON
+		}
+		if err := write(w, tl); err != nil {
+			return "", err
+		}
+		return describeTorch(tl), nil
+	case FormatPprof:
+		if at < 0 {
+			at = tl.Peak(snapshot.Allocated).Seq
+		}
+		p, err := pprofProfile(tl, at, origSeq(seqs, at))
+		if err != nil {
+			return "", err
+		}
+		if err := p.Write(w); err != nil {
+			return "", err
+		}
+		what := "the peak"
+		if opts.At != nil {
+			what = opts.At.String()
+		}
+		return fmt.Sprintf("pprof profile of the live set at %s (event %d): %s in %d blocks", what, origSeq(seqs, at),
+			units.FormatSize(tl.Allocated(at)), sampleBlocks(p)), nil
+	case FormatPerfetto:
+		n, err := perfetto(w, tl, traceOptions{mark: at, budget: maxCounterEvents, seq: seqs})
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("Chrome/Perfetto trace: %s trace events over %s snapshot events", thousands(n), thousands(tl.Len())), nil
+	case FormatSVG, FormatPNG:
+		po := opts.Plot
+		po.Mark, po.seq = at, seqs
+		if err := writePlot(w, tl, f, po); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s timeline plot of %s events", strings.ToUpper(string(f)), thousands(tl.Len())), nil
+	}
+	return "", nil
+}
+
+// describeTorch says what a torch export holds.
+func describeTorch(tl *snapshot.Timeline) string {
+	st := tl.Stats()
+	entries := 0
+	for a, n := range st.ByAction {
+		if isAllocatorAction(snapshot.Action(a)) {
+			entries += n
+		}
+	}
+	segs := 0
+	if f := tl.Snapshot().Footer; f != nil {
+		segs = len(f.Segments)
+	} else {
+		segs = len(tl.SegmentsAt(tl.Len() - 1))
+	}
+	return fmt.Sprintf("PyTorch memory snapshot: %s trace entries and %s segments (open it at https://pytorch.org/memory_viz)",
+		thousands(entries), thousands(segs))
+}
+
+// thousands formats n with thousands separators: 1,234,567.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// selectDevice returns the events of one device, with the markers that belong to every device, renumbered,
+// and the original seq of each; s itself (and nil) for no device or a snapshot of that device alone.
+func selectDevice(s *snapshot.Snapshot, only *int) (*snapshot.Snapshot, []int, error) {
+	if only == nil {
+		return s, nil, nil
+	}
+	device := *only
+	found, others := false, false
+	for _, d := range s.Meta.Devices {
+		found = found || d.Index == device
+	}
+	for i := range s.Events {
+		e := &s.Events[i]
+		if !keepsDevice(e) {
+			found = found || int(e.Device) == device
+			others = others || int(e.Device) != device
+		}
+	}
+	if !found {
+		var have []string
+		for _, d := range s.Meta.Devices {
+			have = append(have, strconv.Itoa(d.Index))
+		}
+		return nil, nil, fmt.Errorf("the snapshot has no device %d (it has %s)", device, cmpOr(strings.Join(have, ", "), "none"))
+	}
+	if !others {
+		return s, nil, nil
+	}
+	view := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks, Warning: s.Warning}
+	view.Meta.Devices = nil
+	for _, d := range s.Meta.Devices {
+		if d.Index == device {
+			view.Meta.Devices = append(view.Meta.Devices, d)
+		}
+	}
+	var seqs []int
+	for i := range s.Events {
+		e := s.Events[i]
+		if keepsDevice(&e) || int(e.Device) == device {
+			e.Seq = uint64(len(view.Events))
+			view.Events = append(view.Events, e)
+			seqs = append(seqs, i)
+		}
+	}
+	if f := s.Footer; f != nil {
+		vf := &snapshot.Footer{Summary: snapshot.Summary{Events: uint64(len(view.Events)), EndTime: f.Summary.EndTime}}
+		for _, sg := range f.Segments {
+			if sg.Device == device {
+				vf.Segments = append(vf.Segments, sg)
+			}
+		}
+		view.Footer = vf
+	}
+	return view, seqs, nil
+}
+
+// keepsDevice reports whether e is a marker of the whole run (phase, iteration, annotation, heap dump) that a
+// one-device view keeps whatever its Device.
+func keepsDevice(e *snapshot.Event) bool {
+	switch e.Action {
+	case snapshot.ActionPhase, snapshot.ActionIteration, snapshot.ActionAnnotation, snapshot.ActionHeapDump:
+		return true
+	}
+	return false
+}
+
+// origSeq maps a seq of a device view back to the snapshot's numbering.
+func origSeq(seqs []int, seq int) int {
+	if seqs == nil || seq < 0 || seq >= len(seqs) {
+		return seq
+	}
+	return seqs[seq]
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// workloadField returns a top-level field of Meta.Workload as text ("" when absent): a string as it is,
+// anything else as its JSON.
+func workloadField(m snapshot.Meta, key string) string {
+	if len(m.Workload) == 0 {
+		return ""
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(m.Workload, &fields); err != nil {
+		return ""
+	}
+	raw, ok := fields[key]
+	if !ok {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(bytes.TrimSpace(raw))
+}
+
+// Title describes what a snapshot recorded, for plot titles and trace names: "oomdbg gpt2-medium (gpt, batch
+// 16) on simulated GPU (meta)", "PyTorch snapshot (pickle, G4) on cuda:0".
+func Title(m snapshot.Meta) string {
+	var what string
+	switch {
+	case m.Source == "pytorch":
+		what = "PyTorch snapshot"
+		var parts []string
+		for _, k := range []string{"format", "generation"} {
+			if v := workloadField(m, k); v != "" {
+				parts = append(parts, v)
+			}
+		}
+		if len(parts) > 0 {
+			what += " (" + strings.Join(parts, ", ") + ")"
+		}
+	default:
+		what = cmpOr(m.Tool, "oomdbg")
+		model, preset := workloadField(m, "model"), workloadField(m, "preset")
+		var parts []string
+		if model != "" && model != preset {
+			parts = append(parts, model)
+		}
+		if b := workloadField(m, "batch"); b != "" && b != "0" {
+			parts = append(parts, "batch "+b)
+		}
+		switch {
+		case preset != "":
+			what += " " + preset
+		case model != "":
+			what += " " + model
+			parts = parts[1:]
+		}
+		if len(parts) > 0 {
+			what += " (" + strings.Join(parts, ", ") + ")"
+		}
+	}
+	var devs []string
+	for _, d := range m.Devices {
+		devs = append(devs, d.Name)
+	}
+	if len(devs) > 0 {
+		what += " on " + strings.Join(devs, ", ")
+	}
+	return what
+}

@@ -1,0 +1,501 @@
+package export
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/charmbracelet/x/exp/golden"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/torch"
+)
+
+// snapshots returns the snapshots the export tests run on: the hand-made fixture and recordings of oomdbg's
+// workloads (a normal run, one that runs out of memory, one with expandable segments, a leak, an MLP).
+func snapshots(t *testing.T) map[string]*snapshot.Snapshot {
+	t.Helper()
+	out := map[string]*snapshot.Snapshot{"fixture": fixture(), "two-devices": twoDevices()}
+	for name := range recordingConfigs() {
+		out[name] = recorded(t, name)
+	}
+	return out
+}
+
+func exportBytes(t *testing.T, write func(*bytes.Buffer, *snapshot.Timeline) error, s *snapshot.Snapshot) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := write(&buf, snapshot.NewTimeline(s)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func torchPickle(b *bytes.Buffer, tl *snapshot.Timeline) error { return Torch(b, tl) }
+func torchJSON(b *bytes.Buffer, tl *snapshot.Timeline) error   { return TorchJSON(b, tl) }
+
+// The golden file pins the whole document for the fixture: every key, value and annotation.
+func TestTorchJSONGolden(t *testing.T) {
+	golden.RequireEqual(t, exportBytes(t, torchJSON, fixture()))
+}
+
+// pickleOpcodes are the opcodes of PyTorch's own snapshot pickles that memory_viz's unpickler reads; an
+// export must use no others.
+var pickleOpcodes = []string{"APPENDS", "BINFLOAT", "BINGET", "BININT", "BININT1", "BININT2", "BINUNICODE",
+	"EMPTY_DICT", "EMPTY_LIST", "FRAME", "LONG1", "LONG_BINGET", "MARK", "MEMOIZE", "NEWFALSE", "NEWTRUE", "NONE",
+	"PROTO", "SETITEMS", "SHORT_BINUNICODE", "STOP", "TUPLE2"}
+
+// TestTorchLoadsInPython loads every export with Python's pickle module (refusing globals) and json module,
+// and checks what they read against the snapshot: the keys, the entries of every device by action, the
+// segments and blocks, the annotations, that pickle and JSON hold the same document, and that the pickle
+// shares each stack's frame list as PyTorch's does.
+func TestTorchLoadsInPython(t *testing.T) {
+	for name, s := range snapshots(t) {
+		t.Run(name, func(t *testing.T) {
+			tl := snapshot.NewTimeline(s)
+			pk := writeTemp(t, "snapshot.pickle", exportBytes(t, torchPickle, s))
+			js := writeTemp(t, "snapshot.json", exportBytes(t, torchJSON, s))
+			var got struct {
+				Keys        []string
+				Protocol    int
+				Opcodes     []string
+				Traces      []map[string]int
+				Segments    int
+				Blocks      int
+				Annotations int
+				Settings    map[string]any
+				SameAsJSON  bool `json:"same_as_json"`
+				FrameLists  int  `json:"frame_lists"`
+				Bad         []string
+			}
+			python(t, loadScript, &got, pk, js)
+
+			if want := []string{"allocator_settings", "device_traces", "external_annotations", "segments"}; !slices.Equal(got.Keys, want) {
+				t.Errorf("keys %v, want %v", got.Keys, want)
+			}
+			if got.Protocol != 4 {
+				t.Errorf("protocol %d, want 4", got.Protocol)
+			}
+			for _, op := range got.Opcodes {
+				if !slices.Contains(pickleOpcodes, op) {
+					t.Errorf("opcode %s is not one of PyTorch's snapshot pickles", op)
+				}
+			}
+			// The entries, counted from the events independently of the export.
+			var want []map[string]int
+			stacks := make(map[snapshot.StackID]bool)
+			allocStack := make(map[blockKey]snapshot.StackID)
+			for i := range s.Events {
+				e := &s.Events[i]
+				switch e.Action {
+				case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionSegmentAlloc,
+					snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap, snapshot.ActionOOM:
+				default:
+					continue
+				}
+				for len(want) <= int(e.Device) {
+					want = append(want, map[string]int{})
+				}
+				want[e.Device][e.Action.String()]++
+				st := e.Stack
+				if e.Action == snapshot.ActionAlloc {
+					allocStack[blockKey{e.Device, e.Addr}] = e.Stack
+				} else if st == 0 && (e.Action == snapshot.ActionFreeRequested || e.Action == snapshot.ActionFreeCompleted) {
+					st = allocStack[blockKey{e.Device, e.Addr}]
+				}
+				if st != 0 {
+					stacks[st] = true
+				}
+			}
+			if !slices.EqualFunc(got.Traces, want, maps.Equal) {
+				t.Errorf("trace entries by device and action %v, want %v", got.Traces, want)
+			}
+			blocks := 0
+			for _, sg := range s.Footer.Segments {
+				blocks += len(sg.Blocks)
+			}
+			if got.Segments != len(s.Footer.Segments) || got.Blocks != blocks {
+				t.Errorf("%d segments with %d blocks, want %d with %d", got.Segments, got.Blocks, len(s.Footer.Segments), blocks)
+			}
+			wantNotes := 2 * len(tl.Annotations())
+			for _, p := range tl.Phases() {
+				if p.Phase != snapshot.PhaseNone {
+					wantNotes += 2
+				}
+			}
+			for _, it := range tl.Iterations() {
+				if it.Iteration >= 0 {
+					wantNotes += 2
+				}
+			}
+			if got.Annotations != wantNotes {
+				t.Errorf("%d external annotations, want %d", got.Annotations, wantNotes)
+			}
+			if !got.SameAsJSON {
+				t.Error("the pickle and the JSON export hold different documents")
+			}
+			// Segments and blocks may add stacks the trace does not use, never fewer.
+			if got.FrameLists < len(stacks) {
+				t.Errorf("%d distinct frame lists, want at least the %d stacks of the trace", got.FrameLists, len(stacks))
+			}
+			if got.FrameLists > len(s.Stacks) {
+				t.Errorf("%d distinct frame lists for %d stacks: shared stacks were written more than once", got.FrameLists, len(s.Stacks))
+			}
+			if len(got.Bad) > 0 {
+				t.Errorf("entries or segments off PyTorch's schema: %v", got.Bad)
+			}
+		})
+	}
+}
+
+// TestTorchRoundTrip exports each snapshot, imports the export with oomdbg's PyTorch importer, and checks
+// that both tell the same story: the allocated and reserved bytes after every allocator action, the peaks,
+// the blocks alive at the peak (place, sizes, stack and category), and the iterations.
+func TestTorchRoundTrip(t *testing.T) {
+	writers := map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON}
+	for name, s := range snapshots(t) {
+		for form, write := range writers {
+			t.Run(name+"/"+form, func(t *testing.T) {
+				im, err := torch.Import(exportBytes(t, write, s))
+				if err != nil {
+					t.Fatal(err)
+				}
+				origin, _ := torch.OriginOf(im)
+				if origin.Inconsistencies != 0 || origin.BlockSizesEstimated != 0 || origin.PreExistingBlocks+origin.PreExistingSegments != 0 {
+					t.Errorf("the importer found the export inconsistent: %+v", origin)
+				}
+				checkSameTimeline(t, snapshot.NewTimeline(s), snapshot.NewTimeline(im))
+			})
+		}
+	}
+}
+
+// allocatorSeqs returns the seqs of the allocator's actions: the events both sides of a round trip have.
+func allocatorSeqs(s *snapshot.Snapshot) []int {
+	var seqs []int
+	for i := range s.Events {
+		if isAllocatorAction(s.Events[i].Action) {
+			seqs = append(seqs, i)
+		}
+	}
+	return seqs
+}
+
+// roundTripBlock is what a round trip keeps of a live block.
+type roundTripBlock struct {
+	Device              int16
+	Addr                uint64
+	Size, Requested     int64
+	Category            snapshot.Category
+	Frames              []string
+	IterationAtCreation int32
+}
+
+func blocksAt(tl *snapshot.Timeline, seq int, withIteration bool) []roundTripBlock {
+	s := tl.Snapshot()
+	var out []roundTripBlock
+	for _, a := range tl.LiveAt(seq, nil) {
+		b := roundTripBlock{Device: a.Device, Addr: a.Addr, Size: a.Size, Requested: a.Requested,
+			Category: tl.Allocation(a.ID, tl.Len()-1).Category}
+		for _, f := range s.Stack(a.Stack) {
+			fr := s.Frame(f)
+			b.Frames = append(b.Frames, fmt.Sprintf("%s %s:%d", s.String(fr.Function), s.String(fr.File), fr.Line))
+		}
+		if withIteration {
+			b.IterationAtCreation = a.Iteration
+		}
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b roundTripBlock) int {
+		return cmp.Or(cmp.Compare(a.Device, b.Device), cmp.Compare(a.Addr, b.Addr))
+	})
+	return out
+}
+
+// checkSameTimeline compares two Timelines of the same memory history, device by device: PyTorch's format
+// orders the actions of each device, and those of different devices only by time_us.
+func checkSameTimeline(t *testing.T, want, got *snapshot.Timeline) {
+	t.Helper()
+	devices := map[int16]bool{}
+	for _, s := range []*snapshot.Snapshot{want.Snapshot(), got.Snapshot()} {
+		for i := range s.Events {
+			if isAllocatorAction(s.Events[i].Action) {
+				devices[s.Events[i].Device] = true
+			}
+		}
+	}
+	if len(devices) <= 1 {
+		checkSameDevice(t, want, got)
+		return
+	}
+	for d := range devices {
+		dev := int(d)
+		wv, _, err := selectDevice(want.Snapshot(), &dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gv, _, err := selectDevice(got.Snapshot(), &dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSameDevice(t, snapshot.NewTimeline(wv), snapshot.NewTimeline(gv))
+	}
+}
+
+func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
+	t.Helper()
+	ws, gs := allocatorSeqs(want.Snapshot()), allocatorSeqs(got.Snapshot())
+	if len(ws) != len(gs) {
+		t.Fatalf("%d allocator events after the round trip, want %d", len(gs), len(ws))
+	}
+	for k := range ws {
+		for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved} {
+			if w, g := want.Value(series, ws[k]), got.Value(series, gs[k]); w != g {
+				t.Fatalf("%s after allocator event %d (%s): %d, want %d", series, k, want.Snapshot().Events[ws[k]].Action, g, w)
+			}
+		}
+	}
+	for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved} {
+		wp, gp := want.Peak(series), got.Peak(series)
+		wk, _ := slices.BinarySearch(ws, wp.Seq)
+		gk, _ := slices.BinarySearch(gs, gp.Seq)
+		if wp.Bytes != gp.Bytes || wk != gk {
+			t.Errorf("%s peak %d at allocator event %d, want %d at %d", series, gp.Bytes, gk, wp.Bytes, wk)
+		}
+	}
+	wp, gp := want.Peak(snapshot.Allocated), got.Peak(snapshot.Allocated)
+	wb, gb := blocksAt(want, wp.Seq, true), blocksAt(got, gp.Seq, true)
+	if !slices.EqualFunc(wb, gb, func(a, b roundTripBlock) bool {
+		return a.Device == b.Device && a.Addr == b.Addr && a.Size == b.Size && a.Requested == b.Requested &&
+			a.Category == b.Category && slices.Equal(a.Frames, b.Frames) && a.IterationAtCreation == b.IterationAtCreation
+	}) {
+		t.Errorf("live set at the peak differs: %d blocks, want %d\n got %+v\nwant %+v", len(gb), len(wb), first(gb, 3), first(wb, 3))
+	}
+	iters := func(tl *snapshot.Timeline) []int32 {
+		var out []int32
+		for _, it := range tl.Iterations() {
+			if it.Iteration >= 0 && !slices.Contains(out, it.Iteration) {
+				out = append(out, it.Iteration)
+			}
+		}
+		return out
+	}
+	if w, g := iters(want), iters(got); !slices.Equal(w, g) {
+		t.Errorf("iterations %v after the round trip, want %v", g, w)
+	}
+}
+
+func first[T any](s []T, n int) []T { return s[:min(n, len(s))] }
+
+// TestTorchFixtureContent pins what PyTorch's tools read from the fixture's export, decoded by Go's own JSON
+// decoder: the fields memory_viz uses on each kind of entry, and the mapping of oomdbg's tags.
+func TestTorchFixtureContent(t *testing.T) {
+	var doc struct {
+		Segments []struct {
+			Device                                        int
+			Address                                       uint64
+			TotalSize, AllocatedSize, ActiveSize, ReqSize int64 `json:"-"`
+			Blocks                                        []map[string]any
+			SegmentType                                   string `json:"segment_type"`
+			SegmentPoolID                                 []int  `json:"segment_pool_id"`
+			Frames                                        []map[string]any
+			Allocated                                     int64 `json:"allocated_size"`
+			Active                                        int64 `json:"active_size"`
+			Requested                                     int64 `json:"requested_size"`
+			Total                                         int64 `json:"total_size"`
+		}
+		DeviceTraces        [][]map[string]any `json:"device_traces"`
+		ExternalAnnotations []map[string]any   `json:"external_annotations"`
+		AllocatorSettings   map[string]any     `json:"allocator_settings"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(exportBytes(t, torchJSON, fixture())))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	entries := doc.DeviceTraces[0]
+	find := func(action string, addr uint64) map[string]any {
+		for _, e := range entries {
+			if e["action"] == action && (action == "oom" || e["addr"] == json.Number(fmt.Sprint(addr))) {
+				return e
+			}
+		}
+		t.Fatalf("no %s entry at %#x", action, addr)
+		return nil
+	}
+	tests := map[string]struct {
+		entry map[string]any
+		key   string
+		want  any
+	}{
+		"alloc size is the request":        {find("alloc", segA+4096), "size", json.Number("128")},
+		"category as the block ended":      {find("alloc", segB), "category", "activation"},
+		"scope and label as user metadata": {find("alloc", segB), "user_metadata", "fc: f32[16,32,4096] fc.out"},
+		"label alone without a scope":      {find("alloc", segA+4608), "user_metadata", "f32[16,32] batch.x"},
+		"time_us from Created":             {find("alloc", segA), "time_us", json.Number("1735689600000002")},
+		"free keeps the request":           {find("free_completed", segA+6656), "size", json.Number("1000")},
+		"segment size":                     {find("segment_alloc", segB), "size", json.Number(fmt.Sprint(20 * mib))},
+		"segments are unknown":             {find("segment_free", segB), "category", "unknown"},
+		"oom has the rounded request":      {find("oom", 0), "size", json.Number(fmt.Sprint(64 * mib))},
+		"oom has device_free":              {find("oom", 0), "device_free", json.Number(fmt.Sprint(40 * mib))},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.entry[tc.key]; got != tc.want {
+				t.Errorf("%s = %v, want %v (entry %v)", tc.key, got, tc.want, tc.entry)
+			}
+		})
+	}
+	if _, ok := find("oom", 0)["addr"]; ok {
+		t.Error("an oom entry has addr; PyTorch writes device_free in its place")
+	}
+	// A free carries its block's allocation stack.
+	freeFrames, _ := json.Marshal(find("free_requested", segB)["frames"])
+	allocFrames, _ := json.Marshal(find("alloc", segB)["frames"])
+	if !bytes.Equal(freeFrames, allocFrames) || len(allocFrames) < 10 {
+		t.Errorf("free frames %s, want the allocation's %s", freeFrames, allocFrames)
+	}
+	sg := doc.Segments[0]
+	if sg.Allocated != 4096+512+2048+4096+512+2048 || sg.Active != sg.Allocated+4096 || sg.Requested != 4096+128+2048+4096+4096+128+2048 || sg.Total != 2*mib {
+		t.Errorf("segment sizes allocated %d active %d requested %d total %d", sg.Allocated, sg.Active, sg.Requested, sg.Total)
+	}
+	if sg.SegmentType != "small" || !slices.Equal(sg.SegmentPoolID, []int{0, 0}) || len(sg.Frames) != 3 {
+		t.Errorf("segment type %q pool %v frames %d", sg.SegmentType, sg.SegmentPoolID, len(sg.Frames))
+	}
+	var names []string
+	for _, a := range doc.ExternalAnnotations {
+		names = append(names, fmt.Sprint(a["stage"], " ", a["name"]))
+	}
+	wantNames := []string{"START setup", "END setup", "START ProfilerStep#0", "START data", "END data", "START forward",
+		"END forward", "START backward", "END backward", "START Optimizer.step#AdamW.step", "END Optimizer.step#AdamW.step",
+		"START Optimizer.zero_grad#AdamW.zero_grad", `START checkpoint "best" → saved`, `END checkpoint "best" → saved`,
+		"END Optimizer.zero_grad#AdamW.zero_grad", "END ProfilerStep#0", "START ProfilerStep#1", "START data", "END data",
+		"START forward", "END forward", "END ProfilerStep#1"}
+	if !slices.Equal(names, wantNames) {
+		t.Errorf("annotations\n got %q\nwant %q", names, wantNames)
+	}
+}
+
+// TestAllocatorSettings checks the settings dict against what PyTorch reports for the same configuration.
+func TestAllocatorSettings(t *testing.T) {
+	tests := map[string]struct {
+		conf, source, workload string
+		want                   torchSettings
+		ok                     bool
+	}{
+		"defaults":           {conf: "", want: torchSettings{maxSplit: -1}, ok: true},
+		"expandable":         {conf: "expandable_segments:True", want: torchSettings{conf: "expandable_segments:True", maxSplit: -1, expandable: true}, ok: true},
+		"max split in MiB":   {conf: "max_split_size_mb:128", want: torchSettings{conf: "max_split_size_mb:128", maxSplit: 128 << 20}, ok: true},
+		"max split floor":    {conf: "max_split_size_mb:4", want: torchSettings{conf: "max_split_size_mb:4", maxSplit: 20 << 20}, ok: true},
+		"gc threshold":       {conf: "garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]", want: torchSettings{conf: "garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]", maxSplit: -1, gcThresh: 0.6}, ok: true},
+		"imported, unknown":  {source: "pytorch", workload: `{"allocator_settings_known":false}`, ok: false},
+		"imported, recorded": {conf: "expandable_segments:True", source: "pytorch", workload: `{"allocator_settings_known":true}`, want: torchSettings{conf: "expandable_segments:True", maxSplit: -1, expandable: true}, ok: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			m := snapshot.Meta{AllocatorSettings: tc.conf, Source: tc.source}
+			if tc.workload != "" {
+				m.Workload = json.RawMessage(tc.workload)
+			}
+			got, ok := allocatorSettings(m)
+			if ok != tc.ok || ok && got != tc.want {
+				t.Errorf("allocatorSettings = %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// memoryVizScript runs PyTorch's own text tools on an export: torch.cuda._memory_viz.segsum (which asserts
+// that every segment's blocks add up) and trace (a replay of every device's entries). It prints a skip reason
+// when PyTorch is not installed.
+const memoryVizScript = `
+import io, json, pickle, sys
+try:
+    from torch.cuda import _memory_viz
+except Exception as e:
+    print(json.dumps({"Skip": "PyTorch is not installed (%s)" % e}))
+    sys.exit(0)
+class DataOnly(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("global refused")
+snap = DataOnly(open(sys.argv[1], "rb")).load()
+print(json.dumps({"Segsum": _memory_viz.segsum(snap), "Trace": _memory_viz.trace(snap)}))
+`
+
+// TestTorchMemoryVizHelpers has PyTorch's _memory_viz read the exports, where PyTorch is installed.
+func TestTorchMemoryVizHelpers(t *testing.T) {
+	for _, name := range []string{"fixture", "oom", "expandable"} {
+		t.Run(name, func(t *testing.T) {
+			s := fixture()
+			if name != "fixture" {
+				s = recorded(t, name)
+			}
+			var got struct{ Skip, Segsum, Trace string }
+			python(t, memoryVizScript, &got, writeTemp(t, "snapshot.pickle", exportBytes(t, torchPickle, s)))
+			if got.Skip != "" {
+				t.Skip(got.Skip)
+			}
+			entries := len(allocatorSeqs(s))
+			for _, want := range []string{fmt.Sprintf("segments: %d\n", len(s.Footer.Segments)), "total_reserved: "} {
+				if !strings.Contains(got.Segsum, want) {
+					t.Errorf("segsum does not say %q:\n%s", want, got.Segsum)
+				}
+			}
+			if !strings.Contains(got.Trace, fmt.Sprintf("%d entries\n", entries)) {
+				t.Errorf("trace does not count %d entries:\n%.2000s", entries, got.Trace)
+			}
+			if oom := snapshot.NewTimeline(s).OOMs(); len(oom) > 0 && !strings.Contains(got.Trace, "raise OutOfMemoryError()") {
+				t.Errorf("trace does not show the OOM:\n%.2000s", got.Trace)
+			}
+		})
+	}
+}
+
+// pytorchFixtures finds the real PyTorch snapshots of shared/fixtures/pytorch-snapshots above the package
+// (see MANIFEST.md there), or skips.
+func pytorchFixtures(t *testing.T) map[string]string {
+	t.Helper()
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ; ; dir = filepath.Dir(dir) {
+		fx := filepath.Join(dir, "shared", "fixtures", "pytorch-snapshots")
+		if paths, _ := filepath.Glob(filepath.Join(fx, "*.pickle")); len(paths) > 0 {
+			out := make(map[string]string)
+			for _, p := range paths {
+				out[strings.TrimSuffix(filepath.Base(p), ".pickle")] = p
+			}
+			return out
+		}
+		if filepath.Dir(dir) == dir {
+			t.Skip("shared/fixtures/pytorch-snapshots is not above the package: skipping the real PyTorch snapshots")
+		}
+	}
+}
+
+// TestTorchRoundTripPyTorch imports real PyTorch snapshots, exports them and imports the export: PyTorch's
+// own history survives the trip through oomdbg, pre-existing blocks and all.
+func TestTorchRoundTripPyTorch(t *testing.T) {
+	for name, path := range pytorchFixtures(t) {
+		t.Run(name, func(t *testing.T) {
+			orig, err := torch.ImportFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for form, write := range map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
+				im, err := torch.Import(exportBytes(t, write, orig))
+				if err != nil {
+					t.Fatalf("%s: %v", form, err)
+				}
+				checkSameTimeline(t, snapshot.NewTimeline(orig), snapshot.NewTimeline(im))
+			}
+		})
+	}
+}
