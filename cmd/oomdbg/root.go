@@ -56,6 +56,6 @@ and explains the peak, the out-of-memory error and the leaks it finds.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())
 	})
-	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newFixesCmd(), newDevicesCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newExportCmd(), newFixesCmd(), newDevicesCmd(), newVersionCmd())
 	return root
 }
