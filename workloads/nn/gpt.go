@@ -91,6 +91,7 @@ func NewGPT(rt *tensor.Runtime, cfg GPTConfig) (*GPT, error) {
 	g := &GPT{base: base{rt, ""}, Config: cfg, Training: true}
 	d := cfg.DModel
 	normal := func(name string, shape []int, std float32) *Parameter {
+		defer rt.Scope(owner(name))()
 		t := rt.Randn(cfg.DType, shape, std, name, snapshot.CategoryParameter)
 		return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
 	}
@@ -119,7 +120,9 @@ func NewGPT(rt *tensor.Runtime, cfg GPTConfig) (*GPT, error) {
 		b.Attn.AttnDropout = NewDropout(rt, join(an, "attn_dropout"), cfg.Dropout, &g.Training)
 		b.Attn.ResidDropout = NewDropout(rt, join(an, "resid_dropout"), cfg.Dropout, &g.Training)
 		if !b.Attn.flash { // register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+			leave := rt.Scope(an)
 			m := rt.Tril(cfg.BlockSize, join(an, "bias"), snapshot.CategoryParameter)
+			leave()
 			b.Attn.Mask = m.View(1, 1, cfg.BlockSize, cfg.BlockSize).SetName(join(an, "bias"))
 			m.Release()
 		}

@@ -9,6 +9,7 @@ package nn
 import (
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -56,14 +57,25 @@ func join(parent, child string) string {
 // newParameter allocates a parameter initialised uniformly in [-bound, bound], as PyTorch's kaiming_uniform
 // with a=sqrt(5) does for Linear weights and biases.
 func newParameter(rt *tensor.Runtime, name string, dtype tensor.DType, shape []int, bound float32) *Parameter {
+	defer rt.Scope(owner(name))()
 	t := rt.Uniform(dtype, shape, -bound, bound, name, snapshot.CategoryParameter)
 	return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
 }
 
 // constParameter allocates a parameter with every element v (LayerNorm's ones and zeros).
 func constParameter(rt *tensor.Runtime, name string, dtype tensor.DType, shape []int, v float32) *Parameter {
+	defer rt.Scope(owner(name))()
 	t := rt.Full(dtype, shape, v, name, snapshot.CategoryParameter)
 	return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
+}
+
+// owner returns the module path of a parameter name: owner("blocks.3.attn.qkv.weight") is
+// "blocks.3.attn.qkv". A parameter is allocated in its module's scope, so the trace says whose it is.
+func owner(name string) string {
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		return name[:i]
+	}
+	return ""
 }
 
 // ReleaseParameters releases every parameter of m (and their gradients).
@@ -211,7 +223,9 @@ type Embedding struct {
 // NewEmbedding makes an Embedding named name.
 func NewEmbedding(rt *tensor.Runtime, name string, num, dim int, dtype tensor.DType) *Embedding {
 	e := &Embedding{base: base{rt, name}}
+	leave := rt.Scope(name)
 	t := rt.Randn(dtype, []int{num, dim}, 1, join(name, "weight"), snapshot.CategoryParameter)
+	leave()
 	e.Weight = &Parameter{Name: join(name, "weight"), Tensor: t.SetRequiresGrad(true).SetName(join(name, "weight"))}
 	return e
 }
