@@ -133,6 +133,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.onStream(msg)
 	case chunkMsg:
 		return m, m.onChunk(msg)
+	case fixStreamMsg:
+		return m, m.fixes.onStream(msg)
+	case fixChunkMsg:
+		return m, m.fixes.onChunk(msg)
 	case fixResultMsg:
 		m.fixes.onResult(msg)
 		m.timeline.after = m.fixes.afterIndex()

@@ -1,7 +1,6 @@
 package tui
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -27,6 +26,8 @@ type fixesPane struct {
 	after    *runSummary
 	afterIx  *index
 	running  context.CancelFunc
+	progress *snapshot.Snapshot // the re-run as it streams in
+	stream   *stream
 	err      error
 }
 
@@ -168,6 +169,7 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		ctx, cancel := context.WithCancel(m.ctx)
 		p.running, p.err = cancel, nil
 		m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
+		p.progress = nil
 		return rerun(ctx, p.config())
 	}
 	return nil
@@ -176,7 +178,7 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 func (p *fixesPane) cancel() {
 	if p.running != nil {
 		p.running()
-		p.running = nil
+		p.running, p.progress = nil, nil
 	}
 }
 
@@ -218,26 +220,51 @@ type fixResultMsg struct {
 	err error
 }
 
-// rerun records cfg on the meta device into memory and indexes it.
+// The re-run streams in like the main workload, so its progress shows; its messages are its own types.
+type (
+	fixStreamMsg streamMsg
+	fixChunkMsg  chunkMsg
+)
+
+// rerun records cfg on the meta device into a pipe and starts reading it.
 func rerun(ctx context.Context, cfg train.Config) tea.Cmd {
-	return func() tea.Msg {
-		var buf bytes.Buffer
-		if _, err := train.Record(ctx, cfg, &buf, train.RecordOptions{}); err != nil {
-			return fixResultMsg{err: err}
-		}
-		if ctx.Err() != nil {
-			return fixResultMsg{err: ctx.Err()}
-		}
-		s, err := snapshot.Read(&buf)
-		if err != nil {
-			return fixResultMsg{err: err}
-		}
-		return fixResultMsg{ix: newIndex(s)}
+	open := recordWorkload(ctx, cfg, "")
+	return func() tea.Msg { return fixStreamMsg(open().(streamMsg)) }
+}
+
+// onStream starts reading the re-run, or ends it on an error.
+func (p *fixesPane) onStream(msg fixStreamMsg) tea.Cmd {
+	if msg.err != nil {
+		return func() tea.Msg { return fixResultMsg{err: msg.err} }
 	}
+	p.stream, p.progress = msg.s, &snapshot.Snapshot{Meta: msg.meta}
+	return p.readMore()
+}
+
+func (p *fixesPane) readMore() tea.Cmd {
+	next := nextChunk(p.stream, len(p.progress.Strings), len(p.progress.Frames), len(p.progress.Stacks))
+	return func() tea.Msg { return fixChunkMsg(next().(chunkMsg)) }
+}
+
+// onChunk adds what the re-run recorded; at its end the re-run is indexed (in a command: it is the heavy
+// part) and compared.
+func (p *fixesPane) onChunk(msg fixChunkMsg) tea.Cmd {
+	if p.progress == nil { // cancelled meanwhile
+		return nil
+	}
+	p.progress.Apply(msg.delta)
+	switch {
+	case msg.err != nil:
+		return func() tea.Msg { return fixResultMsg{err: msg.err} }
+	case !msg.done:
+		return p.readMore()
+	}
+	s := p.progress
+	return func() tea.Msg { return fixResultMsg{ix: newIndex(s)} }
 }
 
 func (p *fixesPane) onResult(msg fixResultMsg) {
-	p.running = nil
+	p.running, p.progress = nil, nil
 	if msg.err != nil {
 		p.err = msg.err
 		return
@@ -322,6 +349,9 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 // comparison is the before/after table.
 func (p *fixesPane) comparison(s Styles, w int) []string {
 	switch {
+	case p.running != nil && p.progress != nil && len(p.progress.Events) > 0:
+		last := p.progress.Events[len(p.progress.Events)-1]
+		return []string{s.Warn.Render(fmt.Sprintf("re-running… %d events, iteration %d, %s", len(p.progress.Events), last.Iteration, last.Phase))}
 	case p.running != nil:
 		return []string{s.Warn.Render("re-running…")}
 	case p.err != nil:

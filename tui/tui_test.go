@@ -252,7 +252,17 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 	if cmd == nil {
 		t.Fatal("r started no re-run")
 	}
-	m.Update(cmd())
+	var sawProgress bool
+	for cmd != nil { // run the re-run's commands as the program would
+		msg := cmd()
+		_, cmd = m.Update(msg)
+		if _, ok := msg.(fixChunkMsg); ok && strings.Contains(screen(m), "re-running… ") {
+			sawProgress = true
+		}
+	}
+	if !sawProgress {
+		t.Error("the re-run showed no progress while streaming")
+	}
 	if m.fixes.after == nil {
 		t.Fatalf("no result after the re-run (err %v)", m.fixes.err)
 	}
