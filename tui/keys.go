@@ -12,6 +12,7 @@ type KeyMap struct {
 	Peak, OOM                key.Binding
 	Start, End               key.Binding
 	ZoomIn, ZoomOut, ZoomAll key.Binding
+	PanLeft, PanRight        key.Binding
 	Up, Down                 key.Binding
 	NextPane, PrevPane       key.Binding
 	Live, Categories         key.Binding
@@ -44,6 +45,8 @@ func DefaultKeyMap() KeyMap {
 		ZoomIn:      b("+", "zoom in", "+", "="),
 		ZoomOut:     b("-", "zoom out", "-"),
 		ZoomAll:     b("0", "zoom all", "0"),
+		PanLeft:     b("<", "pan left", "<"),
+		PanRight:    b(">", "pan right", ">"),
 		Up:          b("↑/k", "up", "up", "k"),
 		Down:        b("↓/j", "down", "down", "j"),
 		NextPane:    b("tab", "next pane", "tab"),
@@ -74,7 +77,7 @@ func (k KeyMap) ShortHelp() []key.Binding {
 func (k KeyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
-		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll},
+		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device},
 		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Help, k.Quit},
 	}

@@ -52,6 +52,8 @@ func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 		m.zoom(2)
 	case key.Matches(msg, k.ZoomAll):
 		m.viewFrom, m.viewTo, m.zoomed = 0, n, false
+	case key.Matches(msg, k.PanLeft, k.PanRight):
+		m.pan(key.Matches(msg, k.PanRight))
 	default:
 		return nil, false
 	}
@@ -85,6 +87,20 @@ func (m *Model) zoom(f float64) {
 	m.viewFrom = min(max(m.cursor-w/2, 0), n-w)
 	m.viewTo = m.viewFrom + w
 	m.zoomed = w < n
+}
+
+// pan moves the zoomed timeline's window by half its width, taking the cursor along when it would fall out.
+func (m *Model) pan(right bool) {
+	n, w := m.ix.len(), m.viewTo-m.viewFrom
+	d := max(w/2, 1)
+	if !right {
+		d = -d
+	}
+	m.viewFrom = min(max(m.viewFrom+d, 0), max(n-w, 0))
+	m.viewTo = m.viewFrom + w
+	if m.cursor < m.viewFrom || m.cursor >= m.viewTo {
+		m.moveTo(min(max(m.cursor, m.viewFrom), m.viewTo-1))
+	}
 }
 
 // nextBoundary returns the start of the next phase span (dir +1) or of the current or previous one (-1).

@@ -180,6 +180,12 @@ func TestNavigation(t *testing.T) {
 			}
 			return nil
 		}},
+		{[]string{"o", "+", "+", "<", "<"}, func() error { // zoomed in and panned left: the cursor comes along
+			if m.viewTo-m.viewFrom >= ix.len() || m.cursor < m.viewFrom || m.cursor >= m.viewTo || m.viewFrom >= ix.oom {
+				return fmt.Errorf("window [%d,%d) of %d, cursor %d", m.viewFrom, m.viewTo, ix.len(), m.cursor)
+			}
+			return nil
+		}},
 		{[]string{"tab", "tab"}, func() error {
 			if m.Pane() != "Segments" {
 				return fmt.Errorf("two tabs from Live show %s", m.Pane())
@@ -206,7 +212,7 @@ func atEvent(m *Model, want int) func() error {
 
 func TestEveryKeyAtEverySizeNeverPanics(t *testing.T) {
 	s := recordFixture(t, tinyOOM())
-	keys := []string{"right", "left", "H", "L", "[", "]", "{", "}", "p", "o", "g", "G", "+", "-", "0", "up", "down",
+	keys := []string{"right", "left", "H", "L", "[", "]", "{", "}", "p", "o", "g", "G", "+", "<", ">", "-", "0", "up", "down",
 		"tab", "1", "enter", "esc", "2", "3", "down", "4", "5", "down", "space", "6", "/", "x", "backspace", "enter",
 		"s", "?", "?"}
 	for _, sz := range [][2]int{{1, 1}, {10, 5}, {39, 11}, {40, 12}, {80, 24}, {61, 17}, {200, 60}, {300, 100}} {
