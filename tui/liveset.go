@@ -232,7 +232,7 @@ func (p *livePane) what(b snapshot.Allocation) string {
 	return ""
 }
 
-func scopeWidth(w int) int { return min(max(w/3, 12), 40) }
+func scopeWidth(w int) int { return min(max(w/4, 12), 40) }
 
 // detailView shows the selected block: what it is, where it was allocated, and who keeps it alive.
 func (p *livePane) detailView(s Styles, w, h int) string {
