@@ -81,7 +81,6 @@ type run struct {
 	evalOutputs []*tensor.Tensor // eval-no-grad: the outputs with their graphs
 	stash       []*tensor.Tensor // stash-activations: every hidden output
 	totalLoss   *tensor.Tensor   // tensor-loss-sum
-	lossSum     float64
 }
 
 // errInterrupted ends a run cancelled by its context between two phases.
@@ -275,7 +274,8 @@ func (r *run) autocast(f func()) {
 	r.rt.Autocast(r.amp, f)
 }
 
-// keepLoss is what the loop does with the loss after backward: .item() on the fixed path.
+// keepLoss is what the loop keeps of the loss after backward. The fixed path keeps only its value
+// (total_loss += loss.item()), which microStep returns into Result.Losses; the bugs keep the tensor.
 func (r *run) keepLoss(loss *tensor.Tensor) {
 	switch r.cfg.Bug {
 	case BugRetainGraph: // loss_history.append(loss): the tensor, and with it the retained graph
@@ -288,8 +288,6 @@ func (r *run) keepLoss(loss *tensor.Tensor) {
 		sum := tensor.Add(r.totalLoss, loss)
 		r.totalLoss.Release()
 		r.totalLoss = sum.SetName("total_loss")
-	default: // total_loss += loss.item()
-		r.lossSum += float64(loss.Item())
 	}
 }
 
