@@ -1,7 +1,6 @@
 package tui
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,14 +14,15 @@ import (
 	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
 
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// fixture records a workload once per configuration, with a fixed clock, so views are reproducible.
+// fixtures caches the workloads recorded for the views, once per configuration; leakstest.Record makes them
+// reproducible (fixed clock and metadata).
 var fixtures sync.Map
 
 // tinyOOM is the tiny GPT with the retain-graph leak on a 40 MiB device: the leak runs it out of memory in
@@ -46,19 +46,7 @@ func recordFixture(t testing.TB, cfg train.Config) *snapshot.Snapshot {
 	if s, ok := fixtures.Load(key); ok {
 		return s.(*snapshot.Snapshot)
 	}
-	var clock int64
-	var buf bytes.Buffer
-	_, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{
-		ToolVersion: "test",
-		Tracer:      []tracer.Option{tracer.WithClock(func() int64 { clock += 1000; return clock })},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := snapshot.Read(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := leakstest.Record(t, cfg)
 	fixtures.Store(key, s)
 	return s
 }
