@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -105,11 +106,7 @@ func (x *index) columns(from, to, width int) (alloc, res []int64) {
 func (x *index) liveAt(at int) []snapshot.Allocation {
 	live := x.tl.LiveAt(at, nil)
 	slices.SortStableFunc(live, func(a, b snapshot.Allocation) int {
-		switch {
-		case a.Size != b.Size:
-			return int(b.Size - a.Size)
-		}
-		return a.Alloc - b.Alloc
+		return cmp.Or(cmp.Compare(b.Size, a.Size), cmp.Compare(a.Alloc, b.Alloc))
 	})
 	return live
 }
