@@ -7,7 +7,7 @@ func benchmarkFixture(b *testing.B, name string) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Decode(data); err != nil {
+		if _, err := DecodeDoc(data); err != nil {
 			b.Fatal(err)
 		}
 	}

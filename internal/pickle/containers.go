@@ -1,52 +1,66 @@
 package pickle
 
-// Memo opcodes and the opcodes that build or fill containers.
+// The opcodes that build or fill containers. A container's elements live in Doc.pool, at a region that grows
+// in place while it is the last one and moves to the end, with room to double, when it is not: a list being
+// filled in batches of APPENDS, with its elements built between the batches, moves O(log n) times.
 
-func (d *decoder) get(i uint64) error {
-	v, err := d.memo.get(i)
-	if err != nil {
-		return err
-	}
-	return d.push(v)
+// newCont creates an empty container with the given tag.
+func (d *decoder) newCont(tag uint64) Value {
+	doc := d.doc
+	id := doc.addCont(cont{off: len(doc.pool), depth: 1})
+	return mk(tag, id)
 }
 
-func (d *decoder) put(i uint64) error {
-	v, err := d.top()
-	if err != nil {
-		return err
+// reserve makes room for n more Values in container ci and returns where they go.
+func (d *decoder) reserve(ci uint64, n int) []Value {
+	doc := d.doc
+	c := doc.cont(ci)
+	used := int(c.n)
+	end := c.off + used
+	switch {
+	case end == len(doc.pool): // the last region: grow it in place
+		doc.pool = growN(doc.pool, n)
+		c.cap = uint32(used + n)
+	case used+n <= int(c.cap):
+	default: // move to the end, with room to double when it has grown before (a list filled in batches)
+		size := used + n
+		if used > 0 {
+			size = max(2*size, 8)
+		}
+		off := len(doc.pool)
+		doc.pool = growN(doc.pool, size)
+		copy(doc.pool[off:], doc.pool[c.off:end])
+		c.off, c.cap = off, uint32(size)
 	}
-	return d.memo.put(i, v)
+	c.n = uint32(used + n)
+	return doc.pool[c.off+used : c.off+used+n]
+}
+
+// growN returns s extended by n elements, doubling its capacity when it runs out (see grow).
+func growN[T any](s []T, n int) []T {
+	if len(s)+n <= cap(s) {
+		return s[:len(s)+n]
+	}
+	out := make([]T, len(s)+n, max(2*cap(s), len(s)+n, 16))
+	copy(out, s)
+	return out
 }
 
 // adopt records that v is being placed inside parent, whose nesting depth is *depth. A list, dict or set is
 // sealed against later changes (which is what keeps results acyclic), and *depth grows to cover v's depth.
-func (d *decoder) adopt(parent any, depth *uint16, v any) error {
-	var h uint16
-	switch c := v.(type) {
-	case *List:
-		if any(c) == parent {
-			return errCycle
-		}
-		c.shared = true
-		h = c.depth
-	case *Dict:
-		if any(c) == parent {
-			return errCycle
-		}
-		c.shared = true
-		h = c.depth
-	case *Set:
-		if any(c) == parent {
-			return errCycle
-		}
-		c.d.shared = true
-		h = c.d.depth
-	case Tuple:
-		h = d.tupleDepth(c)
-	default:
+func (d *decoder) adopt(parent Value, depth *uint16, v Value) error {
+	t := v.tag()
+	if !isCont(t) {
 		return nil // scalars have depth 0
 	}
-	if h >= *depth {
+	if v == parent {
+		return errCycle
+	}
+	c := d.doc.cont(v.payload())
+	if t != tTuple && !c.shared { // only write when needed: most elements are shared frames, already sealed
+		c.shared = true
+	}
+	if h := c.depth; h >= *depth {
 		if int(h) >= d.lim.MaxDepth {
 			return overLimit("nesting depth", int64(h)+1, "MaxDepth", int64(d.lim.MaxDepth))
 		}
@@ -55,40 +69,26 @@ func (d *decoder) adopt(parent any, depth *uint16, v any) error {
 	return nil
 }
 
-// tupleDepth returns a tuple's nesting depth. A slice has no room for it, so tuples that hold containers have
-// it recorded at creation; every other tuple has depth 1.
-func (d *decoder) tupleDepth(t Tuple) uint16 {
-	if len(t) == 0 {
-		return 1
-	}
-	if h, ok := d.tupleDepths[&t[0]]; ok {
-		return h
-	}
-	return 1
-}
-
 // newTuple builds a tuple from items, which it copies.
-func (d *decoder) newTuple(items []any) error {
+func (d *decoder) newTuple(items []Value) error {
 	if len(items) == 0 {
-		return d.pushNew(emptyTuple)
+		if d.emptyTuple == 0 {
+			d.emptyTuple = d.newCont(tTuple) // the one empty tuple, as in Python
+		}
+		return d.pushNew(d.emptyTuple)
 	}
 	if len(items) > d.lim.MaxItems {
 		return overLimit("tuple items", int64(len(items)), "MaxItems", int64(d.lim.MaxItems))
 	}
-	t := make(Tuple, len(items))
-	copy(t, items)
 	depth := uint16(1)
-	for _, v := range t {
-		if err := d.adopt(nil, &depth, v); err != nil {
+	for _, v := range items {
+		if err := d.adopt(noValue, &depth, v); err != nil {
 			return err
 		}
 	}
-	if depth > 1 {
-		if d.tupleDepths == nil {
-			d.tupleDepths = make(map[*any]uint16)
-		}
-		d.tupleDepths[&t[0]] = depth
-	}
+	t := d.newCont(tTuple)
+	copy(d.reserve(t.payload(), len(items)), items)
+	d.doc.cont(t.payload()).depth = depth
 	return d.pushNew(t)
 }
 
@@ -113,19 +113,19 @@ func (d *decoder) fromMark(op byte) error {
 	case opTuple:
 		return d.newTuple(items)
 	case opList:
-		l := d.ar.newList()
+		l := d.newCont(tList)
 		if err := d.extend(l, items); err != nil {
 			return err
 		}
 		return d.pushNew(l)
 	case opDict:
-		m := d.ar.newDict()
+		m := d.newCont(tDict)
 		if err := d.fill(m, items); err != nil {
 			return err
 		}
 		return d.pushNew(m)
 	default: // opFrozenSet
-		s := &Set{Frozen: true, d: Dict{depth: 1}}
+		s := d.newCont(tFrozenSet)
 		if err := d.addTo(s, items); err != nil {
 			return err
 		}
@@ -134,9 +134,9 @@ func (d *decoder) fromMark(op byte) error {
 }
 
 // containerBelow returns the value just under the values a mark-ending opcode took: the container it fills.
-func (d *decoder) containerBelow() (any, error) {
+func (d *decoder) containerBelow() (Value, error) {
 	if len(d.stack) <= d.fence {
-		return nil, errUnderflow
+		return 0, errUnderflow
 	}
 	return d.stack[len(d.stack)-1], nil
 }
@@ -150,11 +150,10 @@ func (d *decoder) appends() error {
 	if err != nil {
 		return err
 	}
-	l, ok := c.(*List)
-	if !ok {
-		return malformed("APPENDS to a %s", typeName(c))
+	if c.tag() != tList {
+		return malformed("APPENDS to a %s", c.TypeName())
 	}
-	return d.extend(l, items)
+	return d.extend(c, items)
 }
 
 func (d *decoder) appendOne() error {
@@ -162,9 +161,9 @@ func (d *decoder) appendOne() error {
 		return errUnderflow
 	}
 	n := len(d.stack)
-	l, ok := d.stack[n-2].(*List)
-	if !ok {
-		return malformed("APPEND to a %s", typeName(d.stack[n-2]))
+	l := d.stack[n-2]
+	if l.tag() != tList {
+		return malformed("APPEND to a %s", l.TypeName())
 	}
 	if err := d.extend(l, d.stack[n-1:]); err != nil {
 		return err
@@ -173,60 +172,23 @@ func (d *decoder) appendOne() error {
 	return nil
 }
 
-// extend appends items to l, checking the list may still change and stays within the limits.
-func (d *decoder) extend(l *List, items []any) error {
-	if l.shared {
+// extend appends items to list l, checking the list may still change and stays within the limits.
+func (d *decoder) extend(l Value, items []Value) error {
+	ci := l.payload()
+	c := d.doc.cont(ci)
+	if c.shared {
 		return errCycle
 	}
-	if l.Len()+len(items) > d.lim.MaxItems {
-		return overLimit("list items", int64(l.Len()+len(items)), "MaxItems", int64(d.lim.MaxItems))
-	}
-	if l.items == nil && d.extendDicts(l, items) {
-		return nil
+	if int(c.n)+len(items) > d.lim.MaxItems {
+		return overLimit("list items", int64(int(c.n)+len(items)), "MaxItems", int64(d.lim.MaxItems))
 	}
 	for _, v := range items {
-		if err := d.adopt(l, &l.depth, v); err != nil {
+		if err := d.adopt(l, &c.depth, v); err != nil {
 			return err
 		}
 	}
-	if l.items == nil {
-		// The first element that is not a dict: move to the general form.
-		all := make([]any, 0, len(l.ids)+len(items))
-		for _, id := range l.ids {
-			all = append(all, d.ar.dict(id))
-		}
-		l.items, l.ids = all, nil
-	}
-	l.items = append(l.items, items...)
+	copy(d.reserve(ci, len(items)), items)
 	return nil
-}
-
-// extendDicts is extend's fast path for the common case: a list of dicts receiving more dicts. It reports
-// false, having changed nothing visible, when items do not fit that case or would break a limit (which the
-// general path then reports).
-func (d *decoder) extendDicts(l *List, items []any) bool {
-	var depth uint16
-	for _, v := range items {
-		m, ok := v.(*Dict)
-		if !ok || int(m.depth) >= d.lim.MaxDepth {
-			return false
-		}
-		depth = max(depth, m.depth)
-	}
-	ids := l.ids
-	if ids == nil {
-		ids = d.ar.idSlice(len(items))
-	}
-	for _, v := range items {
-		m := v.(*Dict)
-		if !m.shared { // only write when needed: most elements are shared frames, already sealed
-			m.shared = true
-		}
-		ids = append(ids, m.id)
-	}
-	l.ids = ids
-	l.depth = max(l.depth, depth+1)
-	return true
 }
 
 func (d *decoder) setItems() error {
@@ -238,11 +200,10 @@ func (d *decoder) setItems() error {
 	if err != nil {
 		return err
 	}
-	m, ok := c.(*Dict)
-	if !ok {
-		return malformed("SETITEMS on a %s", typeName(c))
+	if c.tag() != tDict {
+		return malformed("SETITEMS on a %s", c.TypeName())
 	}
-	return d.fill(m, items)
+	return d.fill(c, items)
 }
 
 func (d *decoder) setItem() error {
@@ -250,9 +211,9 @@ func (d *decoder) setItem() error {
 		return errUnderflow
 	}
 	n := len(d.stack)
-	m, ok := d.stack[n-3].(*Dict)
-	if !ok {
-		return malformed("SETITEM on a %s", typeName(d.stack[n-3]))
+	m := d.stack[n-3]
+	if m.tag() != tDict {
+		return malformed("SETITEM on a %s", m.TypeName())
 	}
 	if err := d.fill(m, d.stack[n-2:]); err != nil {
 		return err
@@ -261,35 +222,81 @@ func (d *decoder) setItem() error {
 	return nil
 }
 
-// fill stores the key/value pairs in items into m.
-func (d *decoder) fill(m *Dict, items []any) error {
+// fill stores the key/value pairs in items into dict m.
+func (d *decoder) fill(m Value, items []Value) error {
 	if len(items)%2 != 0 {
 		return malformed("odd number of items (%d) for a dict", len(items))
 	}
-	if m.shared {
+	ci := m.payload()
+	c := d.doc.cont(ci)
+	if c.shared {
 		return errCycle
 	}
-	if len(m.items)+len(items)/2 > d.lim.MaxItems {
-		return overLimit("dict entries", int64(len(m.items)+len(items)/2), "MaxItems", int64(d.lim.MaxItems))
+	if int(c.n)/2+len(items)/2 > d.lim.MaxItems {
+		return overLimit("dict entries", int64(int(c.n)/2+len(items)/2), "MaxItems", int64(d.lim.MaxItems))
 	}
-	if m.items == nil {
-		m.items = d.ar.itemSlice(len(items) / 2)
+	if !c.indexed && int(c.n)+len(items) <= 2*smallDict {
+		n, err := d.fillSmall(m, items)
+		if err != nil || n == len(items) {
+			return err
+		}
+		items = items[n:]
 	}
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
-		if _, ok := k.(string); !ok { // a str key, the usual case, has nothing to adopt
-			if err := d.adopt(m, &m.depth, k); err != nil {
+		if k.tag() != tStr { // a str key, the usual case, has nothing to adopt
+			if err := d.adopt(m, &c.depth, k); err != nil {
 				return err
 			}
 		}
-		if err := d.adopt(m, &m.depth, v); err != nil {
+		if err := d.adopt(m, &c.depth, v); err != nil {
 			return err
 		}
-		if err := m.set(k, v, &d.keys); err != nil {
+		if err := d.set(ci, k, v); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// fillSmall is fill's fast path for a snapshot's dicts: a few short str keys, written in place after one
+// reserve. It stops at the first pair it cannot take (a key that is not a short str), and returns how many
+// items it stored; the caller goes on from there.
+func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
+	doc := d.doc
+	ci := m.payload()
+	base := int(doc.cont(ci).n)
+	d.reserve(ci, len(items))
+	c := doc.cont(ci)
+	p := doc.pool[c.off : c.off+base+len(items)]
+	w := base // Values written
+	i := 0
+	for ; i < len(items); i += 2 {
+		k, v := items[i], items[i+1]
+		if k.tag() != tStr || doc.spans[k.payload()].n > internMaxLen {
+			break
+		}
+		if err := d.adopt(m, &c.depth, v); err != nil {
+			c.n = uint32(w)
+			return 0, err
+		}
+		bit := keySig(k)
+		if c.sig&bit != 0 {
+			j := 0
+			for j < w && p[j] != k {
+				j += 2
+			}
+			if j < w {
+				p[j+1] = v // a repeated key: the new value, in the first one's place
+				continue
+			}
+		}
+		c.sig |= bit
+		p[w], p[w+1] = k, v
+		w += 2
+	}
+	c.n = uint32(w)
+	return i, nil
 }
 
 func (d *decoder) addItems() error {
@@ -301,28 +308,109 @@ func (d *decoder) addItems() error {
 	if err != nil {
 		return err
 	}
-	s, ok := c.(*Set)
-	if !ok || s.Frozen {
-		return malformed("ADDITEMS to a %s", typeName(c))
+	if c.tag() != tSet {
+		return malformed("ADDITEMS to a %s", c.TypeName())
 	}
-	return d.addTo(s, items)
+	return d.addTo(c, items)
 }
 
 // addTo adds items to the set s.
-func (d *decoder) addTo(s *Set, items []any) error {
-	if s.d.shared {
+func (d *decoder) addTo(s Value, items []Value) error {
+	ci := s.payload()
+	c := d.doc.cont(ci)
+	if c.shared {
 		return errCycle
 	}
-	if s.Len()+len(items) > d.lim.MaxItems {
-		return overLimit("set items", int64(s.Len()+len(items)), "MaxItems", int64(d.lim.MaxItems))
+	if int(c.n)/2+len(items) > d.lim.MaxItems {
+		return overLimit("set items", int64(int(c.n)/2+len(items)), "MaxItems", int64(d.lim.MaxItems))
 	}
 	for _, v := range items {
-		if err := d.adopt(s, &s.d.depth, v); err != nil {
+		if err := d.adopt(s, &c.depth, v); err != nil {
 			return err
 		}
-		if err := s.d.set(v, nil, &d.keys); err != nil {
+		if err := d.set(ci, v, 0); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// set inserts or replaces key k in the dict or set ci as Python's d[k] = v does: a replaced entry keeps its
+// position and its original key. Snapshot dicts are small and keyed by interned strs, which a scan of a few
+// Values settles (and keySig mostly spares); a dict past smallDict entries, or with any other key, gets a hash
+// index. It fails for an unhashable key, or when the key budget runs out.
+func (d *decoder) set(ci uint64, k, v Value) error {
+	doc := d.doc
+	c := doc.cont(ci)
+	if k.tag() == tStr && !c.indexed && doc.spans[k.payload()].n <= internMaxLen {
+		bit := keySig(k)
+		if c.sig&bit != 0 {
+			p := doc.pool[c.off : c.off+int(c.n)]
+			for j := 0; j < len(p); j += 2 {
+				if p[j] == k {
+					p[j+1] = v
+					return nil
+				}
+			}
+		}
+		if int(c.n)/2 < smallDict {
+			c.sig |= bit
+			kv := d.reserve(ci, 2)
+			kv[0], kv[1] = k, v
+			return nil
+		}
+	}
+	hk, err := d.hashKey(k)
+	if err != nil {
+		return err
+	}
+	if !c.indexed {
+		d.buildIndex(ci)
+	}
+	idx := doc.index[uint32(ci)]
+	if i, ok := idx[hk]; ok {
+		doc.pool[c.off+2*int(i)+1] = v
+		return nil
+	}
+	if k.tag() == tStr {
+		c.sig |= keySig(k)
+	}
+	idx[hk] = int32(c.n / 2)
+	kv := d.reserve(ci, 2)
+	kv[0], kv[1] = k, v
+	return nil
+}
+
+// longKey is the length above which a str key's length is charged to the key budget: hashing it is no longer
+// free.
+const longKey = 64
+
+// hashKey returns k's hash key: the string itself for a str, keyHasher's comparable form for anything else.
+func (d *decoder) hashKey(k Value) (any, error) {
+	if k.tag() == tStr {
+		s := d.doc.str(k)
+		if len(s) > longKey {
+			if err := d.keys.charge(len(s)); err != nil {
+				return nil, err
+			}
+		}
+		return s, nil
+	}
+	return d.keys.hashKey(d.mat.value(k))
+}
+
+// buildIndex indexes the keys of dict or set ci, which until now held only short strs.
+func (d *decoder) buildIndex(ci uint64) {
+	doc := d.doc
+	c := doc.cont(ci)
+	idx := make(map[any]int32, c.n/2+1)
+	p := doc.pool[c.off : c.off+int(c.n)]
+	for j := 0; j < len(p); j += 2 {
+		idx[doc.str(p[j])] = int32(j / 2)
+	}
+	if doc.index == nil {
+		doc.index = make(map[uint32]map[any]int32)
+	}
+	doc.index[uint32(ci)] = idx
+	c.indexed = true
 }

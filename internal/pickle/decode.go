@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math/bits"
 )
 
 // Decode decodes the pickle in data with the default Limits.
@@ -12,21 +13,14 @@ func Decode(data []byte) (any, error) { return Limits{}.Decode(data) }
 // DecodeReader reads all of r, up to the default Limits.MaxInput, and decodes it.
 func DecodeReader(r io.Reader) (any, error) { return Limits{}.DecodeReader(r) }
 
-// Decode decodes the pickle in data within the limits l. The result does not alias data.
-func (l Limits) Decode(data []byte) (v any, err error) {
-	l = l.withDefaults()
-	if int64(len(data)) > l.MaxInput {
-		return nil, &DecodeError{Err: overLimit("input bytes", int64(len(data)), "MaxInput", l.MaxInput)}
+// Decode decodes the pickle in data within the limits l into Go values (see the package documentation). The
+// result does not alias data.
+func (l Limits) Decode(data []byte) (any, error) {
+	doc, err := l.DecodeDoc(data)
+	if err != nil {
+		return nil, err
 	}
-	d := decoder{lim: l, data: data, ar: newArena(len(data))}
-	d.keys.budget = keyWorkPerByte*int64(len(data)) + keyWorkBase
-	d.memo.max = l.MaxMemo
-	// pickle.dump memoizes every container and str: one entry per 16 to 130 bytes of a snapshot.
-	d.memo.dense = make([]any, 0, min(len(data)/16+16, l.MaxMemo, 1<<16))
-	d.stack = make([]any, 0, min(len(data)/32+16, 256))
-	d.marks = make([]int, 0, 16)
-	defer d.recoverBug(&err)
-	return d.run()
+	return doc.Any(doc.Root()), nil
 }
 
 // DecodeReader reads all of r, up to l.MaxInput bytes, and decodes it. A longer input fails without being read
@@ -38,6 +32,44 @@ func (l Limits) DecodeReader(r io.Reader) (any, error) {
 		return nil, err
 	}
 	return l.Decode(data)
+}
+
+// DecodeDoc decodes the pickle in data with the default Limits into a Doc.
+func DecodeDoc(data []byte) (*Doc, error) { return Limits{}.DecodeDoc(data) }
+
+// DecodeDoc decodes the pickle in data within the limits l into a Doc, the fast path for a large snapshot.
+// The Doc does not alias data.
+func (l Limits) DecodeDoc(data []byte) (doc *Doc, err error) {
+	l = l.withDefaults()
+	if int64(len(data)) > l.MaxInput {
+		return nil, &DecodeError{Err: overLimit("input bytes", int64(len(data)), "MaxInput", l.MaxInput)}
+	}
+	d := decoder{lim: l, data: data, doc: newDoc(len(data))}
+	d.mat.doc = d.doc
+	d.keys.budget = keyWorkPerByte*int64(len(data)) + keyWorkBase
+	// pickle.dump memoizes every container and str: one entry per 16 to 130 bytes of a snapshot.
+	d.memo = make([]Value, 0, min(len(data)/16+16, l.MaxMemo, 1<<16))
+	d.stack = make([]Value, 0, min(len(data)/32+16, 256))
+	d.marks = make([]int, 0, 16)
+	defer d.recoverBug(&err)
+	root, err := d.run()
+	if err != nil {
+		return nil, err
+	}
+	d.doc.root = root
+	return d.doc, nil
+}
+
+// newDoc returns a Doc whose slices suit an input of n bytes: a snapshot has 0.2 to 0.5 container elements
+// per byte, and a few hundred distinct strs at most.
+func newDoc(n int) *Doc {
+	d := &Doc{
+		pool:  make([]Value, 0, min(n/2+16, 1<<26)),
+		spans: make([]span, 0, min(n/1024+16, 1<<16)),
+		text:  make([]byte, 0, min(n/64+256, 1<<20)),
+	}
+	d.intern.rehash(d, max(32, 1<<bits.Len(uint(min(n/2048, 1<<16)))))
+	return d
 }
 
 // panicOnBug lets tests see a decoder panic with its stack instead of the error it is turned into.
@@ -61,17 +93,17 @@ type decoder struct {
 	pos  int // next byte to read
 	at   int // offset of the opcode being decoded
 
-	stack   []any
+	stack   []Value
 	marks   []int // stack lengths at each MARK
 	fence   int   // the last mark, or 0: opcodes may not pop below it
-	memo    memo
-	objects int64 // values created so far
+	memo    []Value
+	sparse  map[uint64]Value // memo entries put out of order, at indices >= len(memo)
+	objects int64            // values created so far
 
-	ar          *arena
-	keys        keyHasher
-	strs        internCache     // short strings, boxed once
-	ints        intCache        // ints above 255, boxed once
-	tupleDepths map[*any]uint16 // depth of tuples that contain containers, keyed by their first element
+	doc        *Doc
+	keys       keyHasher
+	mat        materializer // Go forms of non-str keys, for hashing
+	emptyTuple Value        // the one empty tuple, once made
 }
 
 // fail wraps a cause with the offset and name of the opcode being decoded.
@@ -82,42 +114,33 @@ func (d *decoder) fail(err error) error {
 	return &DecodeError{Offset: int64(d.at), Op: opNames[d.data[d.at]], Err: err}
 }
 
-// run decodes opcodes until STOP. The opcodes that make up most of a snapshot (memo reads, MEMOIZE, MARK) are
-// decoded inline when their common case holds, on local copies of the position, stack and memo that stay in
-// registers; everything else, including those opcodes' error cases, goes to step.
-func (d *decoder) run() (any, error) {
+// run decodes opcodes until STOP. The opcodes that make up most of a snapshot (memo reads, MEMOIZE, MARK, small
+// ints) are decoded inline when their common case holds, on local copies of the position, stack and memo
+// that stay in registers; everything else, including those opcodes' error cases, goes to step.
+func (d *decoder) run() (Value, error) {
 	data := d.data
-	pos, stack, dense := d.pos, d.stack, d.memo.dense
+	pos, stack, memo := d.pos, d.stack, d.memo
 	maxStack := d.lim.MaxStack
 	for pos < len(data) {
 		op := data[pos]
 		switch op {
 		case opBinGet:
-			if pos+1 < len(data) && int(data[pos+1]) < len(dense) && len(stack)+len(d.marks) < maxStack {
-				if len(stack) == cap(stack) {
-					stack = grow(stack)
-				}
-				stack = append(stack, dense[data[pos+1]])
+			if pos+1 < len(data) && int(data[pos+1]) < len(memo) && len(stack)+len(d.marks) < maxStack {
+				stack = append(grow(stack), memo[data[pos+1]])
 				pos += 2
 				continue
 			}
 		case opLongBinGet:
 			if pos+4 < len(data) && len(stack)+len(d.marks) < maxStack {
-				if i := binary.LittleEndian.Uint32(data[pos+1:]); uint64(i) < uint64(len(dense)) {
-					if len(stack) == cap(stack) {
-						stack = grow(stack)
-					}
-					stack = append(stack, dense[i])
+				if i := binary.LittleEndian.Uint32(data[pos+1:]); uint64(i) < uint64(len(memo)) {
+					stack = append(grow(stack), memo[i])
 					pos += 5
 					continue
 				}
 			}
 		case opMemoize:
-			if len(stack) > d.fence && len(d.memo.sparse) == 0 && len(dense) < d.memo.max {
-				if len(dense) == cap(dense) {
-					dense = grow(dense)
-				}
-				dense = append(dense, stack[len(stack)-1])
+			if len(stack) > d.fence && len(d.sparse) == 0 && len(memo) < d.lim.MaxMemo {
+				memo = append(grow(memo), stack[len(stack)-1])
 				pos++
 				continue
 			}
@@ -128,20 +151,27 @@ func (d *decoder) run() (any, error) {
 				pos++
 				continue
 			}
+		case opBinInt1:
+			if pos+1 < len(data) && len(stack)+len(d.marks) < maxStack && d.objects < d.lim.MaxObjects {
+				d.objects++
+				stack = append(grow(stack), mk(tInt, uint64(data[pos+1])))
+				pos += 2
+				continue
+			}
 		}
-		d.at, d.pos, d.stack, d.memo.dense = pos, pos+1, stack, dense
+		d.at, d.pos, d.stack, d.memo = pos, pos+1, stack, memo
 		if op == opStop {
 			v, err := d.pop()
 			if err != nil {
-				return nil, d.fail(err)
+				return 0, d.fail(err)
 			}
 			return v, nil
 		}
 		if err := d.step(op); err != nil {
-			return nil, d.fail(err)
+			return 0, d.fail(err)
 		}
-		pos, stack, dense = d.pos, d.stack, d.memo.dense
+		pos, stack, memo = d.pos, d.stack, d.memo
 	}
 	d.at = pos
-	return nil, d.fail(fmt.Errorf("no STOP opcode: %w", errTruncated))
+	return 0, d.fail(fmt.Errorf("no STOP opcode: %w", errTruncated))
 }

@@ -17,9 +17,7 @@ type Dict struct {
 
 	keySig uint64 // a bit per string key, by keyBit: a clear bit proves a key absent without a scan
 
-	id     uint32
-	depth  uint16
-	shared bool
+	id uint32
 }
 
 // keyBit picks a string key's bit in Dict.keySig from its length and end bytes: the keys of one snapshot dict
@@ -31,8 +29,8 @@ func keyBit(s string) uint64 {
 	return 1 << ((uint(len(s))*7 + uint(s[0])*3 + uint(s[len(s)-1])) & 63)
 }
 
-// ID numbers the dicts of one decode densely from 0 in the order they were created, so a consumer interning
-// shared dicts (PyTorch's frames) can index a slice instead of hashing pointers.
+// ID is the dict's Doc.ID: containers are numbered densely from 0 in the order they were created, so a
+// consumer interning shared dicts (PyTorch's frames) can index a slice instead of hashing pointers.
 func (d *Dict) ID() int { return int(d.id) }
 
 // smallDict is the size up to which a string-keyed dict is searched linearly: a scan of a few interned keys
@@ -132,10 +130,6 @@ func (d *Dict) findStr(key string) int {
 	}
 	return -1
 }
-
-// longKey is the length above which a string key is hashed rather than compared in a linear scan, and its
-// length charged to the key budget: comparing or hashing it is no longer free.
-const longKey = 64
 
 // set inserts or replaces key as Python's d[key] = value does: a replaced entry keeps its position and its
 // original key object. It fails for an unhashable key, or when h's budget runs out.

@@ -8,9 +8,16 @@
 // every error is a *DecodeError carrying the byte offset and opcode name. A decoded value is never cyclic and
 // never nests deeper than Limits.MaxDepth, so a recursive walk over it is safe.
 //
-// # Values
+// # Docs and values
 //
-// Python values decode to these Go types:
+// DecodeDoc decodes into a Doc, the form for large input: every value is a 64-bit Value, and strings and
+// container contents live in a few flat slices without pointers, so a snapshot of millions of dicts, lists and
+// ints costs a few dozen allocations and nothing for the garbage collector to scan. A Doc is read through its
+// methods (Int, Str, Elems, Pairs, Get, and Key with Pick to look up several keys of many dicts at once).
+// Short strs are interned, so equal keys are equal Values. A Builder makes a Doc from values that were never
+// pickled (a JSON snapshot), so that a reader handles one form.
+//
+// Decode returns Go values instead (Doc.Any makes them), for code that prefers a tree:
 //
 //	None                 nil
 //	bool                 bool
@@ -25,14 +32,15 @@
 //	set, frozenset       *Set (Frozen tells which)
 //
 // The memo is honoured: every BINGET of one memo slot yields the same value, so a list or dict shared in
-// Python (PyTorch shares each distinct traceback and frame) is the same *List or *Dict here. A consumer can
-// intern by pointer, or by the dense numbers List.ID and Dict.ID, which index a slice.
+// Python (PyTorch shares each distinct traceback and frame) is the same container in a Doc and the same *List
+// or *Dict in a tree. A consumer can intern by the dense numbers Doc.ID (List.ID and Dict.ID), which index a
+// slice.
 //
 // Containers are complete before they are shared: a pickle that adds to a list, dict or set after placing it
 // inside another container (which only a self-referencing structure needs) is refused, and that is what keeps
 // results acyclic.
 //
-// Decode reads from a byte slice, the fast path when the file is in memory; DecodeReader reads all of an
-// io.Reader first, up to Limits.MaxInput. Bytes after the STOP opcode are ignored, as Python's pickle.loads
+// Decode and DecodeDoc read from a byte slice, the fast path when the file is in memory; DecodeReader reads
+// all of an io.Reader first, up to Limits.MaxInput. Bytes after the STOP opcode are ignored, as Python's pickle.loads
 // ignores them.
 package pickle

@@ -29,6 +29,11 @@ func FuzzDecode(f *testing.F) {
 			}
 		} else {
 			checkTree(t, v, fuzzLimits.MaxDepth)
+			d, err := fuzzLimits.DecodeDoc(data)
+			if err != nil {
+				t.Fatalf("Decode succeeded, DecodeDoc: %v", err)
+			}
+			checkDoc(t, d, d.Root(), d.Any(d.Root()), 0)
 		}
 		_, err2 := fuzzLimits.DecodeReader(bytes.NewReader(data))
 		if (err == nil) != (err2 == nil) || err != nil && err.Error() != err2.Error() {

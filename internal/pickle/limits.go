@@ -5,9 +5,10 @@ import "math"
 // Limits bound the memory and work one decode may use. A zero field takes its default (see DefaultLimits), so
 // Limits{MaxInput: 64 << 20} tightens one bound and keeps the rest.
 //
-// The defaults admit snapshots of several GiB. A decoded snapshot takes about 2 to 10 times its file size in
-// memory, and no input makes a decode allocate more than about 128 bytes per input byte, so MaxInput (and
-// MaxObjects) are the limits to lower for input from a network or a fuzzer.
+// The defaults admit snapshots of several GiB. A snapshot decodes into a Doc of about 4 to 6 times its file
+// size; no input makes DecodeDoc allocate more than about 96 bytes per input byte, or Decode, which also
+// builds Go values, more than about 256. So MaxInput (and MaxObjects) are the limits to lower for input from
+// a network or a fuzzer.
 //
 // Every other quantity is bounded by the input size: each opcode creates at most one value and pushes at most
 // one stack slot, and strings are copied from the input, never expanded. The one exception, hashing dict keys

@@ -20,7 +20,7 @@ func (d *decoder) long(n int64) error {
 	}
 	i, x := decodeLong(b)
 	if x != nil {
-		return d.pushNew(x)
+		return d.pushNew(d.big(x))
 	}
 	return d.pushNew(d.int(i))
 }
@@ -71,38 +71,25 @@ func decodeLong(b []byte) (int64, *big.Int) {
 	return 0, x
 }
 
-// Boxing an int64 in an interface allocates, except for 0 to 255. Snapshot ints repeat a lot (block sizes,
-// streams, line numbers: f3 has 32,142 ints above 255 but only 537 distinct values), so a small direct-mapped
-// cache of boxed values, like the one for strings, saves most of those allocations.
-
-const intCacheMaxSlots = 4096 // a power of two
-
-type intCache []struct {
-	v   int64
-	box any
+// int stores an int: in the Value itself when it fits 60 bits (every snapshot address, size and time does).
+func (d *decoder) int(v int64) Value {
+	if v >= -1<<(tagShift-1) && v < 1<<(tagShift-1) {
+		return mk(tInt, uint64(v)&payload)
+	}
+	d.doc.wides = append(d.doc.wides, v)
+	return mk(tWide, uint64(len(d.doc.wides)-1))
 }
 
-func newIntCache(inputLen int) intCache {
-	n := 64
-	for n < intCacheMaxSlots && n*256 < inputLen {
-		n *= 2
-	}
-	return make(intCache, n)
+// big stores an int outside int64.
+func (d *decoder) big(x *big.Int) Value {
+	d.doc.bigs = append(d.doc.bigs, x)
+	return mk(tBig, uint64(len(d.doc.bigs)-1))
 }
 
-// int returns v boxed, reusing an earlier box of the same value when the cache has one.
-func (d *decoder) int(v int64) any {
-	if uint64(v) < 256 {
-		return v // the runtime boxes these without allocating
-	}
-	if d.ints == nil {
-		d.ints = newIntCache(len(d.data))
-	}
-	e := &d.ints[uint64(v)*0x9E3779B97F4A7C15>>52&uint64(len(d.ints)-1)] // Fibonacci hashing
-	if e.box == nil || e.v != v {
-		e.v, e.box = v, v
-	}
-	return e.box
+// float stores a float.
+func (d *decoder) float(f float64) Value {
+	d.doc.floats = append(d.doc.floats, f)
+	return mk(tFloat, uint64(len(d.doc.floats)-1))
 }
 
 // line returns the text argument of a protocol 0 opcode, up to its newline, which it consumes. Text numbers
@@ -140,14 +127,14 @@ func (d *decoder) textNumber(op byte) error {
 		if err != nil && !errors.Is(err, strconv.ErrRange) { // out of range is ±Inf or 0, as Python's float()
 			return malformed("FLOAT %q", s)
 		}
-		return d.pushNew(f)
+		return d.pushNew(d.float(f))
 	case opInt:
 		// Protocol 0 writes bools as INT 01 and INT 00.
 		switch string(s) {
 		case "01":
-			return d.pushNew(true)
+			return d.pushNew(mk(tTrue, 0))
 		case "00":
-			return d.pushNew(false)
+			return d.pushNew(mk(tFalse, 0))
 		}
 	case opLong:
 		s = bytes.TrimSuffix(s, []byte("L"))
@@ -156,7 +143,10 @@ func (d *decoder) textNumber(op byte) error {
 	if err != nil {
 		return err
 	}
-	return d.pushNew(v)
+	if x, ok := v.(*big.Int); ok {
+		return d.pushNew(d.big(x))
+	}
+	return d.pushNew(d.int(v.(int64)))
 }
 
 // parseDecimal parses an optionally signed decimal integer into an int64 or, beyond that, a *big.Int.

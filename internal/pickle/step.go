@@ -23,7 +23,7 @@ func (d *decoder) step(op byte) error {
 		}
 		return d.get(uint64(i))
 	case opMemoize:
-		return d.put(uint64(d.memo.len()))
+		return d.put(uint64(d.memoLen()))
 	case opBinPut:
 		i, err := d.u8()
 		if err != nil {
@@ -82,23 +82,23 @@ func (d *decoder) step(op byte) error {
 
 	// Constants and numbers.
 	case opNone:
-		return d.pushNew(nil)
+		return d.pushNew(mk(tNone, 0))
 	case opNewTrue:
-		return d.pushNew(true)
+		return d.pushNew(mk(tTrue, 0))
 	case opNewFalse:
-		return d.pushNew(false)
+		return d.pushNew(mk(tFalse, 0))
 	case opBinInt1:
 		b, err := d.u8()
 		if err != nil {
 			return err
 		}
-		return d.pushNew(int64(b))
+		return d.pushNew(mk(tInt, uint64(b)))
 	case opBinInt2:
 		b, err := d.take(2)
 		if err != nil {
 			return err
 		}
-		return d.pushNew(d.int(int64(binary.LittleEndian.Uint16(b))))
+		return d.pushNew(mk(tInt, uint64(binary.LittleEndian.Uint16(b))))
 	case opBinInt:
 		b, err := d.take(4)
 		if err != nil {
@@ -126,7 +126,7 @@ func (d *decoder) step(op byte) error {
 		if err != nil {
 			return err
 		}
-		return d.pushNew(math.Float64frombits(binary.BigEndian.Uint64(b)))
+		return d.pushNew(d.float(math.Float64frombits(binary.BigEndian.Uint64(b))))
 	case opInt, opLong, opFloat:
 		return d.textNumber(op)
 
@@ -154,13 +154,13 @@ func (d *decoder) step(op byte) error {
 
 	// Containers.
 	case opEmptyDict:
-		return d.pushNew(d.ar.newDict())
+		return d.pushNew(d.newCont(tDict))
 	case opEmptyList:
-		return d.pushNew(d.ar.newList())
+		return d.pushNew(d.newCont(tList))
 	case opEmptyTuple:
-		return d.pushNew(emptyTuple)
+		return d.newTuple(nil)
 	case opEmptySet:
-		return d.pushNew(&Set{d: Dict{depth: 1}})
+		return d.pushNew(d.newCont(tSet))
 	case opSetItems:
 		return d.setItems()
 	case opSetItem:
@@ -187,9 +187,6 @@ func (d *decoder) step(op byte) error {
 	}
 	return malformed("unknown opcode")
 }
-
-// emptyTuple is the one empty tuple, as in Python; boxing it once saves an allocation per EMPTY_TUPLE.
-var emptyTuple any = Tuple{}
 
 // Readers of fixed-size arguments. They never read past the input and report truncation.
 

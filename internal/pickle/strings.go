@@ -1,43 +1,18 @@
 package pickle
 
 import (
-	"bytes"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Strings. pickle.dump memoizes each distinct str object, so a snapshot from Python stores every key once;
-// other writers, or Python data whose equal strings are distinct objects, repeat them. A small direct-mapped
-// cache of short strings makes each repeat cost a hash and a compare instead of two allocations, and never
-// grows, so it cannot be abused.
+// other writers, or Python data whose equal strings are distinct objects, repeat them. Every short str is
+// interned: a repeat costs a hash lookup and no copy, and equal short strs are one Value, which is what lets a
+// dict find a key by comparing Values.
 
-const (
-	internMaxLen   = 48  // the longest snapshot key is 33 bytes; long strings rarely repeat without the memo
-	internMaxSlots = 512 // a power of two
-)
-
-// internCache maps a short string's bytes to the boxed string last seen in its slot. It has a power-of-two
-// number of slots, fewer for a small input.
-type internCache []struct {
-	s string
-	v any
-}
-
-func newInternCache(inputLen int) internCache {
-	n := 16
-	for n < internMaxSlots && n*512 < inputLen {
-		n *= 2
-	}
-	return make(internCache, n)
-}
-
-// slot hashes b (FNV-1a) to a cache slot.
-func (c internCache) slot(b []byte) int {
-	h := uint32(2166136261)
-	for _, x := range b {
-		h = (h ^ uint32(x)) * 16777619
-	}
-	return int(h & uint32(len(c)-1))
-}
+// internMaxLen is the longest str interned: the longest snapshot key is 33 bytes, and long strings rarely
+// repeat without the memo.
+const internMaxLen = 48
 
 // unicode is SHORT_BINUNICODE, BINUNICODE and BINUNICODE8: n bytes of UTF-8.
 func (d *decoder) unicode(n uint64) error {
@@ -52,27 +27,33 @@ func (d *decoder) unicode(n uint64) error {
 	return d.pushNew(v)
 }
 
-// str converts UTF-8 bytes to a boxed string, through the intern cache when short.
-func (d *decoder) str(b []byte) (any, error) {
+// str stores UTF-8 bytes as a str, interning it when short.
+func (d *decoder) str(b []byte) (Value, error) {
+	doc := d.doc
 	if len(b) > internMaxLen {
 		if !validUTF8(b) {
-			return nil, malformed("str is not valid UTF-8")
+			return 0, malformed("str is not valid UTF-8")
 		}
-		return string(b), nil
+		return d.addText(tStr, b), nil
 	}
-	if d.strs == nil {
-		d.strs = newInternCache(len(d.data))
-	}
-	e := &d.strs[d.strs.slot(b)]
-	if e.v != nil && e.s == string(b) { // the conversion in a comparison does not allocate
-		return e.v, nil
+	v, slot := doc.intern.find(doc, unsafe.String(unsafe.SliceData(b), len(b))) // b is not kept
+	if v != 0 {
+		return v, nil
 	}
 	if !validUTF8(b) {
-		return nil, malformed("str is not valid UTF-8")
+		return 0, malformed("str is not valid UTF-8")
 	}
-	e.s = string(b)
-	e.v = e.s
-	return e.v, nil
+	v = d.addText(tStr, b)
+	doc.intern.add(doc, v, slot)
+	return v, nil
+}
+
+// addText copies b into the Doc's text and returns it as a value with the given tag.
+func (d *decoder) addText(tag uint64, b []byte) Value {
+	doc := d.doc
+	doc.spans = append(grow(doc.spans), span{off: len(doc.text), n: len(b)})
+	doc.text = append(doc.text, b...)
+	return mk(tag, uint64(len(doc.spans)-1))
 }
 
 // validUTF8 reports whether b is UTF-8 as Python decodes pickled str: with "surrogatepass", so the 3-byte
@@ -154,7 +135,7 @@ func (d *decoder) bytesOp(op byte) error {
 		}
 		return d.pushNew(v)
 	case opByteArray8:
-		return d.pushNew(ByteArray(bytes.Clone(b)))
+		return d.pushNew(d.addText(tByteArray, b))
 	}
-	return d.pushNew(bytes.Clone(b))
+	return d.pushNew(d.addText(tBytes, b))
 }

@@ -9,47 +9,28 @@ import (
 
 // List is a Python list. It is a pointer type so that a list shared through the memo is visibly the same value
 // wherever it appears.
-//
-// Nearly every list in a snapshot (segments, blocks, traces, frames) holds only dicts. Such a list stores each
-// element as a 4-byte dict number rather than a pointer (half the memory, and nothing for the garbage
-// collector to scan), which is why elements are read through methods; DictAt and Dicts hand them to an
-// importer without type assertions. Such a list refers to its decode's table of dicts, so holding it keeps all
-// of that decode's dicts alive: copy out what you keep of a huge snapshot.
 type List struct {
-	items []any    // the elements, once one of them is not a dict
-	ids   []uint32 // the elements as dict IDs in arena, while all of them are dicts
-	arena *arena
-
-	id     uint32
-	depth  uint16 // nesting depth: 1 + the deepest element's depth (Limits.MaxDepth is at most 65535)
-	shared bool   // already placed inside another container: no more appends (keeps results acyclic)
+	items     []any
+	id        uint32
+	onlyDicts bool
 }
 
 // Len returns the number of elements.
-func (l *List) Len() int { return len(l.items) + len(l.ids) }
+func (l *List) Len() int { return len(l.items) }
 
 // At returns element i; it panics if i is out of range, as indexing a slice does.
-func (l *List) At(i int) any {
-	if l.items != nil {
-		return l.items[i]
-	}
-	return l.arena.dict(l.ids[i])
-}
+func (l *List) At(i int) any { return l.items[i] }
 
 // DictAt returns element i if it is a dict; it panics if i is out of range.
 func (l *List) DictAt(i int) (*Dict, bool) {
-	if l.items != nil {
-		m, ok := l.items[i].(*Dict)
-		return m, ok
-	}
-	return l.arena.dict(l.ids[i]), true
+	m, ok := l.items[i].(*Dict)
+	return m, ok
 }
 
 // OnlyDicts reports whether every element is a dict (true for an empty list).
-func (l *List) OnlyDicts() bool { return l.items == nil }
+func (l *List) OnlyDicts() bool { return l.onlyDicts }
 
-// Dicts iterates over the elements that are dicts, with their indices. When OnlyDicts holds, that is all of
-// them and no type assertion is made.
+// Dicts iterates over the elements that are dicts, with their indices.
 func (l *List) Dicts() iter.Seq2[int, *Dict] {
 	return func(yield func(int, *Dict) bool) {
 		for i := range l.Len() {
@@ -63,8 +44,8 @@ func (l *List) Dicts() iter.Seq2[int, *Dict] {
 // All iterates over the indices and elements.
 func (l *List) All() iter.Seq2[int, any] {
 	return func(yield func(int, any) bool) {
-		for i := range l.Len() {
-			if !yield(i, l.At(i)) {
+		for i, v := range l.items {
+			if !yield(i, v) {
 				return
 			}
 		}
@@ -72,19 +53,10 @@ func (l *List) All() iter.Seq2[int, any] {
 }
 
 // Items returns the elements as a new []any; At, All and Dicts do not copy.
-func (l *List) Items() []any {
-	if l.items != nil {
-		return slices.Clone(l.items)
-	}
-	out := make([]any, len(l.ids))
-	for i, id := range l.ids {
-		out[i] = l.arena.dict(id)
-	}
-	return out
-}
+func (l *List) Items() []any { return slices.Clone(l.items) }
 
-// ID numbers the lists of one decode densely from 0 in the order they were created, so a consumer interning
-// shared lists (PyTorch's traceback lists) can index a slice instead of hashing pointers.
+// ID is the list's Doc.ID: containers are numbered densely from 0 in the order they were created, so a
+// consumer interning shared lists can index a slice instead of hashing pointers.
 func (l *List) ID() int { return int(l.id) }
 
 // Tuple is a Python tuple. Tuples are immutable, so a plain slice serves; the memo still returns the same
