@@ -56,7 +56,7 @@ func schemaErr(path, format string, args ...any) error {
 }
 
 // wantErr reports a value of the wrong type at path: "want int, got str".
-func wantErr(path, want string, got any) error {
+func wantErr(path, want string, got pickle.Value) error {
 	return &ImportError{Path: path, Offset: -1, Err: fmt.Errorf("%w: want %s, got %s", ErrSchema, want, pyType(got))}
 }
 
@@ -83,4 +83,16 @@ func decodeErr(err error) error {
 		kind = ErrLimit
 	}
 	return &ImportError{Offset: off, Err: fmt.Errorf("%w: %w", kind, err)}
+}
+
+// buildErr turns a failure to convert a JSON snapshot into an ImportError.
+func buildErr(err error) error {
+	kind := ErrMalformed
+	if errors.Is(err, pickle.ErrLimit) || errors.Is(err, ErrLimit) {
+		kind = ErrLimit
+	}
+	if errors.Is(err, kind) {
+		return &ImportError{Offset: -1, Err: err}
+	}
+	return &ImportError{Offset: -1, Err: fmt.Errorf("%w: %w", kind, err)}
 }

@@ -146,18 +146,21 @@ func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
 		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: input of %d bytes > Limits.MaxInput (%d)", ErrLimit, len(data), c.lim.MaxInput)}
 	}
 	im := &importer{lim: c.lim, tab: newTables(c.keepAll), rules: defaultRules(), inputLen: len(data)}
-	var root any
 	switch {
 	case len(data) >= 2 && data[0] == 0x80:
 		im.origin.Format, im.origin.Protocol = "pickle", int(data[1])
-		root, err = pickle.Limits{MaxInput: c.lim.MaxInput}.Decode(data)
+		im.doc, err = pickle.Limits{MaxInput: c.lim.MaxInput}.DecodeDoc(data)
 		if err != nil {
 			return nil, decodeErr(err)
 		}
 	case jsonStart(data) >= 0:
 		im.origin.Format = "json"
-		if root, err = decodeJSON(data); err != nil {
+		v, err := decodeJSON(data)
+		if err != nil {
 			return nil, err
+		}
+		if im.doc, err = jsonDoc(v); err != nil {
+			return nil, buildErr(err)
 		}
 	default:
 		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: neither a pickle (no PROTO opcode) nor JSON", ErrNotSnapshot)}
@@ -172,7 +175,7 @@ func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
 			s, err = nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: internal error: %v", ErrMalformed, r)}
 		}
 	}()
-	if err := im.read(root); err != nil {
+	if err := im.read(im.doc.Root()); err != nil {
 		return nil, err
 	}
 	return im.build()
@@ -209,12 +212,14 @@ func decodeJSON(data []byte) (any, error) {
 
 // importer holds the state of one import.
 type importer struct {
-	lim      Limits
-	inputLen int // bytes of input
-	records  int // records admitted so far (see admit)
-	tab      *tables
-	rules    rules
-	origin   Origin
+	lim       Limits
+	inputLen  int            // bytes of input
+	records   int            // records admitted so far (see admit)
+	doc       *pickle.Doc    // the decoded snapshot
+	frameKeys []pickle.Value // the keys of a frame dict, as Values of doc
+	tab       *tables
+	rules     rules
+	origin    Origin
 
 	settings    string             // Meta.AllocatorSettings
 	segs        []snapshot.Segment // the final state, as the footer holds it
@@ -238,20 +243,20 @@ func (im *importer) seeDevice(d int) {
 }
 
 // read walks the decoded value into the importer's records.
-func (im *importer) read(root any) error {
-	if _, ok := asList(root); ok {
+func (im *importer) read(root pickle.Value) error {
+	if _, ok := im.list(root); ok {
 		// memory_snapshot() returns the segments alone.
 		im.origin.Form = "segments"
 		im.haveState = true
 		return im.parseSegments(root, "segments")
 	}
-	d, ok := asDict(root)
-	if !ok {
+	d := root
+	if !isDict(root) {
 		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: the top level is a %s, not a dict or a list", ErrNotSnapshot, pyType(root))}
 	}
 	im.origin.Form = "snapshot"
-	segs, hasSegs := d.get("segments")
-	traces, hasTraces := d.get("device_traces")
+	segs, hasSegs := im.get(d, "segments")
+	traces, hasTraces := im.get(d, "device_traces")
 	if !hasSegs && !hasTraces {
 		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: a dict without \"segments\" or \"device_traces\"", ErrNotSnapshot)}
 	}
@@ -266,12 +271,12 @@ func (im *importer) read(root any) error {
 			return err
 		}
 	}
-	if v, ok := d.get("allocator_settings"); ok {
+	if v, ok := im.get(d, "allocator_settings"); ok {
 		if err := im.parseSettings(v); err != nil {
 			return err
 		}
 	}
-	if v, ok := d.get("external_annotations"); ok {
+	if v, ok := im.get(d, "external_annotations"); ok {
 		if err := im.parseAnnotations(v); err != nil {
 			return err
 		}
@@ -281,10 +286,10 @@ func (im *importer) read(root any) error {
 		}
 	}
 	for _, k := range []string{"host_segments", "host_traces"} {
-		if v, ok := d.get(k); ok {
+		if v, ok := im.get(d, k); ok {
 			im.seen.g5 = true
-			if l, ok := asList(v); ok {
-				im.origin.HostEntries += l.len()
+			if l, ok := im.list(v); ok {
+				im.origin.HostEntries += len(l)
 			}
 		}
 	}
@@ -293,13 +298,13 @@ func (im *importer) read(root any) error {
 }
 
 // generation names the schema generation the fields present point to (docs/pytorch-reference.md §1.10).
-func (im *importer) generation(d dictView) string {
+func (im *importer) generation(d pickle.Value) string {
 	switch {
 	case im.seen.g5:
 		return "G5"
 	case im.seen.g4 || im.seen.userMetadata:
 		return "G4"
-	case d.has("allocator_settings") || d.has("external_annotations"):
+	case im.has(d, "allocator_settings") || im.has(d, "external_annotations"):
 		return "G3"
 	case im.seen.timeUS:
 		return "G2"

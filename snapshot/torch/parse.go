@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -15,24 +16,24 @@ import (
 func itoa(i int) string { return strconv.Itoa(i) }
 
 // optInt reads an optional integer field.
-func optInt(d dictView, key string, path func() string) (int64, bool, error) {
-	v, ok := d.get(key)
+func (im *importer) optInt(d pickle.Value, key string, path func() string) (int64, bool, error) {
+	v, ok := im.get(d, key)
 	if !ok {
 		return 0, false, nil
 	}
-	n, err := toInt(v, field{path, key})
+	n, err := im.toInt(v, field{path, key})
 	return n, err == nil, err
 }
 
 // optString reads an optional string field ("" when absent or None).
-func optString(d dictView, key string, path func() string) (string, error) {
-	v, _ := d.get(key)
-	return toString(v, field{path, key})
+func (im *importer) optString(d pickle.Value, key string, path func() string) (string, error) {
+	v, _ := im.get(d, key)
+	return im.toString(v, field{path, key})
 }
 
 // optBool reads an optional bool field.
-func optBool(d dictView, key string, path func() string) (bool, error) {
-	v, _ := d.get(key)
+func (im *importer) optBool(d pickle.Value, key string, path func() string) (bool, error) {
+	v, _ := im.get(d, key)
 	return toBool(v, field{path, key})
 }
 
@@ -53,8 +54,8 @@ type field struct {
 func (f field) String() string { return f.path() + "." + f.key }
 
 // toInt converts a present field to an integer.
-func toInt(v any, f field) (int64, error) {
-	n, ok := asInt(v)
+func (im *importer) toInt(v pickle.Value, f field) (int64, error) {
+	n, ok := im.asInt(v)
 	if !ok {
 		return 0, wantErr(f.String(), "int", v)
 	}
@@ -62,8 +63,8 @@ func toInt(v any, f field) (int64, error) {
 }
 
 // toSize converts a present field to a non-negative integer.
-func toSize(v any, f field) (int64, error) {
-	n, err := toInt(v, f)
+func (im *importer) toSize(v pickle.Value, f field) (int64, error) {
+	n, err := im.toInt(v, f)
 	if err == nil && n < 0 {
 		err = schemaErr(f.String(), "want a size, got %d", n)
 	}
@@ -71,11 +72,11 @@ func toSize(v any, f field) (int64, error) {
 }
 
 // toString converts a present field to a string; None is "".
-func toString(v any, f field) (string, error) {
-	if v == nil {
+func (im *importer) toString(v pickle.Value, f field) (string, error) {
+	if v.IsNone() {
 		return "", nil
 	}
-	s, ok := v.(string)
+	s, ok := im.doc.Str(v)
 	if !ok {
 		return "", wantErr(f.String(), "str", v)
 	}
@@ -83,11 +84,11 @@ func toString(v any, f field) (string, error) {
 }
 
 // toBool converts a present field to a bool; None is false.
-func toBool(v any, f field) (bool, error) {
-	if v == nil {
+func toBool(v pickle.Value, f field) (bool, error) {
+	if v.IsNone() {
 		return false, nil
 	}
-	b, ok := v.(bool)
+	b, ok := v.Bool()
 	if !ok {
 		return false, wantErr(f.String(), "bool", v)
 	}
@@ -114,21 +115,20 @@ const (
 )
 
 // parseSegments reads the final allocator state: a list of segment dicts.
-func (im *importer) parseSegments(v any, name string) error {
-	l, ok := asList(v)
+func (im *importer) parseSegments(v pickle.Value, name string) error {
+	l, ok := im.list(v)
 	if !ok {
 		return wantErr(name, "list", v)
 	}
-	n := l.len()
+	n := len(l)
 	total := 0
-	for i := range n {
-		seg, ok := l.dictAt(i)
-		if !ok {
-			return wantErr(name+"["+itoa(i)+"]", "dict", l.at(i))
+	for i, seg := range l {
+		if !isDict(seg) {
+			return wantErr(name+"["+itoa(i)+"]", "dict", seg)
 		}
-		if bv, ok := seg.get("blocks"); ok {
-			if bl, ok := asList(bv); ok {
-				total += bl.len()
+		if bv, ok := im.get(seg, "blocks"); ok {
+			if bl, ok := im.list(bv); ok {
+				total += len(bl)
 			}
 		}
 	}
@@ -140,10 +140,13 @@ func (im *importer) parseSegments(v any, name string) error {
 	im.blockStacks = make([]snapshot.StackID, 0, total)
 	im.segs = make([]snapshot.Segment, 0, n)
 	im.segStacks = make([]snapshot.StackID, 0, n)
-	for i := range n {
-		seg, _ := l.dictAt(i)
+	var keys [8]pickle.Value
+	segKeys := im.keys(segmentKeys, keys[:])
+	var bkeys [6]pickle.Value
+	blockKeys := im.keys(blockKeyNames, bkeys[:])
+	for i, seg := range l {
 		path := func() string { return name + "[" + itoa(i) + "]" }
-		s, stack, err := im.parseSegment(seg, path, &blocks)
+		s, stack, err := im.parseSegment(seg, path, &blocks, segKeys, blockKeys)
 		if err != nil {
 			return err
 		}
@@ -157,43 +160,50 @@ func (im *importer) parseSegments(v any, name string) error {
 // The keys of a segment dict the importer reads, in pick order.
 var segmentKeys = []string{"device", "address", "total_size", "stream", "segment_type", "is_expandable", "frames", "blocks"}
 
-func (im *importer) parseSegment(seg dictView, path func() string, blocks *[]snapshot.Block) (snapshot.Segment, snapshot.StackID, error) {
+func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[]snapshot.Block, keys, blockKeys []pickle.Value) (snapshot.Segment, snapshot.StackID, error) {
 	var s snapshot.Segment
-	var v [8]any
-	found := seg.pick(segmentKeys, v[:])
+	var v [8]pickle.Value
+	found := im.doc.Pick(seg, keys, v[:])
 	for _, req := range [...]int{0, 1, 2, 7} { // device, address, total_size, blocks
 		if found&(1<<req) == 0 {
 			return s, 0, schemaErr(path(), "missing %q", segmentKeys[req])
 		}
 	}
-	dev, err := toInt(v[0], field{path, "device"})
+	dev, err := im.toInt(v[0], field{path, "device"})
 	if err != nil {
 		return s, 0, err
 	}
 	if s.Device, err = checkDevice(dev, field{path, "device"}); err != nil {
 		return s, 0, err
 	}
-	addr, err := toInt(v[1], field{path, "address"})
+	addr, err := im.toInt(v[1], field{path, "address"})
 	if err != nil {
 		return s, 0, err
 	}
 	s.Addr = uint64(addr)
-	if s.Size, err = toSize(v[2], field{path, "total_size"}); err != nil {
+	if s.Size, err = im.toSize(v[2], field{path, "total_size"}); err != nil {
 		return s, 0, err
 	}
 	if found&(1<<3) != 0 {
-		if s.Stream, err = toInt(v[3], field{path, "stream"}); err != nil {
+		if s.Stream, err = im.toInt(v[3], field{path, "stream"}); err != nil {
 			return s, 0, err
 		}
 	}
-	if s.Pool, err = toString(v[4], field{path, "segment_type"}); err != nil {
+	if s.Pool, err = im.toString(v[4], field{path, "segment_type"}); err != nil {
 		return s, 0, err
 	}
-	if s.Pool == "" {
+	switch s.Pool {
+	case "":
 		s.Pool = "large"
 		if s.Size <= smallBuffer {
 			s.Pool = "small"
 		}
+	case "large": // the constants, not views of the decoded text, which the snapshot should not keep alive
+		s.Pool = "large"
+	case "small":
+		s.Pool = "small"
+	default:
+		s.Pool = strings.Clone(s.Pool)
 	}
 	if s.Expandable, err = toBool(v[5], field{path, "is_expandable"}); err != nil {
 		return s, 0, err
@@ -205,19 +215,18 @@ func (im *importer) parseSegment(seg dictView, path func() string, blocks *[]sna
 			return s, 0, err
 		}
 	}
-	bl, ok := asList(v[7])
+	bl, ok := im.list(v[7])
 	if !ok {
 		return s, 0, wantErr(path()+".blocks", "list", v[7])
 	}
 	start := len(*blocks)
 	next := s.Addr // legacy blocks have no address: they tile the segment from its base
-	for j := range bl.len() {
-		bd, ok := bl.dictAt(j)
+	for j, bd := range bl {
 		bpath := func() string { return path() + ".blocks[" + itoa(j) + "]" }
-		if !ok {
-			return s, 0, wantErr(bpath(), "dict", bl.at(j))
+		if !isDict(bd) {
+			return s, 0, wantErr(bpath(), "dict", bd)
 		}
-		b, bstack, err := im.parseBlock(bd, bpath, next)
+		b, bstack, err := im.parseBlock(bd, bpath, next, blockKeys)
 		if err != nil {
 			return s, 0, err
 		}
@@ -230,33 +239,38 @@ func (im *importer) parseSegment(seg dictView, path func() string, blocks *[]sna
 }
 
 // The keys of a block dict the importer reads, in pick order.
-var blockKeys = []string{"size", "address", "state", "requested_size", "frames", "history"}
+var blockKeyNames = []string{"size", "address", "state", "requested_size", "frames", "history"}
 
-func (im *importer) parseBlock(bd dictView, path func() string, next uint64) (snapshot.Block, snapshot.StackID, error) {
+func (im *importer) parseBlock(bd pickle.Value, path func() string, next uint64, keys []pickle.Value) (snapshot.Block, snapshot.StackID, error) {
 	var b snapshot.Block
-	var v [6]any
-	found := bd.pick(blockKeys, v[:])
+	var v [6]pickle.Value
+	found := im.doc.Pick(bd, keys, v[:])
 	if found&1 == 0 {
 		return b, 0, schemaErr(path(), `missing "size"`)
 	}
 	var err error
-	if b.Size, err = toSize(v[0], field{path, "size"}); err != nil {
+	if b.Size, err = im.toSize(v[0], field{path, "size"}); err != nil {
 		return b, 0, err
 	}
 	b.Addr = next
 	if found&(1<<1) != 0 {
-		addr, err := toInt(v[1], field{path, "address"})
+		addr, err := im.toInt(v[1], field{path, "address"})
 		if err != nil {
 			return b, 0, err
 		}
 		b.Addr = uint64(addr)
 		im.seen.blockAddress = true
 	}
-	if b.State, err = toString(v[2], field{path, "state"}); err != nil {
+	if b.State, err = im.toString(v[2], field{path, "state"}); err != nil {
 		return b, 0, err
 	}
 	switch b.State {
-	case stateAllocated, statePendingFree, stateInactive:
+	case stateAllocated:
+		b.State = stateAllocated // the constant, not a view of the decoded text
+	case statePendingFree:
+		b.State = statePendingFree
+	case stateInactive:
+		b.State = stateInactive
 	case "active_awaiting_free": // the spelling of the _snapshot() docstring; the C++ code writes the other
 		b.State = statePendingFree
 	default:
@@ -265,7 +279,7 @@ func (im *importer) parseBlock(bd dictView, path func() string, next uint64) (sn
 	var req int64
 	hasReq := found&(1<<3) != 0
 	if hasReq {
-		if req, err = toInt(v[3], field{path, "requested_size"}); err != nil {
+		if req, err = im.toInt(v[3], field{path, "requested_size"}); err != nil {
 			return b, 0, err
 		}
 	}
@@ -279,23 +293,23 @@ func (im *importer) parseBlock(bd dictView, path func() string, next uint64) (sn
 	// history[0] for the frames and, without requested_size, the size asked for.
 	if found&(1<<5) != 0 {
 		im.seen.history = true
-		hl, ok := asList(v[5])
+		hl, ok := im.list(v[5])
 		if !ok {
 			return b, 0, wantErr(path()+".history", "list", v[5])
 		}
-		if hl.len() > 0 {
-			h, ok := hl.dictAt(0)
+		if len(hl) > 0 {
+			h := hl[0]
 			hpath := func() string { return path() + ".history[0]" }
-			if !ok {
-				return b, 0, wantErr(hpath(), "dict", hl.at(0))
+			if !isDict(h) {
+				return b, 0, wantErr(hpath(), "dict", h)
 			}
-			if fv, ok := h.get("frames"); ok && stack == 0 {
+			if fv, ok := im.get(h, "frames"); ok && stack == 0 {
 				if stack, err = im.framesOf(fv, func() string { return hpath() + ".frames" }); err != nil {
 					return b, 0, err
 				}
 			}
 			if !hasReq {
-				if req, hasReq, err = optInt(h, "real_size", hpath); err != nil {
+				if req, hasReq, err = im.optInt(h, "real_size", hpath); err != nil {
 					return b, 0, err
 				}
 			}
@@ -352,40 +366,40 @@ func actionOf(s string) (snapshot.Action, bool) {
 }
 
 // parseTraces reads device_traces: one list of entries per device ordinal, oldest first.
-func (im *importer) parseTraces(v any) error {
-	l, ok := asList(v)
+func (im *importer) parseTraces(v pickle.Value) error {
+	l, ok := im.list(v)
 	if !ok {
 		return wantErr("device_traces", "list", v)
 	}
-	if l.len() > math.MaxInt16+1 {
-		return schemaErr("device_traces", "%d devices", l.len())
+	if len(l) > math.MaxInt16+1 {
+		return schemaErr("device_traces", "%d devices", len(l))
 	}
 	total := 0
-	lists := make([]listView, l.len())
-	for dev := range l.len() {
-		tv := l.at(dev)
-		tl, ok := asList(tv)
+	lists := make([][]pickle.Value, len(l))
+	for dev, tv := range l {
+		tl, ok := im.list(tv)
 		if !ok {
 			return wantErr("device_traces["+itoa(dev)+"]", "list", tv)
 		}
 		lists[dev] = tl
-		total += tl.len()
+		total += len(tl)
 	}
 	if err := im.admit("device_traces", total); err != nil {
 		return err
 	}
-	im.traces = make([][]entry, l.len())
+	im.traces = make([][]entry, len(l))
 	backing := make([]entry, 0, total)
 	im.timeKnown = total > 0
+	var keys [13]pickle.Value
+	entryKeys := im.keys(entryKeyNames, keys[:])
 	for dev, tl := range lists {
 		start := len(backing)
-		for i := range tl.len() {
-			d, ok := tl.dictAt(i)
+		for i, d := range tl {
 			path := func() string { return "device_traces[" + itoa(dev) + "][" + itoa(i) + "]" }
-			if !ok {
-				return wantErr(path(), "dict", tl.at(i))
+			if !isDict(d) {
+				return wantErr(path(), "dict", d)
 			}
-			e, keep, err := im.parseEntry(d, path)
+			e, keep, err := im.parseEntry(d, path, entryKeys)
 			if err != nil {
 				return err
 			}
@@ -394,7 +408,7 @@ func (im *importer) parseTraces(v any) error {
 			}
 		}
 		im.traces[dev] = backing[start:len(backing):len(backing)]
-		if tl.len() > 0 {
+		if len(tl) > 0 {
 			im.seeDevice(dev)
 		}
 	}
@@ -404,17 +418,17 @@ func (im *importer) parseTraces(v any) error {
 }
 
 // The keys of a trace entry the importer reads, in pick order.
-var entryKeys = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
+var entryKeyNames = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
 	"user_metadata", "compile_context", "pool_id", "internal_metadata", "forward_frames"}
 
-func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, error) {
+func (im *importer) parseEntry(d pickle.Value, path func() string, keys []pickle.Value) (entry, bool, error) {
 	var e entry
-	var v [13]any
-	found := d.pick(entryKeys, v[:])
+	var v [13]pickle.Value
+	found := im.doc.Pick(d, keys, v[:])
 	if found&1 == 0 {
 		return e, false, schemaErr(path(), `missing "action"`)
 	}
-	as, ok := v[0].(string)
+	as, ok := im.doc.Str(v[0])
 	if !ok {
 		return e, false, wantErr(path()+".action", "str", v[0])
 	}
@@ -425,7 +439,7 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 			im.origin.SkippedActions = make(map[string]int)
 		}
 		if len(im.origin.SkippedActions) < 64 {
-			im.origin.SkippedActions[truncate(as, 64)]++
+			im.origin.SkippedActions[strings.Clone(truncate(as, 64))]++
 		}
 		return e, false, nil
 	}
@@ -434,7 +448,7 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 	if act == snapshot.ActionOOM {
 		// An OOM entry carries the device's free bytes in place of an address.
 		if found&(1<<6) != 0 {
-			if e.extra, err = toInt(v[6], field{path, "device_free"}); err != nil {
+			if e.extra, err = im.toInt(v[6], field{path, "device_free"}); err != nil {
 				return e, false, err
 			}
 		}
@@ -442,7 +456,7 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 		if found&(1<<1) == 0 {
 			return e, false, schemaErr(path(), `missing "addr"`)
 		}
-		addr, err := toInt(v[1], field{path, "addr"})
+		addr, err := im.toInt(v[1], field{path, "addr"})
 		if err != nil {
 			return e, false, err
 		}
@@ -451,16 +465,16 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 	if found&(1<<2) == 0 {
 		return e, false, schemaErr(path(), `missing "size"`)
 	}
-	if e.size, err = toSize(v[2], field{path, "size"}); err != nil {
+	if e.size, err = im.toSize(v[2], field{path, "size"}); err != nil {
 		return e, false, err
 	}
 	if found&(1<<3) != 0 {
-		if e.stream, err = toInt(v[3], field{path, "stream"}); err != nil {
+		if e.stream, err = im.toInt(v[3], field{path, "stream"}); err != nil {
 			return e, false, err
 		}
 	}
 	if found&(1<<4) != 0 {
-		if e.time, err = toInt(v[4], field{path, "time_us"}); err != nil {
+		if e.time, err = im.toInt(v[4], field{path, "time_us"}); err != nil {
 			return e, false, err
 		}
 		im.seen.timeUS = true
@@ -473,8 +487,8 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 		}
 	}
 	// Tags PyTorch does not record but tools add: the memory profiler's category (_profile_to_snapshot).
-	if found&(1<<7) != 0 && v[7] != nil {
-		cs, ok := v[7].(string)
+	if found&(1<<7) != 0 && !v[7].IsNone() {
+		cs, ok := im.doc.Str(v[7])
 		if !ok {
 			return e, false, wantErr(path()+".category", "str", v[7])
 		}
@@ -485,17 +499,17 @@ func (im *importer) parseEntry(d dictView, path func() string) (entry, bool, err
 	if found&(1<<8|1<<9) != 0 {
 		im.seen.userMetadata = true
 	}
-	if ms, ok := v[8].(string); ok && ms != "" {
+	if ms, ok := im.doc.Str(v[8]); ok && ms != "" {
 		e.scope = im.tab.str(ms)
 	}
-	if cs, ok := v[9].(string); ok && cs != "" && cs != "N/A" && e.scope == 0 {
+	if cs, ok := im.doc.Str(v[9]); ok && cs != "" && cs != "N/A" && e.scope == 0 {
 		e.scope = im.tab.str(cs)
 	}
 	if act == snapshot.ActionAnnotation {
 		// _annotate_memory's text travels as the entry's metadata.
 		im.seen.g5 = true
 		e.text, e.scope = e.scope, 0
-		if ms, ok := v[8].(string); ok && ms != "" {
+		if ms, ok := im.doc.Str(v[8]); ok && ms != "" {
 			e.text = im.tab.str(ms)
 		}
 		if e.text == 0 {
@@ -524,23 +538,22 @@ type annotation struct {
 }
 
 // parseAnnotations reads external_annotations.
-func (im *importer) parseAnnotations(v any) error {
-	l, ok := asList(v)
+func (im *importer) parseAnnotations(v pickle.Value) error {
+	l, ok := im.list(v)
 	if !ok {
 		return wantErr("external_annotations", "list", v)
 	}
-	if err := im.admit("external_annotations", l.len()); err != nil {
+	if err := im.admit("external_annotations", len(l)); err != nil {
 		return err
 	}
-	im.annots = make([]annotation, 0, l.len())
-	for i := range l.len() {
-		d, ok := l.dictAt(i)
+	im.annots = make([]annotation, 0, len(l))
+	for i, d := range l {
 		path := func() string { return "external_annotations[" + itoa(i) + "]" }
-		if !ok {
-			return wantErr(path(), "dict", l.at(i))
+		if !isDict(d) {
+			return wantErr(path(), "dict", d)
 		}
 		var a annotation
-		stage, err := optString(d, "stage", path)
+		stage, err := im.optString(d, "stage", path)
 		if err != nil {
 			return err
 		}
@@ -551,10 +564,11 @@ func (im *importer) parseAnnotations(v any) error {
 		default:
 			return schemaErr(path()+".stage", "want START or END, got %q", truncate(stage, 64))
 		}
-		if a.name, err = optString(d, "name", path); err != nil {
+		if a.name, err = im.optString(d, "name", path); err != nil {
 			return err
 		}
-		dev, _, err := optInt(d, "device", path)
+		a.name = strings.Clone(a.name)
+		dev, _, err := im.optInt(d, "device", path)
 		if err != nil {
 			return err
 		}
@@ -564,7 +578,7 @@ func (im *importer) parseAnnotations(v any) error {
 			return err
 		}
 		a.device = int16(dv)
-		if a.time, _, err = optInt(d, "time_us", path); err != nil {
+		if a.time, _, err = im.optInt(d, "time_us", path); err != nil {
 			return err
 		}
 		im.annots = append(im.annots, a)
@@ -574,21 +588,21 @@ func (im *importer) parseAnnotations(v any) error {
 
 // parseSettings reads allocator_settings (≈2.4+) into the PYTORCH_CUDA_ALLOC_CONF string shown to the user
 // and the rules used to size blocks.
-func (im *importer) parseSettings(v any) error {
-	d, ok := asDict(v)
-	if !ok {
+func (im *importer) parseSettings(v pickle.Value) error {
+	d := v
+	if !isDict(d) {
 		return wantErr("allocator_settings", "dict", v)
 	}
 	path := func() string { return "allocator_settings" }
 	im.origin.SettingsKnown = true
-	conf, err := optString(d, "PYTORCH_CUDA_ALLOC_CONF", path)
+	conf, err := im.optString(d, "PYTORCH_CUDA_ALLOC_CONF", path)
 	if err != nil {
 		return err
 	}
 	im.rules.applyConf(conf)
 	// The effective values win over the string: settings can change at run time.
 	var parts []string
-	if ms, ok, err := optInt(d, "max_split_size", path); err != nil {
+	if ms, ok, err := im.optInt(d, "max_split_size", path); err != nil {
 		return err
 	} else if ok {
 		if ms < 0 || uint64(ms) >= 1<<62 {
@@ -598,15 +612,15 @@ func (im *importer) parseSettings(v any) error {
 			parts = append(parts, "max_split_size_mb:"+strconv.FormatInt(ms>>20, 10))
 		}
 	}
-	if rv, ok := d.get("roundup_power2_divisions"); ok {
-		rd, ok := asDict(rv)
-		if !ok {
+	if rv, ok := im.get(d, "roundup_power2_divisions"); ok {
+		rd := rv
+		if !isDict(rd) {
 			return wantErr("allocator_settings.roundup_power2_divisions", "dict", rv)
 		}
 		var t [roundupIntervals]uint64
 		for i := range t {
 			key := strconv.Itoa(1 << i)
-			n, _, err := optInt(rd, key, func() string { return "allocator_settings.roundup_power2_divisions" })
+			n, _, err := im.optInt(rd, key, func() string { return "allocator_settings.roundup_power2_divisions" })
 			if err != nil {
 				return err
 			}
@@ -620,8 +634,8 @@ func (im *importer) parseSettings(v any) error {
 			parts = append(parts, "roundup_power2_divisions:"+s)
 		}
 	}
-	if g, ok := d.get("garbage_collection_threshold"); ok {
-		f, ok := asFloat(g)
+	if g, ok := im.get(d, "garbage_collection_threshold"); ok {
+		f, ok := im.asFloat(g)
 		if !ok {
 			return wantErr("allocator_settings.garbage_collection_threshold", "float", g)
 		}
@@ -629,39 +643,39 @@ func (im *importer) parseSettings(v any) error {
 			parts = append(parts, "garbage_collection_threshold:"+strconv.FormatFloat(f, 'g', -1, 64))
 		}
 	}
-	exp, err := optBool(d, "expandable_segments", path)
+	exp, err := im.optBool(d, "expandable_segments", path)
 	if err != nil {
 		return err
 	}
-	if d.has("expandable_segments") {
+	if im.has(d, "expandable_segments") {
 		im.rules.expandable = exp
 	}
 	if exp {
 		parts = append(parts, "expandable_segments:True")
 	}
 	for _, k := range []string{"release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "graph_capture_record_stream_reuse"} {
-		b, err := optBool(d, k, path)
+		b, err := im.optBool(d, k, path)
 		if err != nil {
 			return err
 		}
 		if b {
 			parts = append(parts, k+":True")
 		}
-		if k == "graph_capture_record_stream_reuse" && d.has(k) {
+		if k == "graph_capture_record_stream_reuse" && im.has(d, k) {
 			im.seen.g4 = true
 		}
 	}
-	if n, ok, err := optInt(d, "pinned_num_register_threads", path); err != nil {
+	if n, ok, err := im.optInt(d, "pinned_num_register_threads", path); err != nil {
 		return err
 	} else if ok && n != 1 && n > 0 {
 		parts = append(parts, "pinned_num_register_threads:"+strconv.FormatInt(n, 10))
 	}
-	if d.has("max_round_threshold") || d.has("max_cached_size") {
+	if im.has(d, "max_round_threshold") || im.has(d, "max_cached_size") {
 		im.seen.g5 = true
 	}
 	// The string as the user set it, when there was one; otherwise the settings rendered from the values.
 	if conf != "" {
-		im.settings = conf
+		im.settings = strings.Clone(conf)
 	} else {
 		im.settings = strings.Join(parts, ",")
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -25,8 +26,8 @@ type tables struct {
 	evidence      []phaseEvidence // by StackID
 	frameEvidence []phaseEvidence // by FrameID
 
-	byList    []uint32                    // pickle List.ID -> StackID+1 (0: not seen)
-	byDict    []uint32                    // pickle Dict.ID -> FrameID+1, or dropFrame (0: not seen)
+	byList    []uint32                    // the Doc.ID of a traceback list -> StackID+1 (0: not seen)
+	byDict    []uint32                    // the Doc.ID of a frame dict -> FrameID+1, or dropFrame (0: not seen)
 	byContent map[frameKey]uint32         // a frame's fields -> FrameID+1, or dropFrame
 	byHash    map[uint64]snapshot.StackID // a hash of a stack's frame IDs -> a stack with that hash
 	scratch   []snapshot.FrameID
@@ -86,7 +87,10 @@ func (t *tables) str(s string) snapshot.StringID {
 		}
 		s = s[:cut]
 	}
-	s = strings.Clone(s) // the decoded string may share a large buffer
+	s = strings.Clone(s) // the decoded string is a view of the Doc's text
+	if len(key) == len(s) {
+		key = s
+	}
 	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, "strings") {
 		return 0
 	}
@@ -261,81 +265,58 @@ func (e phaseEvidence) phase() (snapshot.Phase, bool) {
 }
 
 // framesOf interns the traceback v (a list of frame dicts, innermost first) at path, returning its stack.
-func (im *importer) framesOf(v any, path func() string) (snapshot.StackID, error) {
-	l, ok := asList(v)
+func (im *importer) framesOf(v pickle.Value, path func() string) (snapshot.StackID, error) {
+	l, ok := im.list(v)
 	if !ok {
-		if v == nil {
+		if v.IsNone() {
 			return 0, nil
 		}
 		return 0, wantErr(path(), "list", v)
 	}
 	t := im.tab
-	id := l.id()
-	if id >= 0 && id < len(t.byList) && t.byList[id] != 0 {
+	doc := im.doc
+	id := doc.ID(v)
+	if id < len(t.byList) && t.byList[id] != 0 {
 		return snapshot.StackID(t.byList[id] - 1), nil
 	}
-	n := l.len()
-	if cap(t.scratch) < n {
-		t.scratch = make([]snapshot.FrameID, 0, max(n, 2*cap(t.scratch)))
+	if cap(t.scratch) < len(l) {
+		t.scratch = make([]snapshot.FrameID, 0, max(len(l), 2*cap(t.scratch)))
 	}
 	scratch := t.scratch[:0]
 	h := stackHashSeed
-	if pl := l.p; pl != nil && pl.OnlyDicts() {
-		// The common case, kept tight: a pickled list of frame dicts, most of them seen before.
-		byDict := t.byDict
-		for i := range n {
-			d, _ := pl.DictAt(i)
-			did := d.ID()
-			var f uint32
-			if uint(did) < uint(len(byDict)) {
-				f = byDict[did]
-			}
-			if f == 0 {
-				var err error
-				if f, err = im.resolveFrame(dictView{p: d}, path, i); err != nil {
-					return 0, err
-				}
-				byDict = t.byDict
-			}
-			if f != dropFrame {
-				scratch = append(scratch, snapshot.FrameID(f-1))
-				h = stackHash(h, snapshot.FrameID(f-1))
-			}
+	byDict := t.byDict
+	for i, d := range l {
+		if !isDict(d) {
+			return 0, wantErr(path()+"["+itoa(i)+"]", "dict", d)
 		}
-	} else {
-		for i := range n {
-			d, ok := l.dictAt(i)
-			if !ok {
-				return 0, wantErr(path()+"["+itoa(i)+"]", "dict", l.at(i))
+		// PyTorch shares each frame dict: most are seen before, and found by their ID.
+		did := doc.ID(d)
+		var f uint32
+		if did < len(byDict) {
+			f = byDict[did]
+		}
+		if f == 0 {
+			var err error
+			if f, err = im.resolveFrame(d, path, i); err != nil {
+				return 0, err
 			}
-			var f uint32
-			if did := d.id(); did >= 0 && did < len(t.byDict) {
-				f = t.byDict[did]
-			}
-			if f == 0 {
-				var err error
-				if f, err = im.resolveFrame(d, path, i); err != nil {
-					return 0, err
-				}
-			}
-			if f != dropFrame {
-				scratch = append(scratch, snapshot.FrameID(f-1))
-				h = stackHash(h, snapshot.FrameID(f-1))
-			}
+			byDict = t.byDict
+		}
+		if f != dropFrame {
+			scratch = append(scratch, snapshot.FrameID(f-1))
+			h = stackHash(h, snapshot.FrameID(f-1))
 		}
 	}
 	t.scratch = scratch
 	s := t.stack(h)
-	if id >= 0 {
-		t.byList = growTo(t.byList, id)
-		t.byList[id] = uint32(s) + 1
-	}
+	t.byList = growTo(t.byList, id)
+	t.byList[id] = uint32(s) + 1
 	return s, t.err
 }
 
-// resolveFrame reads frame dict d (element i of the traceback at path) and remembers it by its pickle ID. It
-// returns FrameID+1, or dropFrame for a frame the filter hides.
-func (im *importer) resolveFrame(d dictView, path func() string, i int) (uint32, error) {
+// resolveFrame reads frame dict d (element i of the traceback at path) and remembers it by its ID.
+// It returns FrameID+1, or dropFrame for a frame the filter hides.
+func (im *importer) resolveFrame(d pickle.Value, path func() string, i int) (uint32, error) {
 	fid, err := im.frameDict(d, func() string { return path() + "[" + itoa(i) + "]" })
 	if err != nil {
 		return 0, err
@@ -344,32 +325,34 @@ func (im *importer) resolveFrame(d dictView, path func() string, i int) (uint32,
 	if fid != 0 {
 		f = uint32(fid) + 1
 	}
-	if did := d.id(); did >= 0 {
-		t := im.tab
-		t.byDict = growTo(t.byDict, did)
-		t.byDict[did] = f
-	}
+	t := im.tab
+	did := im.doc.ID(d)
+	t.byDict = growTo(t.byDict, did)
+	t.byDict[did] = f
 	return f, nil
 }
 
 // The keys of a frame dict the importer reads, in pick order.
-var frameKeys = []string{"name", "filename", "line"}
+var frameKeyNames = []string{"name", "filename", "line"}
 
 // frameDict reads one frame {filename, line, name}; FX annotations are ignored.
-func (im *importer) frameDict(d dictView, path func() string) (snapshot.FrameID, error) {
-	var v [3]any
-	found := d.pick(frameKeys, v[:])
-	name, err := toString(v[0], field{path, "name"})
+func (im *importer) frameDict(d pickle.Value, path func() string) (snapshot.FrameID, error) {
+	if im.frameKeys == nil {
+		im.frameKeys = im.keys(frameKeyNames, make([]pickle.Value, len(frameKeyNames)))
+	}
+	var v [3]pickle.Value
+	found := im.doc.Pick(d, im.frameKeys, v[:])
+	name, err := im.toString(v[0], field{path, "name"})
 	if err != nil {
 		return 0, err
 	}
-	file, err := toString(v[1], field{path, "filename"})
+	file, err := im.toString(v[1], field{path, "filename"})
 	if err != nil {
 		return 0, err
 	}
 	var line int64
 	if found&(1<<2) != 0 {
-		if line, err = toInt(v[2], field{path, "line"}); err != nil {
+		if line, err = im.toInt(v[2], field{path, "line"}); err != nil {
 			return 0, err
 		}
 	}

@@ -2,203 +2,128 @@ package torch
 
 import (
 	"encoding/json"
-	"math"
+	"fmt"
+	"maps"
 	"math/big"
+	"slices"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 )
 
-// The importer reads two families of decoded values: the pickle decoder's (*pickle.List, *pickle.Dict,
-// pickle.Tuple, int64, *big.Int, ...) and encoding/json's with UseNumber ([]any, map[string]any,
-// json.Number, ...). listView and dictView hold one or the other, so that one walk serves both without an
-// interface call per access.
+// The importer reads one form of decoded snapshot, a pickle.Doc: a pickle decodes into one directly, and a
+// JSON snapshot is converted into one (jsonDoc). Values are read through the Doc, which holds them compactly:
+// no Go object per dict, list or int.
 
-// listView is a list (or a tuple) of either family.
-type listView struct {
-	p *pickle.List
-	j []any
-}
-
-func (l listView) len() int {
-	if l.p != nil {
-		return l.p.Len()
+// pyType names a value's Python type, for error messages.
+func pyType(v pickle.Value) string {
+	if v.IsNone() {
+		return "None"
 	}
-	return len(l.j)
+	return v.TypeName()
 }
 
-func (l listView) at(i int) any {
-	if l.p != nil {
-		return l.p.At(i)
+// list returns the elements of a list or a tuple.
+func (im *importer) list(v pickle.Value) ([]pickle.Value, bool) {
+	switch v.Kind() {
+	case pickle.KindList, pickle.KindTuple:
+		return im.doc.Elems(v), true
 	}
-	return l.j[i]
+	return nil, false
 }
 
-// dictAt returns element i as a dict, without boxing it when the pickle list holds only dicts.
-func (l listView) dictAt(i int) (dictView, bool) {
-	if l.p != nil {
-		d, ok := l.p.DictAt(i)
-		return dictView{p: d}, ok
-	}
-	m, ok := l.j[i].(map[string]any)
-	return dictView{j: m}, ok
-}
+// isDict reports whether v is a dict.
+func isDict(v pickle.Value) bool { return v.Kind() == pickle.KindDict }
 
-// id is the pickle list's identity (shared through the memo), or -1 for JSON, which has no sharing.
-func (l listView) id() int {
-	if l.p != nil {
-		return l.p.ID()
-	}
-	return -1
-}
+// get returns the value of dict d under a str key.
+func (im *importer) get(d pickle.Value, key string) (pickle.Value, bool) { return im.doc.Get(d, key) }
 
-// dictView is a dict of either family.
-type dictView struct {
-	p *pickle.Dict
-	j map[string]any
-}
-
-func (d dictView) get(key string) (any, bool) {
-	if d.p != nil {
-		return d.p.Get(key)
-	}
-	v, ok := d.j[key]
-	return v, ok
-}
-
-func (d dictView) has(key string) bool {
-	_, ok := d.get(key)
+func (im *importer) has(d pickle.Value, key string) bool {
+	_, ok := im.doc.Get(d, key)
 	return ok
 }
 
-// id is the pickle dict's identity, or -1 for JSON.
-func (d dictView) id() int {
-	if d.p != nil {
-		return d.p.ID()
+// keys resolves the key names of one pick to the Doc's Values (see pickle.Doc.Pick).
+func (im *importer) keys(names []string, out []pickle.Value) []pickle.Value {
+	for i, n := range names {
+		out[i] = im.doc.Key(n)
 	}
-	return -1
+	return out[:len(names)]
 }
 
-// pick looks up several keys in one pass over the dict: vals[i] gets the value under keys[i], and bit i of
-// the result says whether it was there. Snapshot dicts have a handful of keys, so one scan comparing each
-// against the few wanted beats one lookup per key.
-func (d dictView) pick(keys []string, vals []any) uint32 {
-	var found uint32
-	if d.p != nil {
-		for _, it := range d.p.Items() {
-			k, ok := it.Key.(string)
-			if !ok {
-				continue
-			}
-			for i, want := range keys {
-				if k == want {
-					vals[i] = it.Value
-					found |= 1 << i
-					break
-				}
-			}
-		}
-		return found
-	}
-	for i, k := range keys {
-		if v, ok := d.j[k]; ok {
-			vals[i] = v
-			found |= 1 << i
-		}
-	}
-	return found
-}
+// asInt returns an integer. Like pickle.AsInt64, it maps PyTorch's unsigned 2^64-1 (a size_t "unlimited" or a
+// -1 read as unsigned) back to -1. A bool is not an integer here.
+func (im *importer) asInt(v pickle.Value) (int64, bool) { return im.doc.Int(v) }
 
-func asList(v any) (listView, bool) {
-	switch x := v.(type) {
-	case *pickle.List:
-		return listView{p: x}, true
-	case []any:
-		return listView{j: x}, true
-	case pickle.Tuple:
-		return listView{j: []any(x)}, true
+// asFloat returns a float, or an integer as Python would accept it.
+func (im *importer) asFloat(v pickle.Value) (float64, bool) {
+	if f, ok := im.doc.Float(v); ok {
+		return f, true
 	}
-	return listView{}, false
-}
-
-func asDict(v any) (dictView, bool) {
-	switch x := v.(type) {
-	case *pickle.Dict:
-		return dictView{p: x}, true
-	case map[string]any:
-		return dictView{j: x}, true
-	}
-	return dictView{}, false
-}
-
-// asInt returns an integer of either family. Like pickle.AsInt64, it maps PyTorch's unsigned 2^64-1 (a size_t
-// "unlimited" or a -1 read as unsigned) back to -1. A bool is not an integer here.
-func asInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int64:
-		return x, true
-	case json.Number:
-		if n, err := x.Int64(); err == nil {
-			return n, true
-		}
-		if b, ok := new(big.Int).SetString(string(x), 10); ok {
-			return pickle.AsInt64(b)
-		}
-		return 0, false
-	default:
-		return pickle.AsInt64(v)
-	}
-}
-
-// asFloat returns a float (or an integer, as Python would accept it) of either family.
-func asFloat(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case int64:
-		return float64(x), true
-	case json.Number:
-		f, err := x.Float64()
-		return f, err == nil && !math.IsInf(f, 0)
+	if i, ok := im.doc.Int(v); ok {
+		return float64(i), true
 	}
 	return 0, false
 }
 
-// pyType names a decoded value's Python type, for error messages.
-func pyType(v any) string {
+// maxJSONDepth bounds the nesting of a JSON snapshot, as pickle.Limits.MaxDepth bounds a pickle's.
+const maxJSONDepth = 1000
+
+// jsonDoc converts a value decoded by encoding/json (with UseNumber) into a Doc.
+func jsonDoc(v any) (*pickle.Doc, error) {
+	b := pickle.Limits{}.NewBuilder()
+	root, err := jsonValue(b, v, 0)
+	if err != nil {
+		return nil, err
+	}
+	return b.Doc(root), nil
+}
+
+func jsonValue(b *pickle.Builder, v any, depth int) (pickle.Value, error) {
+	if depth > maxJSONDepth {
+		return 0, fmt.Errorf("%w: JSON nested more than %d deep", ErrLimit, maxJSONDepth)
+	}
 	switch x := v.(type) {
 	case nil:
-		return "None"
+		return b.None(), nil
 	case bool:
-		return "bool"
-	case int64, *big.Int:
-		return "int"
-	case json.Number:
-		if _, err := x.Int64(); err == nil {
-			return "int"
-		}
-		if _, ok := new(big.Int).SetString(string(x), 10); ok {
-			return "int"
-		}
-		return "float"
-	case float64:
-		return "float"
+		return b.Bool(x), nil
 	case string:
-		return "str"
-	case []byte:
-		return "bytes"
-	case pickle.ByteArray:
-		return "bytearray"
-	case *pickle.List, []any:
-		return "list"
-	case *pickle.Dict, map[string]any:
-		return "dict"
-	case pickle.Tuple:
-		return "tuple"
-	case *pickle.Set:
-		if x.Frozen {
-			return "frozenset"
+		return b.Str(x)
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return b.Int(n), nil
 		}
-		return "set"
+		if n, ok := new(big.Int).SetString(string(x), 10); ok {
+			return b.BigInt(n), nil
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return 0, fmt.Errorf("%w: JSON number %s: %w", ErrMalformed, truncate(string(x), 64), err)
+		}
+		return b.Float(f), nil
+	case []any:
+		elems := make([]pickle.Value, len(x))
+		for i, e := range x {
+			var err error
+			if elems[i], err = jsonValue(b, e, depth+1); err != nil {
+				return 0, err
+			}
+		}
+		return b.List(elems)
+	case map[string]any:
+		pairs := make([]pickle.Value, 0, 2*len(x))
+		for _, k := range slices.Sorted(maps.Keys(x)) { // a pure function of the input, whatever map order
+			kv, err := b.Str(k)
+			if err != nil {
+				return 0, err
+			}
+			ev, err := jsonValue(b, x[k], depth+1)
+			if err != nil {
+				return 0, err
+			}
+			pairs = append(pairs, kv, ev)
+		}
+		return b.Dict(pairs)
 	}
-	return "object"
+	return 0, fmt.Errorf("%w: JSON value of type %T", ErrMalformed, v)
 }
