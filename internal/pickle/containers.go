@@ -1,5 +1,7 @@
 package pickle
 
+import "fmt"
+
 // The opcodes that build or fill containers. A container's elements live in Doc.pool, at a region that grows
 // in place while it is the last one and moves to the end, with room to double, when it is not: a list being
 // filled in batches of APPENDS, with its elements built between the batches, moves O(log n) times.
@@ -7,18 +9,25 @@ package pickle
 // newCont creates an empty container with the given tag.
 func (d *decoder) newCont(tag uint64) Value {
 	doc := d.doc
-	id := doc.addCont(cont{off: len(doc.pool), depth: 1})
+	id := doc.addCont(cont{off: uint32(len(doc.pool)), depth: 1})
 	return mk(tag, id)
 }
 
+// errPool is the cause when a Doc would need more than maxPool Values.
+var errPool = fmt.Errorf("%w: more than %d container elements (32 GiB decoded)", ErrLimit, uint64(maxPool))
+
 // reserve makes room for n more Values in container ci and returns where they go.
-func (d *decoder) reserve(ci uint64, n int) []Value {
+func (d *decoder) reserve(ci uint64, n int) ([]Value, error) {
 	doc := d.doc
 	c := doc.cont(ci)
 	used := int(c.n)
-	end := c.off + used
+	off := int(c.off)
+	end := off + used
 	switch {
 	case end == len(doc.pool): // the last region: grow it in place
+		if end+n > maxPool {
+			return nil, errPool
+		}
 		doc.pool = growN(doc.pool, n)
 		c.cap = uint32(used + n)
 	case used+n <= int(c.cap):
@@ -27,13 +36,17 @@ func (d *decoder) reserve(ci uint64, n int) []Value {
 		if used > 0 {
 			size = max(2*size, 8)
 		}
-		off := len(doc.pool)
+		to := len(doc.pool)
+		if to+size > maxPool {
+			return nil, errPool
+		}
 		doc.pool = growN(doc.pool, size)
-		copy(doc.pool[off:], doc.pool[c.off:end])
-		c.off, c.cap = off, uint32(size)
+		copy(doc.pool[to:], doc.pool[off:end])
+		off = to
+		c.off, c.cap = uint32(to), uint32(size)
 	}
 	c.n = uint32(used + n)
-	return doc.pool[c.off+used : c.off+used+n]
+	return doc.pool[off+used : off+used+n], nil
 }
 
 // growN returns s extended by n elements, doubling its capacity when it runs out (see grow).
@@ -87,7 +100,11 @@ func (d *decoder) newTuple(items []Value) error {
 		}
 	}
 	t := d.newCont(tTuple)
-	copy(d.reserve(t.payload(), len(items)), items)
+	dst, err := d.reserve(t.payload(), len(items))
+	if err != nil {
+		return err
+	}
+	copy(dst, items)
 	d.doc.cont(t.payload()).depth = depth
 	return d.pushNew(t)
 }
@@ -187,7 +204,11 @@ func (d *decoder) extend(l Value, items []Value) error {
 			return err
 		}
 	}
-	copy(d.reserve(ci, len(items)), items)
+	dst, err := d.reserve(ci, len(items))
+	if err != nil {
+		return err
+	}
+	copy(dst, items)
 	return nil
 }
 
@@ -260,17 +281,21 @@ func (d *decoder) fill(m Value, items []Value) error {
 }
 
 // fillSmall is fill's fast path for a snapshot's dicts: a few short str keys, written in place after one
-// reserve. It stops at the first pair it cannot take (a key that is not a short str), and returns how many
-// items it stored; the caller goes on from there.
+// reserve. Equal short strs are equal Values, so a repeated key is found by comparing the Values before it. It
+// stops at the first pair it cannot take (a key that is not a short str), and returns how many items it
+// stored; the caller goes on from there.
 func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
 	doc := d.doc
 	ci := m.payload()
 	base := int(doc.cont(ci).n)
-	d.reserve(ci, len(items))
+	if _, err := d.reserve(ci, len(items)); err != nil {
+		return 0, err
+	}
 	c := doc.cont(ci)
-	p := doc.pool[c.off : c.off+base+len(items)]
+	p := doc.pool[c.off : int(c.off)+base+len(items)]
 	w := base // Values written
 	i := 0
+outer:
 	for ; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
 		if k.tag() != tStr || doc.spans[k.payload()].n > internMaxLen {
@@ -280,18 +305,12 @@ func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
 			c.n = uint32(w)
 			return 0, err
 		}
-		bit := keySig(k)
-		if c.sig&bit != 0 {
-			j := 0
-			for j < w && p[j] != k {
-				j += 2
-			}
-			if j < w {
+		for j := 0; j < w; j += 2 {
+			if p[j] == k {
 				p[j+1] = v // a repeated key: the new value, in the first one's place
-				continue
+				continue outer
 			}
 		}
-		c.sig |= bit
 		p[w], p[w+1] = k, v
 		w += 2
 	}
@@ -337,25 +356,24 @@ func (d *decoder) addTo(s Value, items []Value) error {
 
 // set inserts or replaces key k in the dict or set ci as Python's d[k] = v does: a replaced entry keeps its
 // position and its original key. Snapshot dicts are small and keyed by interned strs, which a scan of a few
-// Values settles (and keySig mostly spares); a dict past smallDict entries, or with any other key, gets a hash
-// index. It fails for an unhashable key, or when the key budget runs out.
+// Values settles; a dict past smallDict entries, or with any other key, gets a hash index. It fails for an
+// unhashable key, or when the key budget runs out.
 func (d *decoder) set(ci uint64, k, v Value) error {
 	doc := d.doc
 	c := doc.cont(ci)
 	if k.tag() == tStr && !c.indexed && doc.spans[k.payload()].n <= internMaxLen {
-		bit := keySig(k)
-		if c.sig&bit != 0 {
-			p := doc.pool[c.off : c.off+int(c.n)]
-			for j := 0; j < len(p); j += 2 {
-				if p[j] == k {
-					p[j+1] = v
-					return nil
-				}
+		p := doc.pool[c.off : c.off+c.n]
+		for j := 0; j < len(p); j += 2 {
+			if p[j] == k {
+				p[j+1] = v
+				return nil
 			}
 		}
 		if int(c.n)/2 < smallDict {
-			c.sig |= bit
-			kv := d.reserve(ci, 2)
+			kv, err := d.reserve(ci, 2)
+			if err != nil {
+				return err
+			}
 			kv[0], kv[1] = k, v
 			return nil
 		}
@@ -369,14 +387,14 @@ func (d *decoder) set(ci uint64, k, v Value) error {
 	}
 	idx := doc.index[uint32(ci)]
 	if i, ok := idx[hk]; ok {
-		doc.pool[c.off+2*int(i)+1] = v
+		doc.pool[int(c.off)+2*int(i)+1] = v
 		return nil
 	}
-	if k.tag() == tStr {
-		c.sig |= keySig(k)
-	}
 	idx[hk] = int32(c.n / 2)
-	kv := d.reserve(ci, 2)
+	kv, err := d.reserve(ci, 2)
+	if err != nil {
+		return err
+	}
 	kv[0], kv[1] = k, v
 	return nil
 }
@@ -404,7 +422,7 @@ func (d *decoder) buildIndex(ci uint64) {
 	doc := d.doc
 	c := doc.cont(ci)
 	idx := make(map[any]int32, c.n/2+1)
-	p := doc.pool[c.off : c.off+int(c.n)]
+	p := doc.pool[c.off : c.off+c.n]
 	for j := 0; j < len(p); j += 2 {
 		idx[doc.str(p[j])] = int32(j / 2)
 	}

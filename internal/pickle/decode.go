@@ -47,8 +47,8 @@ func (l Limits) DecodeDoc(data []byte) (doc *Doc, err error) {
 	d := decoder{lim: l, data: data, doc: newDoc(len(data))}
 	d.mat.doc = d.doc
 	d.keys.budget = keyWorkPerByte*int64(len(data)) + keyWorkBase
-	// pickle.dump memoizes every container and str: one entry per 16 to 130 bytes of a snapshot.
-	d.memo = make([]Value, 0, min(len(data)/16+16, l.MaxMemo, 1<<16))
+	// pickle.dump memoizes every container and str: one entry per 16 to 130 bytes of a snapshot, 35 in f4.
+	d.memo = make([]Value, 0, min(len(data)/32+16, l.MaxMemo, 1<<16))
 	d.stack = make([]Value, 0, min(len(data)/32+16, 256))
 	d.marks = make([]int, 0, 16)
 	defer d.recoverBug(&err)

@@ -51,7 +51,7 @@ func (m *materializer) value(v Value) any {
 		m.made = m.made[:cap(m.made)]
 	}
 	c := *d.cont(id)
-	elems := d.pool[c.off : c.off+int(c.n)]
+	elems := d.pool[c.off : c.off+c.n]
 	switch v.tag() {
 	case tList:
 		l := &List{items: make([]any, len(elems)), id: uint32(id), onlyDicts: true}

@@ -104,16 +104,20 @@ func (v Value) Bool() (b, ok bool) {
 	return false, false
 }
 
-// cont is one container: its elements (for a dict, its key/value pairs) are pool[off : off+n].
+// cont is one container: its elements (for a dict, its key/value pairs) are pool[off : off+n]. It takes 16
+// bytes: a snapshot has a container per 40 bytes of pickle.
 type cont struct {
-	off     int
+	off     uint32 // the pool holds at most maxPool Values
 	n       uint32 // Values used: elements, or twice the entries of a dict or set
 	cap     uint32 // Values reserved at off: appends fit in place up to cap
-	sig     uint64 // dicts and sets: a bit per interned str key (keySig): a clear bit proves the key absent
 	depth   uint16 // 1 + the deepest element's depth
 	shared  bool   // already placed inside another container: no more changes (keeps results acyclic)
 	indexed bool   // dicts and sets: Doc.index holds a hash index of the keys
 }
+
+// maxPool is the most Values the pool of one Doc holds (32 GiB of them), which is what lets a container's
+// offset take 4 bytes. A snapshot needs about half a Value per byte of pickle.
+const maxPool = 1<<32 - 1
 
 // contBlock is the number of containers per block of Doc.conts. Blocks never move, so the memory a decode
 // allocates for containers is what it holds plus at most one block, whatever the input.
@@ -234,7 +238,7 @@ func (d *Doc) Elems(v Value) []Value {
 		return nil
 	}
 	c := d.cont(v.payload())
-	return d.pool[c.off : c.off+int(c.n) : c.off+int(c.n)]
+	return d.pool[c.off : c.off+c.n : c.off+c.n]
 }
 
 // Pairs returns the entries of a dict as keys and values alternating, in insertion order, and nil for anything
@@ -244,7 +248,7 @@ func (d *Doc) Pairs(v Value) []Value {
 		return nil
 	}
 	c := d.cont(v.payload())
-	return d.pool[c.off : c.off+int(c.n) : c.off+int(c.n)]
+	return d.pool[c.off : c.off+c.n : c.off+c.n]
 }
 
 // ID numbers the containers (lists, tuples, dicts, sets) of one Doc densely from 0 in the order they were
@@ -283,7 +287,7 @@ func (d *Doc) Get(m Value, key string) (Value, bool) {
 	}
 	if c := d.cont(m.payload()); c.indexed {
 		if i, ok := d.index[uint32(m.payload())][key]; ok {
-			return d.pool[c.off+2*int(i)+1], true
+			return d.pool[int(c.off)+2*int(i)+1], true
 		}
 		return 0, false
 	}
@@ -302,16 +306,13 @@ func (d *Doc) lookup(m Value, k Value) (Value, bool) {
 		return 0, false
 	}
 	c := d.cont(m.payload())
-	if c.sig&keySig(k) == 0 {
-		return 0, false
-	}
 	if c.indexed {
 		if i, ok := d.index[uint32(m.payload())][d.str(k)]; ok {
-			return d.pool[c.off+2*int(i)+1], true
+			return d.pool[int(c.off)+2*int(i)+1], true
 		}
 		return 0, false
 	}
-	p := d.pool[c.off : c.off+int(c.n)]
+	p := d.pool[c.off : c.off+c.n]
 	for i := 0; i < len(p); i += 2 {
 		if p[i] == k {
 			return p[i+1], true
@@ -337,7 +338,7 @@ func (d *Doc) Pick(m Value, keys []Value, vals []Value) uint32 {
 		}
 		return found
 	}
-	p := d.pool[c.off : c.off+int(c.n)]
+	p := d.pool[c.off : c.off+c.n]
 	for j := 0; j < len(p); j += 2 {
 		k := p[j]
 		for i, want := range keys {
@@ -350,9 +351,6 @@ func (d *Doc) Pick(m Value, keys []Value, vals []Value) uint32 {
 	}
 	return found
 }
-
-// keySig picks an interned key's bit in cont.sig.
-func keySig(k Value) uint64 { return 1 << (uint64(k) * 0x9E3779B97F4A7C15 >> 58) }
 
 // TypeName names v's Python type, for error messages.
 func (v Value) TypeName() string {
