@@ -68,7 +68,7 @@ func newDoc(n int) *Doc {
 		spans: make([]span, 0, min(n/1024+16, 1<<16)),
 		text:  make([]byte, 0, min(n/64+256, 1<<20)),
 	}
-	d.intern.rehash(d, max(32, 1<<bits.Len(uint(min(n/2048, 1<<16)))))
+	d.intern.rehash(d, 1<<bits.Len(uint(min(max(n/32, 32), 1024)))) // about 50 to 500 distinct strs
 	return d
 }
 
@@ -156,6 +156,46 @@ func (d *decoder) run() (Value, error) {
 				d.objects++
 				stack = append(grow(stack), mk(tInt, uint64(data[pos+1])))
 				pos += 2
+				continue
+			}
+		case opBinInt2:
+			if pos+2 < len(data) && len(stack)+len(d.marks) < maxStack && d.objects < d.lim.MaxObjects {
+				d.objects++
+				stack = append(grow(stack), mk(tInt, uint64(binary.LittleEndian.Uint16(data[pos+1:]))))
+				pos += 3
+				continue
+			}
+		case opBinInt:
+			if pos+4 < len(data) && len(stack)+len(d.marks) < maxStack && d.objects < d.lim.MaxObjects {
+				d.objects++
+				i := int64(int32(binary.LittleEndian.Uint32(data[pos+1:])))
+				stack = append(grow(stack), mk(tInt, uint64(i)&payload))
+				pos += 5
+				continue
+			}
+		case opLong1: // snapshot addresses and sizes: up to 7 bytes, always an int that fits a Value
+			if pos+1 < len(data) {
+				if n := int(data[pos+1]); n > 0 && n < 8 && pos+2+n <= len(data) && len(stack)+len(d.marks) < maxStack && d.objects < d.lim.MaxObjects && n <= d.lim.MaxInt {
+					var u uint64
+					for _, c := range data[pos+2 : pos+2+n] {
+						u = u>>8 | uint64(c)<<56
+					}
+					i := int64(u) >> (64 - 8*n) // sign-extends from the top byte read
+					d.objects++
+					stack = append(grow(stack), mk(tInt, uint64(i)&payload))
+					pos += 2 + n
+					continue
+				}
+			}
+		case opEmptyDict, opEmptyList:
+			if len(stack)+len(d.marks) < maxStack && d.objects < d.lim.MaxObjects {
+				d.objects++
+				tag := tDict
+				if op == opEmptyList {
+					tag = tList
+				}
+				stack = append(grow(stack), d.newCont(tag))
+				pos++
 				continue
 			}
 		}

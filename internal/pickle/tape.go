@@ -261,6 +261,14 @@ func (d *Doc) ID(v Value) int {
 	return int(v.payload())
 }
 
+// Containers returns the number of containers, one more than the largest ID.
+func (d *Doc) Containers() int {
+	if len(d.conts) == 0 {
+		return 0
+	}
+	return (len(d.conts)-1)*contBlock + len(d.conts[len(d.conts)-1])
+}
+
 // Key returns the Value of the short str s (at most 48 bytes) if the Doc holds it, or a Value that matches
 // no key. Looking a key up once and passing its Value to Pick saves comparing strings per dict.
 func (d *Doc) Key(s string) Value {
