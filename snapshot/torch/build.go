@@ -82,16 +82,19 @@ func (im *importer) analyze(dev int) devicePlan {
 
 	// The final state: blocks still in use that the trace never allocated were allocated before it began
 	// ("ghosts" in memory_viz). Blocks the trace allocated and never freed take their size from the state.
+	// Segments are walked by address, so that these blocks come sorted as the layout pass wants them.
 	fixed := make(map[int32]int64) // alloc entry -> block size from the final state
 	found := 0
-	bi := 0
-	for si := range im.segs {
+	order, starts := im.segmentOrder()
+	for _, si := range order {
 		s := &im.segs[si]
+		if s.Device != dev {
+			continue
+		}
 		for j := range s.Blocks {
 			b := &s.Blocks[j]
-			stack := im.blockStacks[bi]
-			bi++
-			if s.Device != dev || b.State == stateInactive {
+			stack := im.blockStacks[int(starts[si])+j]
+			if b.State == stateInactive {
 				continue
 			}
 			if r, ok := alive[b.Addr]; ok {
@@ -158,7 +161,7 @@ func (im *importer) analyze(dev int) devicePlan {
 		}
 	}
 	nfinal := 0
-	for si := range im.segs {
+	for _, si := range order { // by address, as startLayout wants them
 		s := &im.segs[si]
 		if s.Device != dev {
 			continue
@@ -200,9 +203,29 @@ func (im *importer) analyze(dev int) devicePlan {
 	return p
 }
 
+// segmentOrder returns the indices of the final state's segments by address (then device), and where each
+// segment's blocks start in im.blockStacks. Computed once for every device.
+func (im *importer) segmentOrder() (order, starts []int32) {
+	if im.segOrder == nil {
+		im.segOrder = make([]int32, len(im.segs))
+		im.blockStart = make([]int32, len(im.segs))
+		n := 0
+		for i := range im.segs {
+			im.segOrder[i] = int32(i)
+			im.blockStart[i] = int32(n)
+			n += len(im.segs[i].Blocks)
+		}
+		slices.SortFunc(im.segOrder, func(a, b int32) int {
+			sa, sb := &im.segs[a], &im.segs[b]
+			return cmp.Or(cmp.Compare(sa.Addr, sb.Addr), cmp.Compare(sa.Device, sb.Device), cmp.Compare(a, b))
+		})
+	}
+	return im.segOrder, im.blockStart
+}
+
 // sizeBlocks runs forward through the trace, following the layout of the segments, to size every block.
 func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]int64) {
-	var lay layout
+	lay := layout{pre: p.blocks} // sorted by address
 	backing := make([]lseg, 0, len(p.segs))
 	for i := range p.segs {
 		s := &p.segs[i]
@@ -210,16 +233,8 @@ func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]i
 			lay.exp.add(s.addr, s.end(), s.stream)
 			continue
 		}
-		backing = append(backing, lseg{base: s.addr, end: s.end(), known: s.known})
+		backing = append(backing, lseg{base: s.addr, end: s.end(), known: s.known, unloaded: true})
 		lay.segs = append(lay.segs, &backing[len(backing)-1])
-	}
-	for i := range p.blocks { // sorted by address, so each goes at the end of its segment's list
-		b := &p.blocks[i]
-		if b.size > smallSize {
-			if s := lay.find(b.addr); s != nil && s.known {
-				s.blocks = append(s.blocks, lblock{b.addr, uint64(b.size)})
-			}
-		}
 	}
 	// Sizes of the blocks the trace allocates; those of pre-existing blocks are found in p.blocks (by address).
 	sizes := make(map[uint64]int64)
@@ -419,8 +434,8 @@ type region struct {
 }
 
 func (em *emitter) add(e snapshot.Event) {
-	e.Seq = uint64(len(em.events))
 	em.events = append(em.events, e)
+	em.events[len(em.events)-1].Seq = uint64(len(em.events) - 1)
 }
 
 // setPhase writes a phase marker when the phase the next events carry changes.

@@ -49,6 +49,7 @@ func (b *preBlock) end() uint64 { return b.addr + uint64(b.size) }
 type lseg struct {
 	base, end uint64
 	known     bool
+	unloaded  bool // its pre-existing blocks are not in blocks yet: layout.find loads them on first use
 	blocks    []lblock
 }
 
@@ -68,17 +69,29 @@ const (
 
 // layout is the segments of one device during the forward pass.
 type layout struct {
-	segs []*lseg   // by base address
-	exp  intervals // mapped ranges of expandable segments
+	segs []*lseg    // by base address
+	exp  intervals  // mapped ranges of expandable segments
+	pre  []preBlock // the blocks in use before the trace, by address: what unloaded segments hold
 }
 
-// find returns the segment holding addr, or nil.
+// find returns the segment holding addr, or nil. A trace touches few of the segments that predate it, so a
+// segment's pre-existing large-pool blocks are loaded when it is first found.
 func (l *layout) find(addr uint64) *lseg {
 	i := sort.Search(len(l.segs), func(i int) bool { return l.segs[i].base > addr }) - 1
-	if i >= 0 && addr < l.segs[i].end {
-		return l.segs[i]
+	if i < 0 || addr >= l.segs[i].end {
+		return nil
 	}
-	return nil
+	s := l.segs[i]
+	if s.unloaded {
+		s.unloaded = false
+		j, _ := slices.BinarySearchFunc(l.pre, s.base, func(b preBlock, a uint64) int { return cmp.Compare(b.addr, a) })
+		for ; j < len(l.pre) && l.pre[j].addr < s.end; j++ {
+			if b := &l.pre[j]; b.size > smallSize && s.known {
+				s.blocks = append(s.blocks, lblock{b.addr, uint64(b.size)})
+			}
+		}
+	}
+	return s
 }
 
 // add inserts a segment; one that overlaps another (contradictory input) is inserted with an unknown
