@@ -9,7 +9,8 @@ import "fmt"
 // newCont creates an empty container with the given tag.
 func (d *decoder) newCont(tag uint64) Value {
 	doc := d.doc
-	id := doc.addCont(cont{off: uint32(len(doc.pool)), depth: 1})
+	id := doc.addCont(cont{off: uint32(len(doc.pool))})
+	d.meta = append(d.meta, 1) // depth 1, not shared
 	return mk(tag, id)
 }
 
@@ -59,6 +60,13 @@ func growN[T any](s []T, n int) []T {
 	return out
 }
 
+// Each container's nesting depth and whether it was shared are kept in decoder.meta, two bytes per container
+// that adopt reads for every element placed.
+const (
+	sharedBit = 1 << 15 // already placed inside another container: no more changes (keeps results acyclic)
+	depthMask = sharedBit - 1
+)
+
 // adopt records that v is being placed inside parent, whose nesting depth is *depth. A list, dict or set is
 // sealed against later changes (which is what keeps results acyclic), and *depth grows to cover v's depth.
 func (d *decoder) adopt(parent Value, depth *uint16, v Value) error {
@@ -69,11 +77,11 @@ func (d *decoder) adopt(parent Value, depth *uint16, v Value) error {
 	if v == parent {
 		return errCycle
 	}
-	c := d.doc.cont(v.payload())
-	if t != tTuple && !c.shared { // only write when needed: most elements are shared frames, already sealed
-		c.shared = true
+	m := &d.meta[v.payload()]
+	if t != tTuple && *m&sharedBit == 0 { // only write when needed: most elements are shared frames, already sealed
+		*m |= sharedBit
 	}
-	if h := c.depth; h >= *depth {
+	if h := *m & depthMask; h >= *depth {
 		if int(h) >= d.lim.MaxDepth {
 			return overLimit("nesting depth", int64(h)+1, "MaxDepth", int64(d.lim.MaxDepth))
 		}
@@ -105,7 +113,7 @@ func (d *decoder) newTuple(items []Value) error {
 		return err
 	}
 	copy(dst, items)
-	d.doc.cont(t.payload()).depth = depth
+	d.meta[t.payload()] = depth
 	return d.pushNew(t)
 }
 
@@ -193,17 +201,19 @@ func (d *decoder) appendOne() error {
 func (d *decoder) extend(l Value, items []Value) error {
 	ci := l.payload()
 	c := d.doc.cont(ci)
-	if c.shared {
+	if d.meta[ci]&sharedBit != 0 {
 		return errCycle
 	}
 	if int(c.n)+len(items) > d.lim.MaxItems {
 		return overLimit("list items", int64(int(c.n)+len(items)), "MaxItems", int64(d.lim.MaxItems))
 	}
+	depth := d.meta[ci]
 	for _, v := range items {
-		if err := d.adopt(l, &c.depth, v); err != nil {
+		if err := d.adopt(l, &depth, v); err != nil {
 			return err
 		}
 	}
+	d.meta[ci] = depth
 	dst, err := d.reserve(ci, len(items))
 	if err != nil {
 		return err
@@ -250,7 +260,7 @@ func (d *decoder) fill(m Value, items []Value) error {
 	}
 	ci := m.payload()
 	c := d.doc.cont(ci)
-	if c.shared {
+	if d.meta[ci]&sharedBit != 0 {
 		return errCycle
 	}
 	if int(c.n)/2+len(items)/2 > d.lim.MaxItems {
@@ -265,14 +275,16 @@ func (d *decoder) fill(m Value, items []Value) error {
 	}
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
+		depth := d.meta[ci]
 		if k.tag() != tStr { // a str key, the usual case, has nothing to adopt
-			if err := d.adopt(m, &c.depth, k); err != nil {
+			if err := d.adopt(m, &depth, k); err != nil {
 				return err
 			}
 		}
-		if err := d.adopt(m, &c.depth, v); err != nil {
+		if err := d.adopt(m, &depth, v); err != nil {
 			return err
 		}
+		d.meta[ci] = depth
 		if err := d.set(ci, k, v); err != nil {
 			return err
 		}
@@ -295,15 +307,16 @@ func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
 	p := doc.pool[c.off : int(c.off)+base+len(items)]
 	w := base // Values written
 	i := 0
+	depth := d.meta[ci]
 outer:
 	for ; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
 		if k.tag() != tStr || doc.spans[k.payload()].n > internMaxLen {
 			break
 		}
-		if err := d.adopt(m, &c.depth, v); err != nil {
+		if err := d.adopt(m, &depth, v); err != nil {
 			c.n = uint32(w)
-			return 0, err
+			return 0, err // the decode fails: depth need not be kept
 		}
 		for j := 0; j < w; j += 2 {
 			if p[j] == k {
@@ -315,6 +328,7 @@ outer:
 		w += 2
 	}
 	c.n = uint32(w)
+	d.meta[ci] = depth
 	return i, nil
 }
 
@@ -337,16 +351,18 @@ func (d *decoder) addItems() error {
 func (d *decoder) addTo(s Value, items []Value) error {
 	ci := s.payload()
 	c := d.doc.cont(ci)
-	if c.shared {
+	if d.meta[ci]&sharedBit != 0 {
 		return errCycle
 	}
 	if int(c.n)/2+len(items) > d.lim.MaxItems {
 		return overLimit("set items", int64(int(c.n)/2+len(items)), "MaxItems", int64(d.lim.MaxItems))
 	}
 	for _, v := range items {
-		if err := d.adopt(s, &c.depth, v); err != nil {
+		depth := d.meta[ci]
+		if err := d.adopt(s, &depth, v); err != nil {
 			return err
 		}
+		d.meta[ci] = depth
 		if err := d.set(ci, v, 0); err != nil {
 			return err
 		}

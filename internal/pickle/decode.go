@@ -101,6 +101,7 @@ type decoder struct {
 	objects int64            // values created so far
 
 	doc        *Doc
+	meta       []uint16 // by container: depth, and sharedBit once placed in another
 	keys       keyHasher
 	mat        materializer // Go forms of non-str keys, for hashing
 	emptyTuple Value        // the one empty tuple, once made

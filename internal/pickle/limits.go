@@ -21,7 +21,7 @@ type Limits struct {
 	MaxMemo    int   // memo entries; default 1<<28
 	MaxStack   int   // values and marks on the unpickling stack at once; default 1<<27
 	MaxItems   int   // items in one list, tuple, set or dict; default 1<<28, at most 2^31-1
-	MaxDepth   int   // nesting of lists, dicts, tuples and sets; default 1000, at most 65535
+	MaxDepth   int   // nesting of lists, dicts, tuples and sets; default 1000, at most 32767
 	MaxObjects int64 // values created by the whole decode (BINGET and DUP create none); default 1<<28, at most 2^32-1
 }
 
@@ -68,7 +68,7 @@ func (l Limits) withDefaults() Limits {
 		l.MaxObjects = d.MaxObjects
 	}
 	l.MaxItems = min(l.MaxItems, math.MaxInt32)      // dict positions are int32
-	l.MaxDepth = min(l.MaxDepth, math.MaxUint16)     // depths are uint16; key hashing recurses once per level
+	l.MaxDepth = min(l.MaxDepth, depthMask)          // depths take 15 bits; key hashing recurses once per level
 	l.MaxObjects = min(l.MaxObjects, math.MaxUint32) // dicts and lists are numbered with uint32 IDs
 	return l
 }

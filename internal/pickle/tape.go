@@ -105,13 +105,11 @@ func (v Value) Bool() (b, ok bool) {
 }
 
 // cont is one container: its elements (for a dict, its key/value pairs) are pool[off : off+n]. It takes 16
-// bytes: a snapshot has a container per 40 bytes of pickle.
+// bytes: a snapshot has a container per 40 bytes of pickle. The decoder keeps its depth (decoder.meta).
 type cont struct {
 	off     uint32 // the pool holds at most maxPool Values
 	n       uint32 // Values used: elements, or twice the entries of a dict or set
 	cap     uint32 // Values reserved at off: appends fit in place up to cap
-	depth   uint16 // 1 + the deepest element's depth
-	shared  bool   // already placed inside another container: no more changes (keeps results acyclic)
 	indexed bool   // dicts and sets: Doc.index holds a hash index of the keys
 }
 
