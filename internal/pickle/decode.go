@@ -44,13 +44,15 @@ func (l Limits) DecodeDoc(data []byte) (doc *Doc, err error) {
 	if int64(len(data)) > l.MaxInput {
 		return nil, &DecodeError{Err: overLimit("input bytes", int64(len(data)), "MaxInput", l.MaxInput)}
 	}
-	d := decoder{lim: l, data: data, doc: newDoc(len(data))}
+	n := len(data)
+	d := decoder{lim: l, data: data, doc: newDoc(n)}
+	d.keys.budget = keyWorkPerByte*int64(n) + keyWorkBase
 	d.mat.doc = d.doc
-	d.keys.budget = keyWorkPerByte*int64(len(data)) + keyWorkBase
 	// pickle.dump memoizes every container and str: one entry per 16 to 130 bytes of a snapshot, 35 in f4.
-	d.memo = make([]Value, 0, min(len(data)/32+16, l.MaxMemo, 1<<16))
-	d.stack = make([]Value, 0, min(len(data)/32+16, 256))
+	d.memo = make([]Value, 0, min(n/32+64, l.MaxMemo, 1<<16))
+	d.stack = make([]Value, 0, min(n/32+16, 256))
 	d.marks = make([]int, 0, 16)
+	d.meta = make([]uint16, 0, min(n/32+16, 1<<16))
 	defer d.recoverBug(&err)
 	root, err := d.run()
 	if err != nil {
@@ -61,14 +63,15 @@ func (l Limits) DecodeDoc(data []byte) (doc *Doc, err error) {
 }
 
 // newDoc returns a Doc whose slices suit an input of n bytes: a snapshot has 0.2 to 0.5 container elements
-// per byte, and a few hundred distinct strs at most.
+// and a container per 35 to 45 bytes, a few hundred distinct strs at most, and a small one is mostly strs.
 func newDoc(n int) *Doc {
 	d := &Doc{
 		pool:  make([]Value, 0, min(n/2+16, 1<<26)),
-		spans: make([]span, 0, min(n/1024+16, 1<<16)),
-		text:  make([]byte, 0, min(n/64+256, 1<<20)),
+		spans: make([]span, 0, min(n/24+16, 512)),
+		text:  make([]byte, 0, min(n/2+64, n/64+4096)),
 	}
-	d.intern.rehash(d, 1<<bits.Len(uint(min(max(n/32, 32), 1024)))) // about 50 to 500 distinct strs
+	d.conts = append(make([][]cont, 0, 4), make([]cont, 0, min(n/32+8, contBlock)))
+	d.intern.rehash(d, 1<<bits.Len(uint(min(max(n/16, 32), 1024))))
 	return d
 }
 

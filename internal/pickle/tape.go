@@ -127,16 +127,12 @@ const (
 // cont returns container id.
 func (d *Doc) cont(id uint64) *cont { return &d.conts[id>>contShift][id&(contBlock-1)] }
 
-// addCont adds a container and returns its number. The first block starts small and doubles, so a small pickle
-// does not pay for a whole block.
+// addCont adds a container and returns its number. The first block starts at a size fitted to the input
+// (newDoc) and doubles, so a small pickle does not pay for a whole block.
 func (d *Doc) addCont(c cont) uint64 {
 	n := len(d.conts)
 	if n == 0 || len(d.conts[n-1]) == contBlock {
-		size := contBlock
-		if n == 0 {
-			size = 8
-		}
-		d.conts = append(d.conts, make([]cont, 0, size))
+		d.conts = append(d.conts, make([]cont, 0, contBlock))
 		n++
 	}
 	b := &d.conts[n-1]
