@@ -2,6 +2,7 @@ package torch
 
 import (
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 
@@ -617,10 +618,17 @@ func (im *importer) parseSettings(v pickle.Value) error {
 		if !isDict(rd) {
 			return wantErr("allocator_settings.roundup_power2_divisions", "dict", rv)
 		}
+		// Keyed by the interval's start in MiB, "1" to "32768"; other keys are not intervals and are ignored.
 		var t [roundupIntervals]uint64
-		for i := range t {
-			key := strconv.Itoa(1 << i)
-			n, _, err := im.optInt(rd, key, func() string { return "allocator_settings.roundup_power2_divisions" })
+		p := im.doc.Pairs(rd)
+		for j := 0; j < len(p); j += 2 {
+			key, _ := im.doc.Str(p[j])
+			mib, err := strconv.ParseUint(key, 10, 16)
+			i := bits.TrailingZeros64(mib)
+			if err != nil || mib == 0 || mib&(mib-1) != 0 || i >= roundupIntervals || key[0] == '0' {
+				continue
+			}
+			n, err := im.toInt(p[j+1], field{func() string { return "allocator_settings.roundup_power2_divisions" }, key})
 			if err != nil {
 				return err
 			}
