@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // benchmarkImport measures Import (decode and build the snapshot) on a real snapshot, in bytes of pickle per
-// second, to set against CPython's pickle.load of the same file (testdata/cpython_bench.py), which only
-// decodes. It also reports the size of the snapshot written in oomdbg's format against the pickle's.
+// second, to set against CPython's pickle.load of the same file (internal/pickle/testdata/cpython_bench.py),
+// which only decodes. It also reports the size of the snapshot written in oomdbg's format against the pickle's.
 func benchmarkImport(b *testing.B, name string) {
 	data := readFixture(b, name)
 	s, err := Import(data)
@@ -31,6 +32,29 @@ func benchmarkImport(b *testing.B, name string) {
 	b.ReportMetric(float64(buf.Len())/float64(len(data)), "native/pickle")
 	b.ReportMetric(float64(buf.Len())/float64(max(len(s.Events), 1)), "native-B/event")
 }
+
+// benchmarkModel measures building the snapshot from a decoded pickle, the part of Import after the decode.
+func benchmarkModel(b *testing.B, name string) {
+	data := readFixture(b, name)
+	doc, err := pickle.DecodeDoc(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := config{}
+	c.lim = c.lim.withDefaults()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := importDoc(doc, Origin{Format: "pickle"}, c, len(data)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkModelF1(b *testing.B) { benchmarkModel(b, fixtureF1) }
+func BenchmarkModelF2(b *testing.B) { benchmarkModel(b, fixtureF2) }
+func BenchmarkModelF3(b *testing.B) { benchmarkModel(b, fixtureF3) }
+func BenchmarkModelF4(b *testing.B) { benchmarkModel(b, fixtureF4) }
+func BenchmarkModelF7(b *testing.B) { benchmarkModel(b, fixtureF7) }
 
 func BenchmarkImportF1(b *testing.B) { benchmarkImport(b, fixtureF1) }
 func BenchmarkImportF2(b *testing.B) { benchmarkImport(b, fixtureF2) }

@@ -136,7 +136,7 @@ func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
 // memory_snapshot()'s bare list of segments, or either as JSON, which memory_viz also reads) into a snapshot.
 // Every error is an *ImportError; hostile input gives an error, never a panic, within Limits. The result is a
 // pure function of the input: importing the same bytes twice gives equal snapshots.
-func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
+func Import(data []byte, opts ...Option) (*snapshot.Snapshot, error) {
 	var c config
 	for _, o := range opts {
 		o(&c)
@@ -145,26 +145,34 @@ func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
 	if int64(len(data)) > c.lim.MaxInput {
 		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: input of %d bytes > Limits.MaxInput (%d)", ErrLimit, len(data), c.lim.MaxInput)}
 	}
-	im := &importer{lim: c.lim, tab: newTables(c.keepAll), rules: defaultRules(), inputLen: len(data)}
+	var origin Origin
+	var doc *pickle.Doc
+	var err error
 	switch {
 	case len(data) >= 2 && data[0] == 0x80:
-		im.origin.Format, im.origin.Protocol = "pickle", int(data[1])
-		im.doc, err = pickle.Limits{MaxInput: c.lim.MaxInput}.DecodeDoc(data)
+		origin.Format, origin.Protocol = "pickle", int(data[1])
+		doc, err = pickle.Limits{MaxInput: c.lim.MaxInput}.DecodeDoc(data)
 		if err != nil {
 			return nil, decodeErr(err)
 		}
 	case jsonStart(data) >= 0:
-		im.origin.Format = "json"
+		origin.Format = "json"
 		v, err := decodeJSON(data)
 		if err != nil {
 			return nil, err
 		}
-		if im.doc, err = jsonDoc(v); err != nil {
+		if doc, err = jsonDoc(v); err != nil {
 			return nil, buildErr(err)
 		}
 	default:
 		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: neither a pickle (no PROTO opcode) nor JSON", ErrNotSnapshot)}
 	}
+	return importDoc(doc, origin, c, len(data))
+}
+
+// importDoc builds the snapshot of a decoded input of n bytes.
+func importDoc(doc *pickle.Doc, origin Origin, c config, n int) (s *snapshot.Snapshot, err error) {
+	im := &importer{doc: doc, origin: origin, lim: c.lim, tab: newTables(c.keepAll), rules: defaultRules(), inputLen: n}
 	defer func() {
 		// The decoded input is acyclic and every access is checked, so nothing here should panic; if a bug
 		// makes something do so anyway, the user gets an error naming it, not a crash.
@@ -175,7 +183,7 @@ func Import(data []byte, opts ...Option) (s *snapshot.Snapshot, err error) {
 			s, err = nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: internal error: %v", ErrMalformed, r)}
 		}
 	}()
-	if err := im.read(im.doc.Root()); err != nil {
+	if err := im.read(doc.Root()); err != nil {
 		return nil, err
 	}
 	return im.build()

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Times CPython's C pickle.load on the real snapshots, for comparison with BenchmarkDecodeF*.
+"""Times CPython's C pickle.load on the real snapshots, for comparison with BenchmarkDecodeF* (internal/pickle)
+and BenchmarkImportF* (snapshot/torch).
 
-Run from the package directory:  python3 testdata/cpython_bench.py [fixture dir]
+Run from anywhere:  python3 internal/pickle/testdata/cpython_bench.py [fixture dir]
 
 For each fixture it reports the best of several rounds of pickle.load(io.BytesIO(data)), with the cyclic
 garbage collector on (as a program loading a snapshot runs) and off (CPython's lower bound).
@@ -13,7 +14,9 @@ import pickle
 import sys
 import time
 
-DIR = sys.argv[1] if len(sys.argv) > 1 else "../../../shared/fixtures/pytorch-snapshots"
+# The repository is checked out with shared/ beside it.
+DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "../../../../shared/fixtures/pytorch-snapshots")
 FILES = [
     ("F1", "f1_2023_legacy_history_format.pickle"),
     ("F2", "f2_2024_segments_list_only.pkl"),
