@@ -1,16 +1,14 @@
 package export
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -213,7 +211,8 @@ func twoDevices() *snapshot.Snapshot {
 // recordings caches the workloads the tests record, by name.
 var recordings sync.Map
 
-// recorded runs a workload with a fixed clock and returns its snapshot as read back from the file.
+// recorded runs a workload as leakstest records it (a clock of 100 ns per event, so that many events share a
+// microsecond of PyTorch's time_us) and returns its snapshot as read back from the file.
 func recorded(t testing.TB, name string) *snapshot.Snapshot {
 	t.Helper()
 	if s, ok := recordings.Load(name); ok {
@@ -223,19 +222,7 @@ func recorded(t testing.TB, name string) *snapshot.Snapshot {
 	if !ok {
 		t.Fatalf("no recording %q", name)
 	}
-	var clock int64
-	var buf bytes.Buffer
-	_, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{
-		ToolVersion: "test",
-		Tracer:      []tracer.Option{tracer.WithClock(func() int64 { clock += 1000; return clock })},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := snapshot.Read(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := leakstest.Record(t, cfg)
 	recordings.Store(name, s)
 	return s
 }

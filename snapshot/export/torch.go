@@ -3,6 +3,7 @@ package export
 import (
 	"cmp"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,8 @@ type torchDoc struct {
 	categories bool
 	segStacks  map[blockKey]snapshot.StackID // the stack that created each segment still held at the end
 	optimizer  string                        // the optimizer's class name, for Optimizer.step#... annotations
+	annots     []annotation                  // external_annotations, with their times
+	moved      map[int]int64                 // the time_us of trace entries that placeTimes moved, by seq
 }
 
 // clock turns event times into PyTorch's time_us: microseconds since the Unix epoch.
@@ -75,6 +78,7 @@ func writeTorch(enc docEncoder, tl *snapshot.Timeline) {
 	d := &torchDoc{enc: enc, s: s, tl: tl, n: tl.Len(), clock: newClock(s.Meta),
 		segStacks: make(map[blockKey]snapshot.StackID), optimizer: optimizerClass(s.Meta)}
 	d.scan()
+	d.annots = d.annotations()
 	enc.beginDict()
 	enc.key("segments")
 	d.writeSegments()
@@ -233,7 +237,11 @@ func (d *torchDoc) writeDeviceTrace(dev int16) {
 		enc.int(e.Stream)
 		if d.clock.known {
 			enc.key("time_us")
-			enc.int(d.clock.us(e.Time))
+			t, ok := d.moved[i]
+			if !ok {
+				t = d.clock.us(e.Time)
+			}
+			enc.int(t)
 		}
 		stack, cat, meta := e.Stack, e.Category, ""
 		switch e.Action {
@@ -496,10 +504,63 @@ func (d *torchDoc) annotations() []annotation {
 	slices.SortStableFunc(placed, func(a, b placedAnnotation) int {
 		return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(a.rank, b.rank))
 	})
+	return d.placeTimes(placed)
+}
+
+// placeTimes gives each annotation its time_us, and moves trace entries where it must, so that an importer
+// merging the two lists by time (an annotation before the entries of its time, an END after them, as
+// snapshot/torch does) reads back the order they were recorded in. A microsecond holds many events: an
+// iteration that begins within the microsecond of the previous one's last entries would otherwise lose its
+// first allocations to it. So a START goes a microsecond after the entries before it, and the entries after
+// an END a microsecond after it. Times only move forward, by a microsecond for each region boundary that
+// shares one with entries on both sides, and catch up with the clock as soon as the events thin out.
+func (d *torchDoc) placeTimes(placed []placedAnnotation) []annotation {
 	out := make([]annotation, len(placed))
-	for i, p := range placed {
-		p.timeUS = d.clock.us(d.s.Events[min(p.seq, d.n-1)].Time)
-		out[i] = p.annotation
+	if !d.clock.known {
+		for i, p := range placed {
+			p.timeUS = d.clock.us(d.s.Events[min(p.seq, d.n-1)].Time)
+			out[i] = p.annotation
+		}
+		return out
+	}
+	const none = math.MinInt64
+	lastEntry, lastAnnot, minEntry := int64(none), int64(none), int64(none)
+	j := 0
+	for seq := 0; seq <= d.n; seq++ {
+		for ; j < len(placed) && placed[j].seq <= seq; j++ {
+			a := placed[j].annotation
+			t := max(d.clock.us(d.s.Events[min(placed[j].seq, d.n-1)].Time), lastAnnot)
+			if lastEntry != none {
+				if a.start {
+					t = max(t, lastEntry+1)
+				} else {
+					t = max(t, lastEntry)
+				}
+			}
+			if a.start {
+				minEntry = max(minEntry, t)
+			} else {
+				minEntry = max(minEntry, t+1)
+			}
+			a.timeUS, lastAnnot = t, t
+			out[j] = a
+		}
+		if seq == d.n {
+			break
+		}
+		e := &d.s.Events[seq]
+		if !isAllocatorAction(e.Action) {
+			continue
+		}
+		natural := d.clock.us(e.Time)
+		t := max(natural, lastEntry, minEntry)
+		if t != natural {
+			if d.moved == nil {
+				d.moved = make(map[int]int64)
+			}
+			d.moved[seq] = t
+		}
+		lastEntry = t
 	}
 	return out
 }
@@ -520,7 +581,7 @@ func (d *torchDoc) phaseName(p snapshot.Phase) string {
 func (d *torchDoc) writeAnnotations() {
 	enc := d.enc
 	enc.beginList()
-	for _, a := range d.annotations() {
+	for _, a := range d.annots {
 		enc.beginDict()
 		enc.key("stage")
 		if a.start {

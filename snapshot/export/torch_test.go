@@ -271,11 +271,14 @@ func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
 	}
 	wp, gp := want.Peak(snapshot.Allocated), got.Peak(snapshot.Allocated)
 	wb, gb := blocksAt(want, wp.Seq, true), blocksAt(got, gp.Seq, true)
-	if !slices.EqualFunc(wb, gb, func(a, b roundTripBlock) bool {
-		return a.Device == b.Device && a.Addr == b.Addr && a.Size == b.Size && a.Requested == b.Requested &&
-			a.Category == b.Category && slices.Equal(a.Frames, b.Frames) && a.IterationAtCreation == b.IterationAtCreation
-	}) {
-		t.Errorf("live set at the peak differs: %d blocks, want %d\n got %+v\nwant %+v", len(gb), len(wb), first(gb, 3), first(wb, 3))
+	if len(wb) != len(gb) {
+		t.Errorf("live set at the peak: %d blocks, want %d", len(gb), len(wb))
+	}
+	for i := range min(len(wb), len(gb)) {
+		if !sameBlock(wb[i], gb[i]) {
+			t.Errorf("live set at the peak differs at block %d of %d:\n got %+v\nwant %+v", i, len(wb), gb[i], wb[i])
+			break
+		}
 	}
 	iters := func(tl *snapshot.Timeline) []int32 {
 		var out []int32
@@ -292,6 +295,11 @@ func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
 }
 
 func first[T any](s []T, n int) []T { return s[:min(n, len(s))] }
+
+func sameBlock(a, b roundTripBlock) bool {
+	return a.Device == b.Device && a.Addr == b.Addr && a.Size == b.Size && a.Requested == b.Requested &&
+		a.Category == b.Category && slices.Equal(a.Frames, b.Frames) && a.IterationAtCreation == b.IterationAtCreation
+}
 
 // TestTorchFixtureContent pins what PyTorch's tools read from the fixture's export, decoded by Go's own JSON
 // decoder: the fields memory_viz uses on each kind of entry, and the mapping of oomdbg's tags.
@@ -495,6 +503,59 @@ func TestTorchRoundTripPyTorch(t *testing.T) {
 					t.Fatalf("%s: %v", form, err)
 				}
 				checkSameTimeline(t, snapshot.NewTimeline(orig), snapshot.NewTimeline(im))
+			}
+		})
+	}
+}
+
+// TestTorchSameMicrosecond checks that iterations survive a round trip when their boundaries fall inside the
+// microsecond of PyTorch's time_us: the allocations of each iteration come back in it, and no time moves by
+// more than the microsecond placeTimes allows.
+func TestTorchSameMicrosecond(t *testing.T) {
+	b := newBuilder(fixtureMeta())
+	type ev = snapshot.Event
+	st := b.stack(frame{"main.main", "/src/main.go", 1})
+	add := func(e ev, ns int64) {
+		b.add(e)
+		b.s.Events[len(b.s.Events)-1].Time = ns
+	}
+	add(ev{Action: snapshot.ActionSegmentAlloc, Addr: segA, Size: 2 * mib, Stack: st, Iteration: -1}, 100)
+	for i, it := range []int32{0, 1, 2} {
+		base := int64(i) * 450 // iterations 0 and 1 in microsecond 0, iteration 2 across 0 and 1
+		addr := segA + uint64(i)*512
+		add(ev{Action: snapshot.ActionIteration, Iteration: it}, base+200)
+		add(ev{Action: snapshot.ActionAlloc, Addr: addr, Size: 512, BlockSize: 512, Stack: st, Iteration: it}, base+300)
+		add(ev{Action: snapshot.ActionFreeRequested, Addr: addr, Size: 512, BlockSize: 512, Iteration: it}, base+400)
+		add(ev{Action: snapshot.ActionFreeCompleted, Addr: addr, Size: 512, BlockSize: 512, Iteration: it}, base+500)
+	}
+	b.s.Footer = &snapshot.Footer{Segments: []snapshot.Segment{{Device: 0, Addr: segA, Size: 2 * mib, Pool: "small",
+		Blocks: []snapshot.Block{{Addr: segA, Size: 2 * mib, State: stateInactive}}}}}
+	want := snapshot.NewTimeline(b.s)
+
+	for form, write := range map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
+		t.Run(form, func(t *testing.T) {
+			im, err := torch.Import(exportBytes(t, write, b.s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := snapshot.NewTimeline(im)
+			var wantIters, gotIters []int32
+			for id := range want.NumAllocations() {
+				wantIters = append(wantIters, want.Allocation(id, want.Len()-1).Iteration)
+			}
+			for id := range got.NumAllocations() {
+				gotIters = append(gotIters, got.Allocation(id, got.Len()-1).Iteration)
+			}
+			if !slices.Equal(gotIters, wantIters) || len(wantIters) != 3 {
+				t.Errorf("allocations in iterations %v after the round trip, want %v", gotIters, wantIters)
+			}
+			// Three boundaries share microseconds 0 and 1: each may take a microsecond of its own.
+			for i, e := range im.Events {
+				if e.Action == snapshot.ActionAlloc || e.Action == snapshot.ActionFreeCompleted {
+					if us := e.Time / 1000; us > 4 {
+						t.Errorf("event %d (%s) at %d us; the events span 1.5 us, and 3 boundaries move them by 3 at most", i, e.Action, us)
+					}
+				}
 			}
 		})
 	}
