@@ -46,7 +46,10 @@ func TestDeclaredLengths(t *testing.T) {
 			allocs := testing.AllocsPerRun(runs, func() { Decode(data) })
 			runtime.ReadMemStats(&after)
 			perRun := (after.TotalAlloc - before.TotalAlloc) / (runs + 1)
-			if allocs > 20 || perRun > 16<<10 {
+			// A decode's fixed cost is about a dozen allocations (the Doc's slices, the decoder's stack and
+			// memo) and a failure's error a few more; what must not happen is work that grows with a declared
+			// length.
+			if allocs > 32 || perRun > 16<<10 {
 				t.Errorf("%.0f allocations, %d bytes per decode; want a small constant", allocs, perRun)
 			}
 		})
