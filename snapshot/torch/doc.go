@@ -58,9 +58,10 @@
 // iteration N (an iteration event), Optimizer.step#... is the optimizer phase and Optimizer.zero_grad#...
 // the zero_grad phase while they last, and any other name becomes an annotation event whose Text is the name
 // and whose Label is the stage, "START" or "END". Between those, the phase follows the stacks of
-// allocations: the autograd engine on the stack means backward, torch/optim code the optimizer, zero_grad
-// zero_grad, other frames no phase; an allocation without frames (autograd's threads have no Python frames)
-// keeps the phase, and frees, whose stacks are often their allocation's, never change it. A phase event
+// allocations: the autograd engine on the stack means backward, torch.utils.checkpoint rebuilding activations
+// recompute, torch/optim code the optimizer, zero_grad zero_grad, and otherwise a module's __call__ forward;
+// other frames mean no phase. An allocation without frames (autograd's threads have no Python frames) keeps
+// the phase, and frees, whose stacks are often their allocation's, never change it. A phase event
 // precedes the first event of each new phase. Events before the first ProfilerStep are iteration -1.
 //
 // # Stacks and tags

@@ -20,6 +20,7 @@ type pythonTruth struct {
 	Blocks       int               `json:"blocks"`
 	Devices      []int             `json:"devices"`
 	PreExisting  int               `json:"pre_existing"`
+	Forward      int               `json:"forward_allocs"`
 	ActivePeak   map[string]int64  `json:"active_peak"`
 	ReservedPeak map[string]int64  `json:"reserved_peak"`
 	AllocatedEnd map[string]int64  `json:"allocated_end"`
@@ -75,6 +76,15 @@ func TestFixturesAgainstPython(t *testing.T) {
 			}
 			if !reflect.DeepEqual(recorded, truth.Actions) {
 				t.Errorf("recorded events by action %v, Python counts %v", recorded, truth.Actions)
+			}
+			forward := 0
+			for _, e := range s.Events {
+				if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseForward && s.String(e.Label) != PreExistingLabel {
+					forward++
+				}
+			}
+			if forward != truth.Forward {
+				t.Errorf("%d allocations in forward, Python finds %d made in a module call", forward, truth.Forward)
 			}
 			if synthAllocs != truth.PreExisting {
 				t.Errorf("%d pre-existing blocks, Python finds %d", synthAllocs, truth.PreExisting)

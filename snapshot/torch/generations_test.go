@@ -351,3 +351,60 @@ func TestJSONMatchesPickle(t *testing.T) {
 		})
 	}
 }
+
+// TestPhaseEvidence checks what a stack says about its phase, innermost frame first, with the frames PyTorch
+// records: a module call is forward unless something else on the stack names the phase.
+func TestPhaseEvidence(t *testing.T) {
+	const (
+		module     = "/usr/lib/python3/dist-packages/torch/nn/modules/module.py"
+		checkpoint = "/usr/lib/python3/dist-packages/torch/utils/checkpoint.py"
+	)
+	type fr struct{ name, file string }
+	linear := fr{"forward", "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py"}
+	call := []fr{{"_call_impl", module}, {"_wrapped_call_impl", module}}
+	train := fr{"train_step", "/work/train.py"}
+	stack := func(parts ...any) []fr {
+		var out []fr
+		for _, p := range parts {
+			switch x := p.(type) {
+			case fr:
+				out = append(out, x)
+			case []fr:
+				out = append(out, x...)
+			}
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		frames []fr
+		want   snapshot.Phase
+	}{
+		{"module call", stack(linear, call, train), snapshot.PhaseForward},
+		{"loss outside a module", stack(fr{"cross_entropy", "/usr/lib/python3/dist-packages/torch/nn/functional.py"}, train), snapshot.PhaseNone},
+		{"backward", stack(fr{"backward", "/usr/lib/python3/dist-packages/torch/_tensor.py"}, train), snapshot.PhaseBackward},
+		{"autograd engine under a module's hook", stack(call, fr{"torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)", "??"}), snapshot.PhaseBackward},
+		{"checkpoint recompute, 2.x", stack(linear, call, fr{"recompute_fn", checkpoint}, fr{"unpack_hook", checkpoint}), snapshot.PhaseRecompute},
+		{"checkpoint recompute, reentrant", stack(linear, call, fr{"backward", checkpoint}), snapshot.PhaseRecompute},
+		{"checkpoint first pass", stack(linear, call, fr{"forward", checkpoint}, fr{"checkpoint", checkpoint}, call, train), snapshot.PhaseForward},
+		{"optimizer", stack(fr{"_multi_tensor_adamw", "/usr/lib/python3/dist-packages/torch/optim/adamw.py"}, fr{"step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py"}, train), snapshot.PhaseOptimizer},
+		{"zero_grad", stack(fr{"zero_grad", module}, train), snapshot.PhaseZeroGrad},
+		{"moving the model", stack(fr{"convert", module}, fr{"_apply", module}, fr{"to", module}, train), snapshot.PhaseNone},
+	}
+	tab := newTables(true)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tab.scratch = tab.scratch[:0]
+			h := stackHashSeed
+			for i, f := range tt.frames {
+				id := tab.frame(f.name, f.file, int64(i+1))
+				tab.scratch = append(tab.scratch, id)
+				h = stackHash(h, id)
+			}
+			got, ok := tab.evidence[tab.stack(h)].phase()
+			if !ok || got != tt.want {
+				t.Errorf("phase %v (%v), want %v", got, ok, tt.want)
+			}
+		})
+	}
+}

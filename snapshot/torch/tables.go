@@ -219,19 +219,31 @@ type phaseEvidence uint8
 
 const (
 	evidenceNone      phaseEvidence = iota // no frames: says nothing (autograd threads have no Python frames)
-	evidenceOther                          // frames, none of autograd's or an optimizer's
+	evidenceOther                          // frames, none that name a phase
+	evidenceForward                        // a module's __call__ (nn.Module._call_impl) is on the stack
 	evidenceBackward                       // the autograd engine is on the stack
+	evidenceRecompute                      // torch.utils.checkpoint is recomputing a forward inside backward
 	evidenceOptimizer                      // torch/optim code is on the stack
 	evidenceZeroGrad                       // zero_grad of an optimizer or module
 )
 
-// classify reads a stack innermost first; the first frame that names a phase decides, so an optimizer's
-// closure that calls backward() counts as backward.
+// classify reads a stack innermost first; the first frame that names a phase other than forward decides, so
+// an optimizer's closure that calls backward() counts as backward. A module call names forward only when
+// nothing else on the stack names a phase: a checkpoint recomputes modules inside backward, an optimizer may
+// call one.
 func (t *tables) classify(frames []snapshot.FrameID) phaseEvidence {
+	forward := false
 	for _, id := range frames {
-		if e := t.frameEvidence[id]; e != evidenceNone {
+		switch e := t.frameEvidence[id]; e {
+		case evidenceNone:
+		case evidenceForward:
+			forward = true
+		default:
 			return e
 		}
+	}
+	if forward {
+		return evidenceForward
 	}
 	return evidenceOther
 }
@@ -247,8 +259,15 @@ func frameClass(name, file string) phaseEvidence {
 		strings.HasSuffix(file, "torch/autograd/graph.py") && name == "_engine_run_backward",
 		strings.HasSuffix(file, "torch/_tensor.py") && name == "backward":
 		return evidenceBackward
+	case strings.HasSuffix(file, "torch/utils/checkpoint.py") &&
+		(name == "backward" || name == "unpack" || name == "unpack_hook" || name == "recompute_fn"):
+		// CheckpointFunction.backward (reentrant), unpack (1.13's non-reentrant), unpack_hook and recompute_fn
+		// (2.x): a checkpointed segment's forward running again to rebuild its activations.
+		return evidenceRecompute
 	case name == "zero_grad" && (strings.Contains(file, "/torch/optim/") || strings.HasSuffix(file, "torch/nn/modules/module.py")):
 		return evidenceZeroGrad
+	case strings.HasSuffix(file, "torch/nn/modules/module.py") && (name == "_call_impl" || name == "_wrapped_call_impl"):
+		return evidenceForward
 	case strings.Contains(file, "/torch/optim/") && !strings.Contains(file, "lr_scheduler"):
 		return evidenceOptimizer
 	}
@@ -260,8 +279,12 @@ func (e phaseEvidence) phase() (snapshot.Phase, bool) {
 	switch e {
 	case evidenceOther:
 		return snapshot.PhaseNone, true
+	case evidenceForward:
+		return snapshot.PhaseForward, true
 	case evidenceBackward:
 		return snapshot.PhaseBackward, true
+	case evidenceRecompute:
+		return snapshot.PhaseRecompute, true
 	case evidenceOptimizer:
 		return snapshot.PhaseOptimizer, true
 	case evidenceZeroGrad:

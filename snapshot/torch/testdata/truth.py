@@ -15,6 +15,9 @@ Everything here follows memory_viz (torch/utils/viz/MemoryViz.js, process_alloc_
   reserved_peak    per device, the peak of reserved bytes: the final segments' total, rolled back over the
                    trace's segment events to the start, then replayed forward
   allocated_end    per device, the bytes of the final state's active_allocated blocks
+  forward_allocs   alloc entries made inside a module's __call__ (torch/nn/modules/module.py _call_impl or
+                   _wrapped_call_impl on the stack) with no frame of backward, checkpoint recompute, an
+                   optimizer or zero_grad: what the importer labels forward
 """
 import collections
 import json
@@ -27,6 +30,24 @@ class SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refused %s.%s" % (module, name))
 
 
+MODULE = "torch/nn/modules/module.py"
+CHECKPOINT = "torch/utils/checkpoint.py"
+
+
+def names_other_phase(f):
+    """Whether a frame says backward, recompute, optimizer or zero_grad."""
+    name, file = f["name"], f["filename"]
+    return ("torch::autograd::Engine::" in name or "torch::autograd::python::PythonEngine::" in name
+            or "torch::autograd::AccumulateGrad::" in name
+            or ("torch::autograd::generated::" in name and "Backward" in name)
+            or (file.endswith("torch/autograd/__init__.py") and name in ("backward", "grad"))
+            or (file.endswith("torch/autograd/graph.py") and name == "_engine_run_backward")
+            or (file.endswith("torch/_tensor.py") and name == "backward")
+            or (file.endswith(CHECKPOINT) and name in ("backward", "unpack", "unpack_hook", "recompute_fn"))
+            or (name == "zero_grad" and ("/torch/optim/" in file or file.endswith(MODULE)))
+            or ("/torch/optim/" in file and "lr_scheduler" not in file))
+
+
 def main(path):
     with open(path, "rb") as f:
         data = SafeUnpickler(f).load()
@@ -37,7 +58,7 @@ def main(path):
 
     out = {"actions": collections.Counter(), "segments": len(segments),
            "blocks": sum(len(s["blocks"]) for s in segments), "devices": set(), "pre_existing": 0,
-           "active_peak": {}, "reserved_peak": {}, "allocated_end": collections.Counter()}
+           "active_peak": {}, "reserved_peak": {}, "allocated_end": collections.Counter(), "forward_allocs": 0}
     for s in segments:
         out["devices"].add(s["device"])
         for b in s["blocks"]:
@@ -48,6 +69,12 @@ def main(path):
             out["devices"].add(dev)
         for e in trace:
             out["actions"][e["action"]] += 1
+            frames = e.get("frames") or []
+            if (e["action"] == "alloc"
+                    and any(f["filename"].endswith(MODULE) and f["name"] in ("_call_impl", "_wrapped_call_impl")
+                            for f in frames)
+                    and not any(names_other_phase(f) for f in frames)):
+                out["forward_allocs"] += 1
 
     for dev in sorted(out["devices"]):
         trace = traces[dev] if dev < len(traces) else []
