@@ -158,42 +158,38 @@ func (d *decoder) fromMark(op byte) error {
 	}
 }
 
-// containerBelow returns the value just under the values a mark-ending opcode took: the container it fills.
-func (d *decoder) containerBelow() (Value, error) {
-	if len(d.stack) <= d.fence {
-		return 0, errUnderflow
-	}
-	return d.stack[len(d.stack)-1], nil
-}
-
-func (d *decoder) appends() error {
+// intoBelowMark is APPENDS, SETITEMS and ADDITEMS: the values above the newest mark go, by add, into the
+// container just under them, which must carry tag (what names the opcode in the error).
+func (d *decoder) intoBelowMark(tag uint64, what string, add func(Value, []Value) error) error {
 	items, err := d.popMark()
 	if err != nil {
 		return err
 	}
-	c, err := d.containerBelow()
-	if err != nil {
-		return err
-	}
-	if c.tag() != tList {
-		return malformed("APPENDS to a %s", c.TypeName())
-	}
-	return d.extend(c, items)
-}
-
-func (d *decoder) appendOne() error {
-	if len(d.stack)-d.fence < 2 {
+	if len(d.stack) <= d.fence {
 		return errUnderflow
 	}
-	n := len(d.stack)
-	l := d.stack[n-2]
-	if l.tag() != tList {
-		return malformed("APPEND to a %s", l.TypeName())
+	c := d.stack[len(d.stack)-1]
+	if c.tag() != tag {
+		return malformed("%s a %s", what, c.TypeName())
 	}
-	if err := d.extend(l, d.stack[n-1:]); err != nil {
+	return add(c, items)
+}
+
+// intoBelowTop is APPEND (n = 1) and SETITEM (n = 2): the top n values go, by add, into the container just
+// under them, which must carry tag, and leave the stack.
+func (d *decoder) intoBelowTop(n int, tag uint64, what string, add func(Value, []Value) error) error {
+	if len(d.stack)-d.fence < n+1 {
+		return errUnderflow
+	}
+	k := len(d.stack) - n
+	c := d.stack[k-1]
+	if c.tag() != tag {
+		return malformed("%s a %s", what, c.TypeName())
+	}
+	if err := add(c, d.stack[k:]); err != nil {
 		return err
 	}
-	d.stack = d.stack[:n-1]
+	d.stack = d.stack[:k]
 	return nil
 }
 
@@ -219,37 +215,6 @@ func (d *decoder) extend(l Value, items []Value) error {
 		return err
 	}
 	copy(dst, items)
-	return nil
-}
-
-func (d *decoder) setItems() error {
-	items, err := d.popMark()
-	if err != nil {
-		return err
-	}
-	c, err := d.containerBelow()
-	if err != nil {
-		return err
-	}
-	if c.tag() != tDict {
-		return malformed("SETITEMS on a %s", c.TypeName())
-	}
-	return d.fill(c, items)
-}
-
-func (d *decoder) setItem() error {
-	if len(d.stack)-d.fence < 3 {
-		return errUnderflow
-	}
-	n := len(d.stack)
-	m := d.stack[n-3]
-	if m.tag() != tDict {
-		return malformed("SETITEM on a %s", m.TypeName())
-	}
-	if err := d.fill(m, d.stack[n-2:]); err != nil {
-		return err
-	}
-	d.stack = d.stack[:n-2]
 	return nil
 }
 
@@ -330,21 +295,6 @@ outer:
 	c.n = uint32(w)
 	d.meta[ci] = depth
 	return i, nil
-}
-
-func (d *decoder) addItems() error {
-	items, err := d.popMark()
-	if err != nil {
-		return err
-	}
-	c, err := d.containerBelow()
-	if err != nil {
-		return err
-	}
-	if c.tag() != tSet {
-		return malformed("ADDITEMS to a %s", c.TypeName())
-	}
-	return d.addTo(c, items)
 }
 
 // addTo adds items to the set s.

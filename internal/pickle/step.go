@@ -162,15 +162,15 @@ func (d *decoder) step(op byte) error {
 	case opEmptySet:
 		return d.pushNew(d.newCont(tSet))
 	case opSetItems:
-		return d.setItems()
+		return d.intoBelowMark(tDict, "SETITEMS on", d.fill)
 	case opSetItem:
-		return d.setItem()
+		return d.intoBelowTop(2, tDict, "SETITEM on", d.fill)
 	case opAppends:
-		return d.appends()
+		return d.intoBelowMark(tList, "APPENDS to", d.extend)
 	case opAppend:
-		return d.appendOne()
+		return d.intoBelowTop(1, tList, "APPEND to", d.extend)
 	case opAddItems:
-		return d.addItems()
+		return d.intoBelowMark(tSet, "ADDITEMS to", d.addTo)
 	case opDict, opList, opTuple, opFrozenSet:
 		return d.fromMark(op)
 	case opTuple1, opTuple2, opTuple3:
