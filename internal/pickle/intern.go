@@ -8,7 +8,6 @@ import "hash/maphash"
 type internTable struct {
 	slots []Value // 0 is an empty slot (no str is Value 0, which is None)
 	n     int
-	seed  maphash.Seed
 }
 
 // internSeed is one seed for every table: the hashes only need to be unpredictable to the input.

@@ -130,8 +130,8 @@ func (d *Doc) cont(id uint64) *cont { return &d.conts[id>>contShift][id&(contBlo
 // addCont adds a container and returns its number. The first block starts at a size fitted to the input
 // (newDoc) and doubles, so a small pickle does not pay for a whole block.
 func (d *Doc) addCont(c cont) uint64 {
-	n := len(d.conts)
-	if n == 0 || len(d.conts[n-1]) == contBlock {
+	n := len(d.conts) // newDoc made the first block
+	if len(d.conts[n-1]) == contBlock {
 		d.conts = append(d.conts, make([]cont, 0, contBlock))
 		n++
 	}
