@@ -172,7 +172,8 @@ func Import(data []byte, opts ...Option) (*snapshot.Snapshot, error) {
 
 // importDoc builds the snapshot of a decoded input of n bytes.
 func importDoc(doc *pickle.Doc, origin Origin, c config, n int) (s *snapshot.Snapshot, err error) {
-	im := &importer{doc: doc, origin: origin, lim: c.lim, tab: newTables(c.keepAll), rules: defaultRules(), inputLen: n}
+	im := &importer{doc: doc, keys: resolveKeys(doc), origin: origin, lim: c.lim, tab: newTables(c.keepAll),
+		rules: defaultRules(), inputLen: n}
 	defer func() {
 		// The decoded input is acyclic and every access is checked, so nothing here should panic; if a bug
 		// makes something do so anyway, the user gets an error naming it, not a crash.
@@ -220,14 +221,14 @@ func decodeJSON(data []byte) (any, error) {
 
 // importer holds the state of one import.
 type importer struct {
-	lim       Limits
-	inputLen  int            // bytes of input
-	records   int            // records admitted so far (see admit)
-	doc       *pickle.Doc    // the decoded snapshot
-	frameKeys []pickle.Value // the keys of a frame dict, as Values of doc
-	tab       *tables
-	rules     rules
-	origin    Origin
+	lim      Limits
+	inputLen int         // bytes of input
+	records  int         // records admitted so far (see admit)
+	doc      *pickle.Doc // the decoded snapshot
+	keys     pickKeys    // the keys picked from each kind of dict, as Values of doc
+	tab      *tables
+	rules    rules
+	origin   Origin
 
 	settings    string             // Meta.AllocatorSettings
 	segs        []snapshot.Segment // the final state, as the footer holds it

@@ -141,13 +141,9 @@ func (im *importer) parseSegments(v pickle.Value, name string) error {
 	im.blockStacks = make([]snapshot.StackID, 0, total)
 	im.segs = make([]snapshot.Segment, 0, n)
 	im.segStacks = make([]snapshot.StackID, 0, n)
-	var keys [8]pickle.Value
-	segKeys := im.keys(segmentKeys, keys[:])
-	var bkeys [6]pickle.Value
-	blockKeys := im.keys(blockKeyNames, bkeys[:])
 	for i, seg := range l {
 		path := func() string { return name + "[" + itoa(i) + "]" }
-		s, stack, err := im.parseSegment(seg, path, &blocks, segKeys, blockKeys)
+		s, stack, err := im.parseSegment(seg, path, &blocks)
 		if err != nil {
 			return err
 		}
@@ -161,10 +157,10 @@ func (im *importer) parseSegments(v pickle.Value, name string) error {
 // The keys of a segment dict the importer reads, in pick order.
 var segmentKeys = []string{"device", "address", "total_size", "stream", "segment_type", "is_expandable", "frames", "blocks"}
 
-func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[]snapshot.Block, keys, blockKeys []pickle.Value) (snapshot.Segment, snapshot.StackID, error) {
+func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[]snapshot.Block) (snapshot.Segment, snapshot.StackID, error) {
 	var s snapshot.Segment
 	var v [8]pickle.Value
-	found := im.doc.Pick(seg, keys, v[:])
+	found := im.doc.Pick(seg, im.keys.segment[:], v[:])
 	for _, req := range [...]int{0, 1, 2, 7} { // device, address, total_size, blocks
 		if found&(1<<req) == 0 {
 			return s, 0, schemaErr(path(), "missing %q", segmentKeys[req])
@@ -227,7 +223,7 @@ func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[
 		if !isDict(bd) {
 			return s, 0, wantErr(bpath(), "dict", bd)
 		}
-		b, bstack, err := im.parseBlock(bd, bpath, next, blockKeys)
+		b, bstack, err := im.parseBlock(bd, bpath, next)
 		if err != nil {
 			return s, 0, err
 		}
@@ -240,12 +236,12 @@ func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[
 }
 
 // The keys of a block dict the importer reads, in pick order.
-var blockKeyNames = []string{"size", "address", "state", "requested_size", "frames", "history"}
+var blockKeys = []string{"size", "address", "state", "requested_size", "frames", "history"}
 
-func (im *importer) parseBlock(bd pickle.Value, path func() string, next uint64, keys []pickle.Value) (snapshot.Block, snapshot.StackID, error) {
+func (im *importer) parseBlock(bd pickle.Value, path func() string, next uint64) (snapshot.Block, snapshot.StackID, error) {
 	var b snapshot.Block
 	var v [6]pickle.Value
-	found := im.doc.Pick(bd, keys, v[:])
+	found := im.doc.Pick(bd, im.keys.block[:], v[:])
 	if found&1 == 0 {
 		return b, 0, schemaErr(path(), `missing "size"`)
 	}
@@ -391,8 +387,6 @@ func (im *importer) parseTraces(v pickle.Value) error {
 	im.traces = make([][]entry, len(l))
 	backing := make([]entry, 0, total)
 	im.timeKnown = total > 0
-	var keys [13]pickle.Value
-	entryKeys := im.keys(entryKeyNames, keys[:])
 	for dev, tl := range lists {
 		start := len(backing)
 		for i, d := range tl {
@@ -400,7 +394,7 @@ func (im *importer) parseTraces(v pickle.Value) error {
 			if !isDict(d) {
 				return wantErr(path(), "dict", d)
 			}
-			e, keep, err := im.parseEntry(d, path, entryKeys)
+			e, keep, err := im.parseEntry(d, path)
 			if err != nil {
 				return err
 			}
@@ -419,13 +413,13 @@ func (im *importer) parseTraces(v pickle.Value) error {
 }
 
 // The keys of a trace entry the importer reads, in pick order.
-var entryKeyNames = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
+var entryKeys = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
 	"user_metadata", "compile_context", "pool_id", "internal_metadata", "forward_frames"}
 
-func (im *importer) parseEntry(d pickle.Value, path func() string, keys []pickle.Value) (entry, bool, error) {
+func (im *importer) parseEntry(d pickle.Value, path func() string) (entry, bool, error) {
 	var e entry
 	var v [13]pickle.Value
-	found := im.doc.Pick(d, keys, v[:])
+	found := im.doc.Pick(d, im.keys.entry[:], v[:])
 	if found&1 == 0 {
 		return e, false, schemaErr(path(), `missing "action"`)
 	}

@@ -42,12 +42,30 @@ func (im *importer) has(d pickle.Value, key string) bool {
 	return ok
 }
 
-// keys resolves the key names of one pick to the Doc's Values (see pickle.Doc.Pick).
-func (im *importer) keys(names []string, out []pickle.Value) []pickle.Value {
-	for i, n := range names {
-		out[i] = im.doc.Key(n)
+// pickKeys are the keys the importer picks from each kind of dict, as Values of its Doc (pickle.Doc.Pick), in
+// the order of segmentKeys, blockKeys, entryKeys and frameKeys.
+type pickKeys struct {
+	segment [8]pickle.Value
+	block   [6]pickle.Value
+	entry   [13]pickle.Value
+	frame   [3]pickle.Value
+}
+
+// resolveKeys looks the key names up in doc once per import.
+func resolveKeys(doc *pickle.Doc) pickKeys {
+	var k pickKeys
+	for _, kind := range []struct {
+		names []string
+		out   []pickle.Value
+	}{{segmentKeys, k.segment[:]}, {blockKeys, k.block[:]}, {entryKeys, k.entry[:]}, {frameKeys, k.frame[:]}} {
+		if len(kind.names) != len(kind.out) {
+			panic("torch: a key list and its pickKeys array differ in length")
+		}
+		for i, n := range kind.names {
+			kind.out[i] = doc.Key(n)
+		}
 	}
-	return out[:len(names)]
+	return k
 }
 
 // asInt returns an integer. Like pickle.AsInt64, it maps PyTorch's unsigned 2^64-1 (a size_t "unlimited" or a
