@@ -211,28 +211,22 @@ func (t *Timeline) Iterations() []IterationSpan { return t.iterations }
 
 // PhaseAt returns the index in Phases of the span holding event seq, or -1.
 func (t *Timeline) PhaseAt(seq int) int {
-	i, ok := slices.BinarySearchFunc(t.phases, seq, func(p PhaseSpan, seq int) int {
-		switch {
-		case seq < p.Start:
-			return 1
-		case seq >= p.End:
-			return -1
-		}
-		return 0
-	})
-	if !ok {
-		return -1
-	}
-	return i
+	return spanAt(t.phases, seq, func(p PhaseSpan) (int, int) { return p.Start, p.End })
 }
 
 // IterationAt returns the index in Iterations of the span holding event seq, or -1.
 func (t *Timeline) IterationAt(seq int) int {
-	i, ok := slices.BinarySearchFunc(t.iterations, seq, func(p IterationSpan, seq int) int {
+	return spanAt(t.iterations, seq, func(p IterationSpan) (int, int) { return p.Start, p.End })
+}
+
+// spanAt returns the index of the span of spans, sorted and apart, whose [start, end) holds seq, or -1.
+func spanAt[S any](spans []S, seq int, bounds func(S) (int, int)) int {
+	i, ok := slices.BinarySearchFunc(spans, seq, func(p S, seq int) int {
+		start, end := bounds(p)
 		switch {
-		case seq < p.Start:
+		case seq < start:
 			return 1
-		case seq >= p.End:
+		case seq >= end:
 			return -1
 		}
 		return 0
