@@ -27,7 +27,7 @@ type aliveRef struct {
 }
 
 // analyze finds, for one device, what was alive before the trace began, and sizes every block.
-func (im *importer) analyze(dev int) devicePlan {
+func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 	p := devicePlan{dev: dev}
 	var entries []entry
 	if dev < len(im.traces) {
@@ -85,15 +85,14 @@ func (im *importer) analyze(dev int) devicePlan {
 	// Segments are walked by address, so that these blocks come sorted as the layout pass wants them.
 	fixed := make(map[int32]int64) // alloc entry -> block size from the final state
 	found := 0
-	order, starts := im.segmentOrder()
-	for _, si := range order {
+	for _, si := range segs.order {
 		s := &im.segs[si]
 		if s.Device != dev {
 			continue
 		}
 		for j := range s.Blocks {
 			b := &s.Blocks[j]
-			stack := im.blockStacks[int(starts[si])+j]
+			stack := im.blockStacks[int(segs.blockStart[si])+j]
 			if b.State == stateInactive {
 				continue
 			}
@@ -161,7 +160,7 @@ func (im *importer) analyze(dev int) devicePlan {
 		}
 	}
 	nfinal := 0
-	for _, si := range order { // by address, as startLayout wants them
+	for _, si := range segs.order { // by address, as startLayout wants them
 		s := &im.segs[si]
 		if s.Device != dev {
 			continue
@@ -203,24 +202,25 @@ func (im *importer) analyze(dev int) devicePlan {
 	return p
 }
 
-// segmentOrder returns the indices of the final state's segments by address (then device), and where each
-// segment's blocks start in im.blockStacks. Computed once for every device.
-func (im *importer) segmentOrder() (order, starts []int32) {
-	if im.segOrder == nil {
-		im.segOrder = make([]int32, len(im.segs))
-		im.blockStart = make([]int32, len(im.segs))
-		n := 0
-		for i := range im.segs {
-			im.segOrder[i] = int32(i)
-			im.blockStart[i] = int32(n)
-			n += len(im.segs[i].Blocks)
-		}
-		slices.SortFunc(im.segOrder, func(a, b int32) int {
-			sa, sb := &im.segs[a], &im.segs[b]
-			return cmp.Or(cmp.Compare(sa.Addr, sb.Addr), cmp.Compare(sa.Device, sb.Device), cmp.Compare(a, b))
-		})
+// segmentOrder is the final state's segments by address (then device), as indices of im.segs, and where
+// each segment's blocks start in im.blockStacks.
+type segmentOrder struct {
+	order, blockStart []int32
+}
+
+func (im *importer) segmentOrder() segmentOrder {
+	o := segmentOrder{order: make([]int32, len(im.segs)), blockStart: make([]int32, len(im.segs))}
+	n := 0
+	for i := range im.segs {
+		o.order[i] = int32(i)
+		o.blockStart[i] = int32(n)
+		n += len(im.segs[i].Blocks)
 	}
-	return im.segOrder, im.blockStart
+	slices.SortFunc(o.order, func(a, b int32) int {
+		sa, sb := &im.segs[a], &im.segs[b]
+		return cmp.Or(cmp.Compare(sa.Addr, sb.Addr), cmp.Compare(sa.Device, sb.Device), cmp.Compare(a, b))
+	})
+	return o
 }
 
 // sizeBlocks runs forward through the trace, following the layout of the segments, to size every block.
@@ -340,8 +340,9 @@ func (im *importer) blockSize(e *entry, lay *layout, fixed map[int32]int64, idx 
 func (im *importer) build() (*snapshot.Snapshot, error) {
 	plans := make([]devicePlan, 0, len(im.devices))
 	nsynth := 0
+	order := im.segmentOrder()
 	for _, d := range im.devices {
-		p := im.analyze(d)
+		p := im.analyze(d, order)
 		nsynth += len(p.segs) + len(p.blocks)
 		for i := range p.blocks {
 			if p.blocks[i].pending {

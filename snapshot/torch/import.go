@@ -234,11 +234,9 @@ type importer struct {
 	segs        []snapshot.Segment // the final state, as the footer holds it
 	segStacks   []snapshot.StackID // by segment: the stack that created it
 	blockStacks []snapshot.StackID // by block, in the order of all segments' blocks
-	segOrder    []int32            // segmentOrder's results
-	blockStart  []int32
-	haveState   bool      // the snapshot holds a final state (segments)
-	traces      [][]entry // by device ordinal
-	timeKnown   bool      // every trace entry has time_us
+	haveState   bool               // the snapshot holds a final state (segments)
+	traces      [][]entry          // by device ordinal
+	timeKnown   bool               // every trace entry has time_us
 	annots      []annotation
 	devices     []int // every device seen, sorted
 

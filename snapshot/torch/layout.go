@@ -84,10 +84,12 @@ func (l *layout) find(addr uint64) *lseg {
 	s := l.segs[i]
 	if s.unloaded {
 		s.unloaded = false
-		j, _ := slices.BinarySearchFunc(l.pre, s.base, func(b preBlock, a uint64) int { return cmp.Compare(b.addr, a) })
-		for ; j < len(l.pre) && l.pre[j].addr < s.end; j++ {
-			if b := &l.pre[j]; b.size > smallSize && s.known {
-				s.blocks = append(s.blocks, lblock{b.addr, uint64(b.size)})
+		if s.known { // an unknown layout is never read
+			j, _ := slices.BinarySearchFunc(l.pre, s.base, func(b preBlock, a uint64) int { return cmp.Compare(b.addr, a) })
+			for ; j < len(l.pre) && l.pre[j].addr < s.end; j++ {
+				if b := &l.pre[j]; b.size > smallSize {
+					s.blocks = append(s.blocks, lblock{b.addr, uint64(b.size)})
+				}
 			}
 		}
 	}
