@@ -172,7 +172,7 @@ func Import(data []byte, opts ...Option) (*snapshot.Snapshot, error) {
 
 // importDoc builds the snapshot of a decoded input of n bytes.
 func importDoc(doc *pickle.Doc, origin Origin, c config, n int) (s *snapshot.Snapshot, err error) {
-	im := &importer{doc: doc, keys: resolveKeys(doc), origin: origin, lim: c.lim, tab: newTables(c.keepAll),
+	im := &importer{doc: doc, keys: resolveKeys(doc), origin: origin, lim: c.lim, tab: newTables(c.keepAll, doc.Containers()),
 		rules: defaultRules(), inputLen: n}
 	defer func() {
 		// The decoded input is acyclic and every access is checked, so nothing here should panic; if a bug

@@ -28,10 +28,11 @@ type tables struct {
 	evidence      []phaseEvidence // by StackID
 	frameEvidence []phaseEvidence // by FrameID
 
-	byList    []uint32                    // the Doc.ID of a traceback list -> StackID+1 (0: not seen)
-	byDict    []uint32                    // the Doc.ID of a frame dict -> FrameID+1, or dropFrame (0: not seen)
+	// byID is indexed by Doc.ID, which numbers lists and dicts apart: a traceback list's StackID+1, a frame
+	// dict's FrameID+1 or dropFrame, 0 while not seen.
+	byID      []uint32
 	byContent map[frameKey]uint32         // a frame's fields -> FrameID+1, or dropFrame
-	byValues  map[[3]pickle.Value]uint32  // a frame dict's name, filename and line as Values -> as byDict
+	byValues  map[[3]pickle.Value]uint32  // a frame dict's name, filename and line as Values -> as byID
 	byRaw     map[uint64]rawStack         // a hash of a traceback list's elements -> the list and its stack
 	byHash    map[uint64]snapshot.StackID // a hash of a stack's frame IDs -> a stack with that hash
 	scratch   []snapshot.FrameID
@@ -42,12 +43,13 @@ type tables struct {
 	err     error // the first table over a limit
 }
 
-const dropFrame = ^uint32(0) // byDict: the frame is filtered out
+const dropFrame = ^uint32(0) // byID: the frame is filtered out
 
 // writeLimits are the limits snapshot.Writer keeps to; the importer keeps to them too.
 var writeLimits = snapshot.DefaultLimits()
 
-func newTables(keepAll bool) *tables {
+// newTables returns empty tables for a Doc of n containers.
+func newTables(keepAll bool, n int) *tables {
 	return &tables{
 		strings:       []string{""},
 		frames:        []snapshot.Frame{{}},
@@ -61,6 +63,7 @@ func newTables(keepAll bool) *tables {
 		byValues:      make(map[[3]pickle.Value]uint32),
 		byRaw:         make(map[uint64]rawStack),
 		byHash:        make(map[uint64]snapshot.StackID),
+		byID:          make([]uint32, n),
 		keepAll:       keepAll,
 	}
 }
@@ -305,12 +308,8 @@ func (im *importer) framesOf(v pickle.Value, path func() string) (snapshot.Stack
 	t := im.tab
 	doc := im.doc
 	id := doc.ID(v)
-	if t.byList == nil {
-		t.byList = make([]uint32, doc.Containers()) // indexed by ID: every container, lists and dicts
-		t.byDict = make([]uint32, doc.Containers())
-	}
-	if t.byList[id] != 0 {
-		return snapshot.StackID(t.byList[id] - 1), nil
+	if t.byID[id] != 0 {
+		return snapshot.StackID(t.byID[id] - 1), nil
 	}
 	// Equal tracebacks in distinct lists hold the same frame dicts: a hash of the list's Values, checked by
 	// comparing them, finds the stack without walking the frames (f3 has 6,000 such lists of 190 frames).
@@ -318,7 +317,7 @@ func (im *importer) framesOf(v pickle.Value, path func() string) (snapshot.Stack
 	if len(l) >= minRawFrames {
 		raw = maphash.Bytes(rawSeed, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(l))), len(l)*8))
 		if r, ok := t.byRaw[raw]; ok && slices.Equal(r.elems, l) {
-			t.byList[id] = uint32(r.stack) + 1
+			t.byID[id] = uint32(r.stack) + 1
 			return r.stack, nil
 		}
 	}
@@ -327,14 +326,14 @@ func (im *importer) framesOf(v pickle.Value, path func() string) (snapshot.Stack
 	}
 	scratch := t.scratch[:0]
 	h := stackHashSeed
-	byDict := t.byDict
+	byID := t.byID
 	for i, d := range l {
 		if !isDict(d) {
 			return 0, wantErr(path()+"["+itoa(i)+"]", "dict", d)
 		}
 		// PyTorch shares each frame dict: most are seen before, and found by their ID.
 		did := doc.ID(d)
-		f := byDict[did]
+		f := byID[did]
 		if f == 0 {
 			var err error
 			if f, err = im.resolveFrame(d, path, i); err != nil {
@@ -348,7 +347,7 @@ func (im *importer) framesOf(v pickle.Value, path func() string) (snapshot.Stack
 	}
 	t.scratch = scratch
 	s := t.stack(h)
-	t.byList[id] = uint32(s) + 1
+	t.byID[id] = uint32(s) + 1
 	if raw != 0 && t.err == nil {
 		if _, ok := t.byRaw[raw]; !ok {
 			t.byRaw[raw] = rawStack{l, s}
@@ -383,7 +382,7 @@ func (im *importer) resolveFrame(d pickle.Value, path func() string, i int) (uin
 	}
 	t := im.tab
 	did := im.doc.ID(d)
-	t.byDict[did] = f
+	t.byID[did] = f
 	return f, nil
 }
 
