@@ -287,11 +287,8 @@ func (d *Doc) Get(m Value, key string) (Value, bool) {
 		}
 		return d.lookup(m, k)
 	}
-	if c := d.cont(m.payload()); c.indexed {
-		if i, ok := d.index[uint32(m.payload())][key]; ok {
-			return d.pool[int(c.off)+2*int(i)+1], true
-		}
-		return 0, false
+	if d.cont(m.payload()).indexed {
+		return d.indexed(m, key)
 	}
 	p := d.Pairs(m)
 	for i := 0; i < len(p); i += 2 {
@@ -309,16 +306,21 @@ func (d *Doc) lookup(m Value, k Value) (Value, bool) {
 	}
 	c := d.cont(m.payload())
 	if c.indexed {
-		if i, ok := d.index[uint32(m.payload())][d.str(k)]; ok {
-			return d.pool[int(c.off)+2*int(i)+1], true
-		}
-		return 0, false
+		return d.indexed(m, d.str(k))
 	}
 	p := d.pool[c.off : c.off+c.n]
 	for i := 0; i < len(p); i += 2 {
 		if p[i] == k {
 			return p[i+1], true
 		}
+	}
+	return 0, false
+}
+
+// indexed finds the str key in dict m through its hash index.
+func (d *Doc) indexed(m Value, key string) (Value, bool) {
+	if i, ok := d.index[uint32(m.payload())][key]; ok {
+		return d.pool[int(d.cont(m.payload()).off)+2*int(i)+1], true
 	}
 	return 0, false
 }
