@@ -2,15 +2,184 @@ package tensor
 
 import "github.com/oomdbg/oomdbg/snapshot"
 
-// Autocast follows torch.autocast("cuda") (autocast_mode.cpp's CUDA policy):
-//   - matmul-type ops (linear, matmul, scaled_dot_product_attention) cast their floating inputs to the
-//     autocast dtype; casts of parameters are cached for the autocast region (amp_cache), so each weight is
-//     cast once per forward;
-//   - softmax and log_softmax run in float32 (their dtype argument is set, so a half input is converted
-//     first), as do layer_norm and the losses;
-//   - everything else runs in the dtype of its inputs, with float32 winning between two.
+// Autocast follows torch.autocast("cuda"). Each op's treatment is its row of AutocastPolicy, the list it is
+// registered in by aten/src/ATen/autocast_mode.cpp (TORCH_LIBRARY_IMPL(aten, Autocast, m)); the op reads
+// its cast from that row, so the table (and docs/autocast.md, generated from it) is what runs:
+//   - lower_precision_fp ops (linear, matmul, scaled_dot_product_attention) cast their floating inputs to the
+//     autocast dtype; casts of float32 leaves that require grad are cached (amp_cache) until the outermost
+//     autocast region ends, whatever the grad mode (cached_cast), so each weight is cast once per forward,
+//     in a no_grad evaluation or a checkpointed forward too;
+//   - fp32 ops (layer_norm, nll_loss, mse_loss) cast their floating inputs to float32;
+//   - fp32_set_opt_dtype ops (softmax, log_softmax, sum) get dtype=float32 when the caller gave none;
+//   - everything else, cross_entropy included (CUDA's lists omit it; the CPU's list it), runs in its inputs'
+//     dtypes, float32 winning between two.
 // Leaving the outermost region drops the cache; cast weights autograd saved stay alive until backward frees
 // them, as in PyTorch.
+
+// CastPolicy is how CUDA autocast treats an op: autocast_mode.h's CastPolicy, by the list of
+// autocast_mode.cpp the op is registered in.
+type CastPolicy uint8
+
+// The policies the runtime's ops have.
+const (
+	// NotListed: autocast falls through and the op runs in its inputs' dtypes (type promotion between them).
+	NotListed CastPolicy = iota
+	// LowerPrecisionFP (AT_FORALL_LOWER_PRECISION_FP): floating inputs are cast to the autocast dtype.
+	LowerPrecisionFP
+	// FP32 (AT_FORALL_FP32): floating inputs are cast to float32.
+	FP32
+	// FP32SetOptDType (AT_FORALL_FP32_SET_OPT_DTYPE): an unset dtype argument is set to float32.
+	FP32SetOptDType
+)
+
+var policyNames = [...]string{NotListed: "not listed", LowerPrecisionFP: "lower_precision_fp", FP32: "fp32",
+	FP32SetOptDType: "fp32_set_opt_dtype"}
+
+func (p CastPolicy) String() string { return policyNames[p] }
+
+// DTypeRule says which dtype a tensor has under autocast.
+type DTypeRule uint8
+
+// The dtype rules.
+const (
+	// AsAutocast is the autocast dtype: float16 or bfloat16.
+	AsAutocast DTypeRule = iota + 1
+	// AsF32 is float32 whatever the inputs.
+	AsF32
+	// AsInput is the dtype of the op's floating input as it was given.
+	AsInput
+	// AsPromoted is the wider of the inputs' dtypes: float32 when either is.
+	AsPromoted
+	// AsI64 is torch.int64 (indices, class targets).
+	AsI64
+	// AsBool is torch.bool (masks).
+	AsBool
+)
+
+var ruleNames = [...]string{AsAutocast: "fp16/bf16", AsF32: "fp32", AsInput: "input's", AsPromoted: "promoted",
+	AsI64: "int64", AsBool: "bool"}
+
+func (r DTypeRule) String() string { return ruleNames[r] }
+
+// Resolve returns the dtype the rule gives under autocast to ac for inputs of dtypes in (the first is the
+// op's floating input).
+func (r DTypeRule) Resolve(ac DType, in ...DType) DType {
+	switch r {
+	case AsAutocast:
+		return ac
+	case AsF32:
+		return F32
+	case AsInput:
+		return in[0]
+	case AsPromoted:
+		for _, d := range in {
+			if d == F32 {
+				return F32
+			}
+		}
+		return in[0]
+	case AsI64:
+		return I64
+	}
+	return Bool
+}
+
+// AutocastRule is one op of the autocast policy: how CUDA autocast treats it, the dtype of its output and
+// what autograd saves for its backward, in which dtype.
+type AutocastRule struct {
+	Op     string // the ATen op autocast dispatches on, e.g. "linear"
+	Func   string // the runtime's function, e.g. "Linear"
+	Policy CastPolicy
+	Output DTypeRule
+	Saved  []SavedRule
+	Note   string
+	Source string // the PyTorch source the row follows
+}
+
+// SavedRule is one tensor an op saves for backward: the node, its slot and the tensor's dtype.
+type SavedRule struct {
+	Node  string // e.g. "AddmmBackward0"
+	Slot  string // e.g. "mat1"
+	DType DTypeRule
+}
+
+// The rows, one per op; the ops read their policy here.
+var (
+	acLinear = &AutocastRule{Op: "linear", Func: "Linear", Policy: LowerPrecisionFP, Output: AsAutocast,
+		Saved:  []SavedRule{{"AddmmBackward0", "mat1", AsAutocast}, {"AddmmBackward0", "mat2", AsAutocast}},
+		Note:   "mat1 is the input's cast; mat2 the weight's cast, cached (amp_cache) like the bias's, so a weight is cast once per autocast region",
+		Source: "autocast_mode.cpp cached_cast"}
+	acMatmul = &AutocastRule{Op: "matmul", Func: "Matmul", Policy: LowerPrecisionFP, Output: AsAutocast,
+		Saved:  []SavedRule{{"MmBackward0", "self", AsAutocast}, {"MmBackward0", "mat2", AsAutocast}},
+		Note:   "batched operands go through bmm (BmmBackward0), saving the same",
+		Source: "autocast_mode.h AT_FORALL_LOWER_PRECISION_FP"}
+	acSDPA = &AutocastRule{Op: "scaled_dot_product_attention", Func: "ScaledDotProductAttention", Policy: LowerPrecisionFP,
+		Output: AsAutocast,
+		Saved: []SavedRule{{"ScaledDotProductEfficientAttentionBackward0", "query", AsAutocast},
+			{"ScaledDotProductEfficientAttentionBackward0", "key", AsAutocast},
+			{"ScaledDotProductEfficientAttentionBackward0", "value", AsAutocast},
+			{"ScaledDotProductEfficientAttentionBackward0", "output", AsAutocast},
+			{"ScaledDotProductEfficientAttentionBackward0", "log_sumexp", AsF32}},
+		Source: "autocast_mode.h AT_FORALL_LOWER_PRECISION_FP"}
+	acSoftmax = &AutocastRule{Op: "softmax", Func: "Softmax", Policy: FP32SetOptDType, Output: AsF32,
+		Saved:  []SavedRule{{"SoftmaxBackward0", "result", AsF32}},
+		Note:   "fp16 input: _softmax(half_to_float=true), no copy, and backward writes the fp16 gradient; bf16 input: a float32 copy first (not saved), the gradient converted back",
+		Source: "SoftMax.cpp softmax"}
+	acLogSoftmax = &AutocastRule{Op: "log_softmax", Func: "LogSoftmax", Policy: FP32SetOptDType, Output: AsF32,
+		Saved:  []SavedRule{{"LogSoftmaxBackward0", "result", AsF32}},
+		Note:   "as softmax",
+		Source: "SoftMax.cpp log_softmax"}
+	acSum = &AutocastRule{Op: "sum", Func: "Sum", Policy: FP32SetOptDType, Output: AsF32,
+		Note:   "reduced in float32 without a copy; backward expands the gradient and the engine converts it to the input's dtype",
+		Source: "autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE"}
+	acLayerNorm = &AutocastRule{Op: "layer_norm", Func: "LayerNorm", Policy: FP32, Output: AsF32,
+		Saved: []SavedRule{{"NativeLayerNormBackward0", "input", AsF32}, {"NativeLayerNormBackward0", "weight", AsF32},
+			{"NativeLayerNormBackward0", "bias", AsF32}, {"NativeLayerNormBackward0", "result1", AsF32},
+			{"NativeLayerNormBackward0", "result2", AsF32}},
+		Note:   "a 16-bit input is copied to float32 and the copy saved",
+		Source: "autocast_mode.h AT_FORALL_FP32"}
+	acNLLLoss = &AutocastRule{Op: "nll_loss", Func: "NLLLoss", Policy: FP32, Output: AsF32,
+		Saved: []SavedRule{{"NllLossBackward0", "self", AsF32}, {"NllLossBackward0", "target", AsI64},
+			{"NllLossBackward0", "total_weight", AsF32}},
+		Note:   "a 16-bit input is copied to float32 and the copy saved",
+		Source: "autocast_mode.h AT_FORALL_FP32"}
+	acMSELoss = &AutocastRule{Op: "mse_loss", Func: "MSELoss", Policy: FP32, Output: AsF32,
+		Saved:  []SavedRule{{"MseLossBackward0", "self", AsF32}, {"MseLossBackward0", "target", AsF32}},
+		Source: "autocast_mode.h AT_FORALL_FP32"}
+	acCrossEntropy = &AutocastRule{Op: "cross_entropy_loss", Func: "CrossEntropy", Policy: NotListed, Output: AsF32,
+		Saved: []SavedRule{{"LogSoftmaxBackward0", "result", AsInput}, {"NllLossBackward0", "self", AsF32},
+			{"NllLossBackward0", "target", AsI64}, {"NllLossBackward0", "total_weight", AsF32}},
+		Note:   "log_softmax(logits, dim, logits.dtype) keeps the logits' dtype (the dtype is given, so autocast leaves it), then nll_loss saves a float32 copy: 6 bytes per logit saved from 16-bit logits, 4 from float32 ones (one tensor saved twice). CPU autocast lists cross_entropy_loss as fp32 instead",
+		Source: "LossNLL.cpp cross_entropy_loss_symint"}
+	acEmbedding = &AutocastRule{Op: "embedding", Func: "Embedding", Policy: NotListed, Output: AsInput,
+		Saved:  []SavedRule{{"EmbeddingBackward0", "indices", AsI64}},
+		Note:   "the output has the weight's dtype",
+		Source: "autocast_mode.cpp (no registration)"}
+	acGELU = &AutocastRule{Op: "gelu", Func: "GELU", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"GeluBackward0", "self", AsInput}}, Source: "autocast_mode.cpp (no registration)"}
+	acReLU = &AutocastRule{Op: "relu", Func: "ReLU", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"ReluBackward0", "result", AsInput}}, Source: "autocast_mode.cpp (no registration)"}
+	acDropout = &AutocastRule{Op: "native_dropout", Func: "Dropout", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"NativeDropoutBackward0", "result1", AsBool}}, Note: "the mask takes 1 byte per element",
+		Source: "autocast_mode.cpp (no registration)"}
+	acAdd = &AutocastRule{Op: "add", Func: "Add", Policy: NotListed, Output: AsPromoted,
+		Note:   "the residual stream stays float32: float32 + 16-bit is float32, and the 16-bit input's gradient is converted back",
+		Source: "autocast_mode.cpp (no registration)"}
+	acMul = &AutocastRule{Op: "mul", Func: "Mul", Policy: NotListed, Output: AsPromoted,
+		Saved:  []SavedRule{{"MulBackward0", "self", AsInput}, {"MulBackward0", "other", AsInput}},
+		Source: "autocast_mode.cpp (no registration)"}
+	acScale = &AutocastRule{Op: "mul (by a Python scalar)", Func: "Scale", Policy: NotListed, Output: AsInput,
+		Source: "autocast_mode.cpp (no registration)"}
+	acMaskedFill = &AutocastRule{Op: "masked_fill", Func: "MaskedFill", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"MaskedFillBackward0", "mask", AsBool}}, Source: "autocast_mode.cpp (no registration)"}
+	acMean = &AutocastRule{Op: "mean", Func: "Mean", Policy: NotListed, Output: AsInput,
+		Source: "autocast_mode.cpp (no registration)"}
+)
+
+// AutocastPolicy is every op of the runtime with its CUDA autocast treatment, in the order of a GPT's forward.
+var AutocastPolicy = []*AutocastRule{acEmbedding, acAdd, acDropout, acLayerNorm, acLinear, acMatmul, acScale,
+	acMaskedFill, acSoftmax, acSDPA, acGELU, acCrossEntropy, acLogSoftmax, acNLLLoss, acReLU, acMul, acMSELoss, acSum,
+	acMean}
 
 // Autocast runs f with autocast to dtype (F16 or BF16) on, and drops the weight-cast cache when the
 // outermost region ends.
@@ -29,6 +198,14 @@ func (rt *Runtime) Autocast(dtype DType, f func()) {
 // AutocastDType returns the autocast dtype, or F32 when autocast is off.
 func (rt *Runtime) AutocastDType() DType { return rt.autocast }
 
+// withoutAutocast turns autocast off until the returned function is called: an op that has cast its inputs
+// runs with autocast excluded (the ExcludeDispatchKeyGuard of autocast's wrappers).
+func (rt *Runtime) withoutAutocast() (restore func()) {
+	prev := rt.autocast
+	rt.autocast = F32
+	return func() { rt.autocast = prev }
+}
+
 func (rt *Runtime) clearAMPCache() {
 	for _, c := range rt.ampCache {
 		c.Release()
@@ -36,20 +213,40 @@ func (rt *Runtime) clearAMPCache() {
 	rt.ampCache = nil
 }
 
-// lowPrecision casts a matmul-type op's input to the autocast dtype when autocast is on.
-func lowPrecision(t *Tensor) *Tensor {
-	if t == nil || t.rt.autocast == F32 || !t.dtype.IsFloat() || t.dtype == t.rt.autocast {
-		return ref(t)
+// cast applies the rule's policy to an op's inputs when autocast is on: it returns the inputs to run the op
+// on (new references, nil for nil) and true, or false when the op runs on its inputs as they are. The caller
+// runs the op on the casts with autocast off and releases them.
+func (r *AutocastRule) cast(rt *Runtime, inputs ...*Tensor) ([]*Tensor, bool) {
+	if rt.autocast == F32 || (r.Policy != LowerPrecisionFP && r.Policy != FP32) {
+		return nil, false
 	}
-	return t.rt.cachedCast(t, t.rt.autocast)
+	to := rt.autocast
+	if r.Policy == FP32 {
+		to = F32
+	}
+	// Right to left: the wrapper casts its arguments in a pack expansion, which GCC (PyTorch's Linux builds)
+	// evaluates last argument first; python3-torch casts a linear's bias, then its weight, then its input.
+	out := make([]*Tensor, len(inputs))
+	for i := len(inputs) - 1; i >= 0; i-- {
+		out[i] = rt.cachedCast(inputs[i], to)
+	}
+	return out, true
 }
 
-// fullPrecision casts a float32-policy op's input to float32 when autocast is on.
-func fullPrecision(t *Tensor) *Tensor {
-	if t == nil || t.rt.autocast == F32 || !t.dtype.IsFloat() || t.dtype == F32 {
-		return ref(t)
+// optDType applies the fp32_set_opt_dtype policy: the dtype an op with an optional dtype argument runs
+// with. A nil dtype is unset; autocast sets it to float32 for a floating input.
+func (r *AutocastRule) optDType(x *Tensor, dtype *DType) *DType {
+	if dtype == nil && r.Policy == FP32SetOptDType && x.rt.autocast != F32 && x.dtype.IsFloat() {
+		f := F32
+		return &f
 	}
-	return ToDType(t, F32)
+	return dtype
+}
+
+func releaseAll(ts []*Tensor) {
+	for _, t := range ts {
+		t.Release() // Release of nil is a no-op
+	}
 }
 
 func ref(t *Tensor) *Tensor {
@@ -59,10 +256,15 @@ func ref(t *Tensor) *Tensor {
 	return t.Ref()
 }
 
-// cachedCast is autocast's cached_cast: a parameter (a leaf that requires grad) is cast once per autocast
-// region and the cast kept in the cache; anything else is cast afresh.
+// cachedCast is autocast's cached_cast: a floating t is converted to dtype. A float32 leaf that requires
+// grad cast to the autocast dtype is cast once per autocast region and the cast kept in the cache, whatever
+// the grad mode: under no_grad (an evaluation, a checkpointed forward) the cache fills as it does with grad
+// on. Anything else is cast afresh; a tensor already of dtype, or not floating, is returned as is.
 func (rt *Runtime) cachedCast(t *Tensor, dtype DType) *Tensor {
-	if !(t.gradFn == nil && t.requiresGrad && rt.gradEnabled) {
+	if t == nil || !t.dtype.IsFloat() || t.dtype == dtype {
+		return ref(t)
+	}
+	if !(dtype == rt.autocast && t.dtype == F32 && t.requiresGrad && t.gradFn == nil) {
 		return ToDType(t, dtype)
 	}
 	if c, ok := rt.ampCache[t.object]; ok {

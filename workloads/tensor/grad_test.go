@@ -311,12 +311,6 @@ func out(f func(*Tensor) *Tensor, y *Tensor) *Tensor {
 	return f(y)
 }
 
-func releaseAll(ts []*Tensor) {
-	for _, t := range ts {
-		t.Release()
-	}
-}
-
 func awayFromZero(in input) input {
 	for i, v := range in.values {
 		if math.Abs(float64(v)) < 0.1 {

@@ -120,15 +120,10 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 	k.check()
 	v.check()
 	rt := q.rt
-	if rt.autocast != F32 {
-		qc, kc, vc := lowPrecision(q), lowPrecision(k), lowPrecision(v)
-		defer qc.Release()
-		defer kc.Release()
-		defer vc.Release()
-		prev := rt.autocast
-		rt.autocast = F32
-		defer func() { rt.autocast = prev }()
-		return ScaledDotProductAttention(qc, kc, vc, causal, p, training)
+	if in, ok := acSDPA.cast(rt, q, k, v); ok {
+		defer releaseAll(in)
+		defer rt.withoutAutocast()()
+		return ScaledDotProductAttention(in[0], in[1], in[2], causal, p, training)
 	}
 	b, h, s, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	if !training {

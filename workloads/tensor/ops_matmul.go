@@ -16,15 +16,10 @@ func Linear(x, w, b *Tensor) *Tensor {
 	if x.Dim(-1) != w.Dim(1) {
 		errShape("Linear", "input %v and weight %v do not match", x.shape, w.shape)
 	}
-	if x.rt.autocast != F32 { // cast input, weight and bias (the latter two cached), then linear as usual
-		xc, wc, bc := lowPrecision(x), lowPrecision(w), lowPrecision(b)
-		defer xc.Release()
-		defer wc.Release()
-		defer bc.Release()
-		prev := x.rt.autocast
-		x.rt.autocast = F32
-		defer func() { x.rt.autocast = prev }()
-		return Linear(xc, wc, bc)
+	if in, ok := acLinear.cast(x.rt, x, w, b); ok { // the weight's and bias's casts come from the cache
+		defer releaseAll(in)
+		defer x.rt.withoutAutocast()()
+		return Linear(in[0], in[1], in[2])
 	}
 	wt := w.T()
 	defer wt.Release()
@@ -113,14 +108,10 @@ func mmGrad(a, b *Tensor, ta, tb bool, role string) *Tensor {
 func Matmul(a, b *Tensor) *Tensor {
 	a.check()
 	b.check()
-	if a.rt.autocast != F32 {
-		ac, bc := lowPrecision(a), lowPrecision(b)
-		defer ac.Release()
-		defer bc.Release()
-		prev := a.rt.autocast
-		a.rt.autocast = F32
-		defer func() { a.rt.autocast = prev }()
-		return Matmul(ac, bc)
+	if in, ok := acMatmul.cast(a.rt, a, b); ok {
+		defer releaseAll(in)
+		defer a.rt.withoutAutocast()()
+		return Matmul(in[0], in[1])
 	}
 	switch {
 	case a.NDim() == 2 && b.NDim() == 2:

@@ -3,30 +3,45 @@ package tensor
 import (
 	"slices"
 
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
 // Softmax is softmax over the last dimension. It saves its result.
 func Softmax(x *Tensor) *Tensor {
-	return softmaxLike(x, "softmax.out", "SoftmaxBackward0", device.Softmax, device.SoftmaxBackward)
+	return softmaxLike(acSoftmax, x, nil, "softmax.out", "SoftmaxBackward0", device.Softmax, device.SoftmaxBackward)
 }
 
 // LogSoftmax is log-softmax over the last dimension. It saves its result.
-func LogSoftmax(x *Tensor) *Tensor {
-	return softmaxLike(x, "log_softmax.out", "LogSoftmaxBackward0", device.LogSoftmax, device.LogSoftmaxBackward)
+func LogSoftmax(x *Tensor) *Tensor { return logSoftmax(x, nil) }
+
+// logSoftmax is log_softmax(x, -1, dtype); a nil dtype is unset.
+func logSoftmax(x *Tensor, dtype *DType) *Tensor {
+	return softmaxLike(acLogSoftmax, x, dtype, "log_softmax.out", "LogSoftmaxBackward0", device.LogSoftmax, device.LogSoftmaxBackward)
 }
 
-func softmaxLike(x *Tensor, role, name string, fwd func(dst, x []float32, cols int), bwd func(dx, dy, y []float32, cols int)) *Tensor {
+// softmaxLike is ATen's softmax(input, dim, dtype) and log_softmax(input, dim, dtype) (SoftMax.cpp), with
+// autocast's fp32_set_opt_dtype in front: a float16 input asked for float32 runs _softmax(half_to_float=true),
+// reading the half values and writing a float32 result, with no copy, and its backward writes the float16
+// gradient itself; any other dtype is converted first (toType: a copy, not saved), and the engine converts
+// the gradient back.
+func softmaxLike(rule *AutocastRule, x *Tensor, dtype *DType, role, name string, fwd func(dst, x []float32, cols int), bwd func(dx, dy, y []float32, cols int)) *Tensor {
 	x.check()
 	rt := x.rt
-	if rt.autocast != F32 && x.dtype != F32 { // float32 policy with the dtype argument set: convert first
-		xc := ToDType(x, F32)
-		defer xc.Release()
-		return softmaxLike(xc, role, name, fwd, bwd)
+	dtype = rule.optDType(x, dtype)
+	defer rt.withoutAutocast()()
+	outDType := x.dtype
+	if dtype != nil && *dtype != x.dtype {
+		if x.dtype == F16 && *dtype == F32 {
+			outDType = F32 // half_to_float
+		} else {
+			xc := ToDType(x, *dtype)
+			defer xc.Release()
+			x, outDType = xc, *dtype
+		}
 	}
+	inDType := x.dtype
 	cols := x.Dim(-1)
-	out := rt.Empty(x.dtype, x.shape, role)
+	out := rt.Empty(outDType, x.shape, role)
 	if rt.dev.Computes() {
 		fwd(out.data(), x.host(), cols)
 		out.round()
@@ -35,7 +50,8 @@ func softmaxLike(x *Tensor, role, name string, fwd func(dst, x []float32, cols i
 		node := rt.node(name, []*Tensor{x}, []*Tensor{out}, nil)
 		result := node.save("result", out)
 		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
-			dx := n.rt.Empty(g[0].dtype, g[0].shape, role+".grad")
+			// _softmax_backward_data(grad, result, dim, input_dtype): the gradient in the input's dtype.
+			dx := n.rt.Empty(inDType, g[0].shape, role+".grad")
 			if n.rt.dev.Computes() {
 				bwd(dx.data(), g[0].host(), result.host(), cols)
 				dx.round()
@@ -52,12 +68,10 @@ func softmaxLike(x *Tensor, role, name string, fwd func(dst, x []float32, cols i
 func LayerNorm(x, weight, bias *Tensor, eps float32) *Tensor {
 	x.check()
 	rt := x.rt
-	if rt.autocast != F32 && (x.dtype != F32 || (weight != nil && weight.dtype != F32)) {
-		xc, wc, bc := fullPrecision(x), fullPrecision(weight), fullPrecision(bias)
-		defer xc.Release()
-		defer wc.Release()
-		defer bc.Release()
-		return LayerNorm(xc, wc, bc, eps)
+	if in, ok := acLayerNorm.cast(rt, x, weight, bias); ok {
+		defer releaseAll(in)
+		defer rt.withoutAutocast()()
+		return LayerNorm(in[0], in[1], in[2], eps)
 	}
 	cols := x.Dim(-1)
 	rowShape := append(slices.Clone(x.shape[:x.NDim()-1]), 1)
@@ -139,16 +153,16 @@ func Embedding(indices, weight *Tensor) *Tensor {
 	return out
 }
 
-// CrossEntropy is F.cross_entropy(logits, target) with mean reduction over rows: log_softmax over the classes
-// then nll_loss, as ATen composes it. logits is (n, classes) or (..., classes) viewed as rows; target holds
-// class indices.
+// CrossEntropy is F.cross_entropy(logits, target) with mean reduction over rows, composed as ATen's
+// cross_entropy_loss_symint composes it (LossNLL.cpp): log_softmax(logits, dim, logits.dtype), then
+// nll_loss. CUDA autocast does not list cross_entropy, so under autocast the explicit dtype keeps the
+// log-probabilities in the logits' dtype and nll_loss (fp32 policy) converts them to float32 and saves the
+// copy: 16-bit logits leave 2 + 4 bytes per logit saved for backward; float32 ones 4 (one tensor saved by
+// both). logits is (n, classes) or (..., classes) viewed as rows; target holds class indices.
 func CrossEntropy(logits, target *Tensor) *Tensor {
-	if logits.rt.autocast != F32 && logits.dtype != F32 { // a float32-policy op: the logits are converted
-		lc := ToDType(logits, F32)
-		defer lc.Release()
-		return CrossEntropy(lc, target)
-	}
-	logp := LogSoftmax(logits)
+	logits.check()
+	dtype := logits.dtype
+	logp := logSoftmax(logits, &dtype)
 	defer logp.Release()
 	if logp.NDim() != 2 {
 		flat := logp.Reshape(-1, logp.Dim(-1))
@@ -161,8 +175,14 @@ func CrossEntropy(logits, target *Tensor) *Tensor {
 }
 
 // NLLLoss is the mean of -logp[i, target[i]]. As ATen's nll_loss_forward, it allocates the scalar output and
-// the scalar total_weight, and saves the log-probabilities, the target and total_weight.
+// the scalar total_weight, and saves the log-probabilities, the target and total_weight. Under autocast
+// (fp32 policy) 16-bit log-probabilities are converted to float32 first, and the copy is what it saves.
 func NLLLoss(logp, target *Tensor) *Tensor {
+	if in, ok := acNLLLoss.cast(logp.rt, logp); ok {
+		defer releaseAll(in)
+		defer logp.rt.withoutAutocast()()
+		return NLLLoss(in[0], target)
+	}
 	logp.check()
 	target.check()
 	rt := logp.rt
@@ -195,11 +215,10 @@ func MSELoss(x, y *Tensor) *Tensor {
 	x.check()
 	y.check()
 	rt := x.rt
-	if rt.autocast != F32 && (x.dtype != F32 || y.dtype != F32) {
-		xc, yc := fullPrecision(x), fullPrecision(y)
-		defer xc.Release()
-		defer yc.Release()
-		return MSELoss(xc, yc)
+	if in, ok := acMSELoss.cast(rt, x, y); ok {
+		defer releaseAll(in)
+		defer rt.withoutAutocast()()
+		return MSELoss(in[0], in[1])
 	}
 	out := rt.Empty(x.dtype, nil, "mse_loss.out")
 	if rt.dev.Computes() {
@@ -233,11 +252,16 @@ func MSELoss(x, y *Tensor) *Tensor {
 }
 
 // Sum returns the sum of all elements as a scalar. It saves nothing; its backward expands the gradient
-// (a view, no allocation).
+// (a view, no allocation). Under autocast (fp32_set_opt_dtype) it sums a 16-bit input into a float32
+// result, reading the input as it is.
 func Sum(x *Tensor) *Tensor {
 	x.check()
 	rt := x.rt
-	out := rt.Empty(x.dtype, nil, "sum.out")
+	dtype := x.dtype
+	if d := acSum.optDType(x, nil); d != nil {
+		dtype = *d
+	}
+	out := rt.Empty(dtype, nil, "sum.out")
 	if rt.dev.Computes() {
 		out.data()[0] = device.Sum(x.host())
 	}
@@ -289,5 +313,3 @@ func dataOrNil(t *Tensor) []float32 {
 	}
 	return t.data()
 }
-
-var _ = snapshot.CategoryUnknown
