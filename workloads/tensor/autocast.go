@@ -236,12 +236,15 @@ func (r *AutocastRule) cast(rt *Runtime, inputs ...*Tensor) ([]*Tensor, bool) {
 // optDType applies the fp32_set_opt_dtype policy: the dtype an op with an optional dtype argument runs
 // with. A nil dtype is unset; autocast sets it to float32 for a floating input.
 func (r *AutocastRule) optDType(x *Tensor, dtype *DType) *DType {
-	if dtype == nil && r.Policy == FP32SetOptDType && x.rt.autocast != F32 && x.dtype.IsFloat() {
+	if dtype == nil && r.Policy == FP32SetOptDType && x.rt.autocast != F32 && eligible(x) {
 		f := F32
 		return &f
 	}
 	return dtype
 }
+
+// eligible is autocast's is_eligible: a floating tensor other than float64.
+func eligible(t *Tensor) bool { return t.dtype.IsFloat() && t.dtype != F64 }
 
 func releaseAll(ts []*Tensor) {
 	for _, t := range ts {
@@ -261,7 +264,7 @@ func ref(t *Tensor) *Tensor {
 // the grad mode: under no_grad (an evaluation, a checkpointed forward) the cache fills as it does with grad
 // on. Anything else is cast afresh; a tensor already of dtype, or not floating, is returned as is.
 func (rt *Runtime) cachedCast(t *Tensor, dtype DType) *Tensor {
-	if t == nil || !t.dtype.IsFloat() || t.dtype == dtype {
+	if t == nil || !eligible(t) || t.dtype == dtype {
 		return ref(t)
 	}
 	if !(dtype == rt.autocast && t.dtype == F32 && t.requiresGrad && t.gradFn == nil) {

@@ -14,10 +14,11 @@ const (
 	I64               // torch.int64: token ids, class labels
 	Bool              // torch.bool: masks
 	I32               // torch.int32: counters such as the grad scaler's growth tracker
+	F64               // torch.float64: the grad scaler's reciprocal of the scale
 )
 
-var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool", I32: "i32"}
-var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1, I32: 4}
+var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool", I32: "i32", F64: "f64"}
+var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1, I32: 4, F64: 8}
 
 // Size is the bytes one element takes on the device.
 func (d DType) Size() int { return dtypeSizes[d] }
@@ -30,7 +31,7 @@ func (d DType) String() string {
 }
 
 // IsFloat reports whether d holds floating-point values (and so can require a gradient).
-func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 }
+func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 || d == F64 }
 
 // IsHalf reports whether d is a 16-bit float type.
 func (d DType) IsHalf() bool { return d == F16 || d == BF16 }
@@ -50,6 +51,8 @@ func ParseDType(s string) (DType, error) {
 		return Bool, nil
 	case "i32", "int32":
 		return I32, nil
+	case "f64", "fp64", "float64":
+		return F64, nil
 	}
-	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, i64 or bool)", s)
+	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, f64, i64, i32 or bool)", s)
 }

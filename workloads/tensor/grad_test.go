@@ -173,6 +173,10 @@ func TestGradients(t *testing.T) {
 			inputs: []input{randInput(r, 3, 4)},
 			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Scale(xs[0], -0.5)) },
 		},
+		"reciprocal": {
+			inputs: []input{{shape: []int{2, 3}, values: []float32{0.5, 0.8, 1, 1.5, -0.7, -2}}},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Reciprocal(xs[0])) },
+		},
 		"relu": {
 			inputs: []input{awayFromZero(randInput(r, 3, 4))},
 			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, ReLU(xs[0])) },

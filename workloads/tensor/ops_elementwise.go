@@ -114,6 +114,36 @@ func Scale(x *Tensor, s float32) *Tensor {
 	return out
 }
 
+// Reciprocal returns 1/x elementwise. It saves its result.
+func Reciprocal(x *Tensor) *Tensor {
+	x.check()
+	rt := x.rt
+	out := rt.Empty(x.dtype, x.shape, "reciprocal.out")
+	if rt.dev.Computes() {
+		d, s := out.data(), x.host()
+		for i := range d {
+			d[i] = 1 / s[i]
+		}
+		out.round()
+	}
+	if rt.needsGrad(x) {
+		node := rt.node("ReciprocalBackward0", []*Tensor{x}, []*Tensor{out}, nil)
+		result := node.save("result", out)
+		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor { // -g * result^2
+			dx := n.rt.Empty(g[0].dtype, g[0].shape, "reciprocal.grad")
+			if n.rt.dev.Computes() {
+				d, gv, r := dx.data(), g[0].host(), result.host()
+				for i := range d {
+					d[i] = -gv[i] * r[i] * r[i]
+				}
+				dx.round()
+			}
+			return []*Tensor{dx}
+		}
+	}
+	return out
+}
+
 // ReLU returns max(x, 0). It saves its result.
 func ReLU(x *Tensor) *Tensor {
 	x.check()
