@@ -168,8 +168,17 @@ func (b *Block) Parameters() []*Parameter {
 }
 
 // Loss returns the mean cross-entropy of the model's next-token predictions for idx (batch, seq) against
-// targets (batch, seq).
+// targets (batch, seq); the logits are freed as soon as it is computed.
 func (g *GPT) Loss(idx, targets *tensor.Tensor) *tensor.Tensor {
+	logits, loss := g.ForwardLoss(idx, targets)
+	logits.Release()
+	return loss
+}
+
+// ForwardLoss is nanoGPT's forward(idx, targets): it returns the logits (batch, seq, vocab) and the mean
+// cross-entropy of the next-token predictions against targets. The caller owns both: a training loop that
+// keeps the logits (nanoGPT's logits, loss = model(X, Y)) keeps them alive through backward.
+func (g *GPT) ForwardLoss(idx, targets *tensor.Tensor) (logits, loss *tensor.Tensor) {
 	rt := g.rt
 	t := idx.Dim(1)
 	if t > g.Config.BlockSize {
@@ -199,14 +208,13 @@ func (g *GPT) Loss(idx, targets *tensor.Tensor) *tensor.Tensor {
 	}
 	h := g.LNF.Forward(x)
 	x.Release()
-	logits := g.LMHead.Forward(h)
+	logits = g.LMHead.Forward(h)
 	h.Release()
-	defer logits.Release()
 	flat := logits.View(-1, logits.Dim(-1))
 	defer flat.Release()
 	tflat := targets.View(-1)
 	defer tflat.Release()
-	return tensor.CrossEntropy(flat, tflat)
+	return logits, tensor.CrossEntropy(flat, tflat)
 }
 
 // Forward applies the block.

@@ -29,8 +29,10 @@ func tokens(rt *tensor.Runtime, batch, seq, vocab int) *tensor.Tensor {
 }
 
 // TestGPTSavesWhatPyTorchSaves compares the bytes autograd keeps after the forward pass and the loss with
-// PyTorch's, for nanoGPT at dropout 0 (naive attention, fp32), counted once per storage without parameters.
-// Several layer counts per width pin the per-block figure, not just the total.
+// PyTorch's, for nanoGPT at dropout 0 (naive attention), counted once per storage without parameters: in
+// float32, and under bfloat16 autocast with CUDA's rules (testdata/nanogpt.py runs CPU autocast, which
+// applies them to this model, with softmax and cross_entropy called as CUDA autocast calls them). Several
+// layer counts per width pin the per-block figure, not just the total.
 func TestGPTSavesWhatPyTorchSaves(t *testing.T) {
 	type shape struct{ Batch, Seq, D, Heads, Layers, Vocab int }
 	shapes := []shape{
@@ -42,43 +44,54 @@ func TestGPTSavesWhatPyTorchSaves(t *testing.T) {
 		rows[i] = []int{s.Batch, s.Seq, s.D, s.Heads, s.Layers, s.Vocab}
 	}
 	arg, _ := json.Marshal(rows)
-	var want []uint64
-	torchtest.RunFile(t, "testdata/nanogpt.py", &want, string(arg))
-
-	for i, s := range shapes {
-		t.Run(fmt.Sprintf("%+v", s), func(t *testing.T) {
-			rt := gptRuntime(device.Meta)
-			g, err := NewGPT(rt, GPTConfig{BlockSize: s.Seq, Vocab: s.Vocab, Layers: s.Layers, Heads: s.Heads, DModel: s.D,
-				Bias: true, Attention: "naive", DType: tensor.F32})
-			if err != nil {
-				t.Fatal(err)
-			}
-			idx := tokens(rt, s.Batch, s.Seq, s.Vocab)
-			loss := g.Loss(idx, idx)
-			var got uint64
-			for _, st := range rt.SavedTensors() {
-				got += st.Bytes
-			}
-			if got != want[i] {
-				for _, st := range rt.SavedTensors() {
-					t.Logf("%8d  %s  %v", st.Bytes, st.Label, st.Holders)
+	for _, amp := range []tensor.DType{tensor.F32, tensor.BF16} {
+		var want []uint64
+		torchtest.RunFile(t, "testdata/nanogpt.py", &want, string(arg), amp.String())
+		for i, s := range shapes {
+			t.Run(fmt.Sprintf("%v/%+v", amp, s), func(t *testing.T) {
+				rt := gptRuntime(device.Meta)
+				g, err := NewGPT(rt, GPTConfig{BlockSize: s.Seq, Vocab: s.Vocab, Layers: s.Layers, Heads: s.Heads, DModel: s.D,
+					Bias: true, Attention: "naive", DType: tensor.F32})
+				if err != nil {
+					t.Fatal(err)
 				}
-				t.Errorf("saved %d bytes for backward, PyTorch %d", got, want[i])
-			}
-			loss.Backward(false)
-			loss.Release()
-			idx.Release()
-			g.Release()
-			if n := rt.LiveHandles(); n != 0 {
-				t.Errorf("%d references left after releasing everything", n)
-			}
-		})
+				idx := tokens(rt, s.Batch, s.Seq, s.Vocab)
+				loss := autocastLoss(rt, amp, func() *tensor.Tensor { return g.Loss(idx, idx) })
+				var got uint64
+				for _, st := range rt.SavedTensors() {
+					got += st.Bytes
+				}
+				if got != want[i] {
+					for _, st := range rt.SavedTensors() {
+						t.Logf("%8d  %s  %v", st.Bytes, st.Label, st.Holders)
+					}
+					t.Errorf("saved %d bytes for backward, PyTorch %d", got, want[i])
+				}
+				loss.Backward(false)
+				loss.Release()
+				idx.Release()
+				g.Release()
+				if n := rt.LiveHandles(); n != 0 {
+					t.Errorf("%d references left after releasing everything", n)
+				}
+			})
+		}
 	}
 }
 
-// trainGrads runs one forward and backward of a small GPT on the cpu device and returns the loss and every
-// parameter's gradient.
-func trainGrads(t *testing.T, cfg GPTConfig, checkpoint bool) (float32, map[string][]float32) {
+// autocastLoss runs f under autocast to amp, or as it is for F32.
+func autocastLoss(rt *tensor.Runtime, amp tensor.DType, f func() *tensor.Tensor) *tensor.Tensor {
+	if amp == tensor.F32 {
+		return f()
+	}
+	var loss *tensor.Tensor
+	rt.Autocast(amp, func() { loss = f() })
+	return loss
+}
+
+// trainGrads runs one forward (under autocast to amp unless it is F32) and backward of a small GPT on the cpu
+// device and returns the loss and every parameter's gradient.
+func trainGrads(t *testing.T, cfg GPTConfig, checkpoint bool, amp tensor.DType) (float32, map[string][]float32) {
 	t.Helper()
 	rt := gptRuntime(device.CPU)
 	g, err := NewGPT(rt, cfg)
@@ -89,7 +102,7 @@ func trainGrads(t *testing.T, cfg GPTConfig, checkpoint bool) (float32, map[stri
 		g.Checkpoint = func(int) bool { return true }
 	}
 	idx := tokens(rt, 2, cfg.BlockSize, cfg.Vocab)
-	loss := g.Loss(idx, idx)
+	loss := autocastLoss(rt, amp, func() *tensor.Tensor { return g.Loss(idx, idx) })
 	loss.Backward(false)
 	grads := map[string][]float32{}
 	for _, p := range g.Parameters() {
@@ -107,27 +120,32 @@ func smallGPT(attention string, dropout float32) GPTConfig {
 		Attention: attention, DType: tensor.F32}
 }
 
+// TestCheckpointedGradientsAreIdentical checks that checkpointing every block changes no gradient, bit for
+// bit, in float32 and under autocast: the recompute draws the same dropout masks and, as
+// torch/utils/checkpoint.py re-enters the forward's autocast state, runs in the same dtypes.
 func TestCheckpointedGradientsAreIdentical(t *testing.T) {
-	for _, attention := range []string{"naive", "flash"} {
-		t.Run(attention, func(t *testing.T) {
-			cfg := smallGPT(attention, 0.2) // dropout on: the recompute must draw the same masks
-			l1, plain := trainGrads(t, cfg, false)
-			l2, ckpt := trainGrads(t, cfg, true)
-			if l1 != l2 {
-				t.Errorf("loss %v without checkpointing, %v with", l1, l2)
-			}
-			for name, g := range plain {
-				if !slices.Equal(g, ckpt[name]) {
-					t.Errorf("gradient of %s differs with checkpointing", name)
+	for _, amp := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {
+		for _, attention := range []string{"naive", "flash"} {
+			t.Run(fmt.Sprintf("%v/%s", amp, attention), func(t *testing.T) {
+				cfg := smallGPT(attention, 0.2) // dropout on: the recompute must draw the same masks
+				l1, plain := trainGrads(t, cfg, false, amp)
+				l2, ckpt := trainGrads(t, cfg, true, amp)
+				if l1 != l2 {
+					t.Errorf("loss %v without checkpointing, %v with", l1, l2)
 				}
-			}
-		})
+				for name, g := range plain {
+					if !slices.Equal(g, ckpt[name]) {
+						t.Errorf("gradient of %s differs with checkpointing", name)
+					}
+				}
+			})
+		}
 	}
 }
 
 func TestFlashAttentionMatchesNaive(t *testing.T) {
-	l1, naive := trainGrads(t, smallGPT("naive", 0), false)
-	l2, flash := trainGrads(t, smallGPT("flash", 0), false)
+	l1, naive := trainGrads(t, smallGPT("naive", 0), false, tensor.F32)
+	l2, flash := trainGrads(t, smallGPT("flash", 0), false, tensor.F32)
 	if math.Abs(float64(l1-l2)) > 1e-5 {
 		t.Errorf("loss %v naive, %v flash", l1, l2)
 	}

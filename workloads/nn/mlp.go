@@ -38,9 +38,17 @@ func (m *MLP) Parameters() []*Parameter { return m.Net.Parameters() }
 // Forward returns the logits for a batch x of shape (batch, in).
 func (m *MLP) Forward(x *tensor.Tensor) *tensor.Tensor { return m.Net.Forward(x) }
 
-// Loss returns the mean cross-entropy of the logits of x against the class indices y.
+// Loss returns the mean cross-entropy of the logits of x against the class indices y; the logits are freed
+// as soon as it is computed.
 func (m *MLP) Loss(x, y *tensor.Tensor) *tensor.Tensor {
-	logits := m.Forward(x)
-	defer logits.Release()
-	return tensor.CrossEntropy(logits, y)
+	logits, loss := m.ForwardLoss(x, y)
+	logits.Release()
+	return loss
+}
+
+// ForwardLoss returns the logits of x and their mean cross-entropy against the class indices y; the caller
+// owns both.
+func (m *MLP) ForwardLoss(x, y *tensor.Tensor) (logits, loss *tensor.Tensor) {
+	logits = m.Forward(x)
+	return logits, tensor.CrossEntropy(logits, y)
 }

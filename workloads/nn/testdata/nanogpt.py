@@ -1,6 +1,15 @@
 # A GPT decoder with nanoGPT's structure (model.py of karpathy/nanoGPT): token and position embeddings,
 # dropout, pre-LayerNorm blocks of causal self-attention (without flash) and MLP, final LayerNorm, tied LM
 # head, cross-entropy. Used by oomdbg's tests to count what PyTorch saves for backward.
+#
+# With "bf16" as the second argument the forward runs under CPU autocast to bfloat16 with CUDA autocast's
+# rules. CPU autocast applies the same rules as CUDA's to every op of this model (checked below) but two, and
+# for those two the script makes the very call CUDA autocast makes:
+#   - softmax: CUDA lists it as fp32_set_opt_dtype (aten/src/ATen/autocast_mode.h), so autocast calls
+#     softmax(x, dim, dtype=float32); CPU autocast does not list it;
+#   - cross_entropy: CUDA does not list it, so it runs as cross_entropy_loss_symint composes it
+#     (aten/src/ATen/native/LossNLL.cpp): nll_loss(log_softmax(x, dim, x.dtype)); CPU autocast lists it as
+#     fp32. nll_loss is fp32 in both.
 import json
 import math
 import sys
@@ -8,6 +17,32 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+CUDA_RULES = False
+
+
+def check_cpu_autocast():
+    """Fails unless CPU autocast gives every op of the model the dtype CUDA autocast gives it."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    x, h = torch.randn(2, 4, 8), torch.randn(2, 4, 8).to(bf16)
+    w = torch.randn(8, requires_grad=True)
+    with torch.autocast("cpu", dtype=bf16):
+        got = {
+            "linear": F.linear(x, torch.randn(3, 8)).dtype,
+            "matmul": torch.matmul(x, x.transpose(-2, -1)).dtype,
+            "layer_norm of float32": F.layer_norm(x, (8,), w, w).dtype,
+            "embedding": F.embedding(torch.tensor([1]), torch.randn(4, 8)).dtype,
+            "add": (x + h).dtype,
+            "gelu": F.gelu(h).dtype,
+            "masked_fill": h.masked_fill(h > 0, 0).dtype,
+            "softmax with dtype": F.softmax(h, -1, dtype=f32).dtype,
+            "log_softmax with dtype": F.log_softmax(h, -1, dtype=bf16).dtype,
+            "nll_loss": F.nll_loss(h[0], torch.tensor([0, 1, 2, 3])).dtype,
+        }
+    want = {"linear": bf16, "matmul": bf16, "layer_norm of float32": f32, "embedding": f32, "add": f32, "gelu": bf16,
+            "masked_fill": bf16, "softmax with dtype": f32, "log_softmax with dtype": bf16, "nll_loss": f32}
+    if got != want:
+        raise SystemExit(f"PyTorch {torch.__version__}: CPU autocast gives {got}, the comparison needs {want}")
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,7 +63,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        att = F.softmax(att, dim=-1, dtype=torch.float32) if CUDA_RULES else F.softmax(att, dim=-1)
         att = self.attn_dropout(att)
         y = att @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -76,7 +111,10 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        logits, targets = logits.view(-1, logits.size(-1)), targets.view(-1)
+        if CUDA_RULES:
+            return F.nll_loss(F.log_softmax(logits, 1, dtype=logits.dtype), targets, ignore_index=-1)
+        return F.cross_entropy(logits, targets, ignore_index=-1)
 
 
 def saved_bytes(batch, seq, d, heads, layers, vocab):
@@ -94,9 +132,13 @@ def saved_bytes(batch, seq, d, heads, layers, vocab):
         return t
 
     idx = torch.randint(0, vocab, (batch, seq))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=CUDA_RULES):
         model(idx, idx)
     return sum(seen.values())
 
 
+if len(sys.argv) > 2 and sys.argv[2] == "bf16":
+    check_cpu_autocast()
+    CUDA_RULES = True
 print(json.dumps([saved_bytes(*shape) for shape in json.loads(sys.argv[1])]))
