@@ -58,6 +58,7 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.StringVar(&cfg.Checkpoint, "checkpoint", cfg.Checkpoint, "gpt activation checkpointing: off, all, every:N or attn")
 	fs.StringVar(&cfg.Attention, "attention", cfg.Attention, "gpt attention: naive (scores materialised) or flash")
 	fs.IntVar(&cfg.Accum, "accum", cfg.Accum, "micro-batches per optimizer step (gradient accumulation)")
+	fs.StringVar(&cfg.Logits, "logits", cfg.Logits, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", cfg.EvalEvery, "evaluate after every N-th step (0: never)")
 	fs.StringVar(&cfg.Device, "device", cfg.Device, "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
@@ -106,8 +107,9 @@ func newRunCmd() *cobra.Command {
 category, into a snapshot file; then print the peak, the phases and the OOM, if any.
 
 Every dimension of the model and every setting of the run is a flag, so any shape can be recorded
-without writing code. An OOM stops the run like it stops a PyTorch job, with a complete snapshot;
-so does Ctrl-C. The exit code is 1 when the run ran out of memory.`,
+without writing code. The gpt loop is nanoGPT's train.py: it keeps the logits alive through backward
+until the next forward returns (--logits drop frees them before backward, as HF Trainer does). An OOM
+stops the run like it stops a PyTorch job, with a complete snapshot; so does Ctrl-C. The exit code is 1 when the run ran out of memory.`,
 		Example: `  oomdbg run --preset gpt2-medium -o medium.oomdbg          # OOMs on a 24 GiB card
   oomdbg run --preset gpt2-medium --amp bf16 --attention flash --checkpoint all
   oomdbg run --hidden 4096 --layers 8 --batch 4096 --gpu-mem 8GiB -o big.oomdbg

@@ -43,6 +43,9 @@ type Config struct {
 	Checkpoint string `json:"checkpoint"` // off, all, every:N (every N-th block) or attn (attention only)
 	Attention  string `json:"attention"`  // naive or flash
 	Accum      int    `json:"accum"`      // micro-batches per optimizer step (gradient accumulation)
+	// Logits is how long the loop holds the model's logits: LogitsKeep (the GPT presets: nanoGPT's loop) or
+	// LogitsDrop ("" too: the MLP's loop).
+	Logits string `json:"logits,omitempty"`
 
 	Batch int `json:"batch"` // micro-batch size: the effective batch is Batch x Accum
 	Steps int `json:"steps"`
@@ -75,6 +78,16 @@ const (
 	// BugTensorLossSum sums the losses as tensors instead of with .item(): the graph grows on the host, not on
 	// the device. It is the negative control: it must not read as a device leak.
 	BugTensorLossSum = "tensor-loss-sum"
+)
+
+// What the training loop does with the logits the model returns with the loss.
+const (
+	// LogitsKeep is nanoGPT's train.py: logits, loss = model(X, Y) holds the logits through backward and the
+	// optimizer step until the next forward returns. The GPT presets are nanoGPT, so it is their default.
+	LogitsKeep = "keep"
+	// LogitsDrop frees the logits before backward, as HF Trainer's compute_loss (which returns only the loss)
+	// and a loop computing loss = F.cross_entropy(model(x), y) in one expression (the MLP's) do.
+	LogitsDrop = "drop"
 )
 
 // Bugs lists every bug name Config.Bug accepts.
@@ -122,6 +135,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Attention != "naive" && c.Attention != "flash" {
 		return fmt.Errorf("unknown attention %q (want naive or flash)", c.Attention)
+	}
+	if c.Logits != "" && c.Logits != LogitsKeep && c.Logits != LogitsDrop {
+		return fmt.Errorf("unknown logits %q (want keep or drop)", c.Logits)
 	}
 	if c.Model == "mlp" && (c.Checkpoint != "off" || c.Attention != "naive") {
 		return fmt.Errorf("checkpoint and attention apply to the gpt model")

@@ -19,14 +19,14 @@ type Preset struct {
 }
 
 // gpt returns a GPT configuration of the given shape with nanoGPT's training defaults: AdamW, no dropout,
-// biases, nanoGPT's attention without flash, no fixes.
+// biases, nanoGPT's attention without flash, the logits kept through backward, no fixes.
 func gpt(layers, heads, d, seq, vocab, batch int) Config {
 	return Config{
 		Model: "gpt", Layers: layers, Heads: heads, DModel: d, Seq: seq, Vocab: vocab, Bias: true,
 		Batch: batch, Steps: 3,
 		Device: string(device.Meta), GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
 		Optimizer: string(optim.AdamW), LR: 6e-4, ZeroGrad: "none", Seed: 1,
-		AMP: "off", Checkpoint: "off", Attention: "naive", Accum: 1,
+		AMP: "off", Checkpoint: "off", Attention: "naive", Accum: 1, Logits: LogitsKeep,
 	}
 }
 

@@ -50,6 +50,7 @@ type OOM struct {
 type model interface {
 	nn.Module
 	Loss(x, y *tensor.Tensor) *tensor.Tensor
+	ForwardLoss(x, y *tensor.Tensor) (logits, loss *tensor.Tensor)
 }
 
 // dataset makes batches on the device.
@@ -75,6 +76,8 @@ type run struct {
 	phase     snapshot.Phase
 	iteration int
 	phaseMark bool // a phase is open in res.Phases
+
+	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
 	// What the leak bugs (or their fixed code paths) keep.
 	lossHistory []*tensor.Tensor // retain-graph: the losses themselves
@@ -241,16 +244,8 @@ func (r *run) microStep() float32 {
 	defer x.Release()
 	defer y.Release()
 
-	r.setPhase(snapshot.PhaseForward)
-	var loss *tensor.Tensor
-	r.autocast(func() { loss = r.model.Loss(x, y) })
-	if r.cfg.Accum > 1 { // loss = loss / accum, so the accumulated gradient is the mean's
-		scaled := tensor.Scale(loss, 1/float32(r.cfg.Accum))
-		loss.Release()
-		loss = scaled
-	}
+	loss := r.forward(x, y)
 	defer loss.Release()
-
 	r.checkInterrupt()
 	r.setPhase(snapshot.PhaseBackward)
 	retain := r.cfg.Bug == BugRetainGraph
@@ -263,6 +258,34 @@ func (r *run) microStep() float32 {
 	}
 	r.keepLoss(loss)
 	return loss.Item()
+}
+
+// forward is the forward phase: with autocast: logits, loss = model(X, Y); loss = loss / accum. The logits
+// are kept (nanoGPT: the name holds them until the next forward returns and rebinds it) or dropped before
+// backward (HF Trainer), as Config.Logits says.
+func (r *run) forward(x, y *tensor.Tensor) *tensor.Tensor {
+	r.setPhase(snapshot.PhaseForward)
+	keep := r.cfg.Logits == LogitsKeep
+	var logits, loss *tensor.Tensor
+	r.autocast(func() {
+		if keep {
+			logits, loss = r.model.ForwardLoss(x, y)
+		} else {
+			loss = r.model.Loss(x, y)
+		}
+		if r.cfg.Accum > 1 { // loss = loss / accum, so the accumulated gradient is the mean's
+			scaled := tensor.Scale(loss, 1/float32(r.cfg.Accum))
+			loss.Release()
+			loss = scaled
+		}
+	})
+	if keep {
+		if r.logits != nil {
+			r.logits.Release()
+		}
+		r.logits = logits.SetName("logits")
+	}
+	return loss
 }
 
 // autocast runs f under torch.autocast when mixed precision is on.
