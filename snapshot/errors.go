@@ -19,6 +19,8 @@ var (
 	ErrChecksum = errors.New("checksum mismatch")
 	// ErrLimit means a declared length or count exceeds a reader limit (see Limits).
 	ErrLimit = errors.New("limit exceeded")
+	// ErrEventLimit means the input holds more events than Limits.Events; it wraps ErrLimit.
+	ErrEventLimit = fmt.Errorf("%w: too many events", ErrLimit)
 	// ErrCorrupt means the bytes are well framed but do not decode: a bad varint, an undefined table ID, an
 	// invalid action, trailing bytes.
 	ErrCorrupt = errors.New("corrupt snapshot")

@@ -1,6 +1,9 @@
 package snapshot
 
-import "hash/crc32"
+import (
+	"hash/crc32"
+	"unsafe"
+)
 
 // The byte-level constants of the file format; docs/format.md is their specification.
 const (
@@ -35,6 +38,9 @@ const writerWindow = 1 << 20
 // ext4, iSCSI and LevelDB-style logs use for the same job.
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
+// EventBytes is the memory one Event takes in a slice of events, as Read holds them.
+const EventBytes = int64(unsafe.Sizeof(Event{}))
+
 // Limits caps what a Reader accepts, so that a hostile file cannot make it allocate without bound. A zero
 // field means the default from DefaultLimits. The Writer never exceeds the defaults.
 type Limits struct {
@@ -50,27 +56,46 @@ type Limits struct {
 	// TableBytes caps the tables' memory, counted as string bytes with their length prefixes, plus 16 bytes
 	// per string, 12 per frame, and 4 per stack and per stack entry.
 	TableBytes int64
-	// Events caps the events Read and ReadFile hold in memory (a Reader streams and needs no such cap). A
-	// few kilobytes of zstd can expand to millions of events; this keeps a shared file from exhausting memory.
+	// Events caps the events a Reader decodes, and so the events Read and ReadFile hold in memory. Programs
+	// lower it to fit their memory (oomdbg's --max-memory).
 	Events uint64
+	// EventsPerByte caps how densely a file may pack events: after n bytes of input a Reader has decoded at
+	// most DensityAllowance + EventsPerByte x n events, so the events a file yields, and the memory they take,
+	// are bounded by its size. A recording holds about one event per two bytes (the times alone take a byte or
+	// two per event); a few kilobytes that zstd would expand into millions of events are refused at the chunk
+	// header, before anything is decompressed.
+	EventsPerByte int
+	// ChunkRatio caps a compressed chunk's expansion: its decoded length may be at most ChunkRatio times its
+	// stored length, or RatioAllowance, whichever is larger. oomdbg's chunks expand 3 to 30 times.
+	ChunkRatio int
 }
+
+// The allowances that let small inputs through the density caps of Limits.EventsPerByte and
+// Limits.ChunkRatio: one default chunk of events, and a 1 MiB chunk however small its payload.
+const (
+	DensityAllowance = 1 << 16
+	RatioAllowance   = 1 << 20
+)
 
 // DefaultLimits returns the limits a Reader applies unless told otherwise. They are far above what oomdbg
 // writes and low enough that a reader's memory stays bounded: tables, two chunk buffers and the zstd window,
-// well under a gigabyte. Read additionally holds up to Events events (112 bytes each).
+// well under a gigabyte. Read additionally holds up to Events events (EventBytes each), and never more than
+// the input's size allows (EventsPerByte); docs/format.md §9 gives the bound.
 func DefaultLimits() Limits {
 	return Limits{
-		MetaBytes:   1 << 20,
-		ChunkBytes:  64 << 20,
-		ChunkEvents: 1 << 20,
-		StringBytes: 64 << 10,
-		Strings:     1 << 24,
-		Frames:      1 << 24,
-		Stacks:      1 << 24,
-		StackDepth:  1024,
-		TableBytes:  256 << 20,
-		WindowBytes: 32 << 20,
-		Events:      1 << 26,
+		MetaBytes:     1 << 20,
+		ChunkBytes:    64 << 20,
+		ChunkEvents:   1 << 20,
+		StringBytes:   64 << 10,
+		Strings:       1 << 24,
+		Frames:        1 << 24,
+		Stacks:        1 << 24,
+		StackDepth:    1024,
+		TableBytes:    256 << 20,
+		WindowBytes:   32 << 20,
+		Events:        1 << 26,
+		EventsPerByte: 64,
+		ChunkRatio:    1024,
 	}
 }
 
@@ -109,6 +134,12 @@ func (l Limits) orDefault() Limits {
 	}
 	if l.Events == 0 {
 		l.Events = d.Events
+	}
+	if l.EventsPerByte <= 0 {
+		l.EventsPerByte = d.EventsPerByte
+	}
+	if l.ChunkRatio <= 0 {
+		l.ChunkRatio = d.ChunkRatio
 	}
 	return l
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
 
 func TestNotSnapshot(t *testing.T) {
@@ -77,7 +79,8 @@ func TestHostileLengths(t *testing.T) {
 		"frame count":            {tables(uv(nil, 0, 1<<40)), snapshot.ErrCorrupt},
 		"stack count":            {tables(uv(nil, 0, 0, 1<<40)), snapshot.ErrCorrupt},
 		"stack depth":            {tables(uv(nil, 0, 0, 1, 1<<40)), snapshot.ErrCorrupt},
-		"event count":            {file(h, storedChunk(1, 1<<20, eventsPayload(noTables, []byte{1}, nil, []byte{0}))), snapshot.ErrCorrupt},
+		"event count":            {file(h, storedChunk(1, 60000, eventsPayload(noTables, []byte{1}, nil, []byte{0}))), snapshot.ErrCorrupt},
+		"event density":          {file(h, storedChunk(1, 1<<20, eventsPayload(noTables, []byte{1}, nil, []byte{0}))), snapshot.ErrLimit},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -243,5 +246,55 @@ func TestStickyError(t *testing.T) {
 	_, err2 := r.ReadChunk(nil)
 	if err1 == nil || err1 == io.EOF || err1 != err2 {
 		t.Fatalf("errors %v then %v; want the same decode error", err1, err2)
+	}
+}
+
+// TestBombs reads files of a few kilobytes that declare millions of events: the reader refuses them by their
+// density at the first chunk that breaks it, having decoded little, instead of holding what they expand to.
+func TestBombs(t *testing.T) {
+	for name, tt := range map[string]struct{ chunks, perChunk int }{
+		"67M events in 17 KB":  {64, 1 << 20},
+		"10M events in 2.8 KB": {10, 1 << 20},
+		"many small chunks":    {2000, 1 << 15},
+	} {
+		t.Run(name, func(t *testing.T) {
+			data := snapshottest.Bomb(tt.chunks, tt.perChunk)
+			if len(data) > tt.chunks*400+300 {
+				t.Fatalf("the bomb is %d bytes; it should be under 400 per chunk", len(data))
+			}
+			var s *snapshot.Snapshot
+			var err error
+			n := allocated(func() { s, err = snapshot.Read(bytes.NewReader(data)) })
+			if !errors.Is(err, snapshot.ErrLimit) {
+				t.Fatalf("err = %v, want ErrLimit", err)
+			}
+			if max := uint64(snapshot.DensityAllowance) + 64*uint64(len(data)); s == nil || uint64(len(s.Events)) > max {
+				t.Fatalf("read %d events before refusing; the density cap allows %d", len(s.Events), max)
+			}
+			// What was decoded, plus the decoder's buffers: nowhere near what the file declares.
+			if n > 64<<20 {
+				t.Errorf("allocated %d MiB for a %d-byte file", n>>20, len(data))
+			}
+		})
+	}
+	// The bombs are valid files: under limits that allow their density they read back whole.
+	data := snapshottest.Bomb(3, 1<<16)
+	s, err := snapshot.Read(bytes.NewReader(data), snapshot.WithLimits(snapshot.Limits{EventsPerByte: 1 << 20, ChunkRatio: 1 << 20}))
+	if err != nil || len(s.Events) != 3<<16 || !errors.Is(s.Warning, snapshot.ErrTruncated) {
+		t.Fatalf("read %d events, err %v, warning %v; want %d events cut short", len(s.Events), err, s.Warning, 3<<16)
+	}
+	for i, e := range s.Events {
+		if e.Action != snapshot.ActionAnnotation || e.Seq != uint64(i) {
+			t.Fatalf("event %d is %+v, want an annotation", i, e)
+		}
+	}
+}
+
+// TestChunkRatio refuses a compressed chunk that expands beyond the ratio cap before decompressing it.
+func TestChunkRatio(t *testing.T) {
+	data := snapshottest.Bomb(1, 1<<20) // 2 MiB decoded from about 300 bytes
+	_, err := snapshot.Read(bytes.NewReader(data), snapshot.WithLimits(snapshot.Limits{EventsPerByte: 1 << 20}))
+	if !errors.Is(err, snapshot.ErrLimit) || !strings.Contains(err.Error(), "expands more than 1024 times") {
+		t.Fatalf("err = %v, want the ratio cap", err)
 	}
 }

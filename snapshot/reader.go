@@ -42,11 +42,10 @@ type Reader struct {
 	pos int
 	hdr [chunkHeaderSize]byte // the chunk header being read; a field so that it is not allocated per chunk
 
-	footer    *Footer
-	warning   error
-	err       error // sticky
-	done      bool  // the end chunk was read, or the input ended
-	maxEvents uint64
+	footer  *Footer
+	warning error
+	err     error // sticky
+	done    bool  // the end chunk was read, or the input ended
 }
 
 // readerConfig holds the ReaderOptions.
@@ -242,8 +241,14 @@ func (r *Reader) readChunk(dst []Event) ([]Event, bool, error) {
 		return fail("read chunk header", corruptf("chunk of kind %d declares %d events", kind, count))
 	case kind != kindEvents && kind != kindEnd && kind&kindOptional == 0:
 		return fail("read chunk header", corruptf("unknown chunk kind %d", kind))
-	case r.maxEvents > 0 && r.model.events+uint64(count) > r.maxEvents:
-		return fail("read chunk header", limitf("more than %d events", r.maxEvents))
+	case r.model.events+uint64(count) > r.lim.Events:
+		return fail("read chunk header", fmt.Errorf("%w: more than %d", ErrEventLimit, r.lim.Events))
+	case r.model.events+uint64(count) > densityCap(r.lim, start+chunkHeaderSize+int64(storedLen)):
+		return fail("read chunk header", limitf("%d events in the first %d bytes: more than %d per byte of input, "+
+			"which no recording packs (a decompression bomb?)", r.model.events+uint64(count), start+chunkHeaderSize+int64(storedLen), r.lim.EventsPerByte))
+	case codec == codecZstd && uint64(rawLen) > max(RatioAllowance, uint64(r.lim.ChunkRatio)*uint64(storedLen)):
+		return fail("read chunk header", limitf("chunk of %d bytes decodes to %d: expands more than %d times "+
+			"(a decompression bomb?)", storedLen, rawLen, r.lim.ChunkRatio))
 	}
 
 	r.stored, n, err = readFull(r.r, r.stored, int(storedLen))
@@ -396,6 +401,11 @@ func (s *chunkSource) Read(p []byte) (int, error) {
 	n := copy(p, s.b)
 	s.b = s.b[n:]
 	return n, nil
+}
+
+// densityCap is the most events a Reader with limits lim decodes from the first n bytes of its input.
+func densityCap(lim Limits, n int64) uint64 {
+	return DensityAllowance + uint64(lim.EventsPerByte)*uint64(max(n, 0))
 }
 
 // readFull reads n bytes into buf (reusing its memory) and returns them and how many arrived. It grows buf

@@ -45,13 +45,13 @@ func (s *Snapshot) Stack(id StackID) []FrameID {
 
 // Read reads a whole snapshot from r. A snapshot cut short returns its readable prefix with s.Warning set,
 // and no error. A damaged one returns the events before the damage together with a *DecodeError; only an
-// unreadable header returns a nil Snapshot. Limits.Events caps the events held in memory.
+// unreadable header returns a nil Snapshot. Limits.Events and Limits.EventsPerByte cap the events held in
+// memory.
 func Read(r io.Reader, opts ...ReaderOption) (*Snapshot, error) {
 	rd, err := NewReader(r, opts...)
 	if err != nil {
 		return nil, err
 	}
-	rd.maxEvents = rd.lim.Events
 	s := &Snapshot{Meta: rd.Meta()}
 	for {
 		s.Events, err = rd.ReadChunk(s.Events)
