@@ -22,7 +22,16 @@ type RecordOptions struct {
 	// OnStart, when set, is called with the recorder before the run starts (e.g. to feed it device
 	// readings); the function it returns is called when the run has ended, before the snapshot is closed.
 	OnStart func(rec *tracer.Recorder) (stop func())
+	// FlushEvery, when positive, writes what was recorded to w at least this often in wall time, even while
+	// the workload records nothing (a long op, a stuck loop): with w a file, a process killed at any moment
+	// loses at most the last FlushEvery of events. The Writer also cuts a chunk at every phase end and when
+	// its events span more than its chunk age. Zero leaves chunking to the Writer alone, so that a recording
+	// with a fixed clock is a pure function of the run.
+	FlushEvery time.Duration
 }
+
+// DefaultFlushEvery is how often oomdbg run writes its recording out: kill -9 loses at most about this much.
+const DefaultFlushEvery = 200 * time.Millisecond
 
 // Record runs cfg and writes its snapshot to w: the header with the configuration, every event, and a
 // footer with the summary and the allocator's final state. A run that ends in an OOM or is interrupted still
@@ -36,12 +45,14 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 		return nil, err
 	}
 	rec := tracer.New(sw, append([]tracer.Option{tracer.WithSkippedFrames(runtimeFrames...)}, opts.Tracer...)...)
+	stopFlush := flushEvery(rec, opts.FlushEvery)
 	stop := func() {}
 	if opts.OnStart != nil {
 		stop = opts.OnStart(rec)
 	}
 	res, dev, err := Run(ctx, cfg, rec)
 	stop()
+	stopFlush()
 	if err != nil {
 		rec.Close(nil)
 		return nil, err
@@ -50,6 +61,35 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 		return res, fmt.Errorf("writing the snapshot: %w", err)
 	}
 	return res, nil
+}
+
+// flushEvery flushes rec every interval until the returned function is called, which waits for the last
+// flush to finish. A write error stops the flushing; the recorder keeps it and Close returns it.
+func flushEvery(rec *tracer.Recorder, interval time.Duration) (stop func()) {
+	if interval <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if rec.Flush() != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 // runtimeFrames are the workload runtime's own plumbing, left out of stacks like the allocator's: a stack
