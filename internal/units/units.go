@@ -34,6 +34,12 @@ func ParseSize(s string) (uint64, error) {
 			if num == "" || strings.HasSuffix(num, "i") { // "24i" is no unit
 				continue
 			}
+			if n, err := strconv.ParseUint(num, 10, 64); err == nil { // exact, beyond float64's 53 bits
+				if n > math.MaxUint64>>sfx.shift {
+					return 0, fmt.Errorf("size %q is too large", s)
+				}
+				return n << sfx.shift, nil
+			}
 			v, err := strconv.ParseFloat(num, 64)
 			if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
 				break
@@ -68,3 +74,16 @@ func FormatSize(bytes int64) string {
 	}
 	return fmt.Sprintf("%s%.2f TiB", sign, b/(1<<40))
 }
+
+// FormatSizeExact prints bytes in the largest binary unit that divides them, so that ParseSize reads back
+// exactly the same number: "24GiB", "1536MiB", "1000000000B".
+func FormatSizeExact(bytes uint64) string {
+	for _, sfx := range suffixes {
+		if sfx.shift > 0 && bytes != 0 && bytes%(1<<sfx.shift) == 0 {
+			return fmt.Sprintf("%d%s", bytes>>sfx.shift, exactNames[sfx.shift])
+		}
+	}
+	return fmt.Sprintf("%dB", bytes)
+}
+
+var exactNames = map[uint]string{40: "TiB", 30: "GiB", 20: "MiB", 10: "KiB"}

@@ -106,26 +106,11 @@ func DefaultMLP() Config {
 
 // Validate checks the configuration and says what is wrong in one line.
 func (c *Config) Validate() error {
-	switch c.Model {
-	case "mlp":
-		if c.InFeatures <= 0 || c.Hidden <= 0 || c.Layers <= 0 || c.Classes <= 1 {
-			return fmt.Errorf("mlp needs in_features, hidden and layers > 0 and classes > 1 (got %d, %d, %d, %d)", c.InFeatures, c.Hidden, c.Layers, c.Classes)
-		}
-	case "gpt":
-		if c.Seq <= 0 || c.DModel <= 0 || c.Heads <= 0 || c.Layers <= 0 || c.Vocab <= 1 {
-			return fmt.Errorf("gpt needs seq, d_model, heads and layers > 0 and vocab > 1 (got %d, %d, %d, %d, %d)", c.Seq, c.DModel, c.Heads, c.Layers, c.Vocab)
-		}
-		if c.DModel%c.Heads != 0 {
-			return fmt.Errorf("d_model %d is not divisible by %d heads", c.DModel, c.Heads)
-		}
-		if c.Dropout < 0 || c.Dropout >= 1 {
-			return fmt.Errorf("dropout %g is not in [0, 1)", c.Dropout)
-		}
-	default:
+	if c.Model != "mlp" && c.Model != "gpt" {
 		return fmt.Errorf("unknown model %q (want mlp or gpt)", c.Model)
 	}
-	if c.Batch <= 0 || c.Steps < 0 || c.EvalEvery < 0 || c.Accum <= 0 {
-		return fmt.Errorf("batch and accum must be > 0 and steps, eval_every >= 0 (got %d, %d, %d, %d)", c.Batch, c.Accum, c.Steps, c.EvalEvery)
+	if err := c.validateNumbers(); err != nil {
+		return err
 	}
 	if _, err := parseAMP(c.AMP); err != nil {
 		return err
@@ -144,9 +129,6 @@ func (c *Config) Validate() error {
 	}
 	if _, err := device.ParseKind(c.Device); err != nil {
 		return err
-	}
-	if c.GPUMemory <= c.ContextReserve {
-		return fmt.Errorf("gpu memory %d must exceed the context reserve %d", c.GPUMemory, c.ContextReserve)
 	}
 	if _, err := alloc.ParseConfig(c.AllocConf); err != nil {
 		return fmt.Errorf("alloc conf: %w", err)

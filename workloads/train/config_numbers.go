@@ -1,0 +1,172 @@
+package train
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// Bounds on a Config's numbers: what a model, a device and a run can physically be, so that every size the
+// runtime computes fits an int64 with room to spare and a run finishes. A configuration comes from flags or
+// from a snapshot someone shared; either way it is checked against these before anything is allocated.
+const (
+	// MaxGPUMemory is the most device memory a run may simulate: 1 PiB, thousands of times today's largest
+	// GPU, and well inside what the allocator model addresses (expandable segments reserve 9/8 of it).
+	MaxGPUMemory = 1 << 50
+	// MaxParameters is the most parameters a model may have: 2^42, about 4.4 trillion.
+	MaxParameters = 1 << 42
+	// MaxTensorElements is the most elements one tensor may have: 2^46, 256 TiB as float32.
+	MaxTensorElements = 1 << 46
+	// MaxSteps bounds the steps and the evaluation interval: iterations are recorded as int32.
+	MaxSteps = math.MaxInt32
+	// MaxAccum bounds gradient accumulation: micro-batches per optimizer step.
+	MaxAccum = 1 << 16
+)
+
+// FieldError is a Config field that holds a number it cannot hold. Field is the field's JSON name.
+type FieldError struct {
+	Field  string
+	Value  any
+	Reason string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s %v: %s", e.Field, e.Value, e.Reason) }
+
+// validateNumbers checks every numeric field of c, for the model c names, and the sizes they imply.
+func (c *Config) validateNumbers() error {
+	type check struct {
+		field string
+		value int
+		min   int
+	}
+	var checks []check
+	switch c.Model {
+	case "mlp":
+		checks = []check{{"in_features", c.InFeatures, 1}, {"hidden", c.Hidden, 1}, {"layers", c.Layers, 1}, {"classes", c.Classes, 2}}
+	case "gpt":
+		checks = []check{{"seq", c.Seq, 1}, {"d_model", c.DModel, 1}, {"heads", c.Heads, 1}, {"layers", c.Layers, 1}, {"vocab", c.Vocab, 2}}
+	}
+	checks = append(checks, check{"batch", c.Batch, 1}, check{"accum", c.Accum, 1}, check{"steps", c.Steps, 0}, check{"eval_every", c.EvalEvery, 0})
+	for _, ch := range checks {
+		if ch.value < ch.min {
+			return &FieldError{ch.field, ch.value, fmt.Sprintf("must be at least %d", ch.min)}
+		}
+	}
+	switch {
+	case c.Accum > MaxAccum:
+		return &FieldError{"accum", c.Accum, fmt.Sprintf("is more micro-batches per step than any run takes (at most %d)", MaxAccum)}
+	case c.Steps > MaxSteps:
+		return &FieldError{"steps", c.Steps, fmt.Sprintf("is more than %d", MaxSteps)}
+	case c.EvalEvery > MaxSteps:
+		return &FieldError{"eval_every", c.EvalEvery, fmt.Sprintf("is more than %d", MaxSteps)}
+	case c.Model == "gpt" && c.DModel%c.Heads != 0:
+		return &FieldError{"heads", c.Heads, fmt.Sprintf("does not divide d_model %d", c.DModel)}
+	case c.Model == "gpt" && (c.Dropout < 0 || c.Dropout >= 1 || c.Dropout != c.Dropout):
+		return &FieldError{"dropout", c.Dropout, "is not a probability in [0, 1)"}
+	case !finite(c.LR) || c.LR < 0:
+		return &FieldError{"lr", c.LR, "must be a finite number >= 0"}
+	case !finite(c.WeightDecay) || c.WeightDecay < 0:
+		return &FieldError{"weight_decay", c.WeightDecay, "must be a finite number >= 0"}
+	case c.GPUMemory > MaxGPUMemory:
+		return &FieldError{"gpu_memory", c.GPUMemory, fmt.Sprintf("is more than the %d bytes (1 PiB) a run may simulate", uint64(MaxGPUMemory))}
+	case c.GPUMemory <= c.ContextReserve:
+		return &FieldError{"context_reserve", c.ContextReserve, fmt.Sprintf("must be less than the gpu memory %d", c.GPUMemory)}
+	}
+	if field, n := c.largestTensor(); n > MaxTensorElements {
+		return &FieldError{field, c.value(field), fmt.Sprintf("makes a tensor of more than %d elements (at most 2^46)", uint64(MaxTensorElements))}
+	}
+	if field, n := c.parameterBound(); n > MaxParameters {
+		return &FieldError{field, c.value(field), fmt.Sprintf("gives the model more than %d parameters (at most 2^42, 4.4 trillion)", uint64(MaxParameters))}
+	}
+	return nil
+}
+
+func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
+
+// value returns the number in the field named by its JSON name, for messages.
+func (c *Config) value(field string) int {
+	return map[string]int{"in_features": c.InFeatures, "hidden": c.Hidden, "layers": c.Layers, "classes": c.Classes,
+		"seq": c.Seq, "d_model": c.DModel, "heads": c.Heads, "vocab": c.Vocab, "batch": c.Batch}[field]
+}
+
+// mul multiplies non-negative numbers, saturating at the largest uint64 instead of wrapping.
+func mul(xs ...int) uint64 {
+	p := uint64(1)
+	for _, x := range xs {
+		hi, lo := bits.Mul64(p, uint64(x))
+		if hi != 0 {
+			return math.MaxUint64
+		}
+		p = lo
+	}
+	return p
+}
+
+// add adds, saturating.
+func add(xs ...uint64) uint64 {
+	var s uint64
+	for _, x := range xs {
+		var carry uint64
+		if s, carry = bits.Add64(s, x, 0); carry != 0 {
+			return math.MaxUint64
+		}
+	}
+	return s
+}
+
+// largestTensor returns the elements of the largest tensor the model makes, an upper bound, and the field
+// that contributes most to it. The inputs to mul are at least 1 here.
+func (c *Config) largestTensor() (field string, elements uint64) {
+	type t struct {
+		field string
+		n     uint64
+	}
+	var ts []t
+	switch c.Model {
+	case "mlp":
+		ts = []t{
+			{widest(c, "batch", "in_features", "hidden", "classes"), mul(c.Batch, max(c.InFeatures, c.Hidden, c.Classes))}, // activations
+			{widest(c, "in_features", "hidden"), mul(c.Hidden, max(c.InFeatures, c.Hidden))},                               // weights
+			{widest(c, "hidden", "classes"), mul(c.Hidden, c.Classes)},
+		}
+	case "gpt":
+		ts = []t{
+			{widest(c, "batch", "seq", "d_model"), mul(c.Batch, c.Seq, 4, c.DModel)},  // the MLP's hidden activations
+			{widest(c, "batch", "seq", "vocab"), mul(c.Batch, c.Seq, c.Vocab)},        // logits
+			{widest(c, "batch", "heads", "seq"), mul(c.Batch, c.Heads, c.Seq, c.Seq)}, // attention scores
+			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
+		}
+	}
+	for _, x := range ts {
+		if x.n > elements {
+			field, elements = x.field, x.n
+		}
+	}
+	return field, elements
+}
+
+// parameterBound returns an upper bound of the model's parameters, and the field that contributes most.
+func (c *Config) parameterBound() (field string, params uint64) {
+	switch c.Model {
+	case "mlp":
+		params = add(mul(c.InFeatures, c.Hidden), mul(c.Layers, c.Hidden, c.Hidden), mul(c.Hidden, c.Classes), mul(c.Layers+2, c.Hidden), mul(1, c.Classes))
+		return widest(c, "hidden", "in_features", "classes", "layers"), params
+	case "gpt":
+		// Embeddings, then per block 12 d^2 for attention and MLP weights and 13 d for biases and norms.
+		params = add(mul(c.Vocab, c.DModel), mul(c.Seq, c.DModel), mul(c.Layers, 12, c.DModel, c.DModel), mul(c.Layers, 13, c.DModel), mul(2, c.DModel))
+		return widest(c, "d_model", "vocab", "layers", "seq"), params
+	}
+	return "", 0
+}
+
+// widest returns the field among fields with the largest value: the one to name when their product is too
+// large.
+func widest(c *Config, fields ...string) string {
+	best := fields[0]
+	for _, f := range fields[1:] {
+		if c.value(f) > c.value(best) {
+			best = f
+		}
+	}
+	return best
+}
