@@ -5,21 +5,16 @@ import (
 	"encoding/json"
 	"hash/crc32"
 	"runtime"
+
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
 
-// Hand-built files, from the byte layout of docs/format.md, for hostile and corrupt input.
+// Hand-built files, from the byte layout of docs/format.md, for hostile and corrupt input: snapshottest's
+// crafting under short names.
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// fileHeader returns a file header with the given version and metadata.
-func fileHeader(version uint16, meta []byte) []byte {
-	b := []byte("\x89OOMDBG\n")
-	b = binary.LittleEndian.AppendUint16(b, version)
-	b = binary.LittleEndian.AppendUint16(b, 0)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(meta)))
-	b = append(b, meta...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-}
+func fileHeader(version uint16, meta []byte) []byte { return snapshottest.FileHeader(version, meta) }
 
 // validHeader is a version-1 header with test metadata.
 func validHeader() []byte {
@@ -27,23 +22,15 @@ func validHeader() []byte {
 	return fileHeader(1, meta)
 }
 
-// chunkHeader returns a chunk header with correct checksums for payload, but any declared lengths.
 func chunkHeader(kind, codec byte, stored, raw, events uint32, payload []byte) []byte {
-	h := []byte{kind, codec, 0, 0}
-	h = binary.LittleEndian.AppendUint32(h, stored)
-	h = binary.LittleEndian.AppendUint32(h, raw)
-	h = binary.LittleEndian.AppendUint32(h, events)
-	h = binary.LittleEndian.AppendUint32(h, crc32.Checksum(payload, castagnoli))
-	return binary.LittleEndian.AppendUint32(h, crc32.Checksum(h, castagnoli))
+	return snapshottest.ChunkHeader(kind, codec, stored, raw, events, payload)
 }
 
-// storedChunk returns a complete uncompressed chunk.
 func storedChunk(kind byte, events uint32, payload []byte) []byte {
-	return append(chunkHeader(kind, 0, uint32(len(payload)), uint32(len(payload)), events, payload), payload...)
+	return snapshottest.StoredChunk(kind, events, payload)
 }
 
-// endChunk is an end chunk without a footer.
-func endChunk() []byte { return storedChunk(2, 0, nil) }
+func endChunk() []byte { return snapshottest.EndChunk() }
 
 // uv appends uvarints.
 func uv(b []byte, vs ...uint64) []byte {
@@ -55,14 +42,8 @@ func uv(b []byte, vs ...uint64) []byte {
 
 func zz(v int64) uint64 { return uint64(v<<1) ^ uint64(v>>63) }
 
-// eventsPayload assembles an events chunk payload: a table section, then the three streams.
 func eventsPayload(tables, ops, fields, times []byte) []byte {
-	p := append([]byte(nil), tables...)
-	p = uv(p, uint64(len(ops)))
-	p = append(p, ops...)
-	p = uv(p, uint64(len(fields)))
-	p = append(p, fields...)
-	return append(p, times...)
+	return snapshottest.EventsPayload(tables, ops, fields, times)
 }
 
 // noTables is an empty table section.
