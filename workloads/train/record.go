@@ -40,11 +40,16 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	sw, err := snapshot.NewWriter(w, Meta(cfg, opts.ToolVersion), opts.Writer...)
+	// Event times count from Meta.Created, to the microsecond: a snapshot's events have wall-clock times.
+	start := time.Now()
+	meta := Meta(cfg, opts.ToolVersion)
+	meta.Created = start.UTC().Truncate(time.Microsecond)
+	sw, err := snapshot.NewWriter(w, meta, opts.Writer...)
 	if err != nil {
 		return nil, err
 	}
-	rec := tracer.New(sw, append([]tracer.Option{tracer.WithSkippedFrames(runtimeFrames...)}, opts.Tracer...)...)
+	clock := tracer.WithClock(func() int64 { return int64(time.Since(start)) })
+	rec := tracer.New(sw, append([]tracer.Option{clock, tracer.WithSkippedFrames(runtimeFrames...)}, opts.Tracer...)...)
 	stopFlush := flushEvery(rec, opts.FlushEvery)
 	stop := func() {}
 	if opts.OnStart != nil {
