@@ -7,6 +7,7 @@ package tui
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"charm.land/bubbles/v2/help"
 	"charm.land/bubbles/v2/key"
@@ -22,9 +23,14 @@ import (
 type Options struct {
 	// Workload, when set, is recorded on start and streamed in as it runs.
 	Workload *train.Config
-	// File, when set, is a snapshot to open; Follow keeps reading it as it grows.
+	// File, when set, is a snapshot to open; Follow keeps reading it as it grows. Input, when set, is File
+	// already open (a pipe, standard input), read instead of opening File again.
 	File   string
 	Follow bool
+	Input  io.Reader
+	// Limits caps what reading File may take (the events held, and so the memory); zero fields keep the
+	// snapshot package's defaults.
+	Limits snapshot.Limits
 	// Snapshot, when set, is shown as is (tests, imported files).
 	Snapshot *snapshot.Snapshot
 	// Profile is the terminal's colour profile (NO_COLOR gives Ascii).
@@ -117,7 +123,7 @@ func (m *Model) Init() tea.Cmd {
 	case m.opts.Workload != nil:
 		cmds = append(cmds, recordWorkload(m.ctx, *m.opts.Workload, m.opts.Version))
 	case m.opts.File != "":
-		cmds = append(cmds, openFile(m.ctx, m.opts.File, m.opts.Follow))
+		cmds = append(cmds, openFile(m.ctx, m.opts))
 	}
 	return tea.Batch(cmds...)
 }

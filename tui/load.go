@@ -43,7 +43,7 @@ func recordWorkload(ctx context.Context, cfg train.Config, version string) tea.C
 		pr, pw := io.Pipe()
 		results := make(chan *train.Result, 1)
 		go func() {
-			res, err := train.Record(ctx, cfg, pw, train.RecordOptions{ToolVersion: version})
+			res, err := train.Record(ctx, cfg, pw, train.RecordOptions{ToolVersion: version, FlushEvery: train.DefaultFlushEvery})
 			results <- res
 			pw.CloseWithError(err)
 		}()
@@ -56,23 +56,29 @@ func recordWorkload(ctx context.Context, cfg train.Config, version string) tea.C
 	}
 }
 
-// openFile opens a snapshot file; with follow, it keeps reading as the file grows until its end chunk.
-func openFile(ctx context.Context, path string, follow bool) tea.Cmd {
+// openFile opens the snapshot file of opts (or reads opts.Input); with opts.Follow, it keeps reading as the
+// file grows until its end chunk.
+func openFile(ctx context.Context, opts Options) tea.Cmd {
 	return func() tea.Msg {
-		f, err := os.Open(path)
-		if err != nil {
-			return streamMsg{err: err}
+		path := opts.File
+		in, closeIn := opts.Input, func() {}
+		if in == nil {
+			f, err := os.Open(path)
+			if err != nil {
+				return streamMsg{err: err}
+			}
+			in, closeIn = f, func() { f.Close() }
 		}
-		var opts []snapshot.ReaderOption
-		if follow {
-			opts = append(opts, snapshot.WithFollow(ctx, 200*time.Millisecond))
+		ropts := []snapshot.ReaderOption{snapshot.WithLimits(opts.Limits)}
+		if opts.Follow {
+			ropts = append(ropts, snapshot.WithFollow(ctx, 200*time.Millisecond))
 		}
-		r, err := snapshot.NewReader(f, opts...)
+		r, err := snapshot.NewReader(in, ropts...)
 		if err != nil {
-			f.Close()
+			closeIn()
 			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
 		}
-		return streamMsg{s: &stream{r: r, close: func() { f.Close() }}, meta: r.Meta()}
+		return streamMsg{s: &stream{r: r, close: closeIn}, meta: r.Meta()}
 	}
 }
 

@@ -65,6 +65,9 @@ func (f Format) Extension() string {
 	return ""
 }
 
+// Binary reports whether files of the format are binary, not text: nothing to print on a terminal.
+func (f Format) Binary() bool { return f == FormatTorch || f == FormatPprof || f == FormatPNG }
+
 // FormatForFile guesses the format from a file name's extension: .pickle, .pkl, .pb.gz, .pprof, .trace.json,
 // .svg, .png. A plain .json is ambiguous and guesses nothing.
 func FormatForFile(name string) (Format, bool) {
