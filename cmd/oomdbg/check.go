@@ -12,6 +12,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -21,7 +22,8 @@ const checkFormat = "oomdbg-check/1"
 func newCheckCmd() *cobra.Command {
 	var maxGrowth, maxPeak uint64
 	var warmup int
-	var asJSON bool
+	var asJSON, allowTruncated bool
+	var mem memory
 	var scopes, functions []string
 	cmd := &cobra.Command{
 		Use:   "check FILE",
@@ -36,15 +38,31 @@ optimizer's state at the first step) is not a leak; reserved memory growing whil
 not is reported as fragmentation and passes. A snapshot with too few iterations to tell passes as
 inconclusive. Sizes take binary units: 24GiB and 24GB are both 24 x 2^30 bytes.
 
-Exit codes: 0 pass, 1 a check failed, 2 bad usage or an unreadable file.`,
+A snapshot cut short (a recording killed, or still being written) or damaged part-way is not checked:
+its missing iterations could hold the leak or the peak. --allow-truncated checks what it holds, and says
+so on stderr.
+
+Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or incomplete file.`,
 		Example: `  oomdbg check run.oomdbg
   oomdbg check run.oomdbg --max-peak 20GiB --max-growth 1MiB
   oomdbg check run.oomdbg --warmup 5 --ignore-scope eval --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := openSnapshot(args[0])
-			if err != nil {
+			if warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			}
+			s, err := openSnapshot(args[0], &mem, costAnalyse)
+			incomplete := err
+			if incomplete == nil {
+				incomplete = s.Warning
+			}
+			switch {
+			case err != nil && (s == nil || len(s.Events) == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
 				return err
+			case incomplete != nil && !allowTruncated:
+				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, len(s.Events))
+			case incomplete != nil:
+				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, len(s.Events))
 			}
 			opts := []leaks.Option{leaks.Warmup(warmup)}
 			if cmd.Flags().Changed("max-growth") {
@@ -74,9 +92,11 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage or an unreadable file.`,
 			return nil
 		},
 	}
-	cmd.Flags().Var(sizeFlag{&maxGrowth}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
-	cmd.Flags().Var(sizeFlag{&maxPeak}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
+	cmd.Flags().Var(sizeFlag{&maxGrowth, maxSize}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
+	cmd.Flags().Var(sizeFlag{&maxPeak, maxSize}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
+	cmd.Flags().BoolVar(&allowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
+	addMemoryFlag(cmd.Flags(), &mem)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (format oomdbg-check/1, docs/report-json.md)")
 	cmd.Flags().StringSliceVar(&scopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
 	cmd.Flags().StringSliceVar(&functions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")

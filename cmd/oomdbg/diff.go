@@ -7,12 +7,14 @@ import (
 
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
 func newDiffCmd() *cobra.Command {
 	var format string
 	var warmup int
+	var mem memory
 	cmd := &cobra.Command{
 		Use:   "diff A B",
 		Short: "Show what changed between two runs: peak, phases, categories, scopes",
@@ -28,12 +30,18 @@ snapshot.`,
 			if format != "text" && format != "markdown" && format != "md" {
 				return fmt.Errorf("unknown format %q (want text or markdown)", format)
 			}
+			if warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			}
 			var reports [2]*triage.Report
+			budget := mem.budget(costAnalyse)
 			for i, path := range args {
-				s, err := openSnapshot(path)
+				// Both snapshots stay in memory: the second gets what the first left of the budget.
+				s, err := load.File(path, load.WithBudget(budget))
 				if err != nil {
-					return err
+					return memoryError(err, &mem)
 				}
+				budget.Memory = max(budget.Memory-int64(len(s.Events))*costAnalyse, 1)
 				reports[i] = triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
 			c := triage.Diff(reports[0], reports[1])
@@ -45,5 +53,6 @@ snapshot.`,
 	}
 	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text or markdown")
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before leaks are measured")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +19,8 @@ import (
 func newExportCmd() *cobra.Command {
 	var format, out, at string
 	var device int
+	var force bool
+	var mem memory
 	names := make([]string, len(export.Formats))
 	for i, f := range export.Formats {
 		names[i] = string(f)
@@ -41,7 +44,12 @@ func newExportCmd() *cobra.Command {
 
 --format may be left out when OUT's extension says it (.pickle, .pb.gz, .trace.json, .svg, .png).
 --at peak|oom|end|iteration-end:N|EVENT picks the event for pprof and marks it on traces and plots.
-To find a leak, export the live set at the end of two iterations and let pprof subtract them.`,
+To find a leak, export the live set at the end of two iterations and let pprof subtract them.
+
+-o - (or /dev/stdout) writes to standard output, and the summary line goes to standard error. An
+existing regular file is replaced whole, once the export is complete; a symbolic link or a read-only
+file only with --force (which writes to what the link points to, and keeps the link); a directory, a
+device, a FIFO or a socket never.`,
 		Example: `  oomdbg export run.oomdbg --format torch -o run.pickle
   oomdbg export run.oomdbg -o run.trace.json
   oomdbg export run.oomdbg --format pprof --at oom -o oom.pb.gz && go tool pprof -top oom.pb.gz
@@ -51,7 +59,7 @@ To find a leak, export the live set at the end of two iterations and let pprof s
   oomdbg export dump_snapshot.pickle --format png --device 0 -o memory.png`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := exportOptions{in: args[0], out: out, format: format}
+			opts := exportOptions{in: args[0], out: out, format: format, force: force, mem: &mem}
 			if cmd.Flags().Changed("at") {
 				opts.at = &at
 			}
@@ -65,6 +73,8 @@ To find a leak, export the live set at the end of two iterations and let pprof s
 	cmd.Flags().StringVarP(&out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
 	cmd.Flags().StringVar(&at, "at", "peak", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
+	cmd.Flags().BoolVar(&force, "force", false, "write through a symbolic link, or replace a read-only file")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
 
@@ -73,6 +83,8 @@ type exportOptions struct {
 	in, out, format string
 	at              *string // nil when --at was not given
 	device          *int    // nil when --device was not given
+	force           bool
+	mem             *memory
 }
 
 func runExport(o exportOptions, stdout, stderr io.Writer) error {
@@ -87,6 +99,13 @@ func runExport(o exportOptions, stdout, stderr io.Writer) error {
 	if out != "-" && samePath(o.in, out) {
 		return fmt.Errorf("refusing to overwrite the input %s with the export (choose another -o)", o.in)
 	}
+	if o.device != nil && *o.device < 0 {
+		return fmt.Errorf("--device %d: must be at least 0", *o.device)
+	}
+	target, err := checkOutput(out, o.force, false)
+	if err != nil {
+		return err
+	}
 	var opts export.Options
 	opts.Device = o.device
 	if o.at != nil {
@@ -96,23 +115,30 @@ func runExport(o exportOptions, stdout, stderr io.Writer) error {
 		}
 		opts.At = &at
 	}
-	s, err := loadForExport(o.in, stderr)
+	mem := o.mem
+	if mem == nil {
+		mem = &memory{}
+	}
+	s, err := loadForExport(o.in, mem, stderr)
 	if err != nil {
 		return err
 	}
-	if out == "-" {
+	if target.kind == outputStdout {
+		if f.Binary() && isTerminalWriter(stdout) {
+			return fmt.Errorf("refusing to write %s to a terminal: redirect standard output, or name a file with -o", f)
+		}
 		w := bufio.NewWriterSize(stdout, 1<<20)
 		what, err := export.Write(w, s, f, opts)
 		if err == nil {
 			err = w.Flush()
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("writing to standard output: %w", err)
 		}
 		fmt.Fprintf(stderr, "wrote %s\n", what)
 		return nil
 	}
-	what, err := writeFileAtomic(out, func(w io.Writer) (string, error) { return export.Write(w, s, f, opts) })
+	what, err := target.writeAtomic(func(w io.Writer) (string, error) { return export.Write(w, s, f, opts) })
 	if err != nil {
 		return err
 	}
@@ -160,42 +186,17 @@ func samePath(a, b string) bool {
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
-// writeFileAtomic writes path through a temporary file in its directory, renamed over path only when write
-// succeeds, so a failed export leaves no half-written file behind.
-func writeFileAtomic(path string, write func(io.Writer) (string, error)) (string, error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename there is nothing left to remove
-	w := bufio.NewWriterSize(tmp, 1<<20)
-	what, err := write(w)
-	if err == nil {
-		err = w.Flush()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	return what, err
-}
-
 // loadForExport opens a snapshot of any format oomdbg reads (load.File). A file damaged part-way is exported up
 // to the damage, with a warning on stderr; an unreadable one is an error.
-func loadForExport(path string, stderr io.Writer) (*snapshot.Snapshot, error) {
-	s, err := load.File(path)
+func loadForExport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapshot, error) {
+	s, err := openSnapshot(path, mem, costAnalyse)
 	switch {
 	case err == nil:
 		if s.Warning != nil {
 			fmt.Fprintf(stderr, "oomdbg: warning: %v\n", s.Warning)
 		}
 		return s, nil
-	case s != nil && len(s.Events) > 0:
+	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory):
 		fmt.Fprintf(stderr, "oomdbg: warning: %v; exporting the %d events before the damage\n", err, len(s.Events))
 		return s, nil
 	}

@@ -37,7 +37,7 @@ It takes the same flags as run; without --preset or --model it measures the defa
 				return err
 			}
 			if err := cfg.Validate(); err != nil {
-				return err
+				return flagError(err)
 			}
 			rows, err := train.Sweep(cmd.Context(), cfg, train.Fixes)
 			if err != nil {

@@ -18,6 +18,7 @@ func newReplayCmd() *cobra.Command {
 		conf   string
 		gpuMem uint64
 		asJSON bool
+		mem    memory
 	)
 	cmd := &cobra.Command{
 		Use:   "replay FILE",
@@ -51,9 +52,9 @@ device reported free; otherwise it is unlimited.`,
 				}
 				tried = &cfg
 			}
-			s, err := load.File(args[0])
+			s, err := load.File(args[0], load.WithBudget(mem.budget(costReplay)))
 			if err != nil {
-				return err
+				return memoryError(err, &mem)
 			}
 			rep, err := replay.Run(filepath.Base(args[0]), s, tried, gpuMem)
 			if errors.Is(err, replay.ErrNoTrace) {
@@ -69,7 +70,8 @@ device reported free; otherwise it is unlimited.`,
 		},
 	}
 	cmd.Flags().StringVar(&conf, "alloc-conf", "", "allocator settings to try, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	cmd.Flags().Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units)")
+	cmd.Flags().Var(sizeFlag{&gpuMem, maxSize}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }

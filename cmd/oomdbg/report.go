@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,8 +16,10 @@ import (
 
 func newReportCmd() *cobra.Command {
 	var format string
-	var measure bool
+	var measure, measureOld bool
+	var measureTimeout time.Duration
 	var warmup int
+	var mem memory
 	cmd := &cobra.Command{
 		Use:   "report FILE",
 		Short: "Explain a snapshot: the peak, the OOM, every phase, leaks and fixes",
@@ -24,14 +28,15 @@ was alive at it, the out-of-memory error with PyTorch's message, every phase of 
 inside it, bytes at its end, change by category), the CUDA-context and fragmentation gaps, the leak
 verdict with its suspects and retainers, and the fixes that would bring the peak down.
 
-For a snapshot of oomdbg's workload the savings are measured: the workload is re-run with each fix on
-the meta device (a fraction of a second per fix). For other snapshots, or with --measure=false, they are
-estimated from what was alive at the peak, and the report says so.
+The savings of the fixes are estimated from what was alive at the peak. For a snapshot of oomdbg's
+workload, --measure-fixes measures them instead: the workload the snapshot's metadata describes is
+re-run with each fix on the meta device (a fraction of a second per fix), within --measure-timeout.
+Reading a file never runs anything by itself: a shared file cannot make the reader do unbounded work.
 
 --format text is for a terminal, markdown for an issue or a pull request, json for scripts (the schema is
 docs/report-json.md).`,
 		Example: `  oomdbg report run.oomdbg
-  oomdbg report run.oomdbg --format markdown > report.md
+  oomdbg report run.oomdbg --measure-fixes --format markdown > report.md
   oomdbg report dump_snapshot.pickle --format json | jq .peak`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -39,20 +44,30 @@ docs/report-json.md).`,
 			if err != nil {
 				return err
 			}
-			s, err := loadForReport(args[0], cmd.ErrOrStderr())
+			if warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			}
+			if measureTimeout <= 0 {
+				return fmt.Errorf("--measure-timeout %v: must be positive", measureTimeout)
+			}
+			s, err := loadForReport(args[0], &mem, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}}
-			if measure {
-				opts.Measurer = sweepMeasurer{}
+			if measure || measureOld {
+				opts.Measurer = sweepMeasurer{timeout: measureTimeout}
 			}
 			return write(triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), opts), cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text, markdown or json")
-	cmd.Flags().BoolVar(&measure, "measure", true, "measure the savings of each fix by re-running oomdbg's workload on the meta device")
+	cmd.Flags().BoolVar(&measure, "measure-fixes", false, "measure the savings of each fix by re-running the workload the snapshot describes on the meta device")
+	cmd.Flags().DurationVar(&measureTimeout, "measure-timeout", time.Minute, "time the re-runs of --measure-fixes may take, in all")
+	cmd.Flags().BoolVar(&measureOld, "measure", false, "the old name of --measure-fixes")
+	cmd.Flags().MarkHidden("measure")
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before leaks are measured")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
 
@@ -70,17 +85,21 @@ func reportWriter(format string) (func(*triage.Report, io.Writer) error, error) 
 }
 
 // openSnapshot reads a snapshot file of any format oomdbg reads (load.File): oomdbg's own, or a PyTorch memory
-// snapshot. A snapshot damaged after its start returns what was read with the error.
-func openSnapshot(path string) (*snapshot.Snapshot, error) { return load.File(path) }
+// snapshot, within the memory --max-memory gives a command whose events cost perEvent bytes each. A
+// snapshot damaged after its start returns what was read with the error.
+func openSnapshot(path string, mem *memory, perEvent int64) (*snapshot.Snapshot, error) {
+	s, err := load.File(path, load.WithBudget(mem.budget(perEvent)))
+	return s, memoryError(err, mem)
+}
 
 // loadForReport opens a snapshot for a report: a file damaged part-way is reported up to the damage, with a
 // warning on stderr; an unreadable one is an error.
-func loadForReport(path string, stderr io.Writer) (*snapshot.Snapshot, error) {
-	s, err := openSnapshot(path)
+func loadForReport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapshot, error) {
+	s, err := openSnapshot(path, mem, costAnalyse)
 	switch {
 	case err == nil:
 		return s, nil
-	case s != nil && len(s.Events) > 0:
+	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory):
 		fmt.Fprintf(stderr, "oomdbg: warning: %v; reporting the %d events before the damage\n", err, len(s.Events))
 		if s.Warning == nil {
 			s.Warning = err

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
@@ -12,10 +14,11 @@ import (
 
 // sweepMeasurer measures fixes the way oomdbg fixes does: it re-runs the workload a snapshot recorded with
 // each of train.Fixes on the meta device, on the configured device's capacity and with unlimited memory.
-type sweepMeasurer struct{}
+// The workload comes from a file, perhaps someone else's: the re-runs stop at the timeout.
+type sweepMeasurer struct{ timeout time.Duration }
 
 // Measure implements triage.Measurer.
-func (sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
+func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
 	cfg, err := workloadOf(s)
 	if err != nil {
 		return nil, err
@@ -23,7 +26,15 @@ func (sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if sm.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, sm.timeout)
+		defer cancel()
+	}
 	rows, err := train.Sweep(ctx, cfg, train.Fixes)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", sm.timeout)
+	}
 	if err != nil {
 		return nil, err
 	}

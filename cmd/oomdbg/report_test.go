@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -116,17 +117,17 @@ func TestReportCommand(t *testing.T) {
 		stdout []string // substrings
 		stderr string   // the one line stderr holds, "" for none
 	}{
-		"text": {args: []string{f("leak.oomdbg"), "--measure=false"}, code: exitOK,
+		"text": {args: []string{f("leak.oomdbg")}, code: exitOK,
 			stdout: []string{"oomdbg report: " + f("leak.oomdbg"), "\nPEAK  1.01 MiB allocated at event", "\nPHASES", "\nGAPS", "\nLEAKS\n  leak: allocated memory grows 75.50 KiB per iteration",
 				"retained by loss_history[7] >", "\nFIXES (estimated from what was alive at the peak; no measurement was asked for)"}},
-		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown", "--measure=false"}, code: exitOK,
+		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown"}, code: exitOK,
 			stdout: []string{"## oomdbg report: `", "### Out of memory\n\n```\nCUDA out of memory. Tried to allocate 1024.00 MiB.", "| iteration | phase | peak | at end | change |"}},
-		"generated: not measurable": {args: []string{f("generated.oomdbg")}, code: exitOK,
+		"generated: not measurable": {args: []string{f("generated.oomdbg"), "--measure-fixes"}, code: exitOK,
 			stdout: []string{"FIXES (estimated from what was alive at the peak; not measured: the snapshot does not describe a workload oomdbg can re-run: its workload configuration is not one oomdbg runs"}},
-		"cut short": {args: []string{f("cut.oomdbg"), "--measure=false"}, code: exitOK, stdout: []string{"cut short"}},
-		"damaged": {args: []string{f("damaged.oomdbg"), "--measure=false"}, code: exitOK, stdout: []string{"cut short: " + f("damaged.oomdbg") + ": snapshot:"},
+		"cut short": {args: []string{f("cut.oomdbg")}, code: exitOK, stdout: []string{"cut short"}},
+		"damaged": {args: []string{f("damaged.oomdbg")}, code: exitOK, stdout: []string{"cut short: " + f("damaged.oomdbg") + ": snapshot:"},
 			stderr: "prefix:oomdbg: warning: " + f("damaged.oomdbg") + ": snapshot: "},
-		"warm-up": {args: []string{f("leak.oomdbg"), "--warmup", "7", "--measure=false"}, code: exitOK, stdout: []string{"inconclusive: 8 complete iterations with a warm-up of 7"}},
+		"warm-up": {args: []string{f("leak.oomdbg"), "--warmup", "7"}, code: exitOK, stdout: []string{"inconclusive: 8 complete iterations with a warm-up of 7"}},
 		"bad format": {args: []string{f("leak.oomdbg"), "--format", "yaml"}, code: exitUsage,
 			stderr: `oomdbg: unknown format "yaml" (want text, markdown or json)`},
 		"missing":      {args: []string{f("nothere.oomdbg")}, code: exitUsage, stderr: "oomdbg: open " + f("nothere.oomdbg") + ": no such file or directory"},
@@ -158,7 +159,7 @@ func TestReportCommand(t *testing.T) {
 // TestReportMeasures checks the measured savings against the workload's own sweep.
 func TestReportMeasures(t *testing.T) {
 	dir := testFiles(t)
-	code, stdout, stderr := runCmd("report", filepath.Join(dir, "oom.oomdbg"), "--format", "json")
+	code, stdout, stderr := runCmd("report", filepath.Join(dir, "oom.oomdbg"), "--format", "json", "--measure-fixes")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -212,7 +213,7 @@ func TestReportJSONSchema(t *testing.T) {
 	}
 	for _, file := range append(files, torch...) {
 		t.Run(filepath.Base(file), func(t *testing.T) {
-			code, stdout, stderr := runCmd("report", file, "--format", "json", "--measure=false")
+			code, stdout, stderr := runCmd("report", file, "--format", "json")
 			if code != exitOK {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
@@ -225,16 +226,79 @@ func TestReportJSONSchema(t *testing.T) {
 
 func TestOpenSnapshot(t *testing.T) {
 	dir := testFiles(t)
-	s, err := openSnapshot(filepath.Join(dir, "cut.oomdbg"))
+	s, err := openSnapshot(filepath.Join(dir, "cut.oomdbg"), &memory{}, costAnalyse)
 	var trunc *snapshot.TruncatedError
 	if err != nil || !errors.As(s.Warning, &trunc) {
 		t.Errorf("a file cut short: %v, warning %v", err, s.Warning)
 	}
 	pickles, _ := filepath.Glob(filepath.Join("..", "..", "snapshot", "torch", "testdata", "snapshots", "*.pickle"))
 	for _, p := range pickles {
-		s, err := openSnapshot(p)
+		s, err := openSnapshot(p, &memory{}, costAnalyse)
 		if err != nil || s.Meta.Source != "pytorch" {
 			t.Errorf("%s: %v", p, err)
 		}
+	}
+}
+
+// TestReportRunsNothingUnasked reads files whose metadata describes a workload that would run for hours:
+// report never re-runs what a file says unless --measure-fixes asks, and then within --measure-timeout.
+func TestReportRunsNothingUnasked(t *testing.T) {
+	dir := testFiles(t)
+	fixed, err := os.ReadFile(filepath.Join(dir, "fixed.oomdbg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withWorkload := func(name string, cfg train.Config) string {
+		meta, err := json.Marshal(train.Meta(cfg, "test"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, snapshottest.WithMeta(fixed, meta), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	endless := mlpConfig("")
+	endless.Accum = 1_000_000_000
+	slow, _ := train.PresetConfig("gpt2-large")
+	slow.Accum = train.MaxAccum
+	tests := map[string]struct {
+		args []string
+		note string
+	}{
+		"endless, not asked": {[]string{withWorkload("endless.oomdbg", endless)}, "no measurement was asked for"},
+		"endless, asked": {[]string{withWorkload("endless.oomdbg", endless), "--measure-fixes"},
+			"not measured: the snapshot does not describe a workload oomdbg can re-run: its workload configuration is not one oomdbg runs: accum 1000000000: is more micro-batches per step than any run takes"},
+		"slow, asked with a budget": {[]string{withWorkload("slow.oomdbg", slow), "--measure-fixes", "--measure-timeout", "300ms"},
+			"measuring failed: the re-runs took longer than the 300ms --measure-timeout allows"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			type result struct {
+				code           int
+				stdout, stderr string
+			}
+			done := make(chan result, 1)
+			go func() {
+				code, stdout, stderr := runCmd(append([]string{"report", "--format", "json"}, tc.args...)...)
+				done <- result{code, stdout, stderr}
+			}()
+			select {
+			case r := <-done:
+				if r.code != exitOK {
+					t.Fatalf("exit %d: %s", r.code, r.stderr)
+				}
+				var rep triage.Report
+				if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(rep.AdviceNote, tc.note) {
+					t.Errorf("advice note %q, want it to say %q", rep.AdviceNote, tc.note)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("report is still running after a minute")
+			}
+		})
 	}
 }

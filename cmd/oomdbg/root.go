@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 
 	"github.com/spf13/cobra"
 )
@@ -31,12 +32,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	fmt.Fprintf(stderr, "oomdbg: %v\n", err)
+	var coded interface{ ExitCode() int }
+	if errors.As(err, &coded) {
+		return coded.ExitCode()
+	}
 	var p *problemError
 	if errors.As(err, &p) {
 		return exitProblem
 	}
 	return exitUsage
 }
+
+// strconvPrefix is what strconv puts before the reason of a number that does not parse.
+var strconvPrefix = regexp.MustCompile(`strconv\.Parse\w+: parsing "[^"]*": `)
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -54,7 +62,10 @@ and explains the peak, the out-of-memory error and the leaks it finds.`,
 	}
 	// Usage mistakes (unknown flag, bad value) print one line and exit 2, like every other bad input.
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())
+		// pflag's number errors quote strconv ("strconv.ParseInt: parsing "9...9": value out of range"): the
+		// flag and its value are already in the message.
+		msg := strconvPrefix.ReplaceAllString(err.Error(), "")
+		return fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath())
 	})
 	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newExportCmd(), newFixesCmd(), newDevicesCmd(), newVersionCmd())
 	return root

@@ -1,13 +1,16 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,14 +23,18 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// sizeFlag is a pflag.Value for sizes in binary units ("24GiB", "24GB").
-type sizeFlag struct{ v *uint64 }
+// sizeFlag is a pflag.Value for sizes in binary units ("24GiB", "24GB"), up to max bytes.
+type sizeFlag struct {
+	v   *uint64
+	max uint64
+}
 
+// String prints the size exactly, so that setting it back gives the same bytes.
 func (f sizeFlag) String() string {
 	if f.v == nil {
 		return ""
 	}
-	return strings.ReplaceAll(units.FormatSize(int64(*f.v)), " ", "")
+	return units.FormatSizeExact(*f.v)
 }
 
 func (f sizeFlag) Set(s string) error {
@@ -35,11 +42,18 @@ func (f sizeFlag) Set(s string) error {
 	if err != nil {
 		return err
 	}
+	if n > f.max {
+		return fmt.Errorf("%s is more than %s", s, units.FormatSizeExact(f.max))
+	}
 	*f.v = n
 	return nil
 }
 
 func (sizeFlag) Type() string { return "size" }
+
+// maxSize bounds the sizes flags take: 1 PiB of device memory is the most a run simulates, and more than any
+// machine has of anything else.
+const maxSize = train.MaxGPUMemory
 
 // addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
 func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
@@ -62,8 +76,8 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", cfg.EvalEvery, "evaluate after every N-th step (0: never)")
 	fs.StringVar(&cfg.Device, "device", cfg.Device, "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
-	fs.Var(sizeFlag{&cfg.GPUMemory}, "gpu-mem", "device memory, e.g. 24GiB or 80GB (binary units)")
-	fs.Var(sizeFlag{&cfg.ContextReserve}, "context-reserve", "memory the CUDA context takes before the allocator")
+	fs.Var(sizeFlag{&cfg.GPUMemory, maxSize}, "gpu-mem", "device memory, e.g. 24GiB or 80GB (binary units)")
+	fs.Var(sizeFlag{&cfg.ContextReserve, maxSize}, "context-reserve", "memory the CUDA context takes before the allocator")
 	fs.StringVar(&cfg.AllocConf, "alloc-conf", cfg.AllocConf, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
 	fs.StringVar(&cfg.Optimizer, "optimizer", cfg.Optimizer, "optimizer: sgd, momentum, adam or adamw")
 	fs.Float32Var(&cfg.LR, "lr", cfg.LR, "learning rate")
@@ -100,6 +114,8 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 func newRunCmd() *cobra.Command {
 	cfg := train.DefaultMLP()
 	var out, preset string
+	var force bool
+	var mem memory
 	cmd := &cobra.Command{
 		Use:   "run [flags]",
 		Short: "Record a training workload headless into a snapshot file",
@@ -109,11 +125,24 @@ category, into a snapshot file; then print the peak, the phases and the OOM, if 
 Every dimension of the model and every setting of the run is a flag, so any shape can be recorded
 without writing code. The gpt loop is nanoGPT's train.py: it keeps the logits alive through backward
 until the next forward returns (--logits drop frees them before backward, as HF Trainer does). An OOM
-stops the run like it stops a PyTorch job, with a complete snapshot; so does Ctrl-C. The exit code is 1 when the run ran out of memory.`,
+stops the run like it stops a PyTorch job, with a complete snapshot; so do Ctrl-C, SIGTERM and SIGHUP
+(the exit code is then 130, 143 or 129, as shells expect). The exit code is 1 when the run ran out of
+memory.
+
+The recording is written as it happens, a chunk at every phase end and at least every 200 ms, so a
+run killed any other way (kill -9, the OOM killer) leaves a snapshot that reads up to its last 200 ms,
+and oomdbg view --follow can watch it grow. -o - writes the snapshot to standard output and the
+summary to standard error. An existing regular file is replaced; a symbolic link or a read-only file
+only with --force; a directory, a socket or a block device never. A FIFO or a character device
+(/dev/null) is written into like a pipe.
+
+On the cpu device the tensors live in host memory: the run first measures what the model needs on the
+meta device and refuses to start when that is more than --max-memory.`,
 		Example: `  oomdbg run --preset gpt2-medium -o medium.oomdbg          # OOMs on a 24 GiB card
   oomdbg run --preset gpt2-medium --amp bf16 --attention flash --checkpoint all
   oomdbg run --hidden 4096 --layers 8 --batch 4096 --gpu-mem 8GiB -o big.oomdbg
-  oomdbg run --bug retain-graph --steps 20 -o leak.oomdbg`,
+  oomdbg run --bug retain-graph --steps 20 -o leak.oomdbg
+  oomdbg run --preset tiny --steps 2000 -o - | oomdbg view -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := configFromFlags(cmd.Flags(), preset)
@@ -121,45 +150,178 @@ stops the run like it stops a PyTorch job, with a complete snapshot; so does Ctr
 				return err
 			}
 			if err := cfg.Validate(); err != nil {
-				return err
+				return flagError(err)
 			}
-			return runRecord(cmd.Context(), cfg, out, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return runRecord(cmd.Context(), cfg, recordTarget{path: out, force: force, mem: &mem}, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	addConfigFlags(cmd.Flags(), &cfg)
 	cmd.Flags().StringVar(&preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
-	cmd.Flags().StringVarP(&out, "output", "o", "run.oomdbg", "snapshot file to write")
+	cmd.Flags().StringVarP(&out, "output", "o", "run.oomdbg", "snapshot file to write ('-' for standard output)")
+	cmd.Flags().BoolVar(&force, "force", false, "write through a symbolic link, or replace a read-only file")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
 
-// runRecord records cfg into the file out and prints the summary.
-func runRecord(ctx context.Context, cfg train.Config, out string, stdout, stderr io.Writer) error {
+// flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:
+// ...". Other errors pass unchanged.
+func flagError(err error) error {
+	var fe *train.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	name := strings.ReplaceAll(fe.Field, "_", "-")
+	switch fe.Field {
+	case "gpu_memory":
+		name = "gpu-mem"
+	}
+	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
+}
+
+// recordTarget is where runRecord writes, and what it may do there.
+type recordTarget struct {
+	path  string
+	force bool    // --force: through links, over read-only files
+	mem   *memory // --max-memory, for the cpu device's host memory
+}
+
+// runRecord records cfg into the target and prints the summary, on standard output unless the snapshot goes
+// there. SIGINT, SIGTERM and SIGHUP stop the run at the next step with the snapshot complete, and the error
+// then carries the shell's exit code for the signal.
+func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, stderr io.Writer) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
-	defer stop()
-	f, err := os.Create(out)
+	o, err := checkOutput(to.path, to.force, true)
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriterSize(f, 1<<20)
-	res, err := train.Record(ctx, cfg, w, train.RecordOptions{ToolVersion: toolVersion(), OnStart: nvmlSamples(ctx, cfg, stderr)})
-	if ferr := w.Flush(); err == nil {
-		err = ferr
+	summary := stdout
+	if o.kind == outputStdout {
+		summary = stderr
 	}
-	if cerr := f.Close(); err == nil {
+	if cfg.Device == "cpu" && to.mem != nil {
+		if err := checkHostMemory(ctx, cfg, to.mem, stderr); err != nil {
+			return err
+		}
+	}
+	w, closeOut, err := o.openStream(stdout)
+	if err != nil {
+		return err
+	}
+	ctx, caught, stopSignals := stopOnSignals(ctx)
+	defer stopSignals()
+	// No buffer between the recorder and the file: each chunk reaches the file (or pipe) when it is cut, so
+	// a process killed at any moment leaves what it recorded until the last chunk.
+	cw := &countingWriter{w: w}
+	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: toolVersion(), OnStart: nvmlSamples(ctx, cfg, stderr),
+		FlushEvery: train.DefaultFlushEvery})
+	if cerr := closeOut(); err == nil {
 		err = cerr
 	}
+	name := to.path
+	if o.kind == outputStdout {
+		name = "standard output"
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("cannot write %s: %w", name, pe.Err)
+	}
 	if err != nil {
 		return err
 	}
-	info, _ := os.Stat(out)
-	printRunSummary(stdout, cfg, res, out, info.Size())
+	printRunSummary(summary, cfg, res, name, cw.n)
+	if sig := caught(); sig != nil {
+		return &signalError{sig: sig, path: name}
+	}
 	if res.OOM != nil {
-		return &problemError{msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, out)}
+		return &problemError{msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, name)}
 	}
 	return nil
+}
+
+// countingWriter passes writes through and counts the bytes.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// stopSignals are the signals that end a run with its snapshot complete: Ctrl-C, kill's default and a
+// closed terminal.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// stopOnSignals returns a context cancelled by the first of stopSignals, and a function that says which came
+// (nil when none did). After the first, the signals take their default action again, so a second Ctrl-C
+// ends the process at once; what was recorded is on disk by then.
+func stopOnSignals(parent context.Context) (ctx context.Context, caught func() os.Signal, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, stopSignals...)
+	var mu sync.Mutex
+	var got os.Signal
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			signal.Stop(ch)
+			mu.Lock()
+			got = sig
+			mu.Unlock()
+			cancel()
+		case <-done:
+		}
+	}()
+	caught = func() os.Signal {
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			signal.Stop(ch)
+			close(done)
+			cancel()
+		})
+	}
+	return ctx, caught, stop
+}
+
+// signalError ends a run stopped by a signal: exit 128 + the signal's number (130 for SIGINT, 143 for
+// SIGTERM, 129 for SIGHUP), as shells report a process the signal killed.
+type signalError struct {
+	sig  os.Signal
+	path string
+}
+
+func (e *signalError) Error() string {
+	return fmt.Sprintf("stopped by %s; the snapshot %s is complete up to then", signalName(e.sig), e.path)
+}
+
+// ExitCode is the process's exit status.
+func (e *signalError) ExitCode() int {
+	if s, ok := e.sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return exitProblem
+}
+
+func signalName(sig os.Signal) string {
+	switch sig {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return sig.String()
 }
 
 // nvmlSamples returns, for a run on the cuda device, a function that feeds the recorder NVML's reading of

@@ -3,14 +3,15 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/tui"
@@ -18,6 +19,7 @@ import (
 
 func newViewCmd() *cobra.Command {
 	var follow bool
+	var mem memory
 	cmd := &cobra.Command{
 		Use:   "view FILE",
 		Short: "Open a snapshot in the TUI",
@@ -25,47 +27,71 @@ func newViewCmd() *cobra.Command {
 phase and iteration, the peak and the OOM, the live set with stacks and retainers, bytes by category,
 the allocator's segments, leaks, and fixes that re-run the workload (for oomdbg's own snapshots).
 
---follow keeps reading a snapshot that is still being written (oomdbg run -o FILE in another shell).`,
+--follow keeps reading a snapshot that is still being written (oomdbg run -o FILE in another shell).
+FILE may be a pipe or '-' for standard input (oomdbg run -o - | oomdbg view -); keys are then read
+from the terminal. view needs a terminal: without one it says so and exits 2 (oomdbg report prints
+the same analysis as text).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			format, err := sniffFile(args[0])
+			path := args[0]
+			keys, closeKeys, err := viewTerminal(cmd, path)
 			if err != nil {
 				return err
 			}
-			switch format {
-			case load.FormatNative: // streamed in, so a growing file can be followed
-				return runTUI(cmd, tui.Options{File: args[0], Follow: follow})
-			case load.FormatPyTorch:
-				s, err := load.File(args[0])
-				if err != nil {
-					return err
-				}
-				return runTUI(cmd, tui.Options{File: args[0], Snapshot: s})
+			defer closeKeys()
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
 			}
-			return fmt.Errorf("%s: %w", args[0], load.ErrUnknownFormat)
+			opts := []load.Option{load.WithBudget(mem.budget(costAnalyse))}
+			if follow {
+				opts = append(opts, load.WithFollow(ctx))
+			}
+			in, err := load.Open(path, opts...)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			switch in.Format {
+			case load.FormatNative: // streamed in, so a growing file can be followed
+				lim := snapshot.Limits{Events: mem.budget(costAnalyse).MaxEvents()}
+				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim})
+			default:
+				s, err := in.Load()
+				if err != nil {
+					return memoryError(err, &mem)
+				}
+				return runTUI(cmd, keys, tui.Options{File: path, Snapshot: s})
+			}
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
+	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
 
-// sniffFile reads the first bytes of path and says which snapshot format it holds.
-func sniffFile(path string) (load.Format, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return load.FormatUnknown, err
+// viewTerminal returns where the TUI reads keys: standard input, or the terminal itself when standard input
+// is the snapshot. Without a terminal to read keys from and draw on, it is an error: the TUI would wait for
+// keys that never come.
+func viewTerminal(cmd *cobra.Command, path string) (keys io.Reader, closeKeys func(), err error) {
+	if f, ok := cmd.OutOrStdout().(*os.File); !ok || !isTerminal(f) {
+		return nil, nil, errors.New("view needs a terminal, and standard output is not one; oomdbg report FILE prints the analysis as text")
 	}
-	defer f.Close()
-	head := make([]byte, 64)
-	n, err := io.ReadFull(f, head)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return load.FormatUnknown, err
+	if path == "-" {
+		tty, err := os.Open("/dev/tty")
+		if err != nil {
+			return nil, nil, errors.New("view - reads the snapshot from standard input and keys from the terminal, and there is no terminal")
+		}
+		return tty, func() { tty.Close() }, nil
 	}
-	return load.Sniff(head[:n]), nil
+	if f, ok := cmd.InOrStdin().(*os.File); !ok || !isTerminal(f) {
+		return nil, nil, errors.New("view needs a terminal, and standard input is not one; oomdbg report FILE prints the analysis as text")
+	}
+	return cmd.InOrStdin(), func() {}, nil
 }
 
-// runTUI runs the terminal UI on the command's terminal until the user quits.
-func runTUI(cmd *cobra.Command, opts tui.Options) error {
+// runTUI runs the terminal UI on the command's terminal, reading keys from keys, until the user quits.
+func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -75,7 +101,7 @@ func runTUI(cmd *cobra.Command, opts tui.Options) error {
 	opts.Version = toolVersion()
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
-	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(cmd.InOrStdin()), tea.WithOutput(cmd.OutOrStdout()))
+	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(keys), tea.WithOutput(cmd.OutOrStdout()))
 	_, err := p.Run()
 	if err == tea.ErrProgramKilled {
 		return nil
@@ -83,8 +109,6 @@ func runTUI(cmd *cobra.Command, opts tui.Options) error {
 	return err
 }
 
-// isTerminal reports whether f is a terminal (a character device), where the TUI can run.
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
+// isTerminal reports whether f is a terminal, where the TUI can run (not merely a character device such as
+// /dev/null).
+func isTerminal(f *os.File) bool { return term.IsTerminal(f.Fd()) }

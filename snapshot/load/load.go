@@ -40,12 +40,13 @@ type MemoryError struct {
 	Budget Budget
 }
 
+// Error says how far the snapshot is over the budget.
 func (e *MemoryError) Error() string {
 	if e.Events > 0 {
-		return fmt.Sprintf("%s holds more than %d events, which need more than %s of memory here (limit %s)",
-			e.Path, e.Events, units.FormatSize(e.Need), units.FormatSize(e.Budget.Memory))
+		return fmt.Sprintf("%s holds more than %d events, more than fit the memory limit of %s at %d bytes each",
+			e.Path, e.Events, units.FormatSize(e.Budget.Memory), perEvent(e.Budget))
 	}
-	return fmt.Sprintf("%s needs about %s of memory to open (limit %s)", e.Path, units.FormatSize(e.Need), units.FormatSize(e.Budget.Memory))
+	return fmt.Sprintf("%s needs about %s of memory to open, more than the limit of %s", e.Path, units.FormatSize(e.Need), units.FormatSize(e.Budget.Memory))
 }
 
 // Unwrap returns ErrMemory.
