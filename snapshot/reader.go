@@ -241,14 +241,14 @@ func (r *Reader) readChunk(dst []Event) ([]Event, bool, error) {
 		return fail("read chunk header", corruptf("chunk of kind %d declares %d events", kind, count))
 	case kind != kindEvents && kind != kindEnd && kind&kindOptional == 0:
 		return fail("read chunk header", corruptf("unknown chunk kind %d", kind))
-	case r.model.events+uint64(count) > r.lim.Events:
-		return fail("read chunk header", fmt.Errorf("%w: more than %d", ErrEventLimit, r.lim.Events))
 	case r.model.events+uint64(count) > densityCap(r.lim, start+chunkHeaderSize+int64(storedLen)):
 		return fail("read chunk header", limitf("%d events in the first %d bytes: more than %d per byte of input, "+
 			"which no recording packs (a decompression bomb?)", r.model.events+uint64(count), start+chunkHeaderSize+int64(storedLen), r.lim.EventsPerByte))
 	case codec == codecZstd && uint64(rawLen) > max(RatioAllowance, uint64(r.lim.ChunkRatio)*uint64(storedLen)):
 		return fail("read chunk header", limitf("chunk of %d bytes decodes to %d: expands more than %d times "+
 			"(a decompression bomb?)", storedLen, rawLen, r.lim.ChunkRatio))
+	case r.model.events+uint64(count) > r.lim.Events:
+		return fail("read chunk header", fmt.Errorf("%w: more than %d", ErrEventLimit, r.lim.Events))
 	}
 
 	r.stored, n, err = readFull(r.r, r.stored, int(storedLen))

@@ -196,7 +196,7 @@ func loadForExport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapsh
 			fmt.Fprintf(stderr, "oomdbg: warning: %v\n", s.Warning)
 		}
 		return s, nil
-	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory):
+	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
 		fmt.Fprintf(stderr, "oomdbg: warning: %v; exporting the %d events before the damage\n", err, len(s.Events))
 		return s, nil
 	}
