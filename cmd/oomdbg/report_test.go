@@ -85,6 +85,9 @@ func TestMain(m *testing.M) {
 	if filesDir != "" {
 		os.RemoveAll(filesDir)
 	}
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,435 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// attack is one hostile input of the corpus: a file, or a path with something special behind it.
+type attack struct {
+	class  string // the kind of attack, for the table
+	name   string
+	path   string
+	fifo   []byte // when set, path is a FIFO and this is written into it for each invocation
+	stdin  string // when set, the file given on standard input, with path "-"
+	budget string // --max-memory, when not suiteBudget
+}
+
+// TestHostileCorpus runs every command that reads a snapshot (report, check, diff, replay, export, view)
+// on a corpus of crafted and damaged files, as a subprocess under a memory ceiling and a timeout: zero
+// panics, zero hangs, zero exits other than 0, 1 and 2, and every exit 2 a one-line reason. It logs the
+// attack table: each class, the cases and invocations tried, the failures, and the worst memory and time.
+// OOMDBG_CORPUS_LOG=1 logs every invocation's exit code and first line of stderr.
+func TestHostileCorpus(t *testing.T) {
+	bin := oomdbgBinary(t)
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "reference.oomdbg")
+	attacks := hostileCorpus(t, dir, ref)
+
+	type job struct {
+		a    attack
+		args []string
+	}
+	var jobs []job
+	for _, a := range attacks {
+		out := filepath.Join(dir, "out", strings.NewReplacer("/", "_", " ", "_").Replace(a.class+"-"+a.name)+".json")
+		budget := []string{"--max-memory", cmp.Or(a.budget, suiteBudget)}
+		for _, args := range [][]string{
+			{"report", a.path},
+			{"check", a.path},
+			{"diff", a.path, ref},
+			{"replay", a.path},
+			{"export", a.path, "--format", "torch-json", "-o", out},
+		} {
+			jobs = append(jobs, job{a, append(args, budget...)})
+		}
+		if a.class == "special input" || a.class == "decompression bomb" {
+			jobs = append(jobs, job{a, []string{"view", a.path}}) // no terminal: one line, exit 2
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "out"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	type row struct {
+		cases       map[string]bool
+		invocations int
+		failures    []string
+		peak        int64
+		slowest     time.Duration
+		exits       [3]int
+	}
+	var mu sync.Mutex
+	table := map[string]*row{}
+	work := make(chan job)
+	var wg sync.WaitGroup
+	for range max(2, runtime.NumCPU()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				o := runAttack(bin, j.a, j.args)
+				mu.Lock()
+				r := table[j.a.class]
+				if r == nil {
+					r = &row{cases: map[string]bool{}}
+					table[j.a.class] = r
+				}
+				r.cases[j.a.name] = true
+				r.invocations++
+				r.peak = max(r.peak, o.peak)
+				r.slowest = max(r.slowest, o.elapsed)
+				if os.Getenv("OOMDBG_CORPUS_LOG") != "" {
+					t.Logf("%s/%s: %v -> %d %q", j.a.class, j.a.name, j.args[0], o.code, firstLine(o.stderr))
+				}
+				if f := o.failure(); f != "" {
+					r.failures = append(r.failures, fmt.Sprintf("%s: oomdbg %s: %s", j.a.name, strings.Join(j.args, " "), f))
+				} else {
+					r.exits[o.code]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, j := range jobs {
+		work <- j
+	}
+	close(work)
+	wg.Wait()
+
+	classes := make([]string, 0, len(table))
+	for c := range table {
+		classes = append(classes, c)
+	}
+	slices.Sort(classes)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2 | failures | peak memory | slowest |\n|---|---|---|---|---|---|---|\n")
+	total := 0
+	for _, c := range classes {
+		r := table[c]
+		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d | %d | %s | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2],
+			len(r.failures), units.FormatSize(r.peak), r.slowest.Round(time.Millisecond))
+		for _, f := range r.failures {
+			t.Error(f)
+		}
+		total += r.invocations
+	}
+	t.Logf("%d invocations, each under a %s ceiling and a %v timeout:%s", total, units.FormatSize(suiteCeiling), suiteTimeout, b.String())
+}
+
+// runAttack runs one invocation of the binary on an attack.
+func runAttack(bin string, a attack, args []string) outcome {
+	switch {
+	case a.fifo != nil:
+		go func() {
+			f, err := os.OpenFile(a.path, os.O_WRONLY, 0)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			f.Write(a.fifo)
+		}()
+	case a.stdin != "":
+		f, err := os.Open(a.stdin)
+		if err != nil {
+			return outcome{code: -1, stderr: err.Error()}
+		}
+		defer f.Close()
+		return invoke(bin, f, args...)
+	}
+	return invoke(bin, nil, args...)
+}
+
+// hostileCorpus writes the corpus into dir, and a valid reference snapshot at ref.
+func hostileCorpus(t *testing.T, dir, ref string) []attack {
+	t.Helper()
+	small, _, err := leakstest.Encode(context.Background(), func() train.Config { c := train.DefaultMLP(); c.Steps = 3; return c }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ref, small, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var attacks []attack
+	n := 0
+	add := func(class, name string, data []byte) {
+		n++
+		path := filepath.Join(dir, fmt.Sprintf("%03d.bin", n))
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		attacks = append(attacks, attack{class: class, name: name, path: path})
+	}
+	header := snapshottest.FileHeader(1, []byte(`{"tool":"oomdbg","source":"oomdbg","time_unit":"ns"}`))
+	chunks := small[headerLen(small):]
+
+	// Decompression bombs: a few kilobytes that expand to millions of events or megabytes of footer.
+	add("decompression bomb", "67M events in 17 KB", snapshottest.Bomb(64, 1<<20))
+	add("decompression bomb", "10M events in 2.8 KB", snapshottest.Bomb(10, 1<<20))
+	add("decompression bomb", "65M events in 2000 chunks", snapshottest.Bomb(2000, 1<<15))
+	add("decompression bomb", "footer of 400k blocks", footerBomb(t))
+
+	// Lengths and counts that claim far more than the file holds.
+	huge := uint32(0xFFFF_FFF0)
+	metaLen := bytes.Clone(header[:16])
+	binary.LittleEndian.PutUint32(metaLen[12:], huge)
+	add("huge claimed length", "metadata length", append(metaLen, make([]byte, 64)...))
+	add("huge claimed length", "chunk stored length", append(bytes.Clone(header), snapshottest.ChunkHeader(1, 0, huge, huge, 0, nil)...))
+	add("huge claimed length", "chunk decoded length", append(bytes.Clone(header), snapshottest.ChunkHeader(1, 1, 100, huge, 0, nil)...))
+	add("huge claimed length", "chunk events", append(bytes.Clone(header), snapshottest.ChunkHeader(1, 0, 100, 100, huge, nil)...))
+	add("huge claimed length", "chunk within limits, input short", append(bytes.Clone(header), snapshottest.ChunkHeader(1, 0, 60<<20, 60<<20, 0, nil)...))
+	tables := func(section []byte) []byte {
+		return slices.Concat(header, snapshottest.StoredChunk(1, 0, snapshottest.EventsPayload(section, nil, nil, nil)), snapshottest.EndChunk())
+	}
+	add("huge claimed length", "string count", tables(binary.AppendUvarint(nil, 1<<40)))
+	add("huge claimed length", "string length", tables(binary.AppendUvarint([]byte{1}, 1<<40)))
+	add("huge claimed length", "frame count", tables(binary.AppendUvarint([]byte{0}, 1<<40)))
+	add("huge claimed length", "stack depth", tables(binary.AppendUvarint([]byte{0, 0, 1}, 1<<40)))
+	// A zstd frame whose header asks for a 2 TiB window.
+	window := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xf8, 0x01, 0x00, 0x00}
+	add("huge claimed length", "zstd window", slices.Concat(header, snapshottest.ChunkHeader(1, 1, uint32(len(window)), 1000, 0, window), window))
+
+	// Metadata and footers that lie.
+	meta := func(name string, edit func(m map[string]any)) {
+		var m map[string]any
+		if err := json.Unmarshal(small[16:headerLen(small)-4], &m); err != nil {
+			t.Fatal(err)
+		}
+		edit(m)
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add("lies in metadata", name, snapshottest.WithMeta(small, b))
+	}
+	workload := func(field string, v any) func(map[string]any) {
+		return func(m map[string]any) { m["workload"].(map[string]any)[field] = v }
+	}
+	meta("accum 1e9", workload("accum", 1_000_000_000))
+	meta("hidden 2^62", workload("hidden", 1<<62))
+	meta("steps 2^40", workload("steps", 1<<40))
+	meta("gpu memory 2^64", workload("gpu_memory", json.Number("18446744073709551615")))
+	meta("workload not an object", func(m map[string]any) { m["workload"] = "rm -rf /" })
+	meta("negative capacity", func(m map[string]any) { m["devices"].([]any)[0].(map[string]any)["capacity"] = -1 })
+	meta("capacity past int64", func(m map[string]any) { m["devices"].([]any)[0].(map[string]any)["capacity"] = json.Number("1e30") })
+	meta("20k devices", func(m map[string]any) {
+		d := m["devices"].([]any)[0]
+		m["devices"] = slices.Repeat([]any{d}, 20000)
+	})
+	meta("time unit", func(m map[string]any) { m["time_unit"] = "fortnights" })
+	meta("pytorch source", func(m map[string]any) { m["source"] = "pytorch"; m["workload"] = map[string]any{"format": "pickle"} })
+	meta("allocator settings", func(m map[string]any) { m["allocator_settings"] = "expandable_segments:Maybe,max_split_size_mb:-1" })
+	meta("metadata an empty object", func(m map[string]any) { clear(m) })
+	add("lies in metadata", "metadata not JSON", snapshottest.WithMeta(small, []byte("{\"tool\": ")))
+	for name, f := range map[string]snapshot.Footer{
+		"footer counts 2^63 events": {Summary: snapshot.Summary{Events: 1 << 63, PeakAllocated: -1, PeakAllocatedSeq: 1 << 62}},
+		"footer segment of 2^63-1":  {Segments: []snapshot.Segment{{Addr: 1 << 63, Size: 1<<63 - 1, Blocks: []snapshot.Block{{Addr: 0, Size: -5, State: "weird"}}}}},
+		"footer overlapping blocks": {Segments: []snapshot.Segment{{Addr: 4096, Size: 1024, Blocks: slices.Repeat([]snapshot.Block{{Addr: 4096, Size: 1 << 40, State: "active_allocated"}}, 1000)}}},
+	} {
+		add("lies in metadata", name, withFooter(t, f))
+	}
+
+	// Every truncation of a small recording at its framing, and a sample of the rest; byte flips.
+	for _, cut := range cutPoints(small) {
+		add("truncation", fmt.Sprintf("cut at %d of %d", cut, len(small)), small[:cut])
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 20 {
+		flipped := bytes.Clone(small)
+		off := rng.IntN(len(flipped))
+		if i < 5 {
+			off = rng.IntN(headerLen(small)) // the header, metadata and its checksum
+		}
+		flipped[off] ^= byte(1 + rng.IntN(255))
+		add("byte flip", fmt.Sprintf("byte %d", off), flipped)
+	}
+	add("byte flip", "chunks without a header", chunks)
+
+	// Mutated PyTorch snapshots: the importer's test snapshots and, where present, real ones.
+	pickles, _ := filepath.Glob(filepath.Join("..", "..", "snapshot", "torch", "testdata", "snapshots", "*"))
+	pickles = append(pickles, realPickles()...)
+	if len(pickles) == 0 {
+		t.Fatal("no PyTorch snapshots in snapshot/torch/testdata/snapshots")
+	}
+	for _, p := range pickles {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Base(p)
+		add("mutated pytorch snapshot", name+" as is", data)
+		for _, k := range []int{1, 5} {
+			add("mutated pytorch snapshot", fmt.Sprintf("%s cut at %d/8", name, k), data[:len(data)*k/8])
+		}
+		for range 3 {
+			flipped := bytes.Clone(data)
+			off := rng.IntN(len(flipped))
+			flipped[off] ^= byte(1 + rng.IntN(255))
+			add("mutated pytorch snapshot", fmt.Sprintf("%s byte %d flipped", name, off), flipped)
+		}
+		if data[0] == 0x80 {
+			proto := bytes.Clone(data)
+			proto[1] = 9
+			add("mutated pytorch snapshot", name+" protocol 9", proto)
+		}
+	}
+	add("crafted pickle", "LONG4 of 2 GiB", []byte("\x80\x04\x8b\xff\xff\xff\x7f."))
+	add("crafted pickle", "BINUNICODE8 of 2^62", append([]byte("\x80\x04\x8d"), binary.LittleEndian.AppendUint64(nil, 1<<62)...))
+	add("crafted pickle", "GLOBAL os.system", []byte("\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03."))
+	add("crafted pickle", "memo read out of range", []byte("\x80\x04h\xff."))
+	add("crafted pickle", "a million MARKs", append(append([]byte("\x80\x04"), bytes.Repeat([]byte("("), 1<<20)...), '.'))
+	add("crafted pickle", "a million nested lists", append(append([]byte("\x80\x04"), bytes.Repeat([]byte("]"), 1<<20)...), '.'))
+	// pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 2**64, "stream": 0}]]}, protocol=2)
+	add("crafted pickle", "int past 64 bits as a size", []byte("\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04]q\x05}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\tK\x00X\x04\x00\x00\x00sizeq\n\x8a\t\x00\x00\x00\x00\x00\x00\x00\x00\x01X\x06\x00\x00\x00streamq\x0bK\x00uaau."))
+	add("crafted json", "a million nested arrays", bytes.Repeat([]byte("["), 1<<20))
+	add("crafted json", "numbers past float64", []byte(`{"segments": [{"device": 0, "address": 1e400, "total_size": 1e30, "blocks": []}]}`))
+	add("crafted json", "negative sizes", []byte(`{"segments": [], "device_traces": [[{"action": "alloc", "addr": -1, "size": -5, "stream": 0}]]}`))
+
+	// Special files and streams.
+	add("special input", "empty", nil)
+	add("special input", "one byte of the magic", []byte{0x89})
+	add("special input", "the magic alone", []byte(snapshot.Magic))
+	add("special input", "text", []byte("step,loss\n1,2.5\n"))
+	attacks = append(attacks, attack{class: "special input", name: "directory", path: dir})
+	attacks = append(attacks, attack{class: "special input", name: "/dev/null", path: "/dev/null"})
+	attacks = append(attacks, attack{class: "special input", name: "missing", path: filepath.Join(dir, "missing")})
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	attacks = append(attacks, attack{class: "special input", name: "FIFO", path: fifo, fifo: small})
+	attacks = append(attacks, attack{class: "special input", name: "standard input", path: "-", stdin: ref})
+	attacks = append(attacks, attack{class: "special input", name: "/dev/stdin", path: "/dev/stdin", stdin: ref})
+	for name, prefix := range map[string][]byte{"sparse 2 GiB pickle": []byte("\x80\x04"), "sparse 2 GiB snapshot": header} {
+		n++
+		path := filepath.Join(dir, fmt.Sprintf("%03d.bin", n))
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(prefix)
+		err = f.Truncate(2 << 30)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		attacks = append(attacks, attack{class: "special input", name: name, path: path})
+	}
+
+	// A real recording over the memory budget.
+	big, _, err := leakstest.Encode(context.Background(), func() train.Config {
+		c, _ := train.PresetConfig("gpt2-small")
+		c.Steps, c.GPUMemory = 40, 80<<30
+		return c
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("memory budget", "a recording of 130k events", big)
+	add("memory budget", "a recording of 130k events in 16 MiB", big)
+	attacks[len(attacks)-1].budget = "16MiB"
+	return attacks
+}
+
+// headerLen is the length of a snapshot's file header.
+func headerLen(data []byte) int { return 16 + int(binary.LittleEndian.Uint32(data[12:])) + 4 }
+
+// cutPoints are the truncations of data the corpus tries: through the file header at growing steps, inside
+// the header and the payload of every other chunk, and every 251st byte. (snapshot's own tests cut a file
+// at every byte in-process; these are the cuts worth a run of every command.)
+func cutPoints(data []byte) []int {
+	h := headerLen(data)
+	set := map[int]bool{}
+	for i := 0; i <= h+1; i += 1 + i/8 {
+		set[i] = true
+	}
+	for off, n := h, 0; off+24 <= len(data); n++ {
+		if n%2 == 0 {
+			set[off+12], set[off+25] = true, true
+		}
+		off += 24 + int(binary.LittleEndian.Uint32(data[off+4:]))
+	}
+	for i := 0; i < len(data); i += 251 {
+		set[i] = true
+	}
+	var cuts []int
+	for c := range set {
+		if c >= 0 && c < len(data) {
+			cuts = append(cuts, c)
+		}
+	}
+	slices.Sort(cuts)
+	return cuts
+}
+
+// footerBomb is a snapshot whose footer, a few hundred kilobytes compressed, decodes to a segment of 400,000
+// blocks.
+func footerBomb(t *testing.T) []byte {
+	blocks := make([]snapshot.Block, 400_000)
+	for i := range blocks {
+		blocks[i] = snapshot.Block{Addr: uint64(i) << 9, Size: 512, Requested: 512, State: "active_allocated"}
+	}
+	return withFooter(t, snapshot.Footer{Segments: []snapshot.Segment{{Addr: 0, Size: 400_000 << 9, Pool: "large", Blocks: blocks}}})
+}
+
+// withFooter is a snapshot of one allocation closed with footer f.
+func withFooter(t *testing.T, f snapshot.Footer) []byte {
+	var buf bytes.Buffer
+	w, err := snapshot.NewWriter(&buf, snapshot.Meta{Tool: "oomdbg", Source: "oomdbg", TimeUnit: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []snapshot.Event{
+		{Time: 1, Action: snapshot.ActionSegmentAlloc, Addr: 1 << 21, Size: 2 << 20},
+		{Time: 2, Action: snapshot.ActionAlloc, Addr: 1 << 21, Size: 100, BlockSize: 512},
+	} {
+		if err := w.Write(&e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(&f); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// realPickles returns the real PyTorch snapshots of shared/fixtures/pytorch-snapshots above the package, if
+// there are any.
+func realPickles() []string {
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		return nil
+	}
+	for ; filepath.Dir(dir) != dir; dir = filepath.Dir(dir) {
+		fx := filepath.Join(dir, "shared", "fixtures", "pytorch-snapshots")
+		var out []string
+		for _, pat := range []string{"*.pickle", "*.pkl"} {
+			m, _ := filepath.Glob(filepath.Join(fx, pat))
+			out = append(out, m...)
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
+}
