@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
@@ -34,14 +35,16 @@ snapshot.`,
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
 			var reports [2]*triage.Report
-			budget := mem.budget(costAnalyse)
 			for i, path := range args {
-				// Both snapshots stay in memory: the second gets what the first left of the budget.
-				s, err := load.File(path, load.WithBudget(budget))
+				if i > 0 {
+					// The first snapshot is garbage once analysed (a Report holds none of it): collect
+					// it and give its memory back, so that the peak is one snapshot's, not two.
+					debug.FreeOSMemory()
+				}
+				s, err := load.File(path, load.WithBudget(mem.budget(costAnalyse)))
 				if err != nil {
 					return memoryError(err, &mem)
 				}
-				budget.Memory = max(budget.Memory-int64(len(s.Events))*costAnalyse, 1)
 				reports[i] = triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
 			c := triage.Diff(reports[0], reports[1])
