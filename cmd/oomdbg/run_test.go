@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -54,5 +56,34 @@ func TestRunCommand(t *testing.T) {
 				t.Errorf("metadata %+v lacks the workload", s.Meta)
 			}
 		})
+	}
+}
+
+// TestRunHostMemory runs the cpu device, whose tensors live in host memory: a model that would not fit
+// --max-memory is refused before anything is allocated, and one that fits says what it will take, which is
+// the peak the same run reaches on the meta device.
+func TestRunHostMemory(t *testing.T) {
+	dir := t.TempDir()
+	metaPeak := func(preset string) string {
+		_, out, _ := runCmd("run", "--device", "meta", "--preset", preset, "--steps", "2", "-o", filepath.Join(dir, "meta.oomdbg"))
+		m := regexp.MustCompile(`peak       (\S+ \S+) allocated`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no peak in the meta run's summary:\n%s", out)
+		}
+		return m[1]
+	}
+	big := filepath.Join(dir, "big.oomdbg")
+	code, _, stderr := runCmd("run", "--device", "cpu", "--preset", "gpt2-small", "--steps", "2", "--max-memory", "1GiB", "-o", big)
+	want := "oomdbg: the cpu device would hold about " + metaPeak("gpt2-small") + " of tensors in host memory"
+	if code != exitUsage || !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("gpt2-small on the cpu device in 1 GiB: exit %d, %q; want 2, %q", code, stderr, want)
+	}
+	if _, err := os.Stat(big); err == nil {
+		t.Errorf("the refused run left a snapshot")
+	}
+	code, _, stderr = runCmd("run", "--device", "cpu", "--preset", "tiny", "--steps", "2", "-o", filepath.Join(dir, "tiny.oomdbg"))
+	want = "oomdbg: the cpu device will hold about " + metaPeak("tiny") + " of tensors in host memory"
+	if code != exitOK || !strings.HasPrefix(stderr, want) {
+		t.Errorf("tiny on the cpu device: exit %d, %q; want 0, %q", code, stderr, want)
 	}
 }
