@@ -19,12 +19,14 @@ import (
 )
 
 // What one event of a snapshot costs each command, loaded and analysed, in bytes: peak resident memory over
-// events, measured with /usr/bin/time -f %M on a 10M-event recording (report and check 323 bytes, replay 608,
-// diff 307 per file), rounded up. A snapshot whose events would not fit --max-memory at these rates is
-// refused while it is read, before the analysis starts.
+// events, measured with /usr/bin/time -f %M on an 11.7M-event recording (report and check 293 bytes, export
+// up to 336 (perfetto), diff 314, one file at a time; replay 536) and for view on the first 2.2M events it
+// read (596), rounded up. A snapshot whose events would not fit --max-memory at these rates is refused while
+// it is read, before the analysis starts.
 const (
-	costAnalyse = 3*snapshot.EventBytes + snapshot.EventBytes/2 // report, check, diff, export, view
+	costAnalyse = 3*snapshot.EventBytes + snapshot.EventBytes/2 // report, check, diff, export
 	costReplay  = 6 * snapshot.EventBytes                       // replay: the trace and the allocator model too
+	costView    = 6 * snapshot.EventBytes                       // view: the TUI's own index besides
 )
 
 // memory is the --max-memory setting: the memory a command may use, in bytes.

@@ -43,7 +43,7 @@ the same analysis as text).`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			opts := []load.Option{load.WithBudget(mem.budget(costAnalyse))}
+			opts := []load.Option{load.WithBudget(mem.budget(costView))}
 			if follow {
 				opts = append(opts, load.WithFollow(ctx))
 			}
@@ -54,7 +54,7 @@ the same analysis as text).`,
 			defer in.Close()
 			switch in.Format {
 			case load.FormatNative: // streamed in, so a growing file can be followed
-				lim := snapshot.Limits{Events: mem.budget(costAnalyse).MaxEvents()}
+				lim := snapshot.Limits{Events: mem.budget(costView).MaxEvents()}
 				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim})
 			default:
 				s, err := in.Load()
