@@ -152,12 +152,14 @@ func Open(path string, opts ...Option) (*Input, error) {
 		}
 	}
 	in := &Input{Path: path, Size: -1, br: bufio.NewReaderSize(f, 64<<10), f: f, cfg: c}
-	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-		in.Size = st.Size()
-	}
-	if st, err := f.Stat(); err == nil && st.IsDir() {
-		in.Close()
-		return nil, fmt.Errorf("%s is a directory, not a snapshot file", path)
+	if st, err := f.Stat(); err == nil {
+		switch {
+		case st.Mode().IsRegular():
+			in.Size = st.Size()
+		case st.IsDir():
+			in.Close()
+			return nil, fmt.Errorf("%s is a directory, not a snapshot file", path)
+		}
 	}
 	prefix, err := in.peek()
 	if err != nil {
