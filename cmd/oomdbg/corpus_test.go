@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -137,10 +138,26 @@ func TestHostileCorpus(t *testing.T) {
 	t.Logf("%d invocations, each under a %s ceiling and a %v timeout:%s", total, units.FormatSize(suiteCeiling), suiteTimeout, b.String())
 }
 
+// fifoSeq numbers the FIFOs of the invocations.
+var fifoSeq atomic.Int64
+
 // runAttack runs one invocation of the binary on an attack.
 func runAttack(bin string, a attack, args []string) outcome {
 	switch {
 	case a.fifo != nil:
+		// A FIFO of its own for each invocation: two readers of one FIFO would share its writers.
+		fifo := fmt.Sprintf("%s.%d", a.path, fifoSeq.Add(1))
+		if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+			return outcome{code: -1, stderr: err.Error()}
+		}
+		defer os.Remove(fifo)
+		args = slices.Clone(args)
+		for i := range args {
+			if args[i] == a.path {
+				args[i] = fifo
+			}
+		}
+		a.path = fifo
 		wrote := make(chan struct{})
 		go func() {
 			defer close(wrote)
@@ -327,11 +344,7 @@ func hostileCorpus(t *testing.T, dir, ref string) []attack {
 	attacks = append(attacks, attack{class: "special input", name: "directory", path: dir})
 	attacks = append(attacks, attack{class: "special input", name: "/dev/null", path: "/dev/null"})
 	attacks = append(attacks, attack{class: "special input", name: "missing", path: filepath.Join(dir, "missing")})
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	attacks = append(attacks, attack{class: "special input", name: "FIFO", path: fifo, fifo: small})
+	attacks = append(attacks, attack{class: "special input", name: "FIFO", path: filepath.Join(dir, "fifo"), fifo: small})
 	attacks = append(attacks, attack{class: "special input", name: "standard input", path: "-", stdin: ref})
 	attacks = append(attacks, attack{class: "special input", name: "/dev/stdin", path: "/dev/stdin", stdin: ref})
 	for name, prefix := range map[string][]byte{"sparse 2 GiB pickle": []byte("\x80\x04"), "sparse 2 GiB snapshot": header} {
