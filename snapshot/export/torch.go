@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -390,11 +391,9 @@ const (
 	stateInactive    = "inactive"
 )
 
-// smallSegment is the largest segment of the small pool (kSmallBuffer).
-const smallSegment = 2 << 20
-
+// poolOf names the pool of a segment: only the small pool's segments are as small as kSmallBuffer.
 func poolOf(size int64) string {
-	if size <= smallSegment {
+	if size <= torchrules.SmallBuffer {
 		return "small"
 	}
 	return "large"
@@ -622,58 +621,23 @@ type torchSettings struct {
 	expandable bool
 }
 
-// allocatorSettings reads Meta.AllocatorSettings (PYTORCH_CUDA_ALLOC_CONF form). It reports false for an
-// imported snapshot that recorded none, whose settings are unknown rather than the defaults.
+// allocatorSettings reads Meta.AllocatorSettings (PYTORCH_CUDA_ALLOC_CONF form) as PyTorch parses it. It
+// reports false for an imported snapshot that recorded none, whose settings are unknown rather than the
+// defaults, and for a string PyTorch's parser refuses, whose effective values cannot be said.
 func allocatorSettings(m snapshot.Meta) (torchSettings, bool) {
 	if m.Source == "pytorch" && workloadField(m, "allocator_settings_known") == "false" {
 		return torchSettings{}, false
 	}
-	st := torchSettings{conf: m.AllocatorSettings, maxSplit: -1}
-	largeSegment := int64(20 << 20) // kLargeBuffer
-	var splitMB int64
-	for _, kv := range splitConf(m.AllocatorSettings) {
-		k, v, _ := strings.Cut(kv, ":")
-		switch k {
-		case "max_split_size_mb":
-			splitMB, _ = strconv.ParseInt(v, 10, 64)
-		case "large_segment_size_mb":
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 10 && n < 1<<40 {
-				largeSegment = n << 20
-			}
-		case "garbage_collection_threshold":
-			st.gcThresh, _ = strconv.ParseFloat(v, 64)
-		case "expandable_segments":
-			st.expandable = v == "True" || v == "true"
-		}
+	cfg, err := torchrules.ParseConfig(m.AllocatorSettings)
+	if err != nil {
+		return torchSettings{}, false
 	}
-	if splitMB > 0 && splitMB < 1<<40 {
-		st.maxSplit = max(splitMB<<20, largeSegment) // the allocator never splits below a large segment
+	st := torchSettings{conf: m.AllocatorSettings, maxSplit: -1, gcThresh: cfg.GarbageCollectionThreshold,
+		expandable: cfg.ExpandableSegments}
+	if cfg.MaxSplitSize != 0 {
+		st.maxSplit = int64(min(cfg.MaxSplit(), math.MaxInt64)) // the allocator never splits below a large segment
 	}
 	return st, true
-}
-
-// splitConf splits a settings string into its key:value parts; a value may be a bracketed list with commas.
-func splitConf(conf string) []string {
-	conf = strings.Join(strings.Fields(conf), "")
-	var parts []string
-	depth, start := 0, 0
-	for i := 0; i < len(conf); i++ {
-		switch conf[i] {
-		case '[':
-			depth++
-		case ']':
-			depth--
-		case ',':
-			if depth <= 0 {
-				parts = append(parts, conf[start:i])
-				start = i + 1
-			}
-		}
-	}
-	if start < len(conf) {
-		parts = append(parts, conf[start:])
-	}
-	return parts
 }
 
 func (st torchSettings) write(enc docEncoder) {

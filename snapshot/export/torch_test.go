@@ -390,7 +390,8 @@ func TestTorchFixtureContent(t *testing.T) {
 	}
 }
 
-// TestAllocatorSettings checks the settings dict against what PyTorch reports for the same configuration.
+// TestAllocatorSettings checks the settings dict against what PyTorch reports for the same configuration,
+// and that a string PyTorch refuses gives no dict at all rather than guessed values.
 func TestAllocatorSettings(t *testing.T) {
 	tests := map[string]struct {
 		conf, source, workload string
@@ -400,7 +401,9 @@ func TestAllocatorSettings(t *testing.T) {
 		"defaults":           {conf: "", want: torchSettings{maxSplit: -1}, ok: true},
 		"expandable":         {conf: "expandable_segments:True", want: torchSettings{conf: "expandable_segments:True", maxSplit: -1, expandable: true}, ok: true},
 		"max split in MiB":   {conf: "max_split_size_mb:128", want: torchSettings{conf: "max_split_size_mb:128", maxSplit: 128 << 20}, ok: true},
-		"max split floor":    {conf: "max_split_size_mb:4", want: torchSettings{conf: "max_split_size_mb:4", maxSplit: 20 << 20}, ok: true},
+		"max split floor":    {conf: "large_segment_size_mb:40,max_split_size_mb:40", want: torchSettings{conf: "large_segment_size_mb:40,max_split_size_mb:40", maxSplit: 40 << 20}, ok: true},
+		"refused, too small": {conf: "max_split_size_mb:4", ok: false},
+		"refused, true":      {conf: "expandable_segments:true", ok: false},
 		"gc threshold":       {conf: "garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]", want: torchSettings{conf: "garbage_collection_threshold:0.6, roundup_power2_divisions:[256:1,>:4]", maxSplit: -1, gcThresh: 0.6}, ok: true},
 		"imported, unknown":  {source: "pytorch", workload: `{"allocator_settings_known":false}`, ok: false},
 		"imported, recorded": {conf: "expandable_segments:True", source: "pytorch", workload: `{"allocator_settings_known":true}`, want: torchSettings{conf: "expandable_segments:True", maxSplit: -1, expandable: true}, ok: true},

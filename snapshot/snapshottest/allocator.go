@@ -2,19 +2,11 @@ package snapshottest
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
-)
-
-// The caching allocator's constants (docs/pytorch-reference.md §2.1).
-const (
-	minBlock      = 512
-	smallSize     = 1 << 20  // largest small-pool request
-	smallSegment  = 2 << 20  // small-pool segment
-	largeSegment  = 20 << 20 // large-pool segment for requests under minLargeAlloc
-	minLargeAlloc = 10 << 20
-	roundLarge    = 2 << 20
 )
 
 // allocator is a small stand-in for the CUDA caching allocator: blocks are carved from 2 MiB (small pool) or
@@ -49,22 +41,14 @@ func newAllocator() *allocator {
 	return &allocator{nextSegment: 0x7f3a_0000_0000, cache: make(map[int64][]uint64)}
 }
 
-// roundSize is PyTorch's round_size without power-of-two divisions.
-func roundSize(n int64) int64 {
-	if n < minBlock {
-		return minBlock
-	}
-	return (n + minBlock - 1) / minBlock * minBlock
-}
-
 // malloc returns the address and block size for a request of n bytes, and the new segment if one was needed.
 func (a *allocator) malloc(n int64) (addr uint64, block int64, seg *segment) {
-	size := roundSize(n)
-	small := size <= smallSize
+	size := int64(torchrules.RoundSize(uint64(n), nil))
+	small := torchrules.IsSmall(uint64(size))
 	// Best fit: the smallest cached block at least as large, if the excess is one PyTorch would not split off.
-	unsplit := int64(minBlock - 1)
+	unsplit := int64(torchrules.MinBlockSize - 1)
 	if !small {
-		unsplit = smallSize
+		unsplit = torchrules.SmallSize
 	}
 	for i, _ := slices.BinarySearch(a.sizes, size); i < len(a.sizes) && a.sizes[i] <= size+unsplit; i++ {
 		if free := a.cache[a.sizes[i]]; len(free) > 0 {
@@ -79,15 +63,9 @@ func (a *allocator) malloc(n int64) (addr uint64, block int64, seg *segment) {
 		pool = &a.small
 	}
 	if pool.seg == nil || pool.cur+uint64(size) > pool.end {
-		segSize := int64(smallSegment)
-		switch {
-		case !small && size < minLargeAlloc:
-			segSize = largeSegment
-		case !small:
-			segSize = (size + roundLarge - 1) / roundLarge * roundLarge
-		}
+		segSize := int64(torchrules.AllocationSize(uint64(size), torchrules.LargeBuffer))
 		seg = &segment{addr: a.nextSegment, size: segSize, small: small}
-		a.nextSegment += uint64(segSize+roundLarge-1)/roundLarge*roundLarge + roundLarge
+		a.nextSegment += uint64(segSize) + torchrules.RoundLarge // a gap between segments, as cudaMalloc leaves
 		a.segments = append(a.segments, seg)
 		a.reserved += segSize
 		*pool = carve{seg: seg, cur: seg.addr, end: seg.addr + uint64(segSize)}
@@ -96,7 +74,7 @@ func (a *allocator) malloc(n int64) (addr uint64, block int64, seg *segment) {
 	block = size
 	// A remainder too small to split stays with the block, so its block size exceeds the rounded request.
 	rest := int64(pool.end - pool.cur - uint64(size))
-	if small && rest < minBlock || !small && rest <= smallSize {
+	if !torchrules.ShouldSplit(uint64(block+rest), uint64(size), small, math.MaxUint64) {
 		block += rest
 	}
 	pool.cur += uint64(block)

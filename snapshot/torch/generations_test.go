@@ -58,7 +58,9 @@ func TestGenerations(t *testing.T) {
 		annotate   bool              // the annotate action (G5)
 		hostSkip   int
 	}
-	const divisions = "roundup_power2_divisions:[1:0,2:0,4:4,8:0,16:0,32:0,64:0,128:0,256:0,512:0,1024:0,2048:0,4096:0,8192:0,16384:0,32768:0]"
+	// The recorded table, 4 divisions for [4, 8) MiB only, in the settings string's shortest form: the first
+	// key also covers the intervals below it, ">" those after the last.
+	const divisions = "roundup_power2_divisions:[2:0,4:4,>:0]"
 	oneDev := map[string]uint64{"segment_alloc": 3, "alloc": 7, "free_requested": 3, "free_completed": 3}
 	twoDev := map[string]uint64{"segment_alloc": 4, "alloc": 8, "free_requested": 3, "free_completed": 3, "oom": 1, "snapshot": 1}
 	withMarkers := func(m map[string]uint64, extra map[string]uint64) map[string]uint64 {

@@ -411,3 +411,46 @@ func TestExpandableMappedDuringTheTrace(t *testing.T) {
 		t.Errorf("%d segment_map events, want the trace's one (no pre-existing copy of the range)", maps)
 	}
 }
+
+// TestSettingsStringParsedAsPyTorch checks the recorded PYTORCH_CUDA_ALLOC_CONF string sizes blocks when
+// PyTorch's parser takes it (large_segment_size_mb:40 makes a 5 MiB request's segment 40 MiB), and that a
+// string PyTorch refuses ("true" is not a boolean to it) changes nothing and is reported.
+func TestSettingsStringParsedAsPyTorch(t *testing.T) {
+	tests := map[string]struct {
+		conf    string
+		segment int64
+		err     string
+	}{
+		"accepted": {"large_segment_size_mb:40", 40 << 20, ""},
+		"refused":  {"large_segment_size_mb:40,expandable_segments:true", 20 << 20, "Expected 'True' or 'False' at index 6 in ConfigTokenizer but got 'true'"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			data := []byte(fmt.Sprintf(`{"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": %q},
+				"device_traces": [[{"action": "oom", "device_free": 1024, "size": 5242880, "stream": 0, "time_us": 1}]]}`, tc.conf))
+			s, err := Import(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, _ := OriginOf(s)
+			if o.SettingsError != tc.err {
+				t.Errorf("SettingsError %q, want %q", o.SettingsError, tc.err)
+			}
+			if s.Meta.AllocatorSettings != tc.conf {
+				t.Errorf("settings %q, want the recorded string %q", s.Meta.AllocatorSettings, tc.conf)
+			}
+			var found bool
+			for _, e := range s.Events {
+				if e.Action == snapshot.ActionOOM {
+					found = true
+					if e.BlockSize != tc.segment {
+						t.Errorf("oom segment %d, want %d", e.BlockSize, tc.segment)
+					}
+				}
+			}
+			if !found {
+				t.Fatal("no oom event imported")
+			}
+		})
+	}
+}

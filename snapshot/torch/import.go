@@ -63,6 +63,10 @@ type Origin struct {
 	// SettingsKnown says whether the snapshot recorded allocator_settings (≈2.4+). Without them
 	// Meta.AllocatorSettings is "" and PyTorch's defaults were assumed when sizing blocks.
 	SettingsKnown bool `json:"allocator_settings_known"`
+	// SettingsError is why the recorded PYTORCH_CUDA_ALLOC_CONF string does not parse as PyTorch parses it
+	// (a key an older release took, a hand-edited file); only the effective values recorded beside it then
+	// size blocks.
+	SettingsError string `json:"allocator_settings_error,omitempty"`
 	// TraceEntries counts the entries of device_traces, over all devices.
 	TraceEntries int `json:"trace_entries"`
 	// SkippedActions counts trace entries of actions this importer does not know, by action.

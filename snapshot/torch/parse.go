@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -594,9 +595,12 @@ func (im *importer) parseSettings(v pickle.Value) error {
 	if err != nil {
 		return err
 	}
-	im.rules.applyConf(conf)
-	// The effective values win over the string: settings can change at run time.
-	var parts []string
+	if err := im.rules.applyConf(conf); err != nil {
+		im.origin.SettingsError = err.Error()
+	}
+	// The effective values win over the string: settings can change at run time. They are also rendered as
+	// a settings string for snapshots that recorded none.
+	var eff torchrules.Config
 	if ms, ok, err := im.optInt(d, "max_split_size", path); err != nil {
 		return err
 	} else if ok {
@@ -604,7 +608,7 @@ func (im *importer) parseSettings(v pickle.Value) error {
 			im.rules.maxSplit = math.MaxUint64
 		} else {
 			im.rules.maxSplit = uint64(ms)
-			parts = append(parts, "max_split_size_mb:"+strconv.FormatInt(ms>>20, 10))
+			eff.MaxSplitSize = uint64(ms)
 		}
 	}
 	if rv, ok := im.get(d, "roundup_power2_divisions"); ok {
@@ -632,9 +636,7 @@ func (im *importer) parseSettings(v pickle.Value) error {
 			t[i] = uint64(n)
 		}
 		im.rules.setDivisions(t)
-		if s := renderDivisions(t); s != "" {
-			parts = append(parts, "roundup_power2_divisions:"+s)
-		}
+		eff.RoundupPower2Divisions = t
 	}
 	if g, ok := im.get(d, "garbage_collection_threshold"); ok {
 		f, ok := im.asFloat(g)
@@ -642,7 +644,7 @@ func (im *importer) parseSettings(v pickle.Value) error {
 			return wantErr("allocator_settings.garbage_collection_threshold", "float", g)
 		}
 		if f > 0 {
-			parts = append(parts, "garbage_collection_threshold:"+strconv.FormatFloat(f, 'g', -1, 64))
+			eff.GarbageCollectionThreshold = f
 		}
 	}
 	exp, err := im.optBool(d, "expandable_segments", path)
@@ -652,16 +654,14 @@ func (im *importer) parseSettings(v pickle.Value) error {
 	if im.has(d, "expandable_segments") {
 		im.rules.expandable = exp
 	}
-	if exp {
-		parts = append(parts, "expandable_segments:True")
-	}
+	eff.ExpandableSegments = exp
 	for _, k := range []string{"release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "graph_capture_record_stream_reuse"} {
 		b, err := im.optBool(d, k, path)
 		if err != nil {
 			return err
 		}
 		if b {
-			parts = append(parts, k+":True")
+			eff.Inert = append(eff.Inert, torchrules.Setting{Key: k, Value: "True"})
 		}
 		if k == "graph_capture_record_stream_reuse" && im.has(d, k) {
 			im.seen.g4 = true
@@ -670,7 +670,7 @@ func (im *importer) parseSettings(v pickle.Value) error {
 	if n, ok, err := im.optInt(d, "pinned_num_register_threads", path); err != nil {
 		return err
 	} else if ok && n != 1 && n > 0 {
-		parts = append(parts, "pinned_num_register_threads:"+strconv.FormatInt(n, 10))
+		eff.Inert = append(eff.Inert, torchrules.Setting{Key: "pinned_num_register_threads", Value: strconv.FormatInt(n, 10)})
 	}
 	if im.has(d, "max_round_threshold") || im.has(d, "max_cached_size") {
 		im.seen.g5 = true
@@ -679,34 +679,7 @@ func (im *importer) parseSettings(v pickle.Value) error {
 	if conf != "" {
 		im.settings = strings.Clone(conf)
 	} else {
-		im.settings = strings.Join(parts, ",")
+		im.settings = eff.String()
 	}
 	return nil
-}
-
-// renderDivisions writes a roundup_power2_divisions table as a settings value: one number when every interval
-// agrees, else the list of all sixteen intervals (keys are the intervals' starts in MiB); "" when all are 0.
-func renderDivisions(t [roundupIntervals]uint64) string {
-	uniform := true
-	for _, n := range t {
-		uniform = uniform && n == t[0]
-	}
-	if uniform {
-		if t[0] == 0 {
-			return ""
-		}
-		return strconv.FormatUint(t[0], 10)
-	}
-	var b strings.Builder
-	b.WriteByte('[')
-	for i, n := range t {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(1 << i))
-		b.WriteByte(':')
-		b.WriteString(strconv.FormatUint(n, 10))
-	}
-	b.WriteByte(']')
-	return b.String()
 }

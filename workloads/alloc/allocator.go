@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"sync"
+
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 )
 
 // Allocator is PyTorch's DeviceCachingAllocator for one device. It is safe for concurrent use: one mutex
@@ -84,9 +86,9 @@ func New(dev Device, cfg Config) *Allocator {
 
 func (a *Allocator) applyConfig(cfg Config) {
 	a.cfg = cfg
-	a.maxSplit = cfg.maxSplit()
-	a.maxNonSplit = cfg.maxNonSplitRounding()
-	a.largeSegment = cfg.largeSegment()
+	a.maxSplit = cfg.MaxSplit()
+	a.maxNonSplit = cfg.MaxNonSplitRoundingSize()
+	a.largeSegment = cfg.LargeSegment()
 	a.divisions = nil
 	for i, d := range a.cfg.RoundupPower2Divisions {
 		// PyTorch only accepts powers of two; anything else (or absurdly many divisions, where 512*n
@@ -156,7 +158,7 @@ func (a *Allocator) MemoryFraction() float64 {
 func (a *Allocator) RoundSize(size uint64) uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return RoundSize(size, a.divisions)
+	return torchrules.RoundSize(size, a.divisions)
 }
 
 // Malloc hands out a block of at least size bytes for use on stream (a raw cudaStream_t value; 0 is the
@@ -164,7 +166,7 @@ func (a *Allocator) RoundSize(size uint64) uint64 {
 // does. When the device cannot provide the memory, the error is an *OutOfMemoryError; other errors come
 // from the Device.
 func (a *Allocator) Malloc(size uint64, stream int64) (uint64, error) {
-	if size >= oneExaByte {
+	if size >= torchrules.OneExaByte {
 		return 0, &OutOfMemoryError{Device: a.idx, Stream: stream, Requested: size, TooLarge: true}
 	}
 	if size == 0 {
@@ -176,16 +178,16 @@ func (a *Allocator) Malloc(size uint64, stream int64) (uint64, error) {
 		// Model: the work that used pending blocks on other streams has finished by the next request.
 		a.processEvents()
 	}
-	rounded := RoundSize(size, a.divisions)
+	rounded := torchrules.RoundSize(size, a.divisions)
 	pool := &a.large
-	if IsSmall(rounded) {
+	if torchrules.IsSmall(rounded) {
 		pool = &a.small
 	}
 	p := allocParams{
 		size:       rounded,
 		stream:     stream,
 		pool:       pool,
-		allocSize:  AllocationSize(rounded, a.largeSegment),
+		allocSize:  torchrules.AllocationSize(rounded, a.largeSegment),
 		expandable: a.cfg.ExpandableSegments,
 	}
 	found := a.getFreeBlock(&p)
@@ -322,15 +324,10 @@ func satAdd(x, y uint64) uint64 {
 	return x + y
 }
 
-// shouldSplit is should_split: small-pool blocks (and any block while expandable segments are active) are
-// split when at least 512 bytes would remain; large-pool blocks only when more than 1 MiB would remain and
-// the request is below max_split_size.
+// shouldSplit is should_split (torchrules.ShouldSplit): a block of an expandable segment splits by the
+// small pool's rule.
 func (a *Allocator) shouldSplit(b *block, size uint64, expandable bool) bool {
-	remaining := b.size - size
-	if b.pool.small || expandable {
-		return remaining >= MinBlockSize
-	}
-	return size < a.maxSplit && remaining > SmallSize
+	return torchrules.ShouldSplit(b.size, size, b.pool.small || expandable, a.maxSplit)
 }
 
 // allocBlock is alloc_block: a new segment from the device (or pages mapped into an expandable segment),

@@ -380,3 +380,30 @@ func TestStatsMapKeys(t *testing.T) {
 		t.Fatalf("after ResetAccumulatedStats: %+v", st.AllocatedBytes.All())
 	}
 }
+
+// TestPoolChoice checks that the pool follows the rounded size: up to 1 MiB small (2 MiB segments),
+// above it large.
+func TestPoolChoice(t *testing.T) {
+	tests := map[string]struct {
+		size    uint64
+		segment uint64
+		pool    string
+	}{
+		"1 byte":         {1, SmallBuffer, PoolSmall},
+		"1 MiB - 1":      {mib - 1, SmallBuffer, PoolSmall},
+		"1 MiB":          {mib, SmallBuffer, PoolSmall},
+		"1 MiB + 1":      {mib + 1, LargeBuffer, PoolLarge},
+		"9 MiB":          {9 * mib, LargeBuffer, PoolLarge},
+		"300 KB request": {300_000, SmallBuffer, PoolSmall},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, 4*gib, 0, "")
+			addr := e.malloc(tc.size, 0)
+			segs := e.a.Segments()
+			if len(segs) != 1 || segs[0].Size != tc.segment || segs[0].Pool != tc.pool || segs[0].Addr != addr {
+				t.Fatalf("segments %+v, want one %s segment of %d at %#x", segs, tc.pool, tc.segment, addr)
+			}
+		})
+	}
+}

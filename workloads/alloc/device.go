@@ -1,6 +1,10 @@
 package alloc
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/oomdbg/oomdbg/internal/torchrules"
+)
 
 // ErrOutOfMemory is what a Device returns (possibly wrapped) when it has no memory left for a request,
 // like cudaErrorMemoryAllocation from cudaMalloc or CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate. The
@@ -12,11 +16,7 @@ var ErrOutOfMemory = errors.New("out of memory")
 type PhysicalHandle uint64
 
 // ProcessMemory is one process's use of a device, as NVML's nvmlDeviceGetComputeRunningProcesses reports it.
-type ProcessMemory struct {
-	PID  int
-	Used uint64 // bytes of device memory the process holds, including its CUDA context
-	Self bool   // the process that owns the allocator
-}
+type ProcessMemory = torchrules.ProcessMemory
 
 // Device is the memory of one GPU as the caching allocator sees it. Its methods mirror the CUDA calls
 // PyTorch makes, so that a real device is a thin layer over cudaMalloc/cudaFree (cuMemAlloc/cuMemFree),

@@ -3,6 +3,7 @@ package alloc_test
 import (
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 )
 
@@ -17,7 +18,7 @@ func Example() {
 	a := alloc.New(alloc.NewSimDevice(0, 16<<30, 512<<20), cfg)
 	x, _ := a.Malloc(3<<30, 0)
 	size, _ := a.BlockSize(x)
-	fmt.Println("block:", alloc.FormatSize(size))
+	fmt.Println("block:", torchrules.FormatSize(size))
 	if _, err := a.Malloc(13<<30, 0); err != nil {
 		fmt.Println(err)
 	}

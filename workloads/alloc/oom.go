@@ -1,27 +1,6 @@
 package alloc
 
-import (
-	"strconv"
-	"strings"
-)
-
-// MemoryManagementURL is the documentation link at the end of PyTorch's OOM message (PyTorch >= 2.8).
-const MemoryManagementURL = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
-
-// FormatSize is PyTorch's format_size: bytes up to 1024, then KiB, MiB and GiB with two decimals. Each
-// bound is inclusive, so 1 MiB prints as "1024.00 KiB" and 1 GiB as "1024.00 MiB".
-func FormatSize(size uint64) string {
-	switch {
-	case size <= 1024:
-		return strconv.FormatUint(size, 10) + " bytes"
-	case size <= 1048576:
-		return strconv.FormatFloat(float64(size)/1024.0, 'f', 2, 64) + " KiB"
-	case size <= 1073741824:
-		return strconv.FormatFloat(float64(size)/1048576.0, 'f', 2, 64) + " MiB"
-	default:
-		return strconv.FormatFloat(float64(size)/1073741824.0, 'f', 2, 64) + " GiB"
-	}
-}
+import "github.com/oomdbg/oomdbg/internal/torchrules"
 
 // OutOfMemoryError is torch.OutOfMemoryError: the allocator could not serve a request even after releasing
 // every cached segment it could. Error returns PyTorch's message, byte for byte.
@@ -48,56 +27,16 @@ type OutOfMemoryError struct {
 	Allocated, Reserved uint64
 }
 
+// Error is PyTorch's message (torchrules.OOM).
 func (e *OutOfMemoryError) Error() string {
 	if e.TooLarge {
-		return "CUDA out of memory. Tried to allocate more than 1EB memory."
+		return torchrules.TooLargeMessage
 	}
-	var b strings.Builder
-	b.WriteString("CUDA out of memory. Tried to allocate ")
-	b.WriteString(FormatSize(e.AllocSize))
-	b.WriteString(". GPU ")
-	b.WriteString(strconv.Itoa(e.Device))
-	b.WriteString(" has a total capacity of ")
-	b.WriteString(FormatSize(e.DeviceTotal))
-	b.WriteString(" of which ")
-	b.WriteString(FormatSize(e.DeviceFree))
-	b.WriteString(" is free. ")
-	b.WriteString(e.ProcessInfo())
-	if e.Limited {
-		b.WriteString(FormatSize(e.AllowedMaximum))
-		b.WriteString(" allowed; ")
-	}
-	b.WriteString("Of the allocated memory ")
-	b.WriteString(FormatSize(e.Allocated))
-	b.WriteString(" is allocated by PyTorch, and ")
-	var unallocated uint64
-	if e.Reserved > e.Allocated {
-		unallocated = e.Reserved - e.Allocated
-	}
-	b.WriteString(FormatSize(unallocated))
-	b.WriteString(" is reserved by PyTorch but unallocated.")
-	b.WriteString(" If reserved but unallocated memory is large try setting")
-	b.WriteString(" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid")
-	b.WriteString(" fragmentation.  See documentation for Memory Management ")
-	b.WriteString(" (" + MemoryManagementURL + ")")
-	return b.String()
+	return e.message().Message()
 }
 
-// ProcessInfo is the message's proc_info part: one sentence per process on the device, "Including
-// non-PyTorch memory, this process has X memory in use. " for this one and "Process <pid> has X memory in
-// use. " for the others; "" when the processes are unknown.
-func (e *OutOfMemoryError) ProcessInfo() string {
-	var b strings.Builder
-	for _, p := range e.Processes {
-		if p.Self {
-			b.WriteString("Including non-PyTorch memory, this process")
-		} else {
-			b.WriteString("Process ")
-			b.WriteString(strconv.Itoa(p.PID))
-		}
-		b.WriteString(" has ")
-		b.WriteString(FormatSize(p.Used))
-		b.WriteString(" memory in use. ")
-	}
-	return b.String()
+func (e *OutOfMemoryError) message() torchrules.OOM {
+	return torchrules.OOM{Device: e.Device, AllocSize: e.AllocSize, DeviceTotal: e.DeviceTotal, DeviceFree: e.DeviceFree,
+		Processes: e.Processes, AllowedMaximum: e.AllowedMaximum, Limited: e.Limited, Allocated: e.Allocated,
+		Reserved: e.Reserved}
 }

@@ -2,39 +2,16 @@ package alloc
 
 import (
 	"errors"
+	"strings"
 	"testing"
-)
 
-func TestFormatSize(t *testing.T) {
-	tests := map[uint64]string{
-		0:              "0 bytes",
-		512:            "512 bytes",
-		1024:           "1024 bytes",
-		1025:           "1.00 KiB",
-		1536:           "1.50 KiB",
-		1048575:        "1024.00 KiB",
-		1048576:        "1024.00 KiB",
-		1048577:        "1.00 MiB",
-		2097152:        "2.00 MiB",
-		20971520:       "20.00 MiB",
-		300_000:        "292.97 KiB",
-		1073741824:     "1024.00 MiB",
-		1073741825:     "1.00 GiB",
-		3 * gib / 2:    "1.50 GiB",
-		24 * gib:       "24.00 GiB",
-		79_181_873_152: "73.74 GiB",
-	}
-	for size, want := range tests {
-		if got := FormatSize(size); got != want {
-			t.Errorf("FormatSize(%d) = %q, want %q", size, got, want)
-		}
-	}
-}
+	"github.com/oomdbg/oomdbg/internal/torchrules"
+)
 
 const oomTail = " If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
 
 // TestOOMMessage builds OOM scenarios on a 4 GiB device with a 512 MiB CUDA context and compares PyTorch's
-// message with one computed by hand from §2.13 of the reference.
+// message with one computed by hand from the rules of docs/allocator.md.
 func TestOOMMessage(t *testing.T) {
 	t.Run("fragmented", func(t *testing.T) {
 		e := newEnv(t, 4*gib, 512*mib, "")
@@ -91,7 +68,7 @@ func TestOOMMessage(t *testing.T) {
 			e := newEnv(t, 64*mib, 63*mib, "")
 			_, err := e.a.Malloc(size, 0)
 			var oom *OutOfMemoryError
-			if !errors.As(err, &oom) || FormatSize(oom.AllocSize) != want {
+			if !errors.As(err, &oom) || torchrules.FormatSize(oom.AllocSize) != want {
 				t.Fatalf("Malloc(%d): %v, want Tried to allocate %s", size, err, want)
 			}
 		}
@@ -120,4 +97,26 @@ func TestOOMMessage(t *testing.T) {
 			t.Fatalf("num_ooms %d, want 1 (the guard does not count)", st.NumOOMs)
 		}
 	})
+}
+
+// TestParseConfigRefusesUnmodelled checks the settings whose behaviour this package does not model are
+// refused with a message that says so, by ParseConfig and by CheckConfig.
+func TestParseConfigRefusesUnmodelled(t *testing.T) {
+	for _, in := range []string{"backend:cudaMallocAsync", "throw_on_cudamalloc_oom:True"} {
+		_, err := ParseConfig(in)
+		ce, ok := err.(*ConfigError)
+		if !ok || ce.Key == "" || !strings.Contains(ce.Msg, "not modelled") {
+			t.Errorf("ParseConfig(%q) = %v, want a ConfigError saying it is not modelled", in, err)
+		}
+		cfg, err := torchrules.ParseConfig(in)
+		if err != nil {
+			t.Fatalf("PyTorch accepts %q: %v", in, err)
+		}
+		if err := CheckConfig(cfg); err == nil || !strings.Contains(err.Error(), "not modelled") {
+			t.Errorf("CheckConfig(%q) = %v, want it refused as not modelled", in, err)
+		}
+	}
+	if _, err := ParseConfig("throw_on_cudamalloc_oom:False,backend:native"); err != nil {
+		t.Errorf("the defaults spelled out: %v", err)
+	}
 }

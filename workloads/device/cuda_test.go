@@ -29,8 +29,7 @@ import (
 	"sync"
 	"testing"
 
-	"gorgonia.org/cu"
-
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
@@ -38,6 +37,7 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
+	"gorgonia.org/cu"
 )
 
 const (
@@ -400,7 +400,7 @@ func TestCUDAAllocatorOOM(t *testing.T) {
 			"14.00 MiB is free. Of the allocated memory 42.00 MiB is allocated by PyTorch, and 0 bytes is reserved " +
 			"by PyTorch but unallocated. If reserved but unallocated memory is large try setting " +
 			"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for " +
-			"Memory Management  (" + alloc.MemoryManagementURL + ")"
+			"Memory Management  (" + torchrules.MemoryManagementURL + ")"
 		if err.Error() != want {
 			t.Errorf("OOM message:\n got %s\nwant %s", err, want)
 		}

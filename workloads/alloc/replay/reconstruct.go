@@ -3,6 +3,7 @@ package replay
 import (
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 )
 
@@ -54,8 +55,8 @@ func (t *deviceTrace) plan(cfg alloc.Config) (plans []carvePlan, unknown map[uin
 				b.size = uint64(fb.Size)
 				continue
 			}
-			r := alloc.RoundSize(b.requested, divisions)
-			if alloc.IsSmall(r) {
+			r := torchrules.RoundSize(b.requested, divisions)
+			if torchrules.IsSmall(r) {
 				b.size = r // the small pool always splits off the rest (all its sizes are multiples of 512)
 				continue
 			}

@@ -69,7 +69,7 @@ type WhatIf struct {
 // for the allocator (0: the device's memory when the snapshot records it, else the reserved bytes at a
 // recorded OOM plus the free bytes it reported, else unlimited).
 func CompareSettings(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([]WhatIf, Settings, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := alloc.CheckConfig(cfg); err != nil {
 		return nil, Settings{}, err
 	}
 	recorded, st := RecordedSettings(s)

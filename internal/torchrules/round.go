@@ -1,6 +1,9 @@
-package alloc
+package torchrules
 
-import "math/bits"
+import (
+	"math"
+	"math/bits"
+)
 
 // PyTorch's allocator constants (CUDACachingAllocator.cpp, AllocatorConfig.h), verbatim.
 const (
@@ -15,21 +18,26 @@ const (
 	// MiB interval from [1 MiB, 2 MiB) (which also covers everything smaller) to [32 GiB, inf).
 	RoundupIntervals = 16
 
+	// OneExaByte is the request size at which PyTorch refuses without trying ("more than 1EB").
+	OneExaByte = 1 << 60
+
 	mib = 1 << 20
-	// oneExaByte is the request size at which PyTorch refuses without trying ("more than 1EB").
-	oneExaByte = 1 << 60
 )
 
 // RoundSize is PyTorch's round_size: the size a request of size bytes is served with. Below 512 bytes it is
 // 512; where the roundup_power2_divisions table has n > 1 divisions for the size's interval and the size
 // exceeds 512*n, it is rounded up to the next of n equal steps between powers of two; otherwise it is
-// rounded up to a multiple of 512.
+// rounded up to a multiple of 512. A nil table means no divisions. Sizes past 2^63, which only hostile
+// input holds (PyTorch refuses anything from 1 EB), are returned as they are rather than wrap around.
 func RoundSize(size uint64, divisions *[RoundupIntervals]uint64) uint64 {
 	if size < MinBlockSize {
 		return MinBlockSize
 	}
+	if size > math.MaxUint64/2 {
+		return size
+	}
 	if divisions != nil {
-		n := divisions[roundupIndex(size)]
+		n := divisions[RoundupIndex(size)]
 		// Divisions apply only above 512*n, so the docs' example (1200 B with 4 divisions -> 1280) is
 		// not what the code does: 1200 <= 2048 and rounds to 1536.
 		if n > 1 && size > MinBlockSize*n {
@@ -39,9 +47,9 @@ func RoundSize(size uint64, divisions *[RoundupIntervals]uint64) uint64 {
 	return MinBlockSize * ((size + MinBlockSize - 1) / MinBlockSize)
 }
 
-// roundupIndex is the roundup_power2_divisions table entry covering size: log2(size) - 20, clamped to
+// RoundupIndex is the roundup_power2_divisions table entry covering size: log2(size) - 20, clamped to
 // [0, 15].
-func roundupIndex(size uint64) int {
+func RoundupIndex(size uint64) int {
 	logSize := bits.Len64(size) - 1
 	idx := 0
 	if logSize > 20 {
@@ -70,13 +78,16 @@ func roundupPower2NextDivision(size, divisions uint64) uint64 {
 
 // AllocationSize is PyTorch's get_allocation_size: the size of the segment the allocator asks the device for
 // when no cached block fits a request of rounded size bytes. Up to 1 MiB it is 2 MiB; below 10 MiB it is
-// largeSegment (20 MiB by default); above, the size rounded up to 2 MiB.
+// largeSegment (20 MiB by default); above, the size rounded up to 2 MiB (sizes within 2 MiB of 2^64 as
+// they are, rather than overflow).
 func AllocationSize(rounded, largeSegment uint64) uint64 {
 	switch {
 	case rounded <= SmallSize:
 		return SmallBuffer
 	case rounded < MinLargeAlloc:
 		return largeSegment
+	case rounded > math.MaxUint64-RoundLarge:
+		return rounded
 	default:
 		return RoundLarge * ((rounded + RoundLarge - 1) / RoundLarge)
 	}
@@ -84,3 +95,15 @@ func AllocationSize(rounded, largeSegment uint64) uint64 {
 
 // IsSmall reports whether a request of rounded size bytes is served from the small pool (<= 1 MiB).
 func IsSmall(rounded uint64) bool { return rounded <= SmallSize }
+
+// ShouldSplit is should_split: whether a free block of block bytes handed out for a request of rounded bytes
+// is split, the remainder going back to the cache. A small-pool block (and any block while expandable
+// segments are active: small is then true) splits when at least 512 bytes would remain; a large-pool block
+// only when more than 1 MiB would remain and the request is below maxSplit (max_split_size).
+func ShouldSplit(block, rounded uint64, small bool, maxSplit uint64) bool {
+	remaining := block - rounded
+	if small {
+		return remaining >= MinBlockSize
+	}
+	return rounded < maxSplit && remaining > SmallSize
+}

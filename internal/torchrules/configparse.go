@@ -1,4 +1,4 @@
-package alloc
+package torchrules
 
 import (
 	"fmt"
@@ -24,7 +24,7 @@ const maxSizeMB = math.MaxUint64 / mib
 type settingKind uint8
 
 const (
-	kindModelled  settingKind = iota // changes the allocator's behaviour; parsed into a Config field
+	kindField     settingKind = iota // decides where device memory goes; parsed into a Config field
 	kindInertBool                    // accepted, True/False, no effect here
 	kindInertSize                    // accepted, an unsigned integer, no effect here
 	kindInertText                    // accepted, any value (or list), no effect here
@@ -32,15 +32,15 @@ const (
 
 // settingKinds lists every key the newest PyTorch accepts for a CUDA device.
 var settingKinds = map[string]settingKind{
-	"backend":                              kindModelled,
-	"large_segment_size_mb":                kindModelled,
-	"max_split_size_mb":                    kindModelled,
-	"max_non_split_rounding_mb":            kindModelled,
-	"garbage_collection_threshold":         kindModelled,
-	"roundup_power2_divisions":             kindModelled,
-	"expandable_segments":                  kindModelled,
-	"per_process_memory_fraction":          kindModelled,
-	"throw_on_cudamalloc_oom":              kindModelled,
+	"backend":                              kindField,
+	"large_segment_size_mb":                kindField,
+	"max_split_size_mb":                    kindField,
+	"max_non_split_rounding_mb":            kindField,
+	"garbage_collection_threshold":         kindField,
+	"roundup_power2_divisions":             kindField,
+	"expandable_segments":                  kindField,
+	"per_process_memory_fraction":          kindField,
+	"throw_on_cudamalloc_oom":              kindField,
 	"release_lock_on_cudamalloc":           kindInertBool,
 	"release_lock_on_hipmalloc":            kindInertBool,
 	"graph_capture_record_stream_reuse":    kindInertBool,
@@ -70,9 +70,9 @@ type entry struct {
 
 // ParseConfig parses a PYTORCH_CUDA_ALLOC_CONF string ("key:value,key2:[a:b,c:d]") the way PyTorch does:
 // whitespace is ignored anywhere, later keys override earlier ones, every parse starts from the defaults,
-// and large_segment_size_mb is applied first because it bounds max_split_size_mb. Unknown keys, bad values
-// and malformed strings return a *ConfigError with PyTorch's message. The cudaMallocAsync backend and
-// throw_on_cudamalloc_oom:True are refused because this package does not model them.
+// and large_segment_size_mb is applied first because it bounds max_split_size_mb. Booleans are "True" or
+// "False", nothing else, as PyTorch's ConfigTokenizer::toBool reads them. Unknown keys, bad values and
+// malformed strings return a *ConfigError with PyTorch's message.
 func ParseConfig(s string) (Config, error) {
 	cfg := Config{Source: s}
 	toks := tokenize(s)
@@ -209,7 +209,7 @@ func (cfg *Config) apply(toks []string, e entry) error {
 		case "native":
 			cfg.Backend = "" // the default, spelled out
 		case "cudaMallocAsync":
-			return errMallocAsync()
+			cfg.Backend = val
 		default:
 			return &ConfigError{Key: e.key, Msg: "Unknown allocator backend, options are native and cudaMallocAsync"}
 		}
@@ -220,7 +220,7 @@ func (cfg *Config) apply(toks []string, e entry) error {
 		if err != nil {
 			return err
 		}
-		minMB := cfg.largeSegment() / mib
+		minMB := cfg.LargeSegment() / mib
 		if v < minMB {
 			return &ConfigError{Key: e.key, Msg: fmt.Sprintf("CachingAllocator option %s too small, must be >= %d", e.key, minMB)}
 		}
@@ -260,10 +260,7 @@ func (cfg *Config) apply(toks []string, e entry) error {
 		if err != nil {
 			return err
 		}
-		if v {
-			return &ConfigError{Key: e.key, Msg: "throw_on_cudamalloc_oom:True is not modelled by oomdbg's allocator; remove it to replay with PyTorch's usual OOM recovery"}
-		}
-		cfg.Inert = append(cfg.Inert, Setting{e.key, val})
+		cfg.ThrowOnCudaMallocOOM = v
 	}
 	return nil
 }
@@ -342,10 +339,6 @@ func (cfg *Config) parseDivisions(toks []string, e entry) error {
 
 // roundupLog2 is log2 of a power of two.
 func roundupLog2(k uint64) int { return bits.Len64(k) - 1 }
-
-func errMallocAsync() error {
-	return &ConfigError{Key: "backend", Msg: "backend:cudaMallocAsync is not modelled by oomdbg's allocator, which models PyTorch's native caching allocator; use backend:native"}
-}
 
 // singleValue returns an entry's value token, or an error if the value is a list.
 func singleValue(toks []string, e entry) (string, error) {

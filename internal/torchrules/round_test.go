@@ -1,6 +1,11 @@
-package alloc
+package torchrules
 
 import "testing"
+
+const (
+	kib = 1 << 10
+	gib = 1 << 30
+)
 
 func allDivisions(n uint64) *[RoundupIntervals]uint64 {
 	var t [RoundupIntervals]uint64
@@ -74,7 +79,7 @@ func TestRoundupTableExample(t *testing.T) {
 		mib / 2: 8, 40 * gib: 1,
 	}
 	for size, want := range tests {
-		if got := cfg.RoundupPower2Divisions[roundupIndex(size)]; got != want {
+		if got := cfg.RoundupPower2Divisions[RoundupIndex(size)]; got != want {
 			t.Errorf("divisions for %d MiB = %d, want %d", size/mib, got, want)
 		}
 	}
@@ -86,8 +91,8 @@ func TestRoundupIndex(t *testing.T) {
 		32 * gib: 15, 64 * gib: 15, 1 << 50: 15,
 	}
 	for size, want := range tests {
-		if got := roundupIndex(size); got != want {
-			t.Errorf("roundupIndex(%d) = %d, want %d", size, got, want)
+		if got := RoundupIndex(size); got != want {
+			t.Errorf("RoundupIndex(%d) = %d, want %d", size, got, want)
 		}
 	}
 }
@@ -114,29 +119,39 @@ func TestAllocationSize(t *testing.T) {
 	}
 }
 
-// TestPoolChoice checks that the pool follows the rounded size: up to 1 MiB small (2 MiB segments),
-// above it large.
-func TestPoolChoice(t *testing.T) {
+func TestShouldSplit(t *testing.T) {
 	tests := map[string]struct {
-		size    uint64
-		segment uint64
-		pool    string
+		block, rounded uint64
+		small          bool
+		maxSplit       uint64
+		want           bool
 	}{
-		"1 byte":         {1, SmallBuffer, PoolSmall},
-		"1 MiB - 1":      {mib - 1, SmallBuffer, PoolSmall},
-		"1 MiB":          {mib, SmallBuffer, PoolSmall},
-		"1 MiB + 1":      {mib + 1, LargeBuffer, PoolLarge},
-		"9 MiB":          {9 * mib, LargeBuffer, PoolLarge},
-		"300 KB request": {300_000, SmallBuffer, PoolSmall},
+		"small, 512 left":            {2 * mib, 2*mib - 512, true, ^uint64(0), true},
+		"small, 511 left":            {2*mib - 1, 2*mib - 512, true, ^uint64(0), false},
+		"large, 1 MiB left":          {20 * mib, 19 * mib, false, ^uint64(0), false},
+		"large, 1 MiB + 512 left":    {20 * mib, 19*mib - 512, false, ^uint64(0), true},
+		"large, oversize request":    {200 * mib, 100 * mib, false, 100 * mib, false},
+		"large, below max split":     {200 * mib, 99 * mib, false, 100 * mib, true},
+		"expandable counts as small": {20 * mib, 20*mib - 512, true, 100 * mib, true},
 	}
 	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			e := newEnv(t, 4*gib, 0, "")
-			addr := e.malloc(tc.size, 0)
-			segs := e.a.Segments()
-			if len(segs) != 1 || segs[0].Size != tc.segment || segs[0].Pool != tc.pool || segs[0].Addr != addr {
-				t.Fatalf("segments %+v, want one %s segment of %d at %#x", segs, tc.pool, tc.segment, addr)
-			}
-		})
+		if got := ShouldSplit(tc.block, tc.rounded, tc.small, tc.maxSplit); got != tc.want {
+			t.Errorf("%s: ShouldSplit(%d, %d, %v, %d) = %v, want %v", name, tc.block, tc.rounded, tc.small, tc.maxSplit, got, tc.want)
+		}
+	}
+}
+
+// TestNoOverflow checks the sizes of hostile input next to 2^64 come back unrounded rather than wrapped.
+func TestNoOverflow(t *testing.T) {
+	for _, size := range []uint64{^uint64(0), ^uint64(0) - 100, 1<<63 + 1, 1<<63 + 3<<61 + 1} {
+		if got := RoundSize(size, nil); got < size {
+			t.Errorf("RoundSize(%d) = %d, wrapped", size, got)
+		}
+		if got := RoundSize(size, allDivisions(4)); got < size {
+			t.Errorf("RoundSize(%d, 4 divisions) = %d, wrapped", size, got)
+		}
+		if got := AllocationSize(size, LargeBuffer); got < size {
+			t.Errorf("AllocationSize(%d) = %d, wrapped", size, got)
+		}
 	}
 }
