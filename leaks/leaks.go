@@ -304,11 +304,11 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 	case sustained(reserved) && !sustained(allocs):
 		r.Verdict = Fragmentation
 		r.Reason = fmt.Sprintf("fragmentation, not a leak: reserved memory grows %s per iteration over %s while allocated memory does not (%s per iteration)",
-			units.FormatSize(r.ReservedGrowthPerIteration), window, signedSize(r.GrowthPerIteration))
+			units.FormatSize(r.ReservedGrowthPerIteration), window, units.FormatChange(r.GrowthPerIteration))
 	default:
 		r.Verdict = NoLeak
 		r.Reason = fmt.Sprintf("no leak: allocated memory at the end of %s changes by %s per iteration after a warm-up of %d",
-			window, signedSize(r.GrowthPerIteration), c.warmup)
+			window, units.FormatChange(r.GrowthPerIteration), c.warmup)
 		if len(r.Suspects) > 0 {
 			r.Reason += fmt.Sprintf(" (%d %s grow, but the total does not)", len(r.Suspects), plural(len(r.Suspects), "group"))
 		}
@@ -393,12 +393,4 @@ func plural(n int, word string) string {
 		return word
 	}
 	return word + "s"
-}
-
-// signedSize prints a change with its sign: "+1.50 KiB", "-512 B", "0 B".
-func signedSize(n int64) string {
-	if n > 0 {
-		return "+" + units.FormatSize(n)
-	}
-	return units.FormatSize(n)
 }

@@ -107,7 +107,7 @@ func leakLine(r *Report) string {
 	case "leak":
 		return "leak, " + units.FormatSize(r.Leaks.LeakPerIteration) + " per iteration"
 	case "fragmentation":
-		return "fragmentation, reserved " + signed(r.Leaks.ReservedGrowthPerIteration) + " per iteration"
+		return "fragmentation, reserved " + units.FormatChange(r.Leaks.ReservedGrowthPerIteration) + " per iteration"
 	case "no_leak":
 		return "no leak"
 	}
@@ -119,7 +119,7 @@ func changeText(a, b int64) string {
 	if a == b {
 		return "="
 	}
-	s := signed(b - a)
+	s := units.FormatChange(b - a)
 	if a > 0 {
 		s += fmt.Sprintf(" (%+d%%)", ((b-a)*100)/a)
 	}

@@ -299,7 +299,7 @@ func changes(delta map[string]int64, n int) string {
 	}
 	var parts []string
 	for _, c := range head(cs, n) {
-		parts = append(parts, signed(c.d)+" "+c.name)
+		parts = append(parts, units.FormatChange(c.d)+" "+c.name)
 	}
 	if len(cs) > n {
 		parts = append(parts, fmt.Sprintf("(+%d more)", len(cs)-n))
@@ -312,13 +312,6 @@ func abs(n int64) int64 {
 		return -n
 	}
 	return n
-}
-
-func signed(n int64) string {
-	if n > 0 {
-		return "+" + units.FormatSize(n)
-	}
-	return units.FormatSize(n)
 }
 
 func plural(n int, word string) string {
@@ -418,7 +411,7 @@ func retainerLine(r *Retainer, max int) string {
 // bound it is.
 func savingText(a Advice) string {
 	if a.Measured {
-		return signed(a.Saving)
+		return units.FormatChange(a.Saving)
 	}
 	return "up to " + units.FormatSize(a.Saving)
 }

@@ -43,7 +43,7 @@ func (p *categoriesPane) view(s Styles, w, h int) string {
 		bar := strings.Repeat("█", n) + strings.Repeat(" ", barW-n)
 		delta := ""
 		if d != 0 {
-			delta = signed(d)
+			delta = units.FormatChange(d)
 		}
 		line := fmt.Sprintf("%-*s %s %10s %11s", label, snapshot.Category(c), s.Category[c].Render(bar), units.FormatSize(v), delta)
 		lines = append(lines, ansi.Truncate(line, w, ""))

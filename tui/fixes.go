@@ -368,8 +368,8 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 	}
 	out := []string{
 		s.Header.Render(ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "", "before", "after", "change"), w, "")),
-		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak allocated", units.FormatSize(b.peakAlloc), units.FormatSize(a.peakAlloc), signed(a.peakAlloc-b.peakAlloc)), w, ""),
-		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak reserved", units.FormatSize(b.peakRes), units.FormatSize(a.peakRes), signed(a.peakRes-b.peakRes)), w, ""),
+		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak allocated", units.FormatSize(b.peakAlloc), units.FormatSize(a.peakAlloc), units.FormatChange(a.peakAlloc-b.peakAlloc)), w, ""),
+		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak reserved", units.FormatSize(b.peakRes), units.FormatSize(a.peakRes), units.FormatChange(a.peakRes-b.peakRes)), w, ""),
 	}
 	verdict := s.Good
 	if a.oom {
@@ -378,7 +378,7 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 	out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "device", fits(b)), w, "")+verdict.Render(fits(a)))
 	for c := range snapshot.NumCategories {
 		if d := a.atPeak[c] - b.atPeak[c]; d != 0 {
-			out = append(out, ansi.Truncate(fmt.Sprintf("  %-16s %12s %12s %12s", snapshot.Category(c), units.FormatSize(b.atPeak[c]), units.FormatSize(a.atPeak[c]), signed(d)), w, ""))
+			out = append(out, ansi.Truncate(fmt.Sprintf("  %-16s %12s %12s %12s", snapshot.Category(c), units.FormatSize(b.atPeak[c]), units.FormatSize(a.atPeak[c]), units.FormatChange(d)), w, ""))
 		}
 	}
 	if a.recompute > 0 && a.forward > 0 {

@@ -141,7 +141,7 @@ func (m *Model) statusView() []string {
 	sp := ix.spanAt(c)
 	delta := ix.allocated(c) - ix.allocated(min(m.prev, ix.len()-1))
 	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s)  reserved %s", c, ix.len()-1, sp.iteration,
-		sp.phase, e.Action, units.FormatSize(ix.allocated(c)), signed(delta), units.FormatSize(ix.reserved(c)))
+		sp.phase, e.Action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
 	msg := m.status
 	style := m.styles.Muted
 	if m.statusIsError {
@@ -172,12 +172,4 @@ func fitHeight(s string, h int) string {
 		lines = append(lines, "")
 	}
 	return strings.Join(lines, "\n")
-}
-
-// signed prints a change in bytes with its sign: "+1.50 GiB", "-512 B".
-func signed(d int64) string {
-	if d >= 0 {
-		return "+" + units.FormatSize(d)
-	}
-	return units.FormatSize(d)
 }

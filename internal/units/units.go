@@ -54,25 +54,39 @@ func ParseSize(s string) (uint64, error) {
 	return 0, fmt.Errorf("invalid size %q (want a number with an optional unit: B, KiB, MiB, GiB, TiB; KB, MB, GB also mean binary units)", s)
 }
 
-// FormatSize prints bytes in the largest binary unit that keeps the number at least 1, with two decimals:
-// "512 B", "1.50 KiB", "23.99 GiB". Negative sizes (deltas) keep their sign.
-func FormatSize(bytes int64) string {
-	sign := ""
-	b := float64(bytes)
-	if bytes < 0 {
-		sign, b = "-", -b
+// Integer is any integer type a size may come in: int64 for sizes and changes in snapshots, uint64 for what
+// devices and the allocator report.
+type Integer interface {
+	~int | ~int8 | ~int16 | ~int32 | ~int64 | ~uint | ~uint8 | ~uint16 | ~uint32 | ~uint64 | ~uintptr
+}
+
+// FormatSize prints a size in the largest binary unit that keeps the number at least 1, with two decimals:
+// "512 B", "1.50 KiB", "23.99 GiB". A size that would round to 1024.00 of a unit prints as 1.00 of the next
+// (1,048,575 B is "1.00 MiB", never "1024.00 KiB"). Negative sizes (changes) keep their sign. This is
+// oomdbg's own format; PyTorch's format_size, whose bounds differ, is torchrules.FormatSize.
+func FormatSize[N Integer](n N) string {
+	sign, u := "", uint64(n)
+	if n < 0 {
+		sign, u = "-", -u // two's complement: the magnitude, even of the most negative int64
 	}
-	switch {
-	case b < 1<<10:
-		return fmt.Sprintf("%s%d B", sign, int64(b))
-	case b < 1<<20:
-		return fmt.Sprintf("%s%.2f KiB", sign, b/(1<<10))
-	case b < 1<<30:
-		return fmt.Sprintf("%s%.2f MiB", sign, b/(1<<20))
-	case b < 1<<40:
-		return fmt.Sprintf("%s%.2f GiB", sign, b/(1<<30))
+	if u < 1<<10 {
+		return sign + strconv.FormatUint(u, 10) + " B"
 	}
-	return fmt.Sprintf("%s%.2f TiB", sign, b/(1<<40))
+	const prefixes = "KMGTPE"
+	v, i := float64(u)/(1<<10), 0
+	for v >= 1023.995 && i < len(prefixes)-1 { // 1023.995 and above would print as 1024.00
+		v /= 1 << 10
+		i++
+	}
+	return sign + strconv.FormatFloat(v, 'f', 2, 64) + " " + prefixes[i:i+1] + "iB"
+}
+
+// FormatChange prints a change of size with its sign: "+1.50 KiB", "-512 B", and "0 B" for no change.
+func FormatChange[N Integer](n N) string {
+	if n > 0 {
+		return "+" + FormatSize(n)
+	}
+	return FormatSize(n)
 }
 
 // FormatSizeExact prints bytes in the largest binary unit that divides them, so that ParseSize reads back

@@ -1,6 +1,9 @@
 package units
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 func TestParseSize(t *testing.T) {
 	tests := map[string]uint64{
@@ -21,14 +24,36 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// TestFormatSize checks the printed sizes against their definition: the largest binary unit that keeps the
+// number at least 1, two decimals, a value that rounds to 1024.00 stepping up a unit.
 func TestFormatSize(t *testing.T) {
 	tests := map[int64]string{
 		0: "0 B", 512: "512 B", 1023: "1023 B", 1024: "1.00 KiB", 1536: "1.50 KiB", 1 << 20: "1.00 MiB",
 		24 << 30: "24.00 GiB", -3 << 20: "-3.00 MiB", 5 << 40: "5.00 TiB",
+		1<<20 - 1:                "1.00 MiB", // 1023.999 KiB rounds up into the next unit
+		1<<20 - 6:                "1023.99 KiB",
+		1<<30 - 1:                "1.00 GiB",
+		-(1<<20 - 1):             "-1.00 MiB",
+		79<<30 + 665<<20:         "79.65 GiB",
+		71<<30 + 337<<20 + 5<<10: "71.33 GiB",
+		math.MinInt64:            "-8.00 EiB",
 	}
 	for in, want := range tests {
 		if got := FormatSize(in); got != want {
 			t.Errorf("FormatSize(%d) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range map[uint64]string{^uint64(0): "16.00 EiB", 80 << 30: "80.00 GiB", 1 << 40: "1.00 TiB"} {
+		if got := FormatSize(in); got != want {
+			t.Errorf("FormatSize(uint64 %d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestFormatChange(t *testing.T) {
+	for in, want := range map[int64]string{0: "0 B", 512: "+512 B", -1536: "-1.50 KiB", 3 << 30: "+3.00 GiB"} {
+		if got := FormatChange(in); got != want {
+			t.Errorf("FormatChange(%d) = %q, want %q", in, got, want)
 		}
 	}
 }

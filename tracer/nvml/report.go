@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"unicode/utf8"
+
+	"github.com/oomdbg/oomdbg/internal/units"
 )
 
 // Report is the state of a machine's GPUs at one moment, as `oomdbg devices` prints it.
@@ -91,7 +93,7 @@ func (r Report) WriteText(w io.Writer) error {
 		for _, p := range d.Processes {
 			used := "n/a"
 			if p.UsedKnown {
-				used = FormatBytes(p.Used)
+				used = units.FormatSize(p.Used)
 			}
 			fmt.Fprintf(tw, "%3d\t%d\t%s\t%10s\t%s\n", d.Index, p.PID, p.Type, used, processName(p))
 		}
@@ -111,10 +113,10 @@ func writeDevice(b *strings.Builder, d Device) {
 	}
 	b.WriteByte('\n')
 	if m := d.Memory; m.Total > 0 {
-		fmt.Fprintf(b, "  memory  %s used / %s (%d%%), %s free", FormatBytes(m.Used), FormatBytes(m.Total),
-			percent(m.Used, m.Total), FormatBytes(m.Free))
+		fmt.Fprintf(b, "  memory  %s used / %s (%d%%), %s free", units.FormatSize(m.Used), units.FormatSize(m.Total),
+			percent(m.Used, m.Total), units.FormatSize(m.Free))
 		if m.Version >= 2 {
-			fmt.Fprintf(b, ", %s reserved", FormatBytes(m.Reserved))
+			fmt.Fprintf(b, ", %s reserved", units.FormatSize(m.Reserved))
 		}
 		b.WriteByte('\n')
 	}
@@ -244,22 +246,6 @@ type (
 		Name    *string `json:"name"`
 	}
 )
-
-// FormatBytes formats a size in binary units with two decimals, e.g. "79.65 GiB"; below 1 KiB in bytes,
-// e.g. "512 B".
-func FormatBytes(n uint64) string {
-	const units = "KMGTPE"
-	if n < 1024 {
-		return strconv.FormatUint(n, 10) + " B"
-	}
-	v, i := float64(n)/1024, 0
-	// Step up before rounding could print "1024.00 KiB".
-	for v >= 1023.995 && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return strconv.FormatFloat(v, 'f', 2, 64) + " " + units[i:i+1] + "iB"
-}
 
 // percent is part/whole in whole percent, rounded to nearest.
 func percent(part, whole uint64) uint64 {

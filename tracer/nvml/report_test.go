@@ -153,26 +153,3 @@ func TestReportProblem(t *testing.T) {
 		})
 	}
 }
-
-func TestFormatBytes(t *testing.T) {
-	tests := map[uint64]string{
-		0:                        "0 B",
-		1023:                     "1023 B",
-		1024:                     "1.00 KiB",
-		1536:                     "1.50 KiB",
-		mib - 1:                  "1.00 MiB", // rounds up into the next unit, never "1024.00 KiB"
-		mib:                      "1.00 MiB",
-		551 * mib:                "551.00 MiB",
-		gib:                      "1.00 GiB",
-		79*gib + 665*mib:         "79.65 GiB",
-		h100Total:                "80.00 GiB",
-		1 << 40:                  "1.00 TiB",
-		^uint64(0):               "16.00 EiB",
-		71*gib + 337*mib + 5*kib: "71.33 GiB",
-	}
-	for n, want := range tests {
-		if got := FormatBytes(n); got != want {
-			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
