@@ -108,8 +108,8 @@ func (r *Result) WriteText(w io.Writer, maxSuspects int) {
 				sp.Example.Iteration, sp.Example.Phase)
 		}
 		fmt.Fprintf(w, "    left alive by iterations %s\n", iterationList(sp.Survivors))
-		if sp.Retainer != nil {
-			fmt.Fprintf(w, "    retained by %s\n", sp.Retainer.Short(6))
+		if sp.RetainedBy != nil {
+			fmt.Fprintf(w, "    retained by %s\n", sp.RetainedBy.Short(6))
 		} else {
 			fmt.Fprintf(w, "    retained by: no heap dump names it\n")
 		}

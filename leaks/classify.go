@@ -47,11 +47,11 @@ func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last P
 		sp.Example = live[example]
 		sp.Label = s.String(sp.Example.Label)
 		if p, ok := tl.RetainerPath(sp.Example, last.Seq); ok {
-			r := &Retainer{Root: p.Root(), Dump: p.Dump.Seq, Reason: p.Dump.Reason}
+			r := &RetainerPath{Root: p.Root(), Dump: p.Dump.Seq, Reason: p.Dump.Reason}
 			for _, h := range p.Holders {
 				r.Path = append(r.Path, h.Description)
 			}
-			sp.Retainer = r
+			sp.RetainedBy = r
 		}
 	}
 	sp.Kind = classify(sp, g, n)
@@ -64,7 +64,7 @@ func classify(sp *Suspect, g *group, n int) Kind {
 	if g.counts[n] <= g.counts[0] {
 		return GrowingCache
 	}
-	if r := sp.Retainer; r != nil {
+	if r := sp.RetainedBy; r != nil {
 		// Through an autograd node: the graph holds what it saved for backward, and something holds the
 		// graph (a loss in a list, an output kept with its grad_fn).
 		if slices.ContainsFunc(r.Path, autogradHolder) {

@@ -28,7 +28,7 @@ func ExampleFind() {
 	r := leaks.Find(snapshottest.Trace(leakyLoop()))
 	fmt.Println(r.Verdict, r.Kind)
 	sp := r.Suspects[0]
-	fmt.Printf("%d bytes per iteration of %s, retained by %s\n", sp.BytesPerIteration, sp.Category, sp.Retainer)
+	fmt.Printf("%d bytes per iteration of %s, retained by %s\n", sp.BytesPerIteration, sp.Category, sp.RetainedBy)
 	// Output:
 	// leak stashed_outputs
 	// 512 bytes per iteration of activation, retained by loss_history[7]

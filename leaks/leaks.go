@@ -130,8 +130,8 @@ type Suspect struct {
 	// Example is a representative leaked block (the last one allocated), Label its tensor label.
 	Example snapshot.Allocation
 	Label   string
-	// Retainer says what held Example at the nearest heap dump; nil when no heap dump named it.
-	Retainer *Retainer
+	// RetainedBy says what held Example at the nearest heap dump; nil when no heap dump named it.
+	RetainedBy *RetainerPath
 }
 
 // Site returns the innermost frame of the allocating stack, "" without a stack.
@@ -142,8 +142,9 @@ func (s *Suspect) Site() string {
 	return s.Stack[0]
 }
 
-// Retainer is the path that kept a block alive at a heap dump.
-type Retainer struct {
+// RetainerPath is the chain of holders that kept a block alive at a heap dump, described for people (a
+// snapshot.Retainer is one holder on it).
+type RetainerPath struct {
 	// Path lists the holders from the one holding the block to the root, e.g. "AddmmBackward0[net.2] saved
 	// mat1", "AddmmBackward0[net.2]", ..., "loss_history[7]".
 	Path   []string
@@ -154,11 +155,11 @@ type Retainer struct {
 
 // String returns the path root first: "loss_history[7] > NllLossBackward0 > ... > AddmmBackward0[net.2]
 // saved mat1".
-func (r *Retainer) String() string { return r.Short(0) }
+func (r *RetainerPath) String() string { return r.Short(0) }
 
 // Short returns the path root first like String, with the middle of a path longer than max holders (max >
 // 0) left out: the root and the holder after it, "(N more)", and the two holders nearest the block.
-func (r *Retainer) Short(max int) string {
+func (r *RetainerPath) Short(max int) string {
 	rev := make([]string, 0, len(r.Path))
 	for i := len(r.Path) - 1; i >= 0; i-- {
 		rev = append(rev, r.Path[i])
@@ -297,8 +298,8 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 		if site := top.Site(); site != "" {
 			r.Reason += " at " + site
 		}
-		if top.Retainer != nil {
-			r.Reason += ", retained by " + top.Retainer.Root
+		if top.RetainedBy != nil {
+			r.Reason += ", retained by " + top.RetainedBy.Root
 		}
 		r.Reason += ")"
 	case sustained(reserved) && !sustained(allocs):

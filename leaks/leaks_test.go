@@ -94,12 +94,12 @@ func TestWorkloadBugs(t *testing.T) {
 			scope, root := regexp.MustCompile(tc.want.scope), regexp.MustCompile(tc.want.root)
 			found := slices.ContainsFunc(r.Suspects, func(sp leaks.Suspect) bool {
 				return sp.Category == tc.want.category && scope.MatchString(sp.Scope) && sp.Kind == tc.want.kind &&
-					sp.Retainer != nil && root.MatchString(sp.Retainer.Root) && sp.BytesPerIteration > 0
+					sp.RetainedBy != nil && root.MatchString(sp.RetainedBy.Root) && sp.BytesPerIteration > 0
 			})
 			if !found {
 				t.Errorf("no %s suspect in a scope matching %s retained by %s:\n%s", tc.want.category, tc.want.scope, tc.want.root, r.Detail())
 			}
-			if !strings.HasPrefix(r.Reason, "leak: ") || !strings.Contains(r.Reason, r.Suspects[0].Retainer.Root) {
+			if !strings.HasPrefix(r.Reason, "leak: ") || !strings.Contains(r.Reason, r.Suspects[0].RetainedBy.Root) {
 				t.Errorf("reason %q", r.Reason)
 			}
 		})
@@ -488,7 +488,7 @@ func TestIterationList(t *testing.T) {
 }
 
 func TestRetainerShort(t *testing.T) {
-	r := leaks.Retainer{Path: []string{"a saved x", "a", "b", "c", "d", "root"}, Root: "root"}
+	r := leaks.RetainerPath{Path: []string{"a saved x", "a", "b", "c", "d", "root"}, Root: "root"}
 	tests := map[int]string{
 		0: "root > d > c > b > a > a saved x",
 		6: "root > d > c > b > a > a saved x",

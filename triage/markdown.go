@@ -145,8 +145,8 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		var rows [][]string
 		for _, sp := range head(l.Suspects, 10) {
 			ret := "no heap dump names it"
-			if sp.Retainer != nil {
-				ret = code(retainerLine(sp.Retainer, 4))
+			if sp.RetainedBy != nil {
+				ret = code(retainerLine(sp.RetainedBy, 4))
 			}
 			rows = append(rows, []string{units.FormatSize(sp.BytesPerIteration), sp.Category, code(sp.Scope), leaks.Kind(sp.Kind).Describe(),
 				code(sp.Label), ret, code(stackLine(sp.Stack, 2))})

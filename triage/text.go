@@ -390,8 +390,8 @@ func writeLeaksText(w io.Writer, l Leaks, indent string) {
 		if sp.Label != "" {
 			fmt.Fprintf(w, "%s    e.g. %s, left alive by iterations %s\n", indent, sp.Label, rangeList(sp.Survivors))
 		}
-		if sp.Retainer != nil {
-			fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(sp.Retainer, 6))
+		if sp.RetainedBy != nil {
+			fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(sp.RetainedBy, 6))
 		} else {
 			fmt.Fprintf(w, "%s    retained by: no heap dump names it\n", indent)
 		}
@@ -402,8 +402,8 @@ func writeLeaksText(w io.Writer, l Leaks, indent string) {
 }
 
 // retainerLine prints a retainer path root first, its middle left out past max holders.
-func retainerLine(r *Retainer, max int) string {
-	lr := leaks.Retainer{Path: r.Path, Root: r.Root}
+func retainerLine(r *RetainerPath, max int) string {
+	lr := leaks.RetainerPath{Path: r.Path, Root: r.Root}
 	return lr.Short(max)
 }
 

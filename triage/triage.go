@@ -219,19 +219,19 @@ type LeakPoint struct {
 
 // Suspect is a group of blocks that keeps growing.
 type Suspect struct {
-	Scope             string    `json:"scope"`
-	Category          string    `json:"category"`
-	Stack             []string  `json:"stack"`
-	Kind              string    `json:"kind"`
-	BytesPerIteration int64     `json:"bytes_per_iteration"`
-	CountPerIteration float64   `json:"count_per_iteration"`
-	Survivors         []int32   `json:"survivors"`
-	Label             string    `json:"label"`
-	Retainer          *Retainer `json:"retainer"`
+	Scope             string        `json:"scope"`
+	Category          string        `json:"category"`
+	Stack             []string      `json:"stack"`
+	Kind              string        `json:"kind"`
+	BytesPerIteration int64         `json:"bytes_per_iteration"`
+	CountPerIteration float64       `json:"count_per_iteration"`
+	Survivors         []int32       `json:"survivors"`
+	Label             string        `json:"label"`
+	RetainedBy        *RetainerPath `json:"retainer"`
 }
 
-// Retainer is what held a suspect's example block at a heap dump.
-type Retainer struct {
+// RetainerPath is the chain of holders that kept a suspect's example block alive at a heap dump.
+type RetainerPath struct {
 	Root string `json:"root"`
 	// Path lists the holders from the one holding the block to the root.
 	Path          []string `json:"path"`
@@ -351,8 +351,8 @@ func LeakReport(lr *leaks.Result) Leaks {
 		if out.Survivors == nil {
 			out.Survivors = []int32{}
 		}
-		if rt := sp.Retainer; rt != nil {
-			out.Retainer = &Retainer{Root: rt.Root, Path: nonNil(rt.Path), HeapDumpEvent: rt.Dump, Reason: rt.Reason}
+		if rt := sp.RetainedBy; rt != nil {
+			out.RetainedBy = &RetainerPath{Root: rt.Root, Path: nonNil(rt.Path), HeapDumpEvent: rt.Dump, Reason: rt.Reason}
 		}
 		l.Suspects = append(l.Suspects, out)
 	}

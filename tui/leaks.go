@@ -93,8 +93,8 @@ func (p *leaksPane) view(s Styles, w, h int) string {
 			break
 		}
 		ret := "no heap dump names it"
-		if sus.Retainer != nil {
-			ret = sus.Retainer.Short(4)
+		if sus.RetainedBy != nil {
+			ret = sus.RetainedBy.Short(4)
 		}
 		line := ansi.Truncate(fmt.Sprintf("%12s %-16s %-28s %s", "+"+units.FormatSize(sus.BytesPerIteration), sus.Category,
 			ansi.Truncate(sus.Scope, 28, "…"), ret), w, "…")

@@ -39,7 +39,7 @@ func ExampleRecord() {
 	r := leaks.Find(leakstest.Record(printer{}, cfg))
 	for _, sp := range r.Suspects {
 		fmt.Printf("%s: %s per iteration of %s in %s, retained by %s\n", sp.Kind.Describe(),
-			fmt.Sprint(sp.BytesPerIteration), sp.Category, sp.Scope, sp.Retainer.Root)
+			fmt.Sprint(sp.BytesPerIteration), sp.Category, sp.Scope, sp.RetainedBy.Root)
 	}
 	// Output:
 	// stashed outputs: 32768 per iteration of activation in net.1, retained by activation_stash[14]
