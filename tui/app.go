@@ -16,13 +16,15 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // Options say what the TUI shows.
 type Options struct {
-	// Workload, when set, is recorded on start and streamed in as it runs.
-	Workload *train.Config
+	// Workload, when set, is recorded on start by Runner and streamed in as it runs.
+	Workload *Workload
+	// Runner records workloads: the one above, and the fixes pane's re-runs of oomdbg's own snapshots. Nil:
+	// the fixes pane cannot re-run.
+	Runner Runner
 	// File, when set, is a snapshot to open; Follow keeps reading it as it grows. Input, when set, is File
 	// already open (a pipe, standard input), read instead of opening File again.
 	File   string
@@ -35,8 +37,6 @@ type Options struct {
 	Snapshot *snapshot.Snapshot
 	// Profile is the terminal's colour profile (NO_COLOR gives Ascii).
 	Profile colorprofile.Profile
-	// Version is written into snapshots the TUI records.
-	Version string
 	// Devices reads the GPUs for the device pane; nil shows that no reader is configured.
 	Devices DeviceReader
 }
@@ -99,7 +99,7 @@ func New(ctx context.Context, opts Options) *Model {
 		m.help.Styles = help.Styles{Ellipsis: plain, ShortKey: plain.Bold(true), ShortDesc: plain, ShortSeparator: plain,
 			FullKey: plain.Bold(true), FullDesc: plain, FullSeparator: plain}
 	}
-	m.fixes = newFixesPane(opts.Workload)
+	m.fixes = newFixesPane(opts.Workload, opts.Runner)
 	m.device = newDevicePane(opts.Devices)
 	switch {
 	case opts.Snapshot != nil:
@@ -107,7 +107,7 @@ func New(ctx context.Context, opts Options) *Model {
 		m.load = loadState{label: "snapshot", done: true}
 		m.landOnTarget()
 	case opts.Workload != nil:
-		m.load.label = "recording " + describeConfig(*opts.Workload)
+		m.load.label = "recording " + opts.Workload.Name
 	case opts.File != "":
 		m.load.label = "reading " + opts.File
 	}
@@ -121,7 +121,7 @@ func (m *Model) Init() tea.Cmd {
 	case m.opts.Snapshot != nil:
 		cmds = append(cmds, m.leaks.analyze(m.ix.tl))
 	case m.opts.Workload != nil:
-		cmds = append(cmds, recordWorkload(m.ctx, *m.opts.Workload, m.opts.Version))
+		cmds = append(cmds, recordWorkload(m.ctx, m.opts.Runner, *m.opts.Workload))
 	case m.opts.File != "":
 		cmds = append(cmds, openFile(m.ctx, m.opts))
 	}
@@ -196,8 +196,8 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 	if !msg.done {
 		return m.readMore()
 	}
-	m.load.done, m.load.result = true, msg.result
-	m.fixes.setBaseline(msg.result, m.ix)
+	m.load.done = true
+	m.fixes.setBaseline(m.ix)
 	switch {
 	case msg.err != nil:
 		m.load.err = msg.err
@@ -214,7 +214,7 @@ func (m *Model) setSnapshot(s *snapshot.Snapshot) {
 	m.snap, m.ix = s, newIndex(s)
 	m.viewFrom, m.viewTo = 0, m.ix.len()
 	m.timeline.ix = m.ix
-	m.fixes.setBaseline(nil, m.ix)
+	m.fixes.setBaseline(m.ix)
 	m.refreshPanes()
 }
 
@@ -294,12 +294,3 @@ func (m *Model) Cursor() int { return m.cursor }
 
 // Pane returns the name of the pane shown under the timeline.
 func (m *Model) Pane() string { return paneNames[m.pane] }
-
-// describeConfig names a workload in a few words.
-func describeConfig(c train.Config) string {
-	name := c.Preset
-	if name == "" {
-		name = c.Model
-	}
-	return fmt.Sprintf("%s on %s", name, c.Device)
-}

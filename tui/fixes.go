@@ -2,7 +2,6 @@ package tui
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -12,14 +11,14 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // fixesPane changes the workload's fixes and re-runs it on the meta device in the background: the re-run's
 // curve is drawn over the timeline, and a table compares the peaks, whether it fits, the bytes by category at
 // each peak, and what the fix costs in recomputation.
 type fixesPane struct {
-	base     *train.Config // the workload as recorded; nil when the snapshot is not oomdbg's own
+	run      Runner
+	base     *Workload // the workload as recorded; nil when the snapshot is not oomdbg's own
 	choice   [numFixRows]int
 	selected int
 	before   *runSummary
@@ -47,17 +46,17 @@ var fixRowNames = [numFixRows]string{"mixed precision", "attention", "checkpoint
 
 // choices lists a row's choices for the base configuration.
 func (p *fixesPane) choices(row int) []string {
-	c := p.base
+	c := p.base.Fixes
 	switch row {
 	case rowAMP:
 		return []string{"off", "bf16", "fp16"}
 	case rowAttention:
-		if c.Model != "gpt" {
+		if !p.base.GPT {
 			return []string{c.Attention}
 		}
 		return []string{"naive", "flash"}
 	case rowCheckpoint:
-		if c.Model != "gpt" {
+		if !p.base.GPT {
 			return []string{c.Checkpoint}
 		}
 		return []string{"off", "attn", "every:2", "all"}
@@ -82,10 +81,10 @@ func (p *fixesPane) choices(row int) []string {
 	return nil
 }
 
-func newFixesPane(cfg *train.Config) fixesPane {
-	p := fixesPane{}
-	if cfg != nil {
-		c := *cfg
+func newFixesPane(w *Workload, run Runner) fixesPane {
+	p := fixesPane{run: run}
+	if w != nil && run != nil {
+		c := *w
 		p.base = &c
 		p.reset()
 	}
@@ -94,7 +93,7 @@ func newFixesPane(cfg *train.Config) fixesPane {
 
 // reset makes the choices match the base configuration.
 func (p *fixesPane) reset() {
-	c := p.base
+	c := p.base.Fixes
 	current := [numFixRows]string{c.AMP, c.Attention, c.Checkpoint, fmt.Sprintf("%d x %d", c.Batch, c.Accum), c.Optimizer, c.ZeroGrad, c.Bug}
 	if c.Bug == "" {
 		current[rowBug] = "none"
@@ -114,14 +113,13 @@ func indexOf(list []string, s string) int {
 }
 
 // setBaseline takes the loaded run as the "before" of the comparison.
-func (p *fixesPane) setBaseline(_ *train.Result, ix *index) {
+func (p *fixesPane) setBaseline(ix *index) {
 	if ix == nil {
 		return
 	}
-	if p.base == nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
-		var c train.Config
-		if json.Unmarshal(ix.snap.Meta.Workload, &c) == nil && c.Validate() == nil {
-			p.base = &c
+	if p.base == nil && p.run != nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
+		if w, err := p.run.Parse(ix.snap.Meta.Workload); err == nil {
+			p.base = &w
 			p.reset()
 		}
 	}
@@ -130,17 +128,18 @@ func (p *fixesPane) setBaseline(_ *train.Result, ix *index) {
 	}
 }
 
-// config returns the base configuration with the chosen fixes, on the meta device.
-func (p *fixesPane) config() train.Config {
-	c := *p.base
+// config returns the base workload with the chosen fixes, on the meta device.
+func (p *fixesPane) config() Workload {
+	w := *p.base
+	c := &w.Fixes
 	pick := func(r int) string { return p.choices(r)[p.choice[r]] }
 	c.AMP, c.Attention, c.Checkpoint, c.Optimizer, c.ZeroGrad = pick(rowAMP), pick(rowAttention), pick(rowCheckpoint), pick(rowOptimizer), pick(rowZeroGrad)
 	fmt.Sscanf(pick(rowAccum), "%d x %d", &c.Batch, &c.Accum)
 	if pick(rowBug) == "fixed" {
 		c.Bug = ""
 	}
-	c.Device = "meta"
-	return c
+	w.Device = "meta"
+	return w
 }
 
 func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
@@ -170,7 +169,7 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		p.running, p.err = cancel, nil
 		m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
 		p.progress = nil
-		return rerun(ctx, p.config())
+		return rerun(ctx, p.run, p.config())
 	}
 	return nil
 }
@@ -185,8 +184,7 @@ func (p *fixesPane) cancel() {
 // describe names the chosen fixes that differ from the base.
 func (p *fixesPane) describe() string {
 	var parts []string
-	c := p.config()
-	b := *p.base
+	c, b := p.config().Fixes, p.base.Fixes
 	if c.AMP != b.AMP {
 		parts = append(parts, "amp "+c.AMP)
 	}
@@ -226,9 +224,9 @@ type (
 	fixChunkMsg  chunkMsg
 )
 
-// rerun records cfg on the meta device into a pipe and starts reading it.
-func rerun(ctx context.Context, cfg train.Config) tea.Cmd {
-	open := recordWorkload(ctx, cfg, "")
+// rerun records w into a pipe and starts reading it.
+func rerun(ctx context.Context, run Runner, w Workload) tea.Cmd {
+	open := recordWorkload(ctx, run, w)
 	return func() tea.Msg { return fixStreamMsg(open().(streamMsg)) }
 }
 

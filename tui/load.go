@@ -11,15 +11,13 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // stream is a snapshot arriving chunk by chunk: from a workload recording into a pipe, or from a file that
 // may still be growing.
 type stream struct {
-	r      *snapshot.Reader
-	close  func()
-	result chan *train.Result // the workload's result, once it has run (nil for files)
+	r     *snapshot.Reader
+	close func()
 }
 
 // streamMsg says a stream has opened (or failed to).
@@ -31,28 +29,25 @@ type streamMsg struct {
 
 // chunkMsg carries what one read brought: events and new table entries; done when the stream ended.
 type chunkMsg struct {
-	delta  snapshot.Delta
-	done   bool
-	err    error
-	result *train.Result
+	delta snapshot.Delta
+	done  bool
+	err   error
 }
 
-// recordWorkload starts cfg recording into a pipe and opens the pipe's other end.
-func recordWorkload(ctx context.Context, cfg train.Config, version string) tea.Cmd {
+// recordWorkload starts run recording w into a pipe and opens the pipe's other end.
+func recordWorkload(ctx context.Context, run Runner, w Workload) tea.Cmd {
 	return func() tea.Msg {
+		if run == nil {
+			return streamMsg{err: fmt.Errorf("recording %s: no workload runner", w.Name)}
+		}
 		pr, pw := io.Pipe()
-		results := make(chan *train.Result, 1)
-		go func() {
-			res, err := train.Record(ctx, cfg, pw, train.RecordOptions{ToolVersion: version, FlushEvery: train.DefaultFlushEvery})
-			results <- res
-			pw.CloseWithError(err)
-		}()
+		go func() { pw.CloseWithError(run.Record(ctx, w, pw)) }()
 		r, err := snapshot.NewReader(pr)
 		if err != nil {
 			pr.CloseWithError(err)
-			return streamMsg{err: fmt.Errorf("recording %s: %w", cfg.Preset, err)}
+			return streamMsg{err: fmt.Errorf("recording %s: %w", w.Name, err)}
 		}
-		return streamMsg{s: &stream{r: r, close: func() { pr.Close() }, result: results}, meta: r.Meta()}
+		return streamMsg{s: &stream{r: r, close: func() { pr.Close() }}, meta: r.Meta()}
 	}
 }
 
@@ -96,17 +91,13 @@ func nextChunk(s *stream, strings, frames, stacks int) tea.Cmd {
 		if !errors.Is(err, io.EOF) {
 			msg.err = err
 		}
-		if s.result != nil {
-			msg.result = <-s.result
-		}
 		return msg
 	}
 }
 
 // loadState is how far loading has come.
 type loadState struct {
-	label  string // what is loading
-	done   bool
-	err    error
-	result *train.Result
+	label string // what is loading
+	done  bool
+	err   error
 }

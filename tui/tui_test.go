@@ -6,7 +6,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	tea "charm.land/bubbletea/v2"
@@ -14,42 +13,10 @@ import (
 	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
 
-	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
-	"github.com/oomdbg/oomdbg/workloads/train"
 )
-
-// fixtures caches the workloads recorded for the views, once per configuration; leakstest.Record makes them
-// reproducible (fixed clock and metadata).
-var fixtures sync.Map
-
-// tinyOOM is the tiny GPT with the retain-graph leak on a 40 MiB device: the leak runs it out of memory in
-// the backward pass of its third iteration.
-func tinyOOM() train.Config {
-	cfg, _ := train.PresetConfig("tiny")
-	cfg.Steps, cfg.GPUMemory, cfg.ContextReserve, cfg.Bug = 6, 40<<20, 4<<20, train.BugRetainGraph
-	return cfg
-}
-
-// leaky is the MLP with the retain-graph bug: a leak to find.
-func leaky() train.Config {
-	cfg := train.DefaultMLP()
-	cfg.Steps, cfg.Bug = 6, train.BugRetainGraph
-	return cfg
-}
-
-func recordFixture(t testing.TB, cfg train.Config) *snapshot.Snapshot {
-	t.Helper()
-	key := fmt.Sprintf("%+v", cfg)
-	if s, ok := fixtures.Load(key); ok {
-		return s.(*snapshot.Snapshot)
-	}
-	s := leakstest.Record(t, cfg)
-	fixtures.Store(key, s)
-	return s
-}
 
 func noDriver() nvml.Report {
 	return nvml.Report{Err: fmt.Errorf("%w (libnvidia-ml.so.1 could not be loaded); GPU readings are unavailable", nvml.ErrNoDriver)}
@@ -58,7 +25,7 @@ func noDriver() nvml.Report {
 // newTestModel returns a model showing s at w x h, with device readings answered without a driver.
 func newTestModel(t testing.TB, s *snapshot.Snapshot, w, h int) *Model {
 	t.Helper()
-	m := New(context.Background(), Options{Snapshot: s, Profile: colorprofile.Ascii, Devices: noDriver})
+	m := New(context.Background(), Options{Snapshot: s, Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
 	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 	m.Update(deviceMsg{noDriver()})
 	m.Update(m.leaks.analyze(m.ix.tl)()) // as Init's command would
@@ -103,24 +70,24 @@ func TestViews(t *testing.T) {
 	sizes := []struct{ w, h int }{{80, 24}, {160, 48}}
 	views := []struct {
 		name    string
-		fixture func() train.Config
+		fixture string
 		keys    []string
 	}{
-		{"oom-live", tinyOOM, nil},
-		{"oom-live-detail", tinyOOM, []string{"enter"}},
-		{"oom-categories", tinyOOM, []string{"2"}},
-		{"oom-segments", tinyOOM, []string{"3"}},
-		{"peak-live", tinyOOM, []string{"p"}},
-		{"leak-leaks", leaky, []string{"4"}},
-		{"leak-fixes", leaky, []string{"5"}},
-		{"oom-device", tinyOOM, []string{"6"}},
-		{"oom-help", tinyOOM, []string{"?"}},
-		{"filtered", tinyOOM, []string{"/", "a", "t", "t", "n", "enter"}},
+		{"oom-live", "tiny-oom", nil},
+		{"oom-live-detail", "tiny-oom", []string{"enter"}},
+		{"oom-categories", "tiny-oom", []string{"2"}},
+		{"oom-segments", "tiny-oom", []string{"3"}},
+		{"peak-live", "tiny-oom", []string{"p"}},
+		{"leak-leaks", "leaky", []string{"4"}},
+		{"leak-fixes", "leaky", []string{"5"}},
+		{"oom-device", "tiny-oom", []string{"6"}},
+		{"oom-help", "tiny-oom", []string{"?"}},
+		{"filtered", "tiny-oom", []string{"/", "a", "t", "t", "n", "enter"}},
 	}
 	for _, sz := range sizes {
 		for _, v := range views {
 			t.Run(fmt.Sprintf("%s-%dx%d", v.name, sz.w, sz.h), func(t *testing.T) {
-				m := newTestModel(t, recordFixture(t, v.fixture()), sz.w, sz.h)
+				m := newTestModel(t, fixture(t, v.fixture), sz.w, sz.h)
 				press(m, v.keys...)
 				out := screen(m)
 				if got := strings.Count(out, "\n") + 1; got != sz.h {
@@ -138,7 +105,7 @@ func TestViews(t *testing.T) {
 }
 
 func TestNavigation(t *testing.T) {
-	s := recordFixture(t, tinyOOM())
+	s := fixture(t, "tiny-oom")
 	m := newTestModel(t, s, 100, 30)
 	ix := m.ix
 	if ix.oom < 0 || m.Cursor() != ix.oom {
@@ -199,7 +166,7 @@ func atEvent(m *Model, want int) func() error {
 }
 
 func TestEveryKeyAtEverySizeNeverPanics(t *testing.T) {
-	s := recordFixture(t, tinyOOM())
+	s := fixture(t, "tiny-oom")
 	keys := []string{"right", "left", "H", "L", "[", "]", "{", "}", "p", "o", "g", "G", "+", "<", ">", "-", "0", "up", "down",
 		"tab", "1", "enter", "esc", "2", "3", "down", "4", "5", "down", "space", "6", "/", "x", "backspace", "enter",
 		"s", "?", "?"}
@@ -214,13 +181,26 @@ func TestEveryKeyAtEverySizeNeverPanics(t *testing.T) {
 				}
 			}
 		}
-		m.Update(tea.WindowSizeMsg{Width: sz[1], Height: sz[0]}) // and a resize
-		_ = screen(m)
+		// A resize to the transposed size redraws to the new width and height.
+		w, h := sz[1], sz[0]
+		m.Update(tea.WindowSizeMsg{Width: w, Height: h})
+		out := screen(m)
+		switch got := strings.Count(out, "\n") + 1; {
+		case m.layout.tooSmall && !strings.Contains(out, "oomdbg needs a terminal") && w > 20:
+			t.Errorf("%dx%d resized to %dx%d, too small: %q does not say so", sz[0], sz[1], w, h, out)
+		case !m.layout.tooSmall && got != h:
+			t.Errorf("%dx%d resized to %dx%d: the view has %d lines", sz[0], sz[1], w, h, got)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if ansi.StringWidth(line) > w {
+				t.Fatalf("%dx%d resized to %dx%d: a line is wider than the terminal: %q", sz[0], sz[1], w, h, line)
+			}
+		}
 	}
 }
 
 func TestNoColorDrawsNoColor(t *testing.T) {
-	m := newTestModel(t, recordFixture(t, tinyOOM()), 80, 24)
+	m := newTestModel(t, fixture(t, "tiny-oom"), 80, 24)
 	out := m.View().Content
 	if sgrColour.MatchString(out) {
 		t.Errorf("the Ascii profile still sets colours: %q", sgrColour.FindString(out))
@@ -234,11 +214,11 @@ func TestNoColorDrawsNoColor(t *testing.T) {
 var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-9]|4[0-9]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)
 
 func TestFixesRerunLowersThePeak(t *testing.T) {
-	m := newTestModel(t, recordFixture(t, tinyOOM()), 100, 30)
+	m := newTestModel(t, fixture(t, "tiny-oom"), 100, 30)
 	press(m, "5")
 	// bf16 autocast, flash attention and the leak fixed, then re-run.
 	press(m, "space", "down", "space", "down", "down", "down", "down", "down", "space")
-	cfg := m.fixes.config()
+	cfg := m.fixes.config().Fixes
 	if cfg.AMP != "bf16" || cfg.Attention != "flash" || cfg.Bug != "" {
 		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)
 	}
@@ -269,10 +249,10 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 }
 
 func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
-	cfg := tinyOOM()
-	m := New(context.Background(), Options{Workload: &cfg, Profile: colorprofile.Ascii})
+	w := workload(t, "tiny-oom")
+	m := New(context.Background(), Options{Workload: w, Runner: playback{}, Profile: colorprofile.Ascii})
 	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
-	msg := recordWorkload(context.Background(), cfg, "test")()
+	msg := recordWorkload(context.Background(), playback{}, *w)()
 	cmd := m.onStream(msg.(streamMsg))
 	chunks := 0
 	for cmd != nil {
@@ -291,7 +271,7 @@ func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 	if m.snap.Footer == nil {
 		t.Error("the streamed snapshot has no footer")
 	}
-	if want := recordFixture(t, cfg); len(want.Events) != len(m.snap.Events) {
+	if want := fixture(t, "tiny-oom"); len(want.Events) != len(m.snap.Events) {
 		t.Errorf("streamed %d events, a recording of the same run has %d", len(m.snap.Events), len(want.Events))
 	}
 }

@@ -79,7 +79,7 @@ func (m *Model) titleView() string {
 		case m.opts.File != "":
 			fmt.Fprintf(&w, " · %s", m.opts.File)
 		case m.fixes.base != nil:
-			fmt.Fprintf(&w, " · %s", describeConfig(*m.fixes.base))
+			fmt.Fprintf(&w, " · %s", m.fixes.base.Name)
 		}
 		if len(meta.Devices) > 0 && meta.Devices[0].Capacity > 0 {
 			fmt.Fprintf(&w, ", %s", units.FormatSize(meta.Devices[0].Capacity))

@@ -21,7 +21,11 @@ func runDefault(cmd *cobra.Command) error {
 		return err
 	}
 	if isTerminal(os.Stdin) && isTerminal(os.Stdout) {
-		return runTUI(cmd, os.Stdin, tui.Options{Workload: &cfg})
+		w, err := tuiWorkload(cfg)
+		if err != nil {
+			return err
+		}
+		return runTUI(cmd, os.Stdin, tui.Options{Workload: &w})
 	}
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("oomdbg-%s-%d.oomdbg", train.DefaultPreset, os.Getpid()))
 	w := cmd.OutOrStdout()

@@ -98,7 +98,7 @@ func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	opts.Version = toolVersion()
+	opts.Runner = tuiRunner{version: toolVersion()}
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
 	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(keys), tea.WithOutput(cmd.OutOrStdout()))

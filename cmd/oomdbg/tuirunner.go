@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+
+	"github.com/oomdbg/oomdbg/tui"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// tuiRunner records workloads for the TUI (tui.Runner) with workloads/train, as sweepMeasurer measures fixes
+// for triage: the TUI itself never imports the runtime.
+type tuiRunner struct {
+	version string // written into the snapshots it records
+}
+
+// Parse implements tui.Runner: it reads a train.Config from a snapshot's Meta.Workload.
+func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
+	var cfg train.Config
+	if err := json.Unmarshal(spec, &cfg); err != nil {
+		return tui.Workload{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return tui.Workload{}, err
+	}
+	return tuiWorkload(cfg)
+}
+
+// Record implements tui.Runner: it records w's configuration with its device and fixes applied.
+func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) error {
+	var cfg train.Config
+	if err := json.Unmarshal(w.Spec, &cfg); err != nil {
+		return err
+	}
+	f := w.Fixes
+	cfg.Device = w.Device
+	cfg.AMP, cfg.Attention, cfg.Checkpoint, cfg.Optimizer, cfg.ZeroGrad, cfg.Bug = f.AMP, f.Attention, f.Checkpoint, f.Optimizer, f.ZeroGrad, f.Bug
+	cfg.Batch, cfg.Accum = f.Batch, f.Accum
+	_, err := train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
+	return err
+}
+
+// tuiWorkload is cfg as the TUI sees it.
+func tuiWorkload(cfg train.Config) (tui.Workload, error) {
+	spec, err := json.Marshal(cfg)
+	if err != nil {
+		return tui.Workload{}, err
+	}
+	name := cfg.Preset
+	if name == "" {
+		name = cfg.Model
+	}
+	return tui.Workload{
+		Name:   name + " on " + cfg.Device,
+		GPT:    cfg.Model == "gpt",
+		Device: cfg.Device,
+		Fixes: tui.Fixes{AMP: cfg.AMP, Attention: cfg.Attention, Checkpoint: cfg.Checkpoint, Batch: cfg.Batch,
+			Accum: cfg.Accum, Optimizer: cfg.Optimizer, ZeroGrad: cfg.ZeroGrad, Bug: cfg.Bug},
+		Spec: spec,
+	}, nil
+}

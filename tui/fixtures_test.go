@@ -1,0 +1,174 @@
+package tui
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// The views are drawn from snapshots frozen in testdata/fixtures, so that the screens change when the TUI
+// does, not when the workload runtime does; `go test ./tui -update` records them again from these
+// configurations (leakstest.Encode makes the bytes reproducible).
+var fixtureConfigs = map[string]func() train.Config{
+	// tiny-oom is the tiny GPT with the retain-graph leak on a 40 MiB device: the leak runs it out of memory
+	// in the backward pass of its third iteration.
+	"tiny-oom": func() train.Config {
+		cfg, _ := train.PresetConfig("tiny")
+		cfg.Steps, cfg.GPUMemory, cfg.ContextReserve, cfg.Bug = 6, 40<<20, 4<<20, train.BugRetainGraph
+		return cfg
+	},
+	// tiny-oom-fixed is tiny-oom re-run by the fixes pane with bf16 autocast, flash attention and the leak
+	// fixed.
+	"tiny-oom-fixed": func() train.Config {
+		cfg, _ := train.PresetConfig("tiny")
+		cfg.Steps, cfg.GPUMemory, cfg.ContextReserve = 6, 40<<20, 4<<20
+		cfg.AMP, cfg.Attention, cfg.Device = "bf16", "flash", "meta"
+		return cfg
+	},
+	// leaky is the MLP with the retain-graph bug: a leak to find.
+	"leaky": func() train.Config {
+		cfg := train.DefaultMLP()
+		cfg.Steps, cfg.Bug = 6, train.BugRetainGraph
+		return cfg
+	},
+}
+
+// updating reports whether the golden files are being rewritten (the golden package's -update flag).
+func updating() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+var (
+	fixtureMu    sync.Mutex
+	fixtureBytes = map[string][]byte{}
+	fixtureSnaps sync.Map
+)
+
+// fixtureData returns the bytes of testdata/fixtures/name.oomdbg, recording it first under -update. It
+// returns errors rather than fail a test: Runner.Record calls it from the recording goroutine.
+func fixtureData(name string) ([]byte, error) {
+	fixtureMu.Lock()
+	defer fixtureMu.Unlock()
+	if data, ok := fixtureBytes[name]; ok {
+		return data, nil
+	}
+	path := filepath.Join("testdata", "fixtures", name+".oomdbg")
+	if updating() {
+		data, _, err := leakstest.Encode(context.Background(), fixtureConfigs[name]())
+		if err != nil {
+			return nil, fmt.Errorf("recording %s: %w", name, err)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	fixtureBytes[name] = data
+	return data, nil
+}
+
+// readFixture returns the snapshot of testdata/fixtures/name.oomdbg.
+func readFixture(name string) (*snapshot.Snapshot, error) {
+	if s, ok := fixtureSnaps.Load(name); ok {
+		return s.(*snapshot.Snapshot), nil
+	}
+	data, err := fixtureData(name)
+	if err != nil {
+		return nil, err
+	}
+	s, err := snapshot.Read(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	fixtureSnaps.Store(name, s)
+	return s, nil
+}
+
+// fixture returns the snapshot of testdata/fixtures/name.oomdbg.
+func fixture(t testing.TB, name string) *snapshot.Snapshot {
+	t.Helper()
+	s, err := readFixture(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// playback is a Runner that plays back the frozen recordings: the workload of a fixture, and the re-run
+// with other fixes when one was recorded.
+type playback struct{}
+
+// workloadSpec is the part of a recorded configuration (Meta.Workload) the TUI sees.
+type workloadSpec struct {
+	Model      string `json:"model"`
+	Preset     string `json:"preset"`
+	Device     string `json:"device"`
+	AMP        string `json:"amp"`
+	Attention  string `json:"attention"`
+	Checkpoint string `json:"checkpoint"`
+	Optimizer  string `json:"optimizer"`
+	ZeroGrad   string `json:"zero_grad"`
+	Batch      int    `json:"batch"`
+	Accum      int    `json:"accum"`
+	Bug        string `json:"bug"`
+}
+
+func (p playback) Parse(spec json.RawMessage) (Workload, error) {
+	var c workloadSpec
+	if err := json.Unmarshal(spec, &c); err != nil {
+		return Workload{}, err
+	}
+	name := c.Preset
+	if name == "" {
+		name = c.Model
+	}
+	return Workload{Name: name + " on " + c.Device, GPT: c.Model == "gpt", Device: c.Device, Spec: spec,
+		Fixes: Fixes{AMP: c.AMP, Attention: c.Attention, Checkpoint: c.Checkpoint, Batch: c.Batch, Accum: c.Accum,
+			Optimizer: c.Optimizer, ZeroGrad: c.ZeroGrad, Bug: c.Bug}}, nil
+}
+
+func (p playback) Record(ctx context.Context, w Workload, out io.Writer) error {
+	for name := range fixtureConfigs {
+		s, err := readFixture(name)
+		if err != nil {
+			return err
+		}
+		got, err := p.Parse(s.Meta.Workload)
+		if err == nil && got.Name == w.Name && got.Device == w.Device && got.Fixes == w.Fixes {
+			data, err := fixtureData(name)
+			if err != nil {
+				return err
+			}
+			_, err = out.Write(data)
+			return err
+		}
+	}
+	return fmt.Errorf("no recording of %s with %+v", w.Name, w.Fixes)
+}
+
+// workload returns the fixture's workload as the command line would hand it to the TUI.
+func workload(t testing.TB, name string) *Workload {
+	w, err := playback{}.Parse(fixture(t, name).Meta.Workload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &w
+}

@@ -1,0 +1,42 @@
+package tui
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+)
+
+// Runner records oomdbg's own training workloads for the TUI: the one it opens on, and the re-runs of the
+// fixes pane. The command line provides one over workloads/train, as it gives triage a Measurer, so the TUI
+// never imports the runtime; tests provide one that plays back recorded snapshots.
+type Runner interface {
+	// Parse reads the workload an oomdbg snapshot recorded (its Meta.Workload), or says why it cannot.
+	Parse(spec json.RawMessage) (Workload, error)
+	// Record runs w with its Device and Fixes, writing the snapshot to out as it records, and returns when
+	// the run has ended. Running out of device memory is what a run may do, not an error of Record's.
+	Record(ctx context.Context, w Workload, out io.Writer) error
+}
+
+// Workload is one of oomdbg's own training runs as the TUI shows and re-runs it.
+type Workload struct {
+	Name string // what it is in a few words, e.g. "gpt2-medium on meta"
+	// GPT says the model is a GPT, to which the attention and checkpointing fixes apply.
+	GPT    bool
+	Device string // "meta", "cpu" or "cuda"
+	Fixes  Fixes
+	// Spec is the whole configuration as a snapshot's metadata stores it; Record applies Device and Fixes
+	// over it.
+	Spec json.RawMessage
+}
+
+// Fixes are the settings the fixes pane changes, in the words of oomdbg run's flags.
+type Fixes struct {
+	AMP        string // --amp: "off", "bf16", "fp16"
+	Attention  string // --attention: "naive", "flash"
+	Checkpoint string // --checkpoint: "off", "attn", "every:N", "all"
+	Batch      int    // --batch
+	Accum      int    // --accum
+	Optimizer  string // --optimizer: "sgd", "momentum", "adam", "adamw"
+	ZeroGrad   string // --zero-grad: "none", "zero"
+	Bug        string // --bug: "" when the run has no leak bug
+}
