@@ -134,8 +134,9 @@ func holderStep(a Action) uint64 {
 }
 
 // roundBlock predicts an alloc's BlockSize from its requested Size: the caching allocator rounds requests up
-// to a multiple of 512 bytes, at least 512 (docs/pytorch-reference.md §2.4). Computed in wrapping uint64
-// arithmetic so that any Size, even a nonsensical one, has a defined prediction.
+// to a multiple of 512 bytes, at least 512 (docs/allocator.md §3). The prediction is part of the file format
+// (docs/format.md §6), fixed for every file ever written, so it is not torchrules' rule, which may grow.
+// Computed in wrapping uint64 arithmetic so that any Size, even a nonsensical one, has a defined prediction.
 func roundBlock(size int64) int64 {
 	u := uint64(size)
 	if u < 512 {

@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/charmbracelet/x/exp/golden"
-
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
@@ -252,24 +252,16 @@ func TestSchema(t *testing.T) {
 	}
 }
 
-// pytorchFixtures returns the PyTorch snapshots of the repository (snapshot/torch/testdata) and of the shared
-// fixtures beside it (shared/fixtures/pytorch-snapshots, found by walking up from here).
+// pytorchFixtures returns the PyTorch snapshots of the repository (snapshot/torch/testdata, one per schema
+// generation) and the real ones (torchtest).
 func pytorchFixtures(t *testing.T) []string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join("..", "snapshot", "torch", "testdata", "snapshots", "*"))
-	dir, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
+	files, err := filepath.Glob(filepath.Join("..", "snapshot", "torch", "testdata", "snapshots", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no generated PyTorch snapshots in snapshot/torch/testdata (%v)", err)
 	}
-	for ; ; dir = filepath.Dir(dir) {
-		shared, _ := filepath.Glob(filepath.Join(dir, "shared", "fixtures", "pytorch-snapshots", "*.p*"))
-		if len(shared) > 0 {
-			files = append(files, shared...)
-			break
-		}
-		if filepath.Dir(dir) == dir {
-			break
-		}
+	for _, name := range torchtest.Fixtures {
+		files = append(files, torchtest.FixturePath(t, name))
 	}
 	return files
 }
@@ -278,9 +270,6 @@ func pytorchFixtures(t *testing.T) []string {
 // against the schema, and renders it in every format.
 func TestSchemaPyTorch(t *testing.T) {
 	files := pytorchFixtures(t)
-	if len(files) == 0 {
-		t.Skip("no PyTorch snapshot fixtures found")
-	}
 	schema := loadSchema(t)
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {

@@ -3,7 +3,6 @@ package tui
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,7 +11,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
-
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
@@ -292,11 +291,7 @@ func TestDevicePaneComparesDriverReadingsWithReserved(t *testing.T) {
 }
 
 func TestPyTorchSnapshotView(t *testing.T) {
-	const f3 = "../../shared/fixtures/pytorch-snapshots/f3_2023_frames_no_time_us.pickle"
-	if _, err := os.Stat(f3); err != nil {
-		t.Skipf("PyTorch fixtures not found next to the repository: %v", err)
-	}
-	s, err := load.File(f3)
+	s, err := load.File(torchtest.FixturePath(t, torchtest.F3))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,13 @@
 package pickle
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
+)
 
 func benchmarkFixture(b *testing.B, name string) {
-	data := readFixture(b, name)
+	data := torchtest.ReadFixture(b, name)
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -13,8 +17,8 @@ func benchmarkFixture(b *testing.B, name string) {
 	}
 }
 
-func BenchmarkDecodeF1(b *testing.B) { benchmarkFixture(b, fixtureF1) }
-func BenchmarkDecodeF2(b *testing.B) { benchmarkFixture(b, fixtureF2) }
-func BenchmarkDecodeF3(b *testing.B) { benchmarkFixture(b, fixtureF3) }
-func BenchmarkDecodeF4(b *testing.B) { benchmarkFixture(b, fixtureF4) }
-func BenchmarkDecodeF7(b *testing.B) { benchmarkFixture(b, fixtureF7) }
+func BenchmarkDecodeF1(b *testing.B) { benchmarkFixture(b, torchtest.F1) }
+func BenchmarkDecodeF2(b *testing.B) { benchmarkFixture(b, torchtest.F2) }
+func BenchmarkDecodeF3(b *testing.B) { benchmarkFixture(b, torchtest.F3) }
+func BenchmarkDecodeF4(b *testing.B) { benchmarkFixture(b, torchtest.F4) }
+func BenchmarkDecodeF7(b *testing.B) { benchmarkFixture(b, torchtest.F7) }

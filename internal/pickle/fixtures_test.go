@@ -11,33 +11,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 )
-
-// fixtureDir holds the real PyTorch snapshots; the repository is checked out with shared/ beside it.
-const fixtureDir = "../../../shared/fixtures/pytorch-snapshots"
-
-const (
-	fixtureF1 = "f1_2023_legacy_history_format.pickle"
-	fixtureF2 = "f2_2024_segments_list_only.pkl"
-	fixtureF3 = "f3_2023_frames_no_time_us.pickle"
-	fixtureF4 = "f4_2024_time_us_no_settings_2dev.pickle"
-	fixtureF7 = "f7_2025_expandable_segments_2dev.pickle"
-)
-
-var fixtures = []string{fixtureF1, fixtureF2, fixtureF3, fixtureF4, fixtureF7}
-
-// readFixture returns a real snapshot, skipping the test when the shared fixtures are not checked out.
-func readFixture(t testing.TB, name string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(fixtureDir, name))
-	if errors.Is(err, os.ErrNotExist) {
-		t.Skipf("fixture %s not found in %s: check out shared/ beside the repository to run this test", name, fixtureDir)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
 
 // summary is a structural fingerprint of a decoded snapshot, computed the same way by pythonSummary.
 type summary struct {
@@ -226,14 +202,10 @@ json.dump(out, sys.stdout)
 // run live on the same files so the truth is independent of this package.
 func TestFixtures(t *testing.T) {
 	var paths []string
-	for _, name := range fixtures {
-		readFixture(t, name) // skips when the fixtures are not checked out
-		paths = append(paths, filepath.Join(fixtureDir, name))
+	for _, name := range torchtest.Fixtures {
+		paths = append(paths, torchtest.FixturePath(t, name))
 	}
-	python, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not found: the fixtures cannot be checked against Python's pickle")
-	}
+	python := torchtest.RequirePython(t)
 	out, err := exec.Command(python, append([]string{"-c", pythonSummary}, paths...)...).Output()
 	if err != nil {
 		t.Fatalf("python3: %v", err)
@@ -252,13 +224,13 @@ func TestFixtures(t *testing.T) {
 			}
 		})
 	}
-	// A few figures from the fixtures' MANIFEST, so a broken Python side cannot pass vacuously.
-	f3 := want[filepath.Join(fixtureDir, fixtureF3)]
+	// A few figures docs/pytorch-snapshots.md §11 gives, so a broken Python side cannot pass vacuously.
+	f3 := want[torchtest.FixturePath(t, torchtest.F3)]
 	if n := f3.Traces; len(n) != 4 || n[0]+n[1]+n[2]+n[3] != 10327 || f3.Actions["segment_alloc"] != 584 {
-		t.Errorf("f3: traces %v, %d segment_alloc; the MANIFEST says 4 devices, 10,327 entries, 584", n, f3.Actions["segment_alloc"])
+		t.Errorf("f3: traces %v, %d segment_alloc; want 4 devices, 10,327 entries, 584", n, f3.Actions["segment_alloc"])
 	}
-	if n := want[filepath.Join(fixtureDir, fixtureF2)].Segments; n != 255 {
-		t.Errorf("f2: %d segments; the MANIFEST says 255", n)
+	if n := want[torchtest.FixturePath(t, torchtest.F2)].Segments; n != 255 {
+		t.Errorf("f2: %d segments; want 255", n)
 	}
 }
 
@@ -271,15 +243,15 @@ func TestTruncated(t *testing.T) {
 		data []byte
 		step int
 	}{
-		{"f7", readFixtureOrNil(t, fixtureF7), 1},
-		{"f1", readFixtureOrNil(t, fixtureF1), 61},
+		{"f7", torchtest.OptionalFixture(t, torchtest.F7), 1},
+		{"f1", torchtest.OptionalFixture(t, torchtest.F1), 61},
 		{"snapshot_like.p2", mustRead(t, "testdata/python/snapshot_like.p2.pickle"), 1},
 		{"keys.p3", mustRead(t, "testdata/python/keys.p3.pickle"), 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.data == nil {
-				t.Skipf("fixture not found in %s", fixtureDir)
+				t.Skip("the real snapshots are not checked out beside the repository")
 			}
 			if _, err := Decode(c.data); err != nil {
 				t.Fatalf("whole file: %v", err)
@@ -300,7 +272,7 @@ func TestTruncated(t *testing.T) {
 // must be a well-formed tree.
 func TestCorrupted(t *testing.T) {
 	cases := map[string][]byte{
-		"f7":               readFixtureOrNil(t, fixtureF7),
+		"f7":               torchtest.OptionalFixture(t, torchtest.F7),
 		"snapshot_like.p2": mustRead(t, "testdata/python/snapshot_like.p2.pickle"),
 		"keys.p4":          mustRead(t, "testdata/python/keys.p4.pickle"),
 	}
@@ -308,7 +280,7 @@ func TestCorrupted(t *testing.T) {
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
 			if data == nil {
-				t.Skipf("fixture not found in %s", fixtureDir)
+				t.Skip("the real snapshots are not checked out beside the repository")
 			}
 			buf := make([]byte, len(data))
 			fails := 0
@@ -390,14 +362,6 @@ func checkTree(t testing.TB, v any, maxDepth int) {
 		return h + 1
 	}
 	depth(v)
-}
-
-func readFixtureOrNil(t *testing.T, name string) []byte {
-	data, err := os.ReadFile(filepath.Join(fixtureDir, name))
-	if err != nil {
-		return nil
-	}
-	return data
 }
 
 func mustRead(t *testing.T, path string) []byte {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 )
 
 // checkDoc walks a Doc value and the Go value Any made of it side by side, failing where they disagree: the
@@ -132,8 +134,8 @@ func TestDocAgreesWithAny(t *testing.T) {
 		}
 		inputs[f] = data
 	}
-	for _, f := range fixtures {
-		if data, err := os.ReadFile(filepath.Join(fixtureDir, f)); err == nil {
+	for _, f := range torchtest.Fixtures {
+		if data := torchtest.OptionalFixture(t, f); data != nil {
 			inputs[f] = data
 		}
 	}

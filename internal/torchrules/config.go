@@ -63,7 +63,7 @@ type TieOrder uint8
 
 const (
 	// TieByAddress orders equal-sized blocks by address, lowest first, as PyTorch did up to 2026. It
-	// reproduces every reuse in the real traces checked (see the reference) and is the default.
+	// reproduces every reuse in the real traces checked (docs/allocator.md §5) and is the default.
 	TieByAddress TieOrder = iota
 	// TieBySegment orders equal-sized blocks by the creation order of their segments, then by address,
 	// as the newest PyTorch does (PR #183591).

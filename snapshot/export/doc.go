@@ -9,7 +9,7 @@
 // # What goes where
 //
 // PyTorch's snapshot (Torch, TorchJSON) has the schema of torch.cuda.memory._snapshot() (documented in
-// docs/pytorch-reference.md §1):
+// docs/pytorch-snapshots.md):
 //
 //   - device_traces holds the allocator's actions only (alloc, free_requested, free_completed, segment_*,
 //     oom, snapshot), one list per device ordinal, each entry {action, addr, size, stream, time_us, frames}

@@ -7,16 +7,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 )
 
-// python runs a Python 3 script with args and decodes the JSON it prints into out. Tests that need Python
-// skip without it: Python's own pickle and json modules are the independent truth they check against.
+// python runs a Python 3 script with args and decodes the JSON it prints into out: Python's own pickle and
+// json modules are the independent truth the tests check against (torchtest.RequirePython).
 func python(t *testing.T, script string, out any, args ...string) {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 is not on PATH: skipping the check against Python's pickle module")
-	}
+	py := torchtest.RequirePython(t)
 	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

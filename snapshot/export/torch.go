@@ -13,7 +13,7 @@ import (
 )
 
 // Torch writes the snapshot tl indexes as the pickle torch.cuda.memory._dump_snapshot() writes: protocol 4,
-// plain data only, with PyTorch's schema (docs/pytorch-reference.md §1), so pytorch.org/memory_viz, PyTorch's
+// plain data only, with PyTorch's schema (docs/pytorch-snapshots.md), so pytorch.org/memory_viz, PyTorch's
 // _memory_viz.py and oomdbg itself open it. See the package documentation for how oomdbg's tags map.
 func Torch(w io.Writer, tl *snapshot.Timeline) error {
 	e := newPickleEncoder(w)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -12,7 +13,7 @@ import (
 // second, to set against CPython's pickle.load of the same file (internal/pickle/testdata/cpython_bench.py),
 // which only decodes. It also reports the size of the snapshot written in oomdbg's format against the pickle's.
 func benchmarkImport(b *testing.B, name string) {
-	data := readFixture(b, name)
+	data := torchtest.ReadFixture(b, name)
 	s, err := Import(data)
 	if err != nil {
 		b.Fatal(err)
@@ -35,7 +36,7 @@ func benchmarkImport(b *testing.B, name string) {
 
 // benchmarkModel measures building the snapshot from a decoded pickle, the part of Import after the decode.
 func benchmarkModel(b *testing.B, name string) {
-	data := readFixture(b, name)
+	data := torchtest.ReadFixture(b, name)
 	doc, err := pickle.DecodeDoc(data)
 	if err != nil {
 		b.Fatal(err)
@@ -50,17 +51,17 @@ func benchmarkModel(b *testing.B, name string) {
 	}
 }
 
-func BenchmarkModelF1(b *testing.B) { benchmarkModel(b, fixtureF1) }
-func BenchmarkModelF2(b *testing.B) { benchmarkModel(b, fixtureF2) }
-func BenchmarkModelF3(b *testing.B) { benchmarkModel(b, fixtureF3) }
-func BenchmarkModelF4(b *testing.B) { benchmarkModel(b, fixtureF4) }
-func BenchmarkModelF7(b *testing.B) { benchmarkModel(b, fixtureF7) }
+func BenchmarkModelF1(b *testing.B) { benchmarkModel(b, torchtest.F1) }
+func BenchmarkModelF2(b *testing.B) { benchmarkModel(b, torchtest.F2) }
+func BenchmarkModelF3(b *testing.B) { benchmarkModel(b, torchtest.F3) }
+func BenchmarkModelF4(b *testing.B) { benchmarkModel(b, torchtest.F4) }
+func BenchmarkModelF7(b *testing.B) { benchmarkModel(b, torchtest.F7) }
 
-func BenchmarkImportF1(b *testing.B) { benchmarkImport(b, fixtureF1) }
-func BenchmarkImportF2(b *testing.B) { benchmarkImport(b, fixtureF2) }
-func BenchmarkImportF3(b *testing.B) { benchmarkImport(b, fixtureF3) }
-func BenchmarkImportF4(b *testing.B) { benchmarkImport(b, fixtureF4) }
-func BenchmarkImportF7(b *testing.B) { benchmarkImport(b, fixtureF7) }
+func BenchmarkImportF1(b *testing.B) { benchmarkImport(b, torchtest.F1) }
+func BenchmarkImportF2(b *testing.B) { benchmarkImport(b, torchtest.F2) }
+func BenchmarkImportF3(b *testing.B) { benchmarkImport(b, torchtest.F3) }
+func BenchmarkImportF4(b *testing.B) { benchmarkImport(b, torchtest.F4) }
+func BenchmarkImportF7(b *testing.B) { benchmarkImport(b, torchtest.F7) }
 
 // writeNative writes s in oomdbg's file format, interning its tables in ID order so that the IDs stay.
 func writeNative(buf *bytes.Buffer, s *snapshot.Snapshot) error {

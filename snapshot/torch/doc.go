@@ -5,7 +5,7 @@
 //
 // # Generations
 //
-// The schema changed over PyTorch releases (docs/pytorch-reference.md §1.10). The importer keys on the fields
+// The schema changed over PyTorch releases (docs/pytorch-snapshots.md §10). The importer keys on the fields
 // present, never on a version, so every generation, and mixtures, import the same way:
 //
 //	G0 (≤2.0)   blocks {size, requested_size, state, history}: addresses are summed from the segment's base,

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -26,13 +27,10 @@ type pythonTruth struct {
 	AllocatedEnd map[string]int64  `json:"allocated_end"`
 }
 
-// runTruth runs testdata/truth.py on a snapshot file, skipping the test when no python3 is installed.
+// runTruth runs testdata/truth.py on a snapshot file.
 func runTruth(t *testing.T, path string) pythonTruth {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not found: the truth of this test is Python's own reading of the pickle")
-	}
+	py := torchtest.RequirePython(t) // the truth of this test is Python's own reading of the pickle
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(py, filepath.Join("testdata", "truth.py"), path)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -51,10 +49,10 @@ func runTruth(t *testing.T, path string) pythonTruth {
 // final segments and blocks, the devices, the blocks alive before the trace, and per device the peaks of
 // active (requested) and reserved bytes and the allocated bytes at the end.
 func TestFixturesAgainstPython(t *testing.T) {
-	for _, name := range fixtures {
+	for _, name := range torchtest.Fixtures {
 		t.Run(name, func(t *testing.T) {
-			data := readFixture(t, name)
-			truth := runTruth(t, filepath.Join(fixtureDir(t), name))
+			data := torchtest.ReadFixture(t, name)
+			truth := runTruth(t, filepath.Join(torchtest.FixtureDir(t), name))
 			s, err := Import(data)
 			if err != nil {
 				t.Fatal(err)
@@ -171,16 +169,16 @@ func TestFixtureDetails(t *testing.T) {
 		preSegs          int
 		mapped           uint64 // pre-existing segment_map events (expandable segments)
 	}{
-		fixtureF1: {generation: "G0", timeUnit: "index", exact: 460, preSegs: 176},
-		fixtureF2: {generation: "", timeUnit: "index", exact: 1938, preSegs: 255},
-		fixtureF3: {generation: "G1", timeUnit: "index", exact: 3253, preSegs: 131},
-		fixtureF4: {generation: "G2", timeUnit: "us", exact: 6240, estimated: 1, preSegs: 673},
-		fixtureF7: {generation: "G3", timeUnit: "index", settings: "expandable_segments:True,max_split_size_mb:128",
+		torchtest.F1: {generation: "G0", timeUnit: "index", exact: 460, preSegs: 176},
+		torchtest.F2: {generation: "", timeUnit: "index", exact: 1938, preSegs: 255},
+		torchtest.F3: {generation: "G1", timeUnit: "index", exact: 3253, preSegs: 131},
+		torchtest.F4: {generation: "G2", timeUnit: "us", exact: 6240, estimated: 1, preSegs: 673},
+		torchtest.F7: {generation: "G3", timeUnit: "index", settings: "expandable_segments:True,max_split_size_mb:128",
 			exact: 4, preSegs: 3, mapped: 3},
 	}
 	for name, w := range tests {
 		t.Run(name, func(t *testing.T) {
-			s, err := Import(readFixture(t, name))
+			s, err := Import(torchtest.ReadFixture(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -238,9 +239,9 @@ func TestHugeDeclaredLengths(t *testing.T) {
 // TestDeterministic checks that importing the same bytes twice gives equal snapshots, written to equal files:
 // a later export and re-import can then be compared.
 func TestDeterministic(t *testing.T) {
-	for _, name := range []string{fixtureF3, fixtureF4} {
+	for _, name := range []string{torchtest.F3, torchtest.F4} {
 		t.Run(name, func(t *testing.T) {
-			data := readFixture(t, name)
+			data := torchtest.ReadFixture(t, name)
 			a, err := Import(data)
 			if err != nil {
 				t.Fatal(err)
@@ -269,9 +270,9 @@ func TestDeterministic(t *testing.T) {
 // TestWritesAndReadsBack checks that an imported snapshot is a valid oomdbg snapshot: the writer takes every
 // event and table entry, and the reader gives back the same events, tables, metadata and footer.
 func TestWritesAndReadsBack(t *testing.T) {
-	for _, name := range fixtures {
+	for _, name := range torchtest.Fixtures {
 		t.Run(name, func(t *testing.T) {
-			s, err := Import(readFixture(t, name))
+			s, err := Import(torchtest.ReadFixture(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -58,7 +58,7 @@ type Origin struct {
 	// list of segments (no trace).
 	Form string `json:"form"`
 	// Generation is the schema generation the fields present point to, "G0" (≤2.0, legacy history blocks)
-	// to "G5" (≈2.11+), as docs/pytorch-reference.md §1.10 defines them; "" for the segments-only form.
+	// to "G5" (≈2.11+), as docs/pytorch-snapshots.md §10 defines them; "" for the segments-only form.
 	Generation string `json:"generation,omitempty"`
 	// SettingsKnown says whether the snapshot recorded allocator_settings (≈2.4+). Without them
 	// Meta.AllocatorSettings is "" and PyTorch's defaults were assumed when sizing blocks.
@@ -310,7 +310,7 @@ func (im *importer) read(root pickle.Value) error {
 	return nil
 }
 
-// generation names the schema generation the fields present point to (docs/pytorch-reference.md §1.10).
+// generation names the schema generation the fields present point to (docs/pytorch-snapshots.md §10).
 func (im *importer) generation(d pickle.Value) string {
 	switch {
 	case im.seen.g5:

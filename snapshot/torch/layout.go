@@ -9,7 +9,7 @@ import (
 )
 
 // A trace records the size each caller asked for, not the size of the block it got: a large-pool block keeps
-// a remainder of up to 1 MiB that was not worth splitting off (docs/pytorch-reference.md §2.6). This file
+// a remainder of up to 1 MiB that was not worth splitting off (docs/allocator.md §6). This file
 // follows the blocks of every segment through the trace so that each allocation's block size comes from the
 // allocator's own split rule wherever the free block it was carved from is known.
 //

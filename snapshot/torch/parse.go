@@ -12,7 +12,7 @@ import (
 )
 
 // This file reads the decoded snapshot into compact records, checking every field it uses. Fields are keyed
-// on presence (docs/pytorch-reference.md §1.10): a missing optional field means "not recorded", a present
+// on presence (docs/pytorch-snapshots.md §10): a missing optional field means "not recorded", a present
 // field of the wrong type is an error naming its path.
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -3,41 +3,25 @@ package replay
 import (
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
 	"github.com/charmbracelet/x/exp/golden"
-
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 )
 
-// fixture imports a real snapshot from shared/fixtures/pytorch-snapshots, found by walking up to the
-// directory that holds shared/; the test is skipped when it is not there.
+// fixture imports a real PyTorch snapshot (torchtest).
 func fixture(t testing.TB, name string) *snapshot.Snapshot {
 	t.Helper()
-	dir, err := os.Getwd()
+	s, err := torch.ImportFile(torchtest.FixturePath(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		p := filepath.Join(dir, "shared", "fixtures", "pytorch-snapshots", name)
-		if _, err := os.Stat(p); err == nil {
-			s, err := torch.ImportFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skipf("fixture %s not found in shared/fixtures/pytorch-snapshots above the package: check out shared/ beside the repository", name)
-		}
-		dir = parent
-	}
+	return s
 }
 
 // generated imports one of snapshot/torch's small snapshots (testdata/gen.py there), one per schema generation.
@@ -64,7 +48,7 @@ func jsonSnapshot(t *testing.T, doc string) *snapshot.Snapshot {
 // from before the trace) under PyTorch's default settings. The truth is the recording itself: every segment
 // it created, every block it reused, every segment it released, and its final state, which PyTorch wrote.
 func TestFidelityF3(t *testing.T) {
-	s := fixture(t, "f3_2023_frames_no_time_us.pickle")
+	s := fixture(t, torchtest.F3)
 	got, st, err := CheckFidelity(s)
 	if err != nil {
 		t.Fatal(err)
@@ -99,12 +83,12 @@ func TestFidelity(t *testing.T) {
 		// f4's trace is one free; its 673 segments come from before the trace. One holds a block freed by the
 		// trace whose size the final state cannot tell (its distance to the next block exceeds the rounded
 		// request by over 1 MiB): not rebuilt. The 672 rebuilt ones end identical to PyTorch's final state.
-		"f4": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f4_2024_time_us_no_settings_2dev.pickle") },
+		"f4": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F4) },
 			want: []Fidelity{{Device: 1, PreExistingSegments: 673, Rebuilt: 672, PreExistingBlocks: 6241,
 				NotRebuilt: map[string]int{whyBlockSize: 1}, FinalState: Count{672, 672}}}},
-		"f1 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f1_2023_legacy_history_format.pickle") }, noTrc: true},
-		"f2 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f2_2024_segments_list_only.pkl") }, noTrc: true},
-		"f7 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f7_2025_expandable_segments_2dev.pickle") }, noTrc: true},
+		"f1 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F1) }, noTrc: true},
+		"f2 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F2) }, noTrc: true},
+		"f7 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F7) }, noTrc: true},
 		// gen.py's scenario: segment P from before the trace (rebuilt: its freed block is sized by the block
 		// after it), S and L made by the trace, one reuse in each.
 		"g0": {snap: func(t *testing.T) *snapshot.Snapshot { return generated(t, "g0.pickle") },
@@ -235,7 +219,7 @@ func TestCompareSettings(t *testing.T) {
 		check    func(t *testing.T, w []WhatIf)
 	}{
 		"the recorded settings replay like the baseline": {
-			snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f3_2023_frames_no_time_us.pickle") },
+			snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F3) },
 			check: func(t *testing.T, w []WhatIf) {
 				if b, c := w[0].Baseline, w[0].Candidate; !reflect.DeepEqual(b, c) {
 					t.Errorf("baseline %+v and candidate %+v differ under the same settings", b, c)
@@ -247,7 +231,7 @@ func TestCompareSettings(t *testing.T) {
 			},
 		},
 		"expandable segments leave no inactive split memory": {
-			snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f3_2023_frames_no_time_us.pickle") },
+			snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F3) },
 			conf: "expandable_segments:True",
 			check: func(t *testing.T, w []WhatIf) {
 				if w[0].Candidate.InactiveSplitPeak != 0 || w[0].Baseline.InactiveSplitPeak == 0 {
@@ -336,8 +320,8 @@ func TestReport(t *testing.T) {
 	}{
 		"g3":                   {snap: func(t *testing.T) *snapshot.Snapshot { return generated(t, "g3.pickle") }},
 		"g3_expandable":        {snap: func(t *testing.T) *snapshot.Snapshot { return generated(t, "g3.pickle") }, conf: ptr("expandable_segments:True")},
-		"f3_expandable_20GiB":  {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f3_2023_frames_no_time_us.pickle") }, conf: ptr("expandable_segments:True"), capacity: 20 << 30},
-		"f3_max_split_size_mb": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, "f3_2023_frames_no_time_us.pickle") }, conf: ptr("max_split_size_mb:128")},
+		"f3_expandable_20GiB":  {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F3) }, conf: ptr("expandable_segments:True"), capacity: 20 << 30},
+		"f3_max_split_size_mb": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F3) }, conf: ptr("max_split_size_mb:128")},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
