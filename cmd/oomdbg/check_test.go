@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,10 @@ import (
 )
 
 var goLine = regexp.MustCompile(`\.go:\d+`)
+
+// leakVerdict is what check says of the leak fixture, its figures derived in TestPinnedFigures.
+var leakVerdict = fmt.Sprintf("leak: allocated memory grows %s per iteration over iterations 2-7 (retained autograd graph: %d suspects, the largest %s per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[7])",
+	kib(leakPerIteration), leakSuspects, kib(leakLargest))
 
 func TestCheckCommand(t *testing.T) {
 	dir := testFiles(t)
@@ -28,21 +33,21 @@ func TestCheckCommand(t *testing.T) {
 		"fixed passes": {args: []string{f("fixed.oomdbg")}, code: exitOK,
 			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2"},
 		"leak fails": {args: []string{f("leak.oomdbg")}, code: exitProblem,
-			first:  "FAIL: leak: allocated memory grows 75.50 KiB per iteration over iterations 2-7 (retained autograd graph: 7 suspects, the largest 32.00 KiB per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[7])",
-			stdout: []string{"\n          7    860.50 KiB      2.00 MiB\n", "retained by loss_history[7] >", "allocated at:\n      nn.(*ReLU).Forward"},
-			stderr: "oomdbg: check failed: leak: allocated memory grows 75.50 KiB per iteration"},
+			first:  "FAIL: " + leakVerdict,
+			stdout: []string{fmt.Sprintf("\n          7    %s      %s\n", kib(leakAtEnd7), mib(leakReservedAtEnd7)), "retained by loss_history[7] >", "allocated at:\n      nn.(*ReLU).Forward"},
+			stderr: "oomdbg: check failed: leak: allocated memory grows " + kib(leakPerIteration) + " per iteration"},
 		"leak within max growth": {args: []string{f("leak.oomdbg"), "--max-growth", "76KiB"}, code: exitOK,
-			first: "PASS: leak: allocated memory grows 75.50 KiB per iteration over iterations 2-7 (retained autograd graph: 7 suspects, the largest 32.00 KiB per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[7]), within the limit of 76.00 KiB per iteration"},
+			first: "PASS: " + leakVerdict + ", within the limit of 76.00 KiB per iteration"},
 		"leak over max growth": {args: []string{f("leak.oomdbg"), "--max-growth", "75KB"}, code: exitProblem,
 			stderr: "oomdbg: check failed: leak: "},
 		"peak over": {args: []string{f("fixed.oomdbg"), "--max-peak", "400KiB"}, code: exitProblem,
-			first: "FAIL: peak: allocated memory peaked at 462.50 KiB, over the limit of 400.00 KiB"},
+			first: "FAIL: peak: allocated memory peaked at " + kib(fixedPeak) + ", over the limit of 400.00 KiB"},
 		"peak under, GB is binary": {args: []string{f("fixed.oomdbg"), "--max-peak", "1GB"}, code: exitOK,
-			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2; peak 462.50 KiB is within the limit of 1.00 GiB"},
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2; peak " + kib(fixedPeak) + " is within the limit of 1.00 GiB"},
 		"scope ignored": {args: []string{f("leak.oomdbg"), "--ignore-scope", "net", "--ignore-function", "train.(*blobs).batch,nn.(*MLP).Loss"}, code: exitOK,
-			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by +75.50 KiB per iteration after a warm-up of 2"},
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by +" + kib(leakPerIteration) + " per iteration after a warm-up of 2"},
 		"fragmentation passes": {args: []string{f("frag.oomdbg")}, code: exitOK,
-			first: "PASS: fragmentation, not a leak: reserved memory grows 107.00 MiB per iteration over iterations 2-5 while allocated memory does not (0 B per iteration)"},
+			first: "PASS: fragmentation, not a leak: reserved memory grows " + mib(fragPerIteration) + " per iteration over iterations 2-5 while allocated memory does not (0 B per iteration)"},
 		"inconclusive passes": {args: []string{f("oom.oomdbg")}, code: exitOK,
 			first: "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it"},
 		"bad size":  {args: []string{f("fixed.oomdbg"), "--max-peak", "big"}, code: exitUsage, stderr: `oomdbg: invalid argument "big" for "--max-peak" flag: invalid size "big"`},

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +20,12 @@ import (
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/triage/jsonschema"
 	"github.com/oomdbg/oomdbg/workloads/train"
+
+	// The golden package registers -update, with which go test records the fixtures again.
+	_ "github.com/charmbracelet/x/exp/golden"
 )
 
-// files are snapshots recorded once for the command tests, in a directory of their own.
+// files are the command tests' snapshots, copied with a few made from them into a directory of their own.
 var (
 	filesOnce sync.Once
 	filesDir  string
@@ -33,42 +38,78 @@ func mlpConfig(bug string) train.Config {
 	return cfg
 }
 
-// testFiles records the snapshots the command tests read: the MLP with the retain-graph bug and fixed,
-// GPT-2 medium running out of memory, a fragmenting loop, a generated trace (not a workload oomdbg can
-// re-run), a file cut short, one damaged part-way and one that is not a snapshot.
+func mediumConfig() train.Config {
+	cfg, _ := train.PresetConfig("gpt2-medium")
+	cfg.Steps = 2
+	return cfg
+}
+
+// fixtures are the snapshots the command tests read, frozen in testdata/fixtures so that what the tests pin
+// changes when the commands do, not when the workload runtime does. `go test ./cmd/oomdbg -update` records
+// them again with these recipes: the MLP with the retain-graph bug and fixed, GPT-2 medium running out of
+// memory, a fragmenting loop and a generated trace (not a workload oomdbg can re-run).
+var fixtures = map[string]func() ([]byte, error){
+	"leak":  recorded(mlpConfig(train.BugRetainGraph)),
+	"fixed": recorded(mlpConfig("")),
+	"oom":   recorded(mediumConfig()),
+	"frag": func() ([]byte, error) {
+		var b bytes.Buffer
+		err := leakstest.EncodeFragmentation(&b, 6)
+		return b.Bytes(), err
+	},
+	"generated": func() ([]byte, error) {
+		var b bytes.Buffer
+		err := snapshottest.Encode(&b, snapshottest.Tiny())
+		return b.Bytes(), err
+	},
+}
+
+func recorded(cfg train.Config) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		data, _, err := leakstest.Encode(context.Background(), cfg)
+		return data, err
+	}
+}
+
+// updating reports whether the golden package's -update flag is set: then the fixtures are recorded again.
+func updating() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+// testFiles returns a directory holding the fixtures (name.oomdbg), a file cut short (cut.oomdbg), one
+// damaged part-way (damaged.oomdbg) and one that is not a snapshot (text.txt).
 func testFiles(t *testing.T) string {
 	t.Helper()
 	filesOnce.Do(func() {
-		filesDir, filesErr = os.MkdirTemp("", "oomdbg-cmd-test-")
-		if filesErr != nil {
-			return
-		}
-		medium, _ := train.PresetConfig("gpt2-medium")
-		medium.Steps = 2
-		for name, cfg := range map[string]train.Config{"leak": mlpConfig(train.BugRetainGraph), "fixed": mlpConfig(""), "oom": medium} {
-			data, _, err := leakstest.Encode(context.Background(), cfg)
+		files := map[string][]byte{}
+		for name, record := range fixtures {
+			path := filepath.Join("testdata", "fixtures", name+".oomdbg")
+			if updating() {
+				data, err := record()
+				if err == nil {
+					err = os.WriteFile(path, data, 0o644)
+				}
+				if err != nil {
+					filesErr = fmt.Errorf("recording %s: %w", name, err)
+					return
+				}
+			}
+			data, err := os.ReadFile(path)
 			if err != nil {
 				filesErr = err
 				return
 			}
-			if filesErr = os.WriteFile(filepath.Join(filesDir, name+".oomdbg"), data, 0o644); filesErr != nil {
-				return
-			}
+			files[name+".oomdbg"] = data
 		}
-		var frag, gen bytes.Buffer
-		if filesErr = leakstest.EncodeFragmentation(&frag, 6); filesErr != nil {
-			return
-		}
-		if filesErr = snapshottest.Encode(&gen, snapshottest.Tiny()); filesErr != nil {
-			return
-		}
-		fixed, _ := os.ReadFile(filepath.Join(filesDir, "fixed.oomdbg"))
+		fixed := files["fixed.oomdbg"]
 		damaged := bytes.Clone(fixed)
 		damaged[len(damaged)*3/5] ^= 0xff
-		for name, data := range map[string][]byte{
-			"frag.oomdbg": frag.Bytes(), "generated.oomdbg": gen.Bytes(), "cut.oomdbg": fixed[:len(fixed)/2], "damaged.oomdbg": damaged,
-			"text.txt": []byte("not a snapshot\n"),
-		} {
+		files["cut.oomdbg"], files["damaged.oomdbg"], files["text.txt"] = fixed[:len(fixed)/2], damaged, []byte("not a snapshot\n")
+		if filesDir, filesErr = os.MkdirTemp("", "oomdbg-cmd-test-"); filesErr != nil {
+			return
+		}
+		for name, data := range files {
 			if filesErr = os.WriteFile(filepath.Join(filesDir, name), data, 0o644); filesErr != nil {
 				return
 			}
@@ -121,10 +162,10 @@ func TestReportCommand(t *testing.T) {
 		stderr string   // the one line stderr holds, "" for none
 	}{
 		"text": {args: []string{f("leak.oomdbg")}, code: exitOK,
-			stdout: []string{"oomdbg report: " + f("leak.oomdbg"), "\nPEAK  1.01 MiB allocated at event", "\nPHASES", "\nGAPS", "\nLEAKS\n  leak: allocated memory grows 75.50 KiB per iteration",
+			stdout: []string{"oomdbg report: " + f("leak.oomdbg"), "\nPEAK  " + mib(leakPeak) + " allocated at event", "\nPHASES", "\nGAPS", "\nLEAKS\n  " + strings.Split(leakVerdict, ".go:")[0], ", retained by loss_history[7])\n",
 				"retained by loss_history[7] >", "\nFIXES (estimated from what was alive at the peak; no measurement was asked for)"}},
 		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown"}, code: exitOK,
-			stdout: []string{"## oomdbg report: `", "### Out of memory\n\n```\nCUDA out of memory. Tried to allocate 1024.00 MiB.", "| iteration | phase | peak | at end | change |"}},
+			stdout: []string{"## oomdbg report: `", "### Out of memory\n\n```\nCUDA out of memory. Tried to allocate " + mib(oomTried) + ".", "| iteration | phase | peak | at end | change |"}},
 		"generated: not measurable": {args: []string{f("generated.oomdbg"), "--measure-fixes"}, code: exitOK,
 			stdout: []string{"FIXES (estimated from what was alive at the peak; not measured: the snapshot does not describe a workload oomdbg can re-run: its workload configuration is not one oomdbg runs"}},
 		"cut short": {args: []string{f("cut.oomdbg")}, code: exitOK, stdout: []string{"cut short"}},
@@ -159,7 +200,7 @@ func TestReportCommand(t *testing.T) {
 	}
 }
 
-// TestReportMeasures checks the measured savings against the workload's own sweep.
+// TestReportMeasures checks the measured savings against a sweep of the workload the snapshot recorded.
 func TestReportMeasures(t *testing.T) {
 	dir := testFiles(t)
 	code, stdout, stderr := runCmd("report", filepath.Join(dir, "oom.oomdbg"), "--format", "json", "--measure-fixes")
@@ -173,9 +214,12 @@ func TestReportMeasures(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
 		t.Fatal(err)
 	}
-	medium, _ := train.PresetConfig("gpt2-medium")
-	medium.Steps = 2
-	rows, err := train.Sweep(context.Background(), medium, train.Fixes)
+	// The workload the snapshot recorded, which the report re-runs: the frozen file's, not today's preset.
+	var recorded train.Config
+	if err := json.Unmarshal(readFixture(t, "oom").Meta.Workload, &recorded); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := train.Sweep(context.Background(), recorded, train.Fixes)
 	if err != nil {
 		t.Fatal(err)
 	}
