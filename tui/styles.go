@@ -2,7 +2,6 @@ package tui
 
 import (
 	"image/color"
-	"os"
 	"strings"
 
 	"charm.land/lipgloss/v2"
@@ -70,11 +69,6 @@ func DefaultStyles(p colorprofile.Profile) Styles {
 		s.Category[k] = plain.Foreground(c(col))
 	}
 	return s
-}
-
-// detectProfile returns the colour profile of the terminal on stdout, honouring NO_COLOR.
-func detectProfile() colorprofile.Profile {
-	return colorprofile.Detect(os.Stdout, os.Environ())
 }
 
 // phaseLetter is the one-character name of a phase on the band under the timeline.

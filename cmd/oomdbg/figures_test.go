@@ -62,11 +62,11 @@ func TestPinnedFigures(t *testing.T) {
 	if r := reservedAtIterationEnds(leak); r[len(r)-1] != leakReservedAtEnd7 {
 		t.Errorf("leak: %d reserved at the end, the tests pin %d", r[len(r)-1], leakReservedAtEnd7)
 	}
-	if len(ends) != 8 || ends[7] != leakAtEnd7 || peak.allocated != leakPeak {
-		t.Errorf("leak: %d iterations, %d allocated at the end of the last, peak %d; the tests pin 8, %d, %d", len(ends), ends[len(ends)-1], peak.allocated, int64(leakAtEnd7), int64(leakPeak))
+	if len(ends) != 8 || ends[7] != leakAtEnd7 || peak != leakPeak {
+		t.Errorf("leak: %d iterations, %d allocated at the end of the last, peak %d; the tests pin 8, %d, %d", len(ends), ends[len(ends)-1], peak, int64(leakAtEnd7), int64(leakPeak))
 	}
-	if _, peak := walk(readFixture(t, "fixed")); peak.allocated != fixedPeak {
-		t.Errorf("fixed: peak allocated %d, the tests pin %d", peak.allocated, int64(fixedPeak))
+	if _, peak := walk(readFixture(t, "fixed")); peak != fixedPeak {
+		t.Errorf("fixed: peak allocated %d, the tests pin %d", peak, int64(fixedPeak))
 	}
 
 	// Growth over iterations 2-5 (a warm-up of 2) runs from the end of iteration 1 to the end of 5.
@@ -103,26 +103,24 @@ func readFixture(t *testing.T, name string) *snapshot.Snapshot {
 	return s
 }
 
-type level struct{ allocated, reserved int64 }
-
 // walk returns allocated bytes at the end of each iteration (before the next iteration's marker, or the
 // file's end) and the peak, counting blocks from alloc to free_requested as PyTorch's allocated_bytes does.
-func walk(s *snapshot.Snapshot) (ends []int64, peak level) {
-	var now level
+func walk(s *snapshot.Snapshot) (ends []int64, peak int64) {
+	var now int64
 	for _, e := range s.Events {
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			now.allocated += e.BlockSize
+			now += e.BlockSize
 		case snapshot.ActionFreeRequested:
-			now.allocated -= e.BlockSize
+			now -= e.BlockSize
 		case snapshot.ActionIteration:
 			if e.Iteration > 0 {
-				ends = append(ends, now.allocated)
+				ends = append(ends, now)
 			}
 		}
-		peak.allocated = max(peak.allocated, now.allocated)
+		peak = max(peak, now)
 	}
-	return append(ends, now.allocated), peak
+	return append(ends, now), peak
 }
 
 // reservedAtIterationEnds is reserved bytes (segments and mapped pages) at the end of each iteration.

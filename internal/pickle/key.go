@@ -213,7 +213,7 @@ func appendString(buf []byte, s string) []byte {
 
 // typeName names a decoded value's Python type, for error messages.
 func typeName(v any) string {
-	switch v.(type) {
+	switch v := v.(type) {
 	case nil:
 		return "NoneType"
 	case bool:
@@ -235,7 +235,7 @@ func typeName(v any) string {
 	case Tuple:
 		return "tuple"
 	case *Set:
-		if v.(*Set).Frozen {
+		if v.Frozen {
 			return "frozenset"
 		}
 		return "set"

@@ -133,6 +133,7 @@ func (a *Allocator) SetObserver(o Observer) {
 // its size would exceed the limit. A fraction of 1 removes the limit.
 func (a *Allocator) SetMemoryFraction(fraction float64) error {
 	if !(fraction >= 0 && fraction <= 1) {
+		//lint:ignore ST1005 PyTorch's message, verbatim
 		return fmt.Errorf("invalid fraction:%s. Please set within [0, 1].", strconv.FormatFloat(fraction, 'g', 6, 64))
 	}
 	a.mu.Lock()

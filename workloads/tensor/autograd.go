@@ -169,6 +169,8 @@ func (n *Node) releaseSaved() {
 }
 
 // ErrBackwardTwice is PyTorch's error for a second backward through a graph whose saved tensors were freed.
+//
+//lint:ignore ST1005 PyTorch's message, verbatim
 var ErrBackwardTwice = errors.New("Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.")
 
 // Backward computes the gradient of the scalar t with respect to every leaf that requires one and accumulates

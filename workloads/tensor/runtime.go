@@ -45,7 +45,6 @@ type Runtime struct {
 	category    snapshot.Category // category of new allocations unless an op says otherwise
 	phase       snapshot.Phase
 	inBackward  bool
-	recomputing bool
 
 	scopes  []string             // module scopes entered, innermost last
 	seq     uint64               // sequence numbers of autograd nodes, in creation order
