@@ -26,7 +26,6 @@ var layers = map[string][]string{
 	"tracer/nvml":            {"internal/units"},
 	"leaks":                  {"snapshot", "internal/torchrules", "internal/units"},
 	"triage":                 {"snapshot", "leaks", "internal/torchrules", "internal/units"},
-	"triage/jsonschema":      nil,
 	"workloads/alloc":        {"internal/torchrules"},
 	"workloads/alloc/replay": {"workloads/alloc", "snapshot", "snapshot/torch", "internal/"},
 	"workloads/device":       {"workloads/alloc", "internal/torchrules"},
