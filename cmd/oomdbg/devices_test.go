@@ -7,11 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
+	"github.com/oomdbg/oomdbg/internal/nvmlib/nvmlibtest"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 )
 
@@ -46,29 +43,29 @@ func runDevices(t *testing.T, args []string, opts ...nvml.Option) (code int, std
 	return code, out.String(), errOut.String()
 }
 
-// h100 is go-nvml's DGX H100 mock with the readings the devices command asks for.
-func h100(lost bool) *server.Server {
-	s := dgxh100.New()
+// h100 is a fake DGX H100 with the readings the devices command asks for.
+func h100(lost bool) *nvmlibtest.Server {
+	s := nvmlibtest.NewH100(8)
 	s.Devices = s.Devices[:2]
 	for i, d := range s.Devices {
-		d := d.(*server.Device)
+		d := d.(*nvmlibtest.Device)
 		d.UUID = "GPU-00000000-0000-4000-8000-00000000000" + string(rune('0'+i))
-		d.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+		d.GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) {
 			total := d.Config.MemoryMB << 20
-			return gonvml.Memory_v2{Total: total, Used: 10 << 30, Reserved: 512 << 20, Free: total - 10<<30 - 512<<20}, gonvml.SUCCESS
+			return nvmlib.Memory_v2{Total: total, Used: 10 << 30, Reserved: 512 << 20, Free: total - 10<<30 - 512<<20}, nvmlib.SUCCESS
 		}
-		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) { return gonvml.Utilization{Gpu: 50}, gonvml.SUCCESS }
-		d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.SUCCESS }
-		d.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.SUCCESS }
+		d.GetUtilizationRatesFunc = func() (nvmlib.Utilization, nvmlib.Return) { return nvmlib.Utilization{Gpu: 50}, nvmlib.SUCCESS }
+		d.GetComputeRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, nvmlib.SUCCESS }
+		d.GetGraphicsRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, nvmlib.SUCCESS }
 	}
 	if lost {
-		s.Devices[1].(*server.Device).GetNameFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_GPU_IS_LOST }
+		s.Devices[1].(*nvmlibtest.Device).GetNameFunc = func() (string, nvmlib.Return) { return "", nvmlib.ERROR_GPU_IS_LOST }
 	}
 	return s
 }
 
-func failingInit(ret gonvml.Return) *mock.Interface {
-	return &mock.Interface{InitFunc: func() gonvml.Return { return ret }}
+func failingInit(ret nvmlib.Return) *nvmlibtest.Server {
+	return &nvmlibtest.Server{InitFunc: func() nvmlib.Return { return ret }}
 }
 
 func TestDevicesCommand(t *testing.T) {
@@ -84,7 +81,7 @@ func TestDevicesCommand(t *testing.T) {
 		"no driver": {code: exitOK, stderr: noDriverLine},
 		"no driver, json": {args: []string{"--json"}, code: exitOK, stderr: noDriverLine,
 			stdout: []string{`"driver": false`, `"devices": []`, `"error": "no NVIDIA driver found`}},
-		"kernel driver not loaded": {opts: []nvml.Option{nvml.WithLibrary(failingInit(gonvml.ERROR_DRIVER_NOT_LOADED))}, code: exitOK,
+		"kernel driver not loaded": {opts: []nvml.Option{nvml.WithLibrary(failingInit(nvmlib.ERROR_DRIVER_NOT_LOADED))}, code: exitOK,
 			stderr: "oomdbg: no NVIDIA driver loaded (libnvidia-ml.so.1 is installed but the kernel driver is not running); GPU readings are unavailable\n"},
 		"dgx h100": {opts: []nvml.Option{nvml.WithLibrary(h100(false)), procRoot}, code: exitOK,
 			stdout: []string{"NVIDIA driver 550.54.15, 2 GPUs", "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-4000-8000-000000000001)",
@@ -94,7 +91,7 @@ func TestDevicesCommand(t *testing.T) {
 		"lost gpu": {opts: []nvml.Option{nvml.WithLibrary(h100(true)), procRoot}, code: exitProblem,
 			stdout: []string{"GPU 0: NVIDIA H100 80GB HBM3", "GPU 1: (name unknown)"},
 			stderr: "oomdbg: nvml: read name of GPU 1: the GPU has fallen off the bus or is otherwise inaccessible (check dmesg for Xid errors)\n"},
-		"driver/library mismatch": {opts: []nvml.Option{nvml.WithLibrary(failingInit(gonvml.ERROR_LIB_RM_VERSION_MISMATCH))}, code: exitProblem,
+		"driver/library mismatch": {opts: []nvml.Option{nvml.WithLibrary(failingInit(nvmlib.ERROR_LIB_RM_VERSION_MISMATCH))}, code: exitProblem,
 			stderr: "oomdbg: nvml: initialise NVML: NVIDIA driver/library version mismatch (the driver was updated: reload the kernel module or reboot)\n"},
 		"extra argument": {args: []string{"0"}, code: exitUsage,
 			stderr: "oomdbg: unknown command \"0\" for \"oomdbg devices\"\n"},

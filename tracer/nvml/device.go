@@ -1,7 +1,7 @@
 package nvml
 
 import (
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 // Device is one reading of a GPU: what `oomdbg devices` lists and the TUI's device pane shows.
@@ -58,7 +58,7 @@ func (s *Session) Device(index int) (Device, error) {
 		return Device{}, ErrClosed
 	}
 	if index < 0 || index >= len(s.devices) {
-		return Device{}, &Error{Op: "select device", Device: index, Code: gonvml.ERROR_INVALID_ARGUMENT}
+		return Device{}, &Error{Op: "select device", Device: index, Code: nvmlib.ERROR_INVALID_ARGUMENT}
 	}
 	return s.read(index), nil
 }
@@ -77,17 +77,17 @@ func (s *Session) read(i int) Device {
 			d.Err = err
 		}
 	}
-	var ret gonvml.Return
-	if d.Name, ret = dev.GetName(); ret != gonvml.SUCCESS {
+	var ret nvmlib.Return
+	if d.Name, ret = dev.GetName(); ret != nvmlib.SUCCESS {
 		fail(newError("read name", i, ret))
 	}
-	if d.UUID, ret = dev.GetUUID(); ret != gonvml.SUCCESS {
+	if d.UUID, ret = dev.GetUUID(); ret != nvmlib.SUCCESS {
 		fail(newError("read UUID", i, ret))
 	}
 	if d.Memory, err = s.memory(dev, i); err != nil {
 		fail(err)
 	}
-	if u, ret := dev.GetUtilizationRates(); ret == gonvml.SUCCESS {
+	if u, ret := dev.GetUtilizationRates(); ret == nvmlib.SUCCESS {
 		d.Utilization = &Utilization{GPU: u.Gpu, Memory: u.Memory}
 	} else if err := newError("read utilization", i, ret); !optional(err) {
 		fail(err)
@@ -113,20 +113,20 @@ func (s *Session) Sample(index int) (used, total uint64, err error) {
 }
 
 // memory reads a device's memory with the newest query the driver has; the caller holds s.mu for reading.
-func (s *Session) memory(dev gonvml.Device, i int) (Memory, error) {
+func (s *Session) memory(dev nvmlib.Device, i int) (Memory, error) {
 	if s.memoryV2 {
 		m, ret := dev.GetMemoryInfo_v2()
 		switch ret {
-		case gonvml.SUCCESS:
+		case nvmlib.SUCCESS:
 			return Memory{Total: m.Total, Used: m.Used, Free: m.Free, Reserved: m.Reserved, Version: 2}, nil
-		case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND, gonvml.ERROR_ARGUMENT_VERSION_MISMATCH:
+		case nvmlib.ERROR_NOT_SUPPORTED, nvmlib.ERROR_FUNCTION_NOT_FOUND, nvmlib.ERROR_ARGUMENT_VERSION_MISMATCH:
 			// Exported but refused (vGPU guests, a struct version the driver does not know): use v1.
 		default:
 			return Memory{}, newError("read memory", i, ret)
 		}
 	}
 	m, ret := dev.GetMemoryInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvmlib.SUCCESS {
 		return Memory{}, newError("read memory", i, ret)
 	}
 	return Memory{Total: m.Total, Used: m.Used, Free: m.Free, Version: 1}, nil

@@ -5,18 +5,18 @@ import (
 	"reflect"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
-// Every reading `oomdbg devices` and the TUI's device pane show, from go-nvml's DGX H100 mock.
+// Every reading `oomdbg devices` and the TUI's device pane show, from a fake DGX H100.
 func TestDevicesDGXH100(t *testing.T) {
 	const training, hidden = 4242, 4194309
 	gpus := []gpuState{
-		0: {used: 61*gib + 300*mib, reserved: 512 * mib, util: &gonvml.Utilization{Gpu: 97, Memory: 64},
-			compute: []gonvml.ProcessInfo{proc(training, 61*gib)}},
-		1: {reserved: 512 * mib, util: &gonvml.Utilization{}},
+		0: {used: 61*gib + 300*mib, reserved: 512 * mib, util: &nvmlib.Utilization{Gpu: 97, Memory: 64},
+			compute: []nvmlib.ProcessInfo{proc(training, 61*gib)}},
+		1: {reserved: 512 * mib, util: &nvmlib.Utilization{}},
 		2: {used: 20 * gib, reserved: 512 * mib, util: nil, // utilization not supported
-			compute: []gonvml.ProcessInfo{proc(hidden, 20*gib)}},
+			compute: []nvmlib.ProcessInfo{proc(hidden, 20*gib)}},
 		3: {lost: true},
 	}
 	s := openMock(t, newH100(t, gpus...),
@@ -46,7 +46,7 @@ func TestDevicesDGXH100(t *testing.T) {
 			Memory:    Memory{Total: h100Total, Used: 20 * gib, Free: h100Total - 20*gib - 512*mib, Reserved: 512 * mib, Version: 2},
 			Processes: []Process{{PID: hidden, Used: 20 * gib, UsedKnown: true, Type: Compute}}}},
 		"lost": {3, Device{Index: 3,
-			Err: &Error{Op: "read name", Device: 3, Code: gonvml.ERROR_GPU_IS_LOST}}},
+			Err: &Error{Op: "read name", Device: 3, Code: nvmlib.ERROR_GPU_IS_LOST}}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -60,7 +60,7 @@ func TestDevicesDGXH100(t *testing.T) {
 			}
 		})
 	}
-	if _, err := s.Device(len(gpus)); !errors.Is(err, gonvml.ERROR_INVALID_ARGUMENT) {
+	if _, err := s.Device(len(gpus)); !errors.Is(err, nvmlib.ERROR_INVALID_ARGUMENT) {
 		t.Errorf("Device(out of range) = %v, want ERROR_INVALID_ARGUMENT", err)
 	}
 }
@@ -76,9 +76,9 @@ func TestSample(t *testing.T) {
 	}{
 		"gpu 0":        {index: 0, used: 3 * gib, total: h100Total},
 		"gpu 1":        {index: 1, used: 70 * gib, total: h100Total},
-		"lost":         {index: 2, err: gonvml.ERROR_GPU_IS_LOST},
-		"out of range": {index: 3, err: gonvml.ERROR_INVALID_ARGUMENT},
-		"negative":     {index: -1, err: gonvml.ERROR_INVALID_ARGUMENT},
+		"lost":         {index: 2, err: nvmlib.ERROR_GPU_IS_LOST},
+		"out of range": {index: 3, err: nvmlib.ERROR_INVALID_ARGUMENT},
+		"negative":     {index: -1, err: nvmlib.ERROR_INVALID_ARGUMENT},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -93,20 +93,20 @@ func TestSample(t *testing.T) {
 	}
 	// The cheap path: one memory query per sample, with the handle resolved once at Open.
 	dev := lib.Devices[0].(*mockDevice)
-	before := len(dev.GetMemoryInfo_v2Calls())
-	handles := len(lib.DeviceGetHandleByIndexCalls())
+	before := dev.GetMemoryInfo_v2Calls()
+	handles := lib.DeviceGetHandleByIndexCalls()
 	for range 10 {
 		s.Sample(0)
 	}
-	if got := len(dev.GetMemoryInfo_v2Calls()) - before; got != 10 {
+	if got := dev.GetMemoryInfo_v2Calls() - before; got != 10 {
 		t.Errorf("10 samples made %d memory queries, want 10", got)
 	}
-	if got := len(lib.DeviceGetHandleByIndexCalls()) - handles; got != 0 {
+	if got := lib.DeviceGetHandleByIndexCalls() - handles; got != 0 {
 		t.Errorf("10 samples looked up %d device handles, want 0", got)
 	}
 }
 
-// Drivers before r510 have no nvmlDeviceGetMemoryInfo_v2; calling it through go-nvml would kill the process.
+// Drivers before r510 have no nvmlDeviceGetMemoryInfo_v2.
 func TestMemoryInfoV1Fallback(t *testing.T) {
 	t.Run("symbol missing", func(t *testing.T) {
 		lib := newH100(t, gpuState{used: 10 * gib, reserved: 512 * mib})
@@ -124,15 +124,15 @@ func TestMemoryInfoV1Fallback(t *testing.T) {
 			t.Errorf("Sample used = %d, want %d", used, want.Used)
 		}
 		dev := lib.Devices[0].(*mockDevice)
-		if n := len(dev.GetMemoryInfo_v2Calls()); n != 0 {
+		if n := dev.GetMemoryInfo_v2Calls(); n != 0 {
 			t.Errorf("nvmlDeviceGetMemoryInfo_v2 called %d times on a driver without it", n)
 		}
 	})
-	for _, ret := range []gonvml.Return{gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_ARGUMENT_VERSION_MISMATCH} {
-		t.Run("v2 refused: "+gonvml.ErrorString(ret), func(t *testing.T) {
+	for _, ret := range []nvmlib.Return{nvmlib.ERROR_NOT_SUPPORTED, nvmlib.ERROR_ARGUMENT_VERSION_MISMATCH} {
+		t.Run("v2 refused: "+nvmlib.ErrorString(ret), func(t *testing.T) {
 			lib := newH100(t, gpuState{used: 10 * gib, reserved: 512 * mib})
-			lib.Devices[0].(*mockDevice).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-				return gonvml.Memory_v2{}, ret
+			lib.Devices[0].(*mockDevice).GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) {
+				return nvmlib.Memory_v2{}, ret
 			}
 			used, total, err := openMock(t, lib).Sample(0)
 			if err != nil || used != 10*gib+512*mib || total != h100Total {
@@ -150,8 +150,8 @@ func TestDeviceReadingErrors(t *testing.T) {
 	}{
 		"utilization not supported": {
 			set: func(d *mockDevice) {
-				d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
-					return gonvml.Utilization{}, gonvml.ERROR_NOT_SUPPORTED
+				d.GetUtilizationRatesFunc = func() (nvmlib.Utilization, nvmlib.Return) {
+					return nvmlib.Utilization{}, nvmlib.ERROR_NOT_SUPPORTED
 				}
 			},
 			check: func(t *testing.T, d Device) {
@@ -162,16 +162,16 @@ func TestDeviceReadingErrors(t *testing.T) {
 		},
 		"utilization no permission": {
 			set: func(d *mockDevice) {
-				d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
-					return gonvml.Utilization{}, gonvml.ERROR_NO_PERMISSION
+				d.GetUtilizationRatesFunc = func() (nvmlib.Utilization, nvmlib.Return) {
+					return nvmlib.Utilization{}, nvmlib.ERROR_NO_PERMISSION
 				}
 			},
-			wantErr: gonvml.ERROR_NO_PERMISSION,
+			wantErr: nvmlib.ERROR_NO_PERMISSION,
 		},
 		"processes not supported": {
 			set: func(d *mockDevice) {
-				d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
-				d.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+				d.GetComputeRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, nvmlib.ERROR_NOT_SUPPORTED }
+				d.GetGraphicsRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, nvmlib.ERROR_NOT_SUPPORTED }
 			},
 			check: func(t *testing.T, d Device) {
 				if d.Processes != nil {
@@ -181,9 +181,9 @@ func TestDeviceReadingErrors(t *testing.T) {
 		},
 		"memory fails, the rest is read": {
 			set: func(d *mockDevice) {
-				d.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) { return gonvml.Memory_v2{}, gonvml.ERROR_UNKNOWN }
+				d.GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) { return nvmlib.Memory_v2{}, nvmlib.ERROR_UNKNOWN }
 			},
-			wantErr: gonvml.ERROR_UNKNOWN,
+			wantErr: nvmlib.ERROR_UNKNOWN,
 			check: func(t *testing.T, d Device) {
 				if d.Name == "" || d.Utilization == nil || d.Memory != (Memory{}) {
 					t.Errorf("device = %+v, want name and utilization but no memory", d)
@@ -193,7 +193,7 @@ func TestDeviceReadingErrors(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			lib := newH100(t, gpuState{used: gib, util: &gonvml.Utilization{Gpu: 5}})
+			lib := newH100(t, gpuState{used: gib, util: &nvmlib.Utilization{Gpu: 5}})
 			tc.set(lib.Devices[0].(*mockDevice))
 			d, err := openMock(t, lib).Device(0)
 			if err != nil {
@@ -213,9 +213,9 @@ func TestDeviceReadingErrors(t *testing.T) {
 func TestHandleErrorAtOpen(t *testing.T) {
 	lib := newH100(t, gpuState{used: gib}, gpuState{used: 2 * gib})
 	get := lib.DeviceGetHandleByIndexFunc
-	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+	lib.DeviceGetHandleByIndexFunc = func(i int) (nvmlib.Device, nvmlib.Return) {
 		if i == 0 {
-			return nil, gonvml.ERROR_NO_PERMISSION
+			return nil, nvmlib.ERROR_NO_PERMISSION
 		}
 		return get(i)
 	}
@@ -224,10 +224,10 @@ func TestHandleErrorAtOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(devs[0].Err, gonvml.ERROR_NO_PERMISSION) || devs[1].Err != nil || devs[1].Memory.Used != 2*gib {
+	if !errors.Is(devs[0].Err, nvmlib.ERROR_NO_PERMISSION) || devs[1].Err != nil || devs[1].Memory.Used != 2*gib {
 		t.Errorf("Devices() = %+v; want device 0 refused and device 1 read", devs)
 	}
-	if _, _, err := s.Sample(0); !errors.Is(err, gonvml.ERROR_NO_PERMISSION) {
+	if _, _, err := s.Sample(0); !errors.Is(err, nvmlib.ERROR_NO_PERMISSION) {
 		t.Errorf("Sample(0) = %v, want ERROR_NO_PERMISSION", err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 // The readings of testdata/fakenvml/fakenvml.c, from its device table.
@@ -45,8 +45,8 @@ func buildFakeNVML(t testing.TB, dir string) string {
 	return lib
 }
 
-// The real binding: go-nvml dlopens a fake libnvidia-ml built from C, resolves its versioned symbols and calls
-// into it through cgo, so every conversion between NVML's C structs and oomdbg's readings is exercised.
+// The real binding: nvmlib dlopens a fake libnvidia-ml built from C, resolves its versioned symbols and calls
+// into it, so every conversion between NVML's C structs and oomdbg's readings is exercised.
 func TestFakeLibrary(t *testing.T) {
 	dir := t.TempDir()
 	lib := buildFakeNVML(t, dir)
@@ -66,7 +66,7 @@ func TestFakeLibrary(t *testing.T) {
 	t.Run("driver not loaded", func(t *testing.T) {
 		t.Setenv("FAKENVML_INIT_RESULT", "9") // NVML_ERROR_DRIVER_NOT_LOADED
 		_, err := Open(WithLibraryPath(lib))
-		if !errors.Is(err, ErrNoDriver) || !errors.Is(err, gonvml.ERROR_DRIVER_NOT_LOADED) {
+		if !errors.Is(err, ErrNoDriver) || !errors.Is(err, nvmlib.ERROR_DRIVER_NOT_LOADED) {
 			t.Fatalf("Open = %v, want ErrNoDriver with ERROR_DRIVER_NOT_LOADED", err)
 		}
 		want := "no NVIDIA driver loaded (" + lib + " is installed but the kernel driver is not running); GPU readings are unavailable"
@@ -133,17 +133,16 @@ func TestFakeLibrary(t *testing.T) {
 				t.Errorf("Sample(%d) = %d, %d, %v; want %d, %d", i, used, total, err, fakeUsed[i], fakeTotal)
 			}
 		}
-		if _, _, err := s.Sample(2); !errors.Is(err, gonvml.ERROR_INVALID_ARGUMENT) {
+		if _, _, err := s.Sample(2); !errors.Is(err, nvmlib.ERROR_INVALID_ARGUMENT) {
 			t.Errorf("Sample(2) = %v, want ERROR_INVALID_ARGUMENT", err)
 		}
 		// NVML's own wording for codes oomdbg does not rephrase comes from the loaded library.
-		if got := describe(gonvml.ERROR_INSUFFICIENT_SIZE); got != "Insufficient Size" {
+		if got := describe(nvmlib.ERROR_INSUFFICIENT_SIZE); got != "Insufficient Size" {
 			t.Errorf("describe(ERROR_INSUFFICIENT_SIZE) = %q, want the fake's nvmlErrorString", got)
 		}
 	})
 
-	// go-nvml dlcloses the library on Close, while cgo's call sites stay bound to it: a later session must
-	// still work (glibc keeps a library mapped once the program has bound to its symbols).
+	// A later session in the same process must work as the first did.
 	t.Run("reopen", func(t *testing.T) {
 		for range 2 {
 			s, err := Open(WithLibraryPath(lib))
@@ -161,7 +160,7 @@ func TestFakeLibrary(t *testing.T) {
 	})
 }
 
-// Sample through the real binding: the cost a Sampler pays per reading, cgo call included.
+// Sample through the real binding: the cost a Sampler pays per reading, the call into the library included.
 func BenchmarkSampleFakeLibrary(b *testing.B) {
 	lib := buildFakeNVML(b, b.TempDir())
 	s, err := Open(WithLibraryPath(lib))

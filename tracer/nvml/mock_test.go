@@ -8,10 +8,8 @@ import (
 	"strconv"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
+	"github.com/oomdbg/oomdbg/internal/nvmlib/nvmlibtest"
 )
 
 const (
@@ -19,34 +17,34 @@ const (
 	mib = uint64(1) << 20
 	gib = uint64(1) << 30
 
-	// h100Total is the memory of the H100 SXM5 80GB in go-nvml's DGX H100 mock: 81920 MiB.
+	// h100Total is the memory of the H100 SXM5 80GB: 81920 MiB.
 	h100Total = 80 * gib
 	// noID is NVML's gpuInstanceId/computeInstanceId outside MIG.
 	noID = ^uint32(0)
 )
 
-// mockDevice is the device of go-nvml's server mocks: settable readings and call records.
-type mockDevice = server.Device
+// mockDevice is a fake device: settable readings and call counts.
+type mockDevice = nvmlibtest.Device
 
 // gpuState is what a mocked device reports.
 type gpuState struct {
 	used, reserved    uint64               // v2 meanings; free is the rest of h100Total
-	util              *gonvml.Utilization  // nil: utilization not supported
-	compute, graphics []gonvml.ProcessInfo // processes, as NVML lists them
+	util              *nvmlib.Utilization  // nil: utilization not supported
+	compute, graphics []nvmlib.ProcessInfo // processes, as NVML lists them
 	lost              bool                 // every reading fails with GPU_IS_LOST
 }
 
-func proc(pid uint32, used uint64) gonvml.ProcessInfo {
-	return gonvml.ProcessInfo{Pid: pid, UsedGpuMemory: used, GpuInstanceId: noID, ComputeInstanceId: noID}
+func proc(pid uint32, used uint64) nvmlib.ProcessInfo {
+	return nvmlib.ProcessInfo{Pid: pid, UsedGpuMemory: used, GpuInstanceId: noID, ComputeInstanceId: noID}
 }
 
 // uuidOf is the UUID the mocked device i reports; the mock's own are random.
 func uuidOf(i int) string { return fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i) }
 
-// newH100 returns go-nvml's DGX H100 server mock with one device per state, each wired to report it.
-func newH100(t *testing.T, gpus ...gpuState) *server.Server {
+// newH100 returns a fake DGX H100 with one device per state, each wired to report it.
+func newH100(t *testing.T, gpus ...gpuState) *nvmlibtest.Server {
 	t.Helper()
-	s := dgxh100.New()
+	s := nvmlibtest.NewH100(8)
 	if len(gpus) > len(s.Devices) {
 		t.Fatalf("the DGX H100 mock has %d devices, not %d", len(s.Devices), len(gpus))
 	}
@@ -60,32 +58,32 @@ func newH100(t *testing.T, gpus ...gpuState) *server.Server {
 func configure(d *mockDevice, i int, g gpuState) {
 	d.UUID = uuidOf(i)
 	total := d.Config.MemoryMB * mib
-	d.MemoryInfo = gonvml.Memory{Total: total, Used: g.used + g.reserved, Free: total - g.used - g.reserved}
-	d.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-		return gonvml.Memory_v2{Total: total, Reserved: g.reserved, Used: g.used, Free: total - g.used - g.reserved}, gonvml.SUCCESS
+	d.MemoryInfo = nvmlib.Memory{Total: total, Used: g.used + g.reserved, Free: total - g.used - g.reserved}
+	d.GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) {
+		return nvmlib.Memory_v2{Total: total, Reserved: g.reserved, Used: g.used, Free: total - g.used - g.reserved}, nvmlib.SUCCESS
 	}
-	d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+	d.GetUtilizationRatesFunc = func() (nvmlib.Utilization, nvmlib.Return) {
 		if g.util == nil {
-			return gonvml.Utilization{}, gonvml.ERROR_NOT_SUPPORTED
+			return nvmlib.Utilization{}, nvmlib.ERROR_NOT_SUPPORTED
 		}
-		return *g.util, gonvml.SUCCESS
+		return *g.util, nvmlib.SUCCESS
 	}
-	d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return g.compute, gonvml.SUCCESS }
-	d.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return g.graphics, gonvml.SUCCESS }
+	d.GetComputeRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return g.compute, nvmlib.SUCCESS }
+	d.GetGraphicsRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return g.graphics, nvmlib.SUCCESS }
 	if g.lost {
-		lost := gonvml.ERROR_GPU_IS_LOST
-		d.GetNameFunc = func() (string, gonvml.Return) { return "", lost }
-		d.GetUUIDFunc = func() (string, gonvml.Return) { return "", lost }
-		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) { return gonvml.Memory{}, lost }
-		d.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) { return gonvml.Memory_v2{}, lost }
-		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) { return gonvml.Utilization{}, lost }
-		d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, lost }
-		d.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, lost }
+		lost := nvmlib.ERROR_GPU_IS_LOST
+		d.GetNameFunc = func() (string, nvmlib.Return) { return "", lost }
+		d.GetUUIDFunc = func() (string, nvmlib.Return) { return "", lost }
+		d.GetMemoryInfoFunc = func() (nvmlib.Memory, nvmlib.Return) { return nvmlib.Memory{}, lost }
+		d.GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) { return nvmlib.Memory_v2{}, lost }
+		d.GetUtilizationRatesFunc = func() (nvmlib.Utilization, nvmlib.Return) { return nvmlib.Utilization{}, lost }
+		d.GetComputeRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, lost }
+		d.GetGraphicsRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, lost }
 	}
 }
 
 // withoutMemoryV2 makes the server look like a driver older than r510, without nvmlDeviceGetMemoryInfo_v2.
-func withoutMemoryV2(s *server.Server) {
+func withoutMemoryV2(s *nvmlibtest.Server) {
 	s.LookupSymbolFunc = func(name string) error {
 		if name == "nvmlDeviceGetMemoryInfo_v2" {
 			return errors.New("symbol not found")
@@ -119,7 +117,7 @@ func fakeProcRoot(t *testing.T, procs map[uint32]fakeProcess) string {
 }
 
 // openMock opens a session on lib, failing the test on error and closing the session at its end.
-func openMock(t *testing.T, lib gonvml.Interface, opts ...Option) *Session {
+func openMock(t *testing.T, lib nvmlib.Interface, opts ...Option) *Session {
 	t.Helper()
 	s, err := Open(append([]Option{WithLibrary(lib)}, opts...)...)
 	if err != nil {
@@ -130,9 +128,9 @@ func openMock(t *testing.T, lib gonvml.Interface, opts ...Option) *Session {
 }
 
 // failingInit is a bare NVML mock whose Init returns ret and whose Shutdown only records that it was called.
-func failingInit(ret gonvml.Return) *mock.Interface {
-	return &mock.Interface{
-		InitFunc:     func() gonvml.Return { return ret },
-		ShutdownFunc: func() gonvml.Return { return gonvml.SUCCESS },
+func failingInit(ret nvmlib.Return) *nvmlibtest.Server {
+	return &nvmlibtest.Server{
+		InitFunc:     func() nvmlib.Return { return ret },
+		ShutdownFunc: func() nvmlib.Return { return nvmlib.SUCCESS },
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"unicode"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 // Process is a process holding memory on a device, as NVML reports it.
@@ -71,7 +71,7 @@ func (s *Session) Processes(index int) ([]Process, error) {
 
 // processes merges the compute and graphics processes of a device and names them; the caller holds s.mu for
 // reading.
-func (s *Session) processes(dev gonvml.Device, i int) ([]Process, error) {
+func (s *Session) processes(dev nvmlib.Device, i int) ([]Process, error) {
 	compute, ret := dev.GetComputeRunningProcesses()
 	cerr := newError("list compute processes", i, ret)
 	graphics, ret := dev.GetGraphicsRunningProcesses()
@@ -87,7 +87,7 @@ func (s *Session) processes(dev gonvml.Device, i int) ([]Process, error) {
 
 	byPID := make(map[uint32]*Process, len(compute)+len(graphics))
 	procs := make([]Process, 0, len(compute)+len(graphics))
-	add := func(infos []gonvml.ProcessInfo, t ProcessType) {
+	add := func(infos []nvmlib.ProcessInfo, t ProcessType) {
 		for _, info := range infos {
 			used, known := info.UsedGpuMemory, info.UsedGpuMemory != notAvailable
 			p, ok := byPID[info.Pid]

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 func TestProcesses(t *testing.T) {
@@ -30,9 +30,9 @@ func TestProcesses(t *testing.T) {
 		notInNVM: {cmdline: "bash\x00", comm: "bash"},
 	})
 	lib := newH100(t, gpuState{
-		compute: []gonvml.ProcessInfo{proc(zombie, 1*gib), proc(trainer, 40*gib), proc(both, 2*gib),
+		compute: []nvmlib.ProcessInfo{proc(zombie, 1*gib), proc(trainer, 40*gib), proc(both, 2*gib),
 			proc(hidden, 3*gib), proc(hostile, 5*mib), proc(unknown, notAvailable)},
-		graphics: []gonvml.ProcessInfo{proc(xorg, 300*mib), proc(both, 2*gib)},
+		graphics: []nvmlib.ProcessInfo{proc(xorg, 300*mib), proc(both, 2*gib)},
 	})
 	got, err := openMock(t, lib, WithProcRoot(root)).Processes(0)
 	if err != nil {
@@ -53,24 +53,24 @@ func TestProcesses(t *testing.T) {
 }
 
 func TestProcessesSupport(t *testing.T) {
-	compute := []gonvml.ProcessInfo{proc(7, gib)}
+	compute := []nvmlib.ProcessInfo{proc(7, gib)}
 	tests := map[string]struct {
-		cret, gret gonvml.Return
+		cret, gret nvmlib.Return
 		want       []Process
 		wantErr    bool
 	}{
-		"both":                   {gonvml.SUCCESS, gonvml.SUCCESS, []Process{{PID: 7, Used: gib, UsedKnown: true, Type: Compute}}, false},
-		"graphics unsupported":   {gonvml.SUCCESS, gonvml.ERROR_NOT_SUPPORTED, []Process{{PID: 7, Used: gib, UsedKnown: true, Type: Compute}}, false},
-		"neither supported":      {gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_NOT_SUPPORTED, nil, false},
-		"compute fails":          {gonvml.ERROR_NO_PERMISSION, gonvml.SUCCESS, nil, true},
-		"function not in driver": {gonvml.ERROR_FUNCTION_NOT_FOUND, gonvml.ERROR_FUNCTION_NOT_FOUND, nil, false},
+		"both":                   {nvmlib.SUCCESS, nvmlib.SUCCESS, []Process{{PID: 7, Used: gib, UsedKnown: true, Type: Compute}}, false},
+		"graphics unsupported":   {nvmlib.SUCCESS, nvmlib.ERROR_NOT_SUPPORTED, []Process{{PID: 7, Used: gib, UsedKnown: true, Type: Compute}}, false},
+		"neither supported":      {nvmlib.ERROR_NOT_SUPPORTED, nvmlib.ERROR_NOT_SUPPORTED, nil, false},
+		"compute fails":          {nvmlib.ERROR_NO_PERMISSION, nvmlib.SUCCESS, nil, true},
+		"function not in driver": {nvmlib.ERROR_FUNCTION_NOT_FOUND, nvmlib.ERROR_FUNCTION_NOT_FOUND, nil, false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			lib := newH100(t, gpuState{})
 			d := lib.Devices[0].(*mockDevice)
-			d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return compute, tc.cret }
-			d.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return nil, tc.gret }
+			d.GetComputeRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return compute, tc.cret }
+			d.GetGraphicsRunningProcessesFunc = func() ([]nvmlib.ProcessInfo, nvmlib.Return) { return nil, tc.gret }
 			got, err := openMock(t, lib, WithProcRoot(t.TempDir())).Processes(0)
 			if (err != nil) != tc.wantErr || !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Processes(0) = %+v, %v; want %+v (error: %v)", got, err, tc.want, tc.wantErr)

@@ -8,9 +8,8 @@ import (
 	"testing"
 
 	"github.com/charmbracelet/x/exp/golden"
-
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
+	"github.com/oomdbg/oomdbg/internal/nvmlib/nvmlibtest"
 )
 
 // Processes of the report scenarios, named through a fake procfs.
@@ -34,24 +33,24 @@ func reportProcRoot(t *testing.T) string {
 }
 
 // reportScenarios are the machines the report tests render.
-func reportScenarios(t *testing.T) map[string]*server.Server {
-	util := func(gpu, mem uint32) *gonvml.Utilization { return &gonvml.Utilization{Gpu: gpu, Memory: mem} }
+func reportScenarios(t *testing.T) map[string]*nvmlibtest.Server {
+	util := func(gpu, mem uint32) *nvmlib.Utilization { return &nvmlib.Utilization{Gpu: gpu, Memory: mem} }
 	dgx := make([]gpuState, 8)
 	for rank := range 6 { // a 6-GPU training run, one rank per GPU
 		used := 71*gib + 337*mib + uint64(rank)*97*mib
 		dgx[rank] = gpuState{used: used + 517*mib, reserved: 551 * mib, util: util(98, 71),
-			compute: []gonvml.ProcessInfo{proc(pidTrainer+uint32(rank), used)}}
+			compute: []nvmlib.ProcessInfo{proc(pidTrainer+uint32(rank), used)}}
 	}
 	// An evaluation job, and a process of another container whose host PID is not visible here.
 	dgx[6] = gpuState{used: 9*gib + 100*mib, reserved: 551 * mib, util: util(12, 3),
-		compute: []gonvml.ProcessInfo{proc(pidEval, 9*gib), proc(pidHidden, 100*mib)}}
+		compute: []nvmlib.ProcessInfo{proc(pidEval, 9*gib), proc(pidHidden, 100*mib)}}
 	dgx[7] = gpuState{reserved: 551 * mib, util: nil}
 
 	v1 := newH100(t, gpuState{used: 512 * mib, reserved: 551 * mib, util: util(0, 0),
-		graphics: []gonvml.ProcessInfo{proc(pidXorg, 23*mib)}, compute: []gonvml.ProcessInfo{proc(pidXorg, notAvailable)}})
+		graphics: []nvmlib.ProcessInfo{proc(pidXorg, 23*mib)}, compute: []nvmlib.ProcessInfo{proc(pidXorg, notAvailable)}})
 	withoutMemoryV2(v1)
 
-	return map[string]*server.Server{
+	return map[string]*nvmlibtest.Server{
 		"dgxh100":      newH100(t, dgx...),
 		"v1 driver":    v1,
 		"no processes": newH100(t, gpuState{reserved: 551 * mib, util: util(0, 0)}, gpuState{reserved: 551 * mib, util: util(0, 0)}),
@@ -79,8 +78,8 @@ func TestWriteJSON(t *testing.T) {
 		"dgxh100":    ReadReport(WithLibrary(scenarios["dgxh100"]), WithProcRoot(reportProcRoot(t))),
 		"v1 driver":  ReadReport(WithLibrary(scenarios["v1 driver"]), WithProcRoot(reportProcRoot(t))),
 		"lost gpu":   ReadReport(WithLibrary(scenarios["lost gpu"]), WithProcRoot(reportProcRoot(t))),
-		"no driver":  ReadReport(WithLibrary(failingInit(gonvml.ERROR_LIBRARY_NOT_FOUND))),
-		"init fails": ReadReport(WithLibrary(failingInit(gonvml.ERROR_LIB_RM_VERSION_MISMATCH))),
+		"no driver":  ReadReport(WithLibrary(failingInit(nvmlib.ERROR_LIBRARY_NOT_FOUND))),
+		"init fails": ReadReport(WithLibrary(failingInit(nvmlib.ERROR_LIB_RM_VERSION_MISMATCH))),
 	}
 	for name, r := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -107,7 +106,7 @@ func TestWriteJSON(t *testing.T) {
 
 // Without a driver the report carries the one-line reason, no devices, and is not a problem.
 func TestReportWithoutDriver(t *testing.T) {
-	r := ReadReport(WithLibrary(failingInit(gonvml.ERROR_LIBRARY_NOT_FOUND)))
+	r := ReadReport(WithLibrary(failingInit(nvmlib.ERROR_LIBRARY_NOT_FOUND)))
 	if r.Driver || !errors.Is(r.Err, ErrNoDriver) || len(r.Devices) != 0 || r.Problem() != nil {
 		t.Errorf("report = %+v, problem %v; want no driver, ErrNoDriver, no devices, no problem", r, r.Problem())
 	}
@@ -134,8 +133,8 @@ func TestReportWithoutDriver(t *testing.T) {
 }
 
 func TestReportProblem(t *testing.T) {
-	lost := &Error{Op: "read name", Device: 1, Code: gonvml.ERROR_GPU_IS_LOST}
-	initErr := &Error{Op: "initialise NVML", Device: -1, Code: gonvml.ERROR_NO_PERMISSION}
+	lost := &Error{Op: "read name", Device: 1, Code: nvmlib.ERROR_GPU_IS_LOST}
+	initErr := &Error{Op: "initialise NVML", Device: -1, Code: nvmlib.ERROR_NO_PERMISSION}
 	tests := map[string]struct {
 		r    Report
 		want error

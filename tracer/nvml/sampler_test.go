@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 // reading is one call of a SampleFunc.
@@ -43,9 +43,9 @@ func (r *recorder) readings() []reading {
 func growing(t *testing.T) *Session {
 	lib := newH100(t, gpuState{}, gpuState{})
 	var used uint64
-	lib.Devices[1].(*mockDevice).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+	lib.Devices[1].(*mockDevice).GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) {
 		used += gib
-		return gonvml.Memory_v2{Total: h100Total, Used: used, Free: h100Total - used}, gonvml.SUCCESS
+		return nvmlib.Memory_v2{Total: h100Total, Used: used, Free: h100Total - used}, nvmlib.SUCCESS
 	}
 	return openMock(t, lib)
 }
@@ -114,7 +114,7 @@ func TestSamplerStopsOnError(t *testing.T) {
 		brk  func(s *Session, lost *atomic.Bool)
 		want error
 	}{
-		"GPU lost":       {func(_ *Session, lost *atomic.Bool) { lost.Store(true) }, gonvml.ERROR_GPU_IS_LOST},
+		"GPU lost":       {func(_ *Session, lost *atomic.Bool) { lost.Store(true) }, nvmlib.ERROR_GPU_IS_LOST},
 		"session closed": {func(s *Session, _ *atomic.Bool) { s.Close() }, ErrClosed},
 	}
 	for name, tc := range tests {
@@ -123,9 +123,9 @@ func TestSamplerStopsOnError(t *testing.T) {
 				lib := newH100(t, gpuState{used: gib})
 				var lost atomic.Bool
 				read := lib.Devices[0].(*mockDevice).GetMemoryInfo_v2Func
-				lib.Devices[0].(*mockDevice).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+				lib.Devices[0].(*mockDevice).GetMemoryInfo_v2Func = func() (nvmlib.Memory_v2, nvmlib.Return) {
 					if lost.Load() {
-						return gonvml.Memory_v2{}, gonvml.ERROR_GPU_IS_LOST
+						return nvmlib.Memory_v2{}, nvmlib.ERROR_GPU_IS_LOST
 					}
 					return read()
 				}

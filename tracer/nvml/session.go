@@ -4,11 +4,11 @@ import (
 	"errors"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
-// DefaultLibrary is the NVML library go-nvml loads unless told otherwise, found through the dynamic linker's
-// search path (ld.so.cache, LD_LIBRARY_PATH).
+// DefaultLibrary is the NVML library loaded unless told otherwise, found through the dynamic linker's search
+// path (ld.so.cache, LD_LIBRARY_PATH).
 const DefaultLibrary = "libnvidia-ml.so.1"
 
 // Option configures [Open].
@@ -16,7 +16,7 @@ type Option func(*options)
 
 type options struct {
 	path     string           // library to dlopen; "" means DefaultLibrary
-	lib      gonvml.Interface // a binding to use as is (mocks); overrides path
+	lib      nvmlib.Interface // a binding to use as is (mocks); overrides path
 	procRoot string           // where procfs is mounted; "" means /proc
 }
 
@@ -26,10 +26,9 @@ func WithLibraryPath(path string) Option {
 	return func(o *options) { o.path = path }
 }
 
-// WithLibrary makes the session use lib, an NVML binding such as go-nvml's mocks, instead of loading the
-// driver's library. Besides the calls a session makes, lib.Extensions() must work: the session asks it which
-// optional entry points the driver has.
-func WithLibrary(lib gonvml.Interface) Option {
+// WithLibrary makes the session use lib, an NVML binding such as a test's fake, instead of loading the
+// driver's library.
+func WithLibrary(lib nvmlib.Interface) Option {
 	return func(o *options) { o.lib = lib }
 }
 
@@ -47,7 +46,7 @@ func WithProcRoot(dir string) Option {
 // fraction of a second on large machines.
 type Session struct {
 	mu     sync.RWMutex // held for reading around every NVML call, for writing by Close
-	lib    gonvml.Interface
+	lib    nvmlib.Interface
 	closed bool
 
 	driverVersion string
@@ -58,7 +57,7 @@ type Session struct {
 
 // handle is a device handle, or the error NVML gave instead of one (e.g. a GPU lost since boot).
 type handle struct {
-	dev gonvml.Device
+	dev nvmlib.Device
 	err error
 }
 
@@ -74,13 +73,13 @@ func Open(opts ...Option) (*Session, error) {
 		library = DefaultLibrary
 	}
 	if lib == nil {
-		lib = gonvml.New(gonvml.WithLibraryPath(library))
+		lib = nvmlib.New(library)
 	}
 
-	// A failed Init leaves NVML half set up; Shutdown after it misbehaves (go-nvml), so return at once.
+	// A failed Init leaves NVML half set up; Shutdown after it misbehaves, so return at once.
 	switch ret := lib.Init(); ret {
-	case gonvml.SUCCESS:
-	case gonvml.ERROR_LIBRARY_NOT_FOUND, gonvml.ERROR_DRIVER_NOT_LOADED:
+	case nvmlib.SUCCESS:
+	case nvmlib.ERROR_LIBRARY_NOT_FOUND, nvmlib.ERROR_DRIVER_NOT_LOADED:
 		return nil, &NoDriverError{Library: library, Code: ret}
 	default:
 		return nil, &Error{Op: "initialise NVML", Device: -1, Code: ret}
@@ -97,11 +96,11 @@ func Open(opts ...Option) (*Session, error) {
 // resolve reads what does not change while the session is open: the driver version, the device handles and
 // which versions of the memory query the driver offers.
 func (s *Session) resolve() error {
-	if v, ret := s.lib.SystemGetDriverVersion(); ret == gonvml.SUCCESS {
+	if v, ret := s.lib.SystemGetDriverVersion(); ret == nvmlib.SUCCESS {
 		s.driverVersion = v
 	}
 	n, ret := s.lib.DeviceGetCount()
-	if ret != gonvml.SUCCESS {
+	if ret != nvmlib.SUCCESS {
 		return newError("count devices", -1, ret)
 	}
 	s.devices = make([]handle, n)
@@ -109,9 +108,8 @@ func (s *Session) resolve() error {
 		dev, ret := s.lib.DeviceGetHandleByIndex(i)
 		s.devices[i] = handle{dev: dev, err: newError("get handle", i, ret)}
 	}
-	// go-nvml calls nvmlDeviceGetMemoryInfo_v2 without checking that the driver has it, and calling a missing
-	// symbol kills the process; drivers before r510 lack it.
-	s.memoryV2 = s.lib.Extensions().LookupSymbol("nvmlDeviceGetMemoryInfo_v2") == nil
+	// Drivers before r510 lack nvmlDeviceGetMemoryInfo_v2.
+	s.memoryV2 = s.lib.LookupSymbol("nvmlDeviceGetMemoryInfo_v2") == nil
 	return nil
 }
 
@@ -133,12 +131,12 @@ func (s *Session) DriverVersion() string { return s.driverVersion }
 func (s *Session) Count() int { return len(s.devices) }
 
 // device returns the handle of device index; the caller holds s.mu for reading.
-func (s *Session) device(index int) (gonvml.Device, error) {
+func (s *Session) device(index int) (nvmlib.Device, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
 	if index < 0 || index >= len(s.devices) {
-		return nil, &Error{Op: "select device", Device: index, Code: gonvml.ERROR_INVALID_ARGUMENT}
+		return nil, &Error{Op: "select device", Device: index, Code: nvmlib.ERROR_INVALID_ARGUMENT}
 	}
 	h := s.devices[index]
 	return h.dev, h.err
@@ -147,5 +145,5 @@ func (s *Session) device(index int) (gonvml.Device, error) {
 // optional reports whether err only says that a device does not offer a reading, which is then left out rather
 // than reported as a failure.
 func optional(err error) bool {
-	return errors.Is(err, gonvml.ERROR_NOT_SUPPORTED) || errors.Is(err, gonvml.ERROR_FUNCTION_NOT_FOUND)
+	return errors.Is(err, nvmlib.ERROR_NOT_SUPPORTED) || errors.Is(err, nvmlib.ERROR_FUNCTION_NOT_FOUND)
 }

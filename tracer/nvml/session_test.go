@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/oomdbg/oomdbg/internal/nvmlib"
 )
 
 // No machine of the project has a driver: the default library must fail to load, and say so in one line.
@@ -23,7 +23,7 @@ func TestOpenWithoutDriver(t *testing.T) {
 		t.Errorf("Open() error\n got %q\nwant %q", err, want)
 	}
 	var nd *NoDriverError
-	if !errors.As(err, &nd) || nd.Code != gonvml.ERROR_LIBRARY_NOT_FOUND || nd.Library != DefaultLibrary {
+	if !errors.As(err, &nd) || nd.Code != nvmlib.ERROR_LIBRARY_NOT_FOUND || nd.Library != DefaultLibrary {
 		t.Errorf("Open() error = %#v, want a *NoDriverError for %s with ERROR_LIBRARY_NOT_FOUND", err, DefaultLibrary)
 	}
 }
@@ -37,22 +37,22 @@ func TestOpenWithLibraryPathMissing(t *testing.T) {
 	}
 }
 
-// A failed Init must never be followed by Shutdown (go-nvml misbehaves), whatever the reason it failed.
+// A failed Init must never be followed by Shutdown, whatever the reason it failed.
 func TestOpenFailedInitNeverShutsDown(t *testing.T) {
 	tests := map[string]struct {
-		ret      gonvml.Return
+		ret      nvmlib.Return
 		noDriver bool
 		msg      string
 	}{
-		"library missing": {gonvml.ERROR_LIBRARY_NOT_FOUND, true,
+		"library missing": {nvmlib.ERROR_LIBRARY_NOT_FOUND, true,
 			"no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded); GPU readings are unavailable"},
-		"kernel driver not loaded": {gonvml.ERROR_DRIVER_NOT_LOADED, true,
+		"kernel driver not loaded": {nvmlib.ERROR_DRIVER_NOT_LOADED, true,
 			"no NVIDIA driver loaded (libnvidia-ml.so.1 is installed but the kernel driver is not running); GPU readings are unavailable"},
-		"no permission": {gonvml.ERROR_NO_PERMISSION, false,
+		"no permission": {nvmlib.ERROR_NO_PERMISSION, false,
 			"nvml: initialise NVML: permission denied (the device may be restricted to another user or cgroup)"},
-		"version mismatch": {gonvml.ERROR_LIB_RM_VERSION_MISMATCH, false,
+		"version mismatch": {nvmlib.ERROR_LIB_RM_VERSION_MISMATCH, false,
 			"nvml: initialise NVML: NVIDIA driver/library version mismatch (the driver was updated: reload the kernel module or reboot)"},
-		"unknown": {gonvml.ERROR_UNKNOWN, false, "nvml: initialise NVML: ERROR_UNKNOWN"},
+		"unknown": {nvmlib.ERROR_UNKNOWN, false, "nvml: initialise NVML: ERROR_UNKNOWN"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -61,10 +61,10 @@ func TestOpenFailedInitNeverShutsDown(t *testing.T) {
 			if s != nil || err == nil {
 				t.Fatalf("Open() = %v, %v; want an error", s, err)
 			}
-			if got := len(lib.InitCalls()); got != 1 {
+			if got := lib.InitCalls(); got != 1 {
 				t.Errorf("Init called %d times, want 1", got)
 			}
-			if got := len(lib.ShutdownCalls()); got != 0 {
+			if got := lib.ShutdownCalls(); got != 0 {
 				t.Errorf("Shutdown called %d times after a failed Init, want 0", got)
 			}
 			if errors.Is(err, ErrNoDriver) != tc.noDriver {
@@ -83,13 +83,13 @@ func TestOpenFailedInitNeverShutsDown(t *testing.T) {
 // Once Init has succeeded, a failure later in Open pairs it with exactly one Shutdown.
 func TestOpenFailureAfterInitShutsDown(t *testing.T) {
 	lib := newH100(t, gpuState{})
-	lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
+	lib.DeviceGetCountFunc = func() (int, nvmlib.Return) { return 0, nvmlib.ERROR_UNKNOWN }
 	_, err := Open(WithLibrary(lib))
 	var e *Error
-	if !errors.As(err, &e) || e.Op != "count devices" || e.Code != gonvml.ERROR_UNKNOWN {
+	if !errors.As(err, &e) || e.Op != "count devices" || e.Code != nvmlib.ERROR_UNKNOWN {
 		t.Fatalf("Open() = %v, want a count-devices *Error", err)
 	}
-	if got := len(lib.ShutdownCalls()); got != 1 {
+	if got := lib.ShutdownCalls(); got != 1 {
 		t.Errorf("Shutdown called %d times, want 1", got)
 	}
 }
@@ -105,7 +105,7 @@ func TestCloseIsIdempotentAndFinal(t *testing.T) {
 			t.Fatalf("Close: %v", err)
 		}
 	}
-	if got := len(lib.ShutdownCalls()); got != 1 {
+	if got := lib.ShutdownCalls(); got != 1 {
 		t.Errorf("Shutdown called %d times for 3 Close calls, want 1", got)
 	}
 	if _, _, err := s.Sample(0); !errors.Is(err, ErrClosed) {
@@ -140,9 +140,9 @@ func TestErrorMessages(t *testing.T) {
 		err  error
 		want string
 	}{
-		"device":        {&Error{Op: "read memory", Device: 3, Code: gonvml.ERROR_GPU_IS_LOST}, "nvml: read memory of GPU 3: the GPU has fallen off the bus or is otherwise inaccessible (check dmesg for Xid errors)"},
-		"no device":     {&Error{Op: "count devices", Device: -1, Code: gonvml.ERROR_UNINITIALIZED}, "nvml: count devices: NVML is not initialized"},
-		"nvml's string": {&Error{Op: "x", Device: -1, Code: gonvml.ERROR_IN_USE}, "nvml: x: " + gonvml.ErrorString(gonvml.ERROR_IN_USE)},
+		"device":        {&Error{Op: "read memory", Device: 3, Code: nvmlib.ERROR_GPU_IS_LOST}, "nvml: read memory of GPU 3: the GPU has fallen off the bus or is otherwise inaccessible (check dmesg for Xid errors)"},
+		"no device":     {&Error{Op: "count devices", Device: -1, Code: nvmlib.ERROR_UNINITIALIZED}, "nvml: count devices: NVML is not initialized"},
+		"nvml's string": {&Error{Op: "x", Device: -1, Code: nvmlib.ERROR_IN_USE}, "nvml: x: " + nvmlib.ErrorString(nvmlib.ERROR_IN_USE)},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
