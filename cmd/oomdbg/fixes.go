@@ -12,7 +12,10 @@ import (
 )
 
 func newFixesCmd() *cobra.Command {
-	cfg := train.DefaultMLP()
+	cfg, err := train.PresetConfig(train.DefaultPreset) // what fixes measures without --preset or --model
+	if err != nil {
+		panic(err) // the default preset is built in
+	}
 	var preset string
 	var markdown bool
 	cmd := &cobra.Command{
@@ -23,12 +26,18 @@ mixed precision, activation checkpointing, a smaller batch with gradient accumul
 optimizer) and print the peak allocated and reserved memory, whether it fits the device, and what it
 needs with unlimited memory. Two steps per fix: the second carries the optimizer state.
 
-It takes the same flags as run; without --preset or --model it measures the default workload.`,
+It takes the same flags as run; without --preset or --model it measures the default workload,
+` + train.DefaultPreset + `, whose settings the defaults below show. --model mlp starts from the MLP instead.`,
 		Example: `  oomdbg fixes                                  # the default workload (gpt2-medium, batch 16, 24 GiB)
   oomdbg fixes --preset buildalong --markdown
   oomdbg fixes --preset gpt2-large --gpu-mem 80GiB`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, name := range sweepFixed {
+				if cmd.Flags().Changed(name) {
+					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs", name)
+				}
+			}
 			if preset == "" && !cmd.Flags().Changed("model") {
 				preset = train.DefaultPreset
 			}
@@ -48,10 +57,16 @@ It takes the same flags as run; without --preset or --model it measures the defa
 		},
 	}
 	addConfigFlags(cmd.Flags(), &cfg)
+	for _, name := range sweepFixed {
+		cmd.Flags().MarkHidden(name)
+	}
 	cmd.Flags().StringVar(&preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	return cmd
 }
+
+// sweepFixed are run's flags that a sweep sets itself (train.Sweep), hidden from fixes --help and refused.
+var sweepFixed = []string{"steps", "device", "bug"}
 
 // printFixes prints the sweep as an aligned table, or as markdown.
 func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) {

@@ -52,7 +52,12 @@ func newRootCmd() *cobra.Command {
 		Short: "Debug GPU out-of-memory errors and memory leaks in neural-network training",
 		Long: `oomdbg records every GPU allocation of a training workload, with its stack and what it is
 (phase, iteration, module, parameter/gradient/optimizer state/activation), into a snapshot file,
-and explains the peak, the out-of-memory error and the leaks it finds.`,
+and explains the peak, the out-of-memory error and the leaks it finds.
+
+Run without a command, it records the built-in gpt2-medium workload (batch 16 on a 24 GiB card, on
+the meta device) and opens the TUI on it as it streams in, landing on its out-of-memory error;
+without a terminal it prints the summary instead. oomdbg view opens a snapshot file, and every
+command that reads one also reads PyTorch's (torch.cuda.memory._dump_snapshot).`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

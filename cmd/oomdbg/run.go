@@ -63,11 +63,11 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "mlp: hidden width")
 	fs.IntVar(&cfg.Layers, "layers", cfg.Layers, "hidden layers (mlp) or transformer blocks (gpt)")
 	fs.IntVar(&cfg.Classes, "classes", cfg.Classes, "mlp: output classes")
-	fs.IntVar(&cfg.Seq, "seq", cfg.Seq, "gpt: sequence length (the block size)")
-	fs.IntVar(&cfg.DModel, "d-model", cfg.DModel, "gpt: embedding width")
-	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt: attention heads")
-	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt: vocabulary size")
-	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability")
+	fs.IntVar(&cfg.Seq, "seq", cfg.Seq, "gpt: sequence length (the block size)"+presetDefault(cfg))
+	fs.IntVar(&cfg.DModel, "d-model", cfg.DModel, "gpt: embedding width"+presetDefault(cfg))
+	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt: attention heads"+presetDefault(cfg))
+	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt: vocabulary size"+presetDefault(cfg))
+	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability"+presetDefault(cfg))
 	fs.StringVar(&cfg.AMP, "amp", cfg.AMP, "mixed precision: off, fp16 (with loss scaling) or bf16")
 	fs.StringVar(&cfg.Checkpoint, "checkpoint", cfg.Checkpoint, "gpt activation checkpointing: off, all, every:N or attn")
 	fs.StringVar(&cfg.Attention, "attention", cfg.Attention, "gpt attention: naive (scores materialised) or flash")
@@ -85,6 +85,14 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.StringVar(&cfg.ZeroGrad, "zero-grad", cfg.ZeroGrad, "zero_grad: none (set_to_none) or zero (in place)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")
 	fs.StringVar(&cfg.Bug, "bug", cfg.Bug, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
+}
+
+// presetDefault says where a GPT dimension comes from when the flag defaults are the MLP's, which has none.
+func presetDefault(cfg *train.Config) string {
+	if cfg.Model == "gpt" {
+		return ""
+	}
+	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt)"
 }
 
 // configFromFlags returns the run configuration the command line describes: the preset (or the model's
@@ -123,11 +131,12 @@ func newRunCmd() *cobra.Command {
 category, into a snapshot file; then print the peak, the phases and the OOM, if any.
 
 Every dimension of the model and every setting of the run is a flag, so any shape can be recorded
-without writing code. The gpt loop is nanoGPT's train.py: it keeps the logits alive through backward
-until the next forward returns (--logits drop frees them before backward, as HF Trainer does). An OOM
-stops the run like it stops a PyTorch job, with a complete snapshot; so do Ctrl-C, SIGTERM and SIGHUP
-(the exit code is then 130, 143 or 129, as shells expect). The exit code is 1 when the run ran out of
-memory.
+without writing code. Without --preset it runs the MLP whose defaults are shown below; --preset starts
+from a built-in workload instead (--model gpt from ` + train.DefaultPreset + `), and the flags given change it. The
+gpt loop is nanoGPT's train.py: it keeps the logits alive through backward until the next forward returns
+(--logits drop frees them before backward, as HF Trainer does). An OOM stops the run like it stops a
+PyTorch job, with a complete snapshot; so do Ctrl-C, SIGTERM and SIGHUP (the exit code is then 130, 143
+or 129, as shells expect). The exit code is 1 when the run ran out of memory.
 
 The recording is written as it happens, a chunk at every phase end and at least every 200 ms, so a
 run killed any other way (kill -9, the OOM killer) leaves a snapshot that reads up to its last 200 ms,

@@ -7,8 +7,10 @@
 // batch*seq*d_model*4 bytes, B*H*T*T attention scores, 1-byte dropout masks, rounded to 512-byte blocks),
 // addresses reused the way a caching allocator reuses them, Go-like stacks of depth 13 to 20, module scopes,
 // tensor labels, category changes when autograd saves a tensor, and a heap dump of retain events at every
-// iteration end. It is a stand-in until traces of the real workload exist: the numbers it yields (bytes per
-// event, events per second) are honest for this shape of trace, not measurements of a recording.
+// iteration end. It makes such traces at any size in moments without the workload runtime, so the snapshot
+// layer's tests and benchmarks (a million events and more) do not depend on the runtime: the numbers they
+// yield (bytes per event, events per second) are honest for this shape of trace. Recordings of the runtime
+// itself are measured by workloads/train's BenchmarkRecordGPT.
 package snapshottest
 
 import (
