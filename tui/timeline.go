@@ -3,6 +3,8 @@ package tui
 import (
 	"strings"
 
+	"github.com/charmbracelet/x/ansi"
+
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -167,9 +169,10 @@ func maxOf(v []int64) int64 {
 	return m
 }
 
+// padLeft right-aligns s in w cells, cutting it to w cells; widths are measured in cells, not bytes.
 func padLeft(s string, w int) string {
-	if len(s) >= w {
-		return s[:w]
+	if n := ansi.StringWidth(s); n < w {
+		return strings.Repeat(" ", w-n) + s
 	}
-	return strings.Repeat(" ", w-len(s)) + s
+	return ansi.Truncate(s, w, "")
 }

@@ -307,3 +307,12 @@ func TestPyTorchSnapshotView(t *testing.T) {
 		t.Errorf("a trace without iterations should read as inconclusive for leaks:\n%s", out)
 	}
 }
+
+// TestPadLeftMeasuresCells pads and cuts by terminal cells: "µ" is two bytes and one cell.
+func TestPadLeftMeasuresCells(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{{"µs", "  µs"}, {"12µs", "12µs"}, {"123µs", "123µ"}, {"█", "   █"}} {
+		if got := padLeft(tc.in, 4); got != tc.want || ansi.StringWidth(got) != 4 {
+			t.Errorf("padLeft(%q, 4) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
