@@ -393,7 +393,7 @@ func TestAgainstTheAllocator(t *testing.T) {
 		"gpt2-medium (OOM)": preset("gpt2-medium", 2),
 		"tiny bf16 flash": func() train.Config {
 			c := preset("tiny", 3)
-			c.AMP, c.Attention, c.Checkpoint = "bf16", "flash", "all"
+			c.AMP, c.Attention, c.Checkpoint = train.AMPBF16, train.AttentionFlash, train.CheckpointAll
 			return c
 		}(),
 	}
@@ -439,7 +439,7 @@ func TestAgainstTheAllocator(t *testing.T) {
 			if len(phases) != len(res.Phases) {
 				t.Fatalf("%d phases, the run had %d", len(phases), len(res.Phases))
 			}
-			if cfg.Checkpoint != "off" {
+			if cfg.Checkpoint != train.CheckpointOff {
 				for _, it := range r.Iterations[1:] {
 					i := slices.IndexFunc(it.Phases, func(p triage.Phase) bool { return p.Name == "backward" })
 					if i < 0 || i+1 >= len(it.Phases) || it.Phases[i+1].Name != "recompute" ||

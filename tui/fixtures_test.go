@@ -33,7 +33,7 @@ var fixtureConfigs = map[string]func() train.Config{
 	"tiny-oom-fixed": func() train.Config {
 		cfg, _ := train.PresetConfig("tiny")
 		cfg.Steps, cfg.GPUMemory, cfg.ContextReserve = 6, 40<<20, 4<<20
-		cfg.AMP, cfg.Attention, cfg.Device = "bf16", "flash", "meta"
+		cfg.AMP, cfg.Attention, cfg.Device = train.AMPBF16, train.AttentionFlash, "meta"
 		return cfg
 	},
 	// leaky is the MLP with the retain-graph bug: a leak to find.

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -20,14 +21,14 @@ const hostProbeSteps = 2
 // more than --max-memory is refused; otherwise one line on stderr says what it will take.
 func checkHostMemory(ctx context.Context, cfg train.Config, mem *memory, stderr io.Writer) error {
 	probe := cfg
-	probe.Device = "meta"
+	probe.Device = device.Meta
 	probe.Steps = min(cfg.Steps, hostProbeSteps)
 	res, _, err := train.Run(ctx, probe, nil)
 	if err != nil {
 		return err
 	}
 	need := res.PeakAllocated
-	if cfg.AMP != "off" {
+	if cfg.AMP != train.AMPOff {
 		need *= 2
 	}
 	limit := mem.resolve()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -55,6 +57,27 @@ func (sizeFlag) Type() string { return "size" }
 // machine has of anything else.
 const maxSize = train.MaxGPUMemory
 
+// textFlag is a pflag.Value for the settings a Config parses from words (train.AMP, train.Checkpoint,
+// device.Kind, ...): a value is parsed once, when the flag is set, and a bad one is refused there.
+type textFlag struct {
+	v interface {
+		encoding.TextMarshaler
+		encoding.TextUnmarshaler
+	}
+}
+
+func (f textFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	b, _ := f.v.MarshalText()
+	return string(b)
+}
+
+func (f textFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
+
+func (textFlag) Type() string { return "string" }
+
 // addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
 func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp or gpt")
@@ -68,21 +91,21 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt: attention heads"+presetDefault(cfg))
 	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt: vocabulary size"+presetDefault(cfg))
 	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability"+presetDefault(cfg))
-	fs.StringVar(&cfg.AMP, "amp", cfg.AMP, "mixed precision: off, fp16 (with loss scaling) or bf16")
-	fs.StringVar(&cfg.Checkpoint, "checkpoint", cfg.Checkpoint, "gpt activation checkpointing: off, all, every:N or attn")
-	fs.StringVar(&cfg.Attention, "attention", cfg.Attention, "gpt attention: naive (scores materialised) or flash")
+	fs.Var(textFlag{&cfg.AMP}, "amp", "mixed precision: off, fp16 (with loss scaling) or bf16")
+	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "gpt activation checkpointing: off, all, every:N or attn")
+	fs.Var(textFlag{&cfg.Attention}, "attention", "gpt attention: naive (scores materialised) or flash")
 	fs.IntVar(&cfg.Accum, "accum", cfg.Accum, "micro-batches per optimizer step (gradient accumulation)")
 	fs.StringVar(&cfg.Logits, "logits", cfg.Logits, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", cfg.EvalEvery, "evaluate after every N-th step (0: never)")
-	fs.StringVar(&cfg.Device, "device", cfg.Device, "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
+	fs.Var(textFlag{&cfg.Device}, "device", "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
 	fs.Var(sizeFlag{&cfg.GPUMemory, maxSize}, "gpu-mem", "device memory, e.g. 24GiB or 80GB (binary units)")
 	fs.Var(sizeFlag{&cfg.ContextReserve, maxSize}, "context-reserve", "memory the CUDA context takes before the allocator")
-	fs.StringVar(&cfg.AllocConf, "alloc-conf", cfg.AllocConf, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	fs.StringVar(&cfg.Optimizer, "optimizer", cfg.Optimizer, "optimizer: sgd, momentum, adam or adamw")
+	fs.Var(textFlag{&cfg.AllocConf}, "alloc-conf", "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
+	fs.Var(textFlag{&cfg.Optimizer}, "optimizer", "optimizer: sgd, momentum, adam or adamw")
 	fs.Float32Var(&cfg.LR, "lr", cfg.LR, "learning rate")
 	fs.Float32Var(&cfg.WeightDecay, "weight-decay", cfg.WeightDecay, "weight decay (adamw defaults to 0.01)")
-	fs.StringVar(&cfg.ZeroGrad, "zero-grad", cfg.ZeroGrad, "zero_grad: none (set_to_none) or zero (in place)")
+	fs.Var(textFlag{&cfg.ZeroGrad}, "zero-grad", "zero_grad: none (set_to_none) or zero (in place)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")
 	fs.StringVar(&cfg.Bug, "bug", cfg.Bug, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
 }
@@ -209,7 +232,7 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 	if o.kind == outputStdout {
 		summary = stderr
 	}
-	if cfg.Device == "cpu" && to.mem != nil {
+	if cfg.Device == device.CPU && to.mem != nil {
 		if err := checkHostMemory(ctx, cfg, to.mem, stderr); err != nil {
 			return err
 		}
@@ -337,7 +360,7 @@ func signalName(sig os.Signal) string {
 // the GPU's used memory every 100 ms (as sample events), so the snapshot shows what the driver saw next to
 // what the allocator held. Simulated devices have nothing to read; without a driver it says so once.
 func nvmlSamples(ctx context.Context, cfg train.Config, stderr io.Writer) func(*tracer.Recorder) func() {
-	if cfg.Device != "cuda" {
+	if cfg.Device != device.CUDA {
 		return nil
 	}
 	return func(rec *tracer.Recorder) func() {
@@ -364,7 +387,7 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		cfg.Model, humanCount(res.Parameters), cfg.Batch, cfg.Optimizer, cfg.Device,
 		units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
 	fmt.Fprintf(w, "steps      %d of %d", res.Steps, cfg.Steps)
-	if n := len(res.Losses); n > 0 && cfg.Device == "cpu" {
+	if n := len(res.Losses); n > 0 && cfg.Device == device.CPU {
 		fmt.Fprintf(w, ", loss %.4f -> %.4f", res.Losses[0], res.Losses[n-1])
 	}
 	if res.Interrupted {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding"
 	"encoding/json"
 	"io"
 
@@ -33,10 +34,18 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 	if err := json.Unmarshal(w.Spec, &cfg); err != nil {
 		return err
 	}
+	// The TUI's choices are words; they are parsed here, where they enter the workload.
 	f := w.Fixes
-	cfg.Device = w.Device
-	cfg.AMP, cfg.Attention, cfg.Checkpoint, cfg.Optimizer, cfg.ZeroGrad, cfg.Bug = f.AMP, f.Attention, f.Checkpoint, f.Optimizer, f.ZeroGrad, f.Bug
-	cfg.Batch, cfg.Accum = f.Batch, f.Accum
+	for _, set := range []struct {
+		v    encoding.TextUnmarshaler
+		text string
+	}{{&cfg.Device, w.Device}, {&cfg.AMP, f.AMP}, {&cfg.Attention, f.Attention}, {&cfg.Checkpoint, f.Checkpoint},
+		{&cfg.Optimizer, f.Optimizer}, {&cfg.ZeroGrad, f.ZeroGrad}} {
+		if err := set.v.UnmarshalText([]byte(set.text)); err != nil {
+			return err
+		}
+	}
+	cfg.Batch, cfg.Accum, cfg.Bug = f.Batch, f.Accum, f.Bug
 	_, err := train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
 	return err
 }
@@ -52,11 +61,11 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 		name = cfg.Model
 	}
 	return tui.Workload{
-		Name:   name + " on " + cfg.Device,
+		Name:   name + " on " + string(cfg.Device),
 		GPT:    cfg.Model == "gpt",
-		Device: cfg.Device,
-		Fixes: tui.Fixes{AMP: cfg.AMP, Attention: cfg.Attention, Checkpoint: cfg.Checkpoint, Batch: cfg.Batch,
-			Accum: cfg.Accum, Optimizer: cfg.Optimizer, ZeroGrad: cfg.ZeroGrad, Bug: cfg.Bug},
+		Device: string(cfg.Device),
+		Fixes: tui.Fixes{AMP: cfg.AMP.String(), Attention: cfg.Attention.String(), Checkpoint: cfg.Checkpoint.String(),
+			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: string(cfg.Optimizer), ZeroGrad: cfg.ZeroGrad.String(), Bug: cfg.Bug},
 		Spec: spec,
 	}, nil
 }

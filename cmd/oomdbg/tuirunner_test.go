@@ -23,7 +23,7 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.Name != "tiny on cpu" || !w.GPT || w.Fixes.AMP != cfg.AMP || w.Fixes.Batch != cfg.Batch {
+	if w.Name != "tiny on cpu" || !w.GPT || w.Fixes.AMP != cfg.AMP.String() || w.Fixes.Batch != cfg.Batch {
 		t.Fatalf("workload %+v does not describe %+v", w, cfg)
 	}
 	w.Device = "meta"
@@ -41,7 +41,7 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	if err := json.Unmarshal(s.Meta.Workload, &ran); err != nil {
 		t.Fatal(err)
 	}
-	if ran.Device != "meta" || ran.AMP != "bf16" || ran.Attention != "flash" || ran.Checkpoint != "all" ||
+	if ran.Device != "meta" || ran.AMP != train.AMPBF16 || ran.Attention != train.AttentionFlash || ran.Checkpoint != train.CheckpointAll ||
 		ran.Batch != cfg.Batch/2 || ran.Accum != 2 || ran.DModel != cfg.DModel || s.Meta.ToolVersion != "test" {
 		t.Errorf("recorded %+v (tool %q), want the fixes applied to %+v", ran, s.Meta.ToolVersion, cfg)
 	}

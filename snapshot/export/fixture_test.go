@@ -243,7 +243,7 @@ func recordingConfigs() map[string]train.Config {
 	}
 	oom.Device, oom.Steps = "meta", 2
 	expandable := tiny()
-	expandable.AllocConf = "expandable_segments:True"
+	expandable.AllocConf, _ = train.ParseAllocConf("expandable_segments:True")
 	leak := tiny()
 	leak.Steps, leak.Bug = 5, train.BugRetainGraph
 	mlp := train.DefaultMLP()

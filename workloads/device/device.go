@@ -16,18 +16,50 @@ const (
 	CUDA Kind = "cuda" // device memory on a real GPU (build tag cuda); math as on meta
 )
 
-// ParseKind returns the kind named s.
+// ParseKind returns the kind named s, which this build can open.
 func ParseKind(s string) (Kind, error) {
+	k, err := parseName(s)
+	if err != nil {
+		return "", err
+	}
+	return k, k.Available()
+}
+
+func parseName(s string) (Kind, error) {
 	switch k := Kind(s); k {
-	case Meta, CPU:
-		return k, nil
-	case CUDA:
-		if !cudaBuilt {
-			return "", fmt.Errorf("device %q needs a build with -tags cuda", s)
-		}
+	case Meta, CPU, CUDA:
 		return k, nil
 	}
 	return "", fmt.Errorf("unknown device %q (want meta, cpu or cuda)", s)
+}
+
+// Available reports whether this build can open devices of kind k: cuda needs a build with -tags cuda.
+func (k Kind) Available() error {
+	switch k {
+	case Meta, CPU:
+		return nil
+	case CUDA:
+		if !cudaBuilt {
+			return fmt.Errorf("device %q needs a build with -tags cuda", string(k))
+		}
+		return nil
+	}
+	_, err := parseName(string(k))
+	return err
+}
+
+// MarshalText returns the kind's name.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k), nil }
+
+// UnmarshalText reads a kind's name: meta, cpu or cuda. A recording made on cuda reads back in any build;
+// Available says whether this one can run it.
+func (k *Kind) UnmarshalText(text []byte) error {
+	v, err := parseName(string(text))
+	if err != nil {
+		return err
+	}
+	*k = v
+	return nil
 }
 
 // The defaults of a simulated device: a 24 GiB card, of which the CUDA context, cuBLAS workspaces and the like

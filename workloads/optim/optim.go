@@ -33,6 +33,19 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam or adamw)", s)
 }
 
+// MarshalText returns the optimizer's name.
+func (k Kind) MarshalText() ([]byte, error) { return []byte(k), nil }
+
+// UnmarshalText reads an optimizer's name (ParseKind).
+func (k *Kind) UnmarshalText(text []byte) error {
+	v, err := ParseKind(string(text))
+	if err != nil {
+		return err
+	}
+	*k = v
+	return nil
+}
+
 // Config sets an optimizer's hyperparameters; zero values take PyTorch's defaults.
 type Config struct {
 	Kind        Kind

@@ -103,9 +103,13 @@ func TestSavedBytesPerLogit(t *testing.T) {
 		t.Run(amp, func(t *testing.T) {
 			saved := func(vocab int) (activations, casts uint64, logits int) {
 				cfg := smallGPT(vocab)
-				cfg.AMP = amp
+				a, err := ParseAMP(amp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg.AMP = a
 				r, _ := probedRun(t, cfg)
-				err := r.rt.Catch(func() {
+				err = r.rt.Catch(func() {
 					x, y := r.data.batch(r.rt, cfg.Batch, "batch")
 					loss := r.forward(x, y)
 					for _, st := range r.rt.SavedTensors() {
@@ -149,8 +153,8 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base.Device, base.AMP, base.Attention, base.Dropout, base.Steps = "cpu", "bf16", "flash", 0.1, 1
-	step := func(checkpoint string) (*probe, map[string][]float32) {
+	base.Device, base.AMP, base.Attention, base.Dropout, base.Steps = "cpu", AMPBF16, AttentionFlash, 0.1, 1
+	step := func(checkpoint Checkpoint) (*probe, map[string][]float32) {
 		cfg := base
 		cfg.Checkpoint = checkpoint
 		r, p := probedRun(t, cfg)
@@ -163,8 +167,8 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 		}
 		return p, grads
 	}
-	plain, plainGrads := step("off")
-	ckpt, ckptGrads := step("all")
+	plain, plainGrads := step(CheckpointOff)
+	ckpt, ckptGrads := step(CheckpointAll)
 
 	var linears int
 	for _, l := range ckpt.labels[snapshot.PhaseRecompute] {
@@ -200,7 +204,7 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 func TestLogitsKept(t *testing.T) {
 	peaks := func(logits string) []phasePeak {
 		cfg := smallGPT(1000)
-		cfg.AMP, cfg.Logits, cfg.Steps = "bf16", logits, 2
+		cfg.AMP, cfg.Logits, cfg.Steps = AMPBF16, logits, 2
 		r, p := probedRun(t, cfg)
 		if err := r.rt.Catch(func() {
 			r.iterate(0, false)

@@ -25,7 +25,7 @@ func BenchmarkMetaStepBuildalong(b *testing.B) {
 		mod  func(*Config)
 	}{
 		{"as-is", func(*Config) {}},
-		{"bf16+flash+checkpoint", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = "bf16", "flash", "all" }},
+		{"bf16+flash+checkpoint", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll }},
 	} {
 		b.Run(fixes.name, func(b *testing.B) {
 			c := cfg

@@ -39,10 +39,10 @@ type Config struct {
 	Bias    bool    `json:"bias,omitempty"`
 
 	// Fixes.
-	AMP        string `json:"amp"`        // off, fp16 (with dynamic loss scaling) or bf16
-	Checkpoint string `json:"checkpoint"` // off, all, every:N (every N-th block) or attn (attention only)
-	Attention  string `json:"attention"`  // naive or flash
-	Accum      int    `json:"accum"`      // micro-batches per optimizer step (gradient accumulation)
+	AMP        AMP        `json:"amp"`        // off, fp16 (with dynamic loss scaling) or bf16
+	Checkpoint Checkpoint `json:"checkpoint"` // off, all, every:N (every N-th block) or attn (attention only)
+	Attention  Attention  `json:"attention"`  // naive or flash
+	Accum      int        `json:"accum"`      // micro-batches per optimizer step (gradient accumulation)
 	// Logits is how long the loop holds the model's logits: LogitsKeep (the GPT presets: nanoGPT's loop) or
 	// LogitsDrop ("" too: the MLP's loop).
 	Logits string `json:"logits,omitempty"`
@@ -52,15 +52,15 @@ type Config struct {
 	// EvalEvery runs an evaluation pass after every EvalEvery-th step (0: never).
 	EvalEvery int `json:"eval_every,omitempty"`
 
-	Device         string `json:"device"`          // meta, cpu or cuda
-	GPUMemory      uint64 `json:"gpu_memory"`      // device capacity in bytes
-	ContextReserve uint64 `json:"context_reserve"` // taken by the CUDA context before the allocator
-	AllocConf      string `json:"alloc_conf,omitempty"`
+	Device         device.Kind `json:"device"`          // meta, cpu or cuda
+	GPUMemory      uint64      `json:"gpu_memory"`      // device capacity in bytes
+	ContextReserve uint64      `json:"context_reserve"` // taken by the CUDA context before the allocator
+	AllocConf      AllocConf   `json:"alloc_conf,omitzero"`
 
-	Optimizer   string  `json:"optimizer"` // sgd, momentum, adam, adamw
-	LR          float32 `json:"lr"`
-	WeightDecay float32 `json:"weight_decay,omitempty"`
-	ZeroGrad    string  `json:"zero_grad"` // none (set_to_none, the default) or zero
+	Optimizer   optim.Kind `json:"optimizer"` // sgd, momentum, adam, adamw
+	LR          float32    `json:"lr"`
+	WeightDecay float32    `json:"weight_decay,omitempty"`
+	ZeroGrad    ZeroGrad   `json:"zero_grad"` // none (set_to_none, the default) or zero
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
@@ -98,9 +98,9 @@ func DefaultMLP() Config {
 	return Config{
 		Model: "mlp", InFeatures: 32, Hidden: 128, Layers: 2, Classes: 8,
 		Batch: 64, Steps: 200, EvalEvery: 0,
-		Device: string(device.Meta), GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: string(optim.Adam), LR: 1e-2, ZeroGrad: "none", Seed: 1,
-		AMP: "off", Checkpoint: "off", Attention: "naive", Accum: 1,
+		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
+		Optimizer: optim.Adam, LR: 1e-2, ZeroGrad: ZeroGradNone, Seed: 1,
+		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionNaive, Accum: 1,
 	}
 }
 
@@ -112,32 +112,25 @@ func (c *Config) Validate() error {
 	if err := c.validateNumbers(); err != nil {
 		return err
 	}
-	if _, err := parseAMP(c.AMP); err != nil {
-		return err
-	}
-	if _, err := parseCheckpoint(c.Checkpoint, c.Layers); err != nil {
-		return err
-	}
-	if c.Attention != "naive" && c.Attention != "flash" {
-		return fmt.Errorf("unknown attention %q (want naive or flash)", c.Attention)
+	// The settings below were parsed where they came in (flags, JSON); what is left is to check the ones made
+	// in code and how they combine.
+	if c.AMP > AMPBF16 || c.Attention > AttentionFlash || c.ZeroGrad > ZeroGradZero {
+		return fmt.Errorf("invalid settings: %s, %s, %s", c.AMP, c.Attention, c.ZeroGrad)
 	}
 	if c.Logits != "" && c.Logits != LogitsKeep && c.Logits != LogitsDrop {
 		return fmt.Errorf("unknown logits %q (want keep or drop)", c.Logits)
 	}
-	if c.Model == "mlp" && (c.Checkpoint != "off" || c.Attention != "naive") {
+	if c.Model == "mlp" && (c.Checkpoint != CheckpointOff || c.Attention != AttentionNaive) {
 		return fmt.Errorf("checkpoint and attention apply to the gpt model")
 	}
-	if _, err := device.ParseKind(c.Device); err != nil {
+	if err := c.Device.Available(); err != nil {
 		return err
 	}
-	if _, err := alloc.ParseConfig(c.AllocConf); err != nil {
+	if err := alloc.CheckConfig(c.AllocConf.Config); err != nil {
 		return fmt.Errorf("alloc conf: %w", err)
 	}
-	if _, err := optim.ParseKind(c.Optimizer); err != nil {
-		return err
-	}
-	if c.ZeroGrad != "none" && c.ZeroGrad != "zero" {
-		return fmt.Errorf("unknown zero_grad %q (want none or zero)", c.ZeroGrad)
+	if _, err := optim.ParseKind(string(c.Optimizer)); err != nil {
+		return err // a Config made in code with a name that is not an optimizer's
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))

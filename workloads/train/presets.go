@@ -3,12 +3,10 @@ package train
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/optim"
-	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
 // A Preset is a named starting configuration.
@@ -24,9 +22,9 @@ func gpt(layers, heads, d, seq, vocab, batch int) Config {
 	return Config{
 		Model: "gpt", Layers: layers, Heads: heads, DModel: d, Seq: seq, Vocab: vocab, Bias: true,
 		Batch: batch, Steps: 3,
-		Device: string(device.Meta), GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: string(optim.AdamW), LR: 6e-4, ZeroGrad: "none", Seed: 1,
-		AMP: "off", Checkpoint: "off", Attention: "naive", Accum: 1, Logits: LogitsKeep,
+		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
+		Optimizer: optim.AdamW, LR: 6e-4, ZeroGrad: ZeroGradNone, Seed: 1,
+		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionNaive, Accum: 1, Logits: LogitsKeep,
 	}
 }
 
@@ -61,44 +59,6 @@ func PresetConfig(name string) (Config, error) {
 		names[i] = p.Name
 	}
 	return Config{}, fmt.Errorf("unknown preset %q (want one of %s)", name, strings.Join(names, ", "))
-}
-
-// parseAMP returns the autocast dtype an AMP setting names (F32 for off).
-func parseAMP(s string) (tensor.DType, error) {
-	switch s {
-	case "off", "":
-		return tensor.F32, nil
-	case "fp16":
-		return tensor.F16, nil
-	case "bf16":
-		return tensor.BF16, nil
-	}
-	return tensor.F32, fmt.Errorf("unknown amp %q (want off, fp16 or bf16)", s)
-}
-
-// checkpointPlan says which blocks run under activation checkpointing.
-type checkpointPlan struct {
-	blocks    func(i int) bool // whole blocks
-	attention bool             // the attention of every block (selective)
-}
-
-// parseCheckpoint reads a checkpoint setting: off, all, every:N or attn.
-func parseCheckpoint(s string, layers int) (checkpointPlan, error) {
-	switch {
-	case s == "off" || s == "":
-		return checkpointPlan{}, nil
-	case s == "all":
-		return checkpointPlan{blocks: func(int) bool { return true }}, nil
-	case s == "attn":
-		return checkpointPlan{attention: true}, nil
-	case strings.HasPrefix(s, "every:"):
-		n, err := strconv.Atoi(strings.TrimPrefix(s, "every:"))
-		if err != nil || n <= 0 {
-			return checkpointPlan{}, fmt.Errorf("checkpoint %q: N must be a positive integer", s)
-		}
-		return checkpointPlan{blocks: func(i int) bool { return i%n == 0 }}, nil
-	}
-	return checkpointPlan{}, fmt.Errorf("unknown checkpoint %q (want off, all, every:N or attn)", s)
 }
 
 // PresetNames lists the presets' names.

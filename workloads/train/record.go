@@ -10,7 +10,6 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
@@ -108,7 +107,6 @@ var runtimeFrames = []string{
 // Meta describes a run of cfg for a snapshot header.
 func Meta(cfg Config, toolVersion string) snapshot.Meta {
 	workload, _ := json.Marshal(cfg)
-	allocCfg, _ := alloc.ParseConfig(cfg.AllocConf)
 	host, _ := os.Hostname()
 	return snapshot.Meta{
 		Tool:        "oomdbg",
@@ -120,11 +118,11 @@ func Meta(cfg Config, toolVersion string) snapshot.Meta {
 		Devices: []snapshot.DeviceInfo{{
 			Index:          0,
 			Name:           fmt.Sprintf("simulated GPU (%s)", cfg.Device),
-			Kind:           cfg.Device,
+			Kind:           string(cfg.Device),
 			Capacity:       int64(cfg.GPUMemory),
 			ContextReserve: int64(cfg.ContextReserve),
 		}},
-		AllocatorSettings: allocCfg.String(),
+		AllocatorSettings: cfg.AllocConf.Config.String(),
 		Workload:          workload,
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -124,9 +123,7 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 
 // newRun sets up the device and runtime of a validated configuration.
 func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error) {
-	kind, _ := device.ParseKind(cfg.Device)
-	allocCfg, _ := alloc.ParseConfig(cfg.AllocConf)
-	dev, err := device.Open(kind, 0, cfg.GPUMemory, cfg.ContextReserve, allocCfg)
+	dev, err := device.Open(cfg.Device, 0, cfg.GPUMemory, cfg.ContextReserve, cfg.AllocConf.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -135,9 +132,8 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 		dev.Allocator().SetObserver(rec)
 		tr = rec
 	}
-	amp, _ := parseAMP(cfg.AMP)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
-		amp: amp, iteration: -1}
+		amp: cfg.AMP.dtype(), iteration: -1}
 	r.rt.OnOOM(r.onOOM)
 	return r, nil
 }
@@ -176,7 +172,7 @@ func (r *run) iterate(step int, eval bool) {
 func (r *run) setup() {
 	r.setPhase(snapshot.PhaseSetup)
 	r.build()
-	opt, err := optim.New(r.rt, r.model.Parameters(), optim.Config{Kind: optim.Kind(r.cfg.Optimizer), LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay})
+	opt, err := optim.New(r.rt, r.model.Parameters(), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay})
 	if err != nil {
 		panic(err) // Validate accepted the kind
 	}
@@ -201,11 +197,11 @@ func (r *run) build() {
 		r.data = newBlobs(cfg.InFeatures, cfg.Classes, cfg.Seed)
 	case "gpt":
 		g, err := nn.NewGPT(r.rt, nn.GPTConfig{BlockSize: cfg.Seq, Vocab: cfg.Vocab, Layers: cfg.Layers, Heads: cfg.Heads,
-			DModel: cfg.DModel, Dropout: cfg.Dropout, Bias: cfg.Bias, Attention: cfg.Attention, DType: tensor.F32})
+			DModel: cfg.DModel, Dropout: cfg.Dropout, Bias: cfg.Bias, Attention: cfg.Attention.String(), DType: tensor.F32})
 		if err != nil {
 			panic(err) // Validate checked the shape
 		}
-		plan, _ := parseCheckpoint(cfg.Checkpoint, cfg.Layers)
+		plan := cfg.Checkpoint.plan()
 		g.Checkpoint, g.CheckpointAttention = plan.blocks, plan.attention
 		g.AfterBlock = func(b *nn.Block, out *tensor.Tensor) { r.forwardHook(b.Name(), out) }
 		r.model = g
@@ -233,7 +229,7 @@ func (r *run) step() {
 	}
 
 	r.setPhase(snapshot.PhaseZeroGrad)
-	r.opt.ZeroGrad(r.cfg.ZeroGrad == "none")
+	r.opt.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
 }
 
 // microStep loads one micro-batch, runs forward (under autocast when mixed precision is on) and backward,

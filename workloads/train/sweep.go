@@ -3,6 +3,8 @@ package train
 import (
 	"context"
 	"fmt"
+
+	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // A Fix is a named change to a configuration: one of the memory fixes or a combination of them.
@@ -14,18 +16,18 @@ type Fix struct {
 // Fixes are the combinations a sweep tries, from none to all, as a user would try them.
 var Fixes = []Fix{
 	{"as configured", func(*Config) {}},
-	{"flash attention", func(c *Config) { c.Attention = "flash" }},
-	{"bf16 autocast", func(c *Config) { c.AMP = "bf16" }},
-	{"bf16 + flash", func(c *Config) { c.AMP, c.Attention = "bf16", "flash" }},
-	{"checkpoint every block", func(c *Config) { c.Checkpoint = "all" }},
-	{"bf16 + flash + checkpoint attention", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = "bf16", "flash", "attn" }},
-	{"bf16 + flash + checkpoint every 2nd block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = "bf16", "flash", "every:2" }},
-	{"bf16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = "bf16", "flash", "all" }},
-	{"fp16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = "fp16", "flash", "all" }},
+	{"flash attention", func(c *Config) { c.Attention = AttentionFlash }},
+	{"bf16 autocast", func(c *Config) { c.AMP = AMPBF16 }},
+	{"bf16 + flash", func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash }},
+	{"checkpoint every block", func(c *Config) { c.Checkpoint = CheckpointAll }},
+	{"bf16 + flash + checkpoint attention", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAttention }},
+	{"bf16 + flash + checkpoint every 2nd block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointEvery(2) }},
+	{"bf16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll }},
+	{"fp16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPFP16, AttentionFlash, CheckpointAll }},
 	{"batch / 4, accumulate 4", quarterBatch},
-	{"bf16 + flash + batch / 4, accumulate 4", func(c *Config) { c.AMP, c.Attention = "bf16", "flash"; quarterBatch(c) }},
+	{"bf16 + flash + batch / 4, accumulate 4", func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash; quarterBatch(c) }},
 	{"bf16 + flash + checkpoint every block + SGD", func(c *Config) {
-		c.AMP, c.Attention, c.Checkpoint, c.Optimizer = "bf16", "flash", "all", "sgd"
+		c.AMP, c.Attention, c.Checkpoint, c.Optimizer = AMPBF16, AttentionFlash, CheckpointAll, optim.SGD
 	}},
 }
 

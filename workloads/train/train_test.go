@@ -260,12 +260,12 @@ func TestFixesLowerThePeak(t *testing.T) {
 	}
 	none := peak(func(*Config) {})
 	for name, mod := range map[string]func(c *Config){
-		"flash attention":        func(c *Config) { c.Attention = "flash" },
-		"bf16 autocast":          func(c *Config) { c.AMP = "bf16" },
-		"fp16 autocast":          func(c *Config) { c.AMP = "fp16" },
-		"checkpoint every block": func(c *Config) { c.Checkpoint = "all" },
-		"checkpoint attention":   func(c *Config) { c.Checkpoint = "attn" },
-		"checkpoint every 2nd":   func(c *Config) { c.Checkpoint = "every:2" },
+		"flash attention":        func(c *Config) { c.Attention = AttentionFlash },
+		"bf16 autocast":          func(c *Config) { c.AMP = AMPBF16 },
+		"fp16 autocast":          func(c *Config) { c.AMP = AMPFP16 },
+		"checkpoint every block": func(c *Config) { c.Checkpoint = CheckpointAll },
+		"checkpoint attention":   func(c *Config) { c.Checkpoint = CheckpointAttention },
+		"checkpoint every 2nd":   func(c *Config) { c.Checkpoint = CheckpointEvery(2) },
 		"quarter batch x4":       func(c *Config) { c.Batch, c.Accum = 2, 4 },
 		"sgd instead of adamw":   func(c *Config) { c.Optimizer = "sgd" },
 	} {
@@ -275,8 +275,8 @@ func TestFixesLowerThePeak(t *testing.T) {
 			}
 		})
 	}
-	all := peak(func(c *Config) { c.Checkpoint, c.AMP, c.Attention = "every:2", "bf16", "flash" })
-	some := peak(func(c *Config) { c.AMP, c.Attention = "bf16", "flash" })
+	all := peak(func(c *Config) { c.Checkpoint, c.AMP, c.Attention = CheckpointEvery(2), AMPBF16, AttentionFlash })
+	some := peak(func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash })
 	if all >= some {
 		t.Errorf("adding checkpointing to bf16 and flash does not lower the peak (%d >= %d)", all, some)
 	}
@@ -293,7 +293,7 @@ func TestDefaultWorkloadOOMsAndFixesMakeItFit(t *testing.T) {
 		t.Fatalf("the default workload fits in %s (peak %s); it must OOM as configured",
 			units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(res.PeakAllocated))
 	}
-	cfg.AMP, cfg.Attention, cfg.Checkpoint = "bf16", "flash", "all"
+	cfg.AMP, cfg.Attention, cfg.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll
 	res, _, err = Run(context.Background(), cfg, nil)
 	if err != nil || res.OOM != nil {
 		t.Fatalf("with bf16, flash attention and checkpointing: %v %+v", err, res.OOM)

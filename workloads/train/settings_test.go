@@ -1,0 +1,101 @@
+package train
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+)
+
+// frozenWorkloads are Meta.Workload blobs as snapshots recorded before the settings were typed stored them:
+// the first two copied from recordings, the third with every setting away from its default.
+var frozenWorkloads = []string{
+	`{"model":"mlp","in_features":32,"hidden":128,"layers":2,"classes":8,"amp":"off","checkpoint":"off","attention":"naive","accum":1,"batch":64,"steps":8,"device":"meta","gpu_memory":25769803776,"context_reserve":536870912,"optimizer":"adam","lr":0.01,"zero_grad":"none","seed":1,"bug":"retain-graph"}`,
+	`{"model":"gpt","preset":"tiny","layers":2,"seq":64,"d_model":64,"heads":4,"vocab":32,"bias":true,"amp":"bf16","checkpoint":"off","attention":"flash","accum":1,"batch":16,"steps":6,"device":"meta","gpu_memory":41943040,"context_reserve":4194304,"optimizer":"adamw","lr":0.003,"zero_grad":"none","seed":1}`,
+	`{"model":"gpt","preset":"gpt2-medium","layers":24,"seq":1024,"d_model":1024,"heads":16,"vocab":50257,"bias":true,"amp":"fp16","checkpoint":"every:2","attention":"flash","accum":4,"batch":4,"steps":3,"device":"cpu","gpu_memory":25769803776,"context_reserve":536870912,"alloc_conf":"expandable_segments:True, max_split_size_mb:128","optimizer":"sgd","lr":0.0006,"zero_grad":"zero","seed":1}`,
+}
+
+// TestOldWorkloadsStillRead reads the frozen blobs into typed settings and writes them back byte for byte.
+func TestOldWorkloadsStillRead(t *testing.T) {
+	for i, blob := range frozenWorkloads {
+		var c Config
+		if err := json.Unmarshal([]byte(blob), &c); err != nil {
+			t.Fatalf("blob %d: %v", i, err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("blob %d: %v", i, err)
+		}
+		back, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(back) != blob {
+			t.Errorf("blob %d changed on a round trip:\n got %s\nwant %s", i, back, blob)
+		}
+	}
+	var c Config
+	if err := json.Unmarshal([]byte(frozenWorkloads[2]), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.AMP != AMPFP16 || c.Checkpoint != CheckpointEvery(2) || c.Attention != AttentionFlash || c.Device != device.CPU ||
+		c.Optimizer != optim.SGD || c.ZeroGrad != ZeroGradZero || !c.AllocConf.ExpandableSegments || c.AllocConf.MaxSplitSize != 128<<20 {
+		t.Errorf("settings read as %+v", c)
+	}
+	if plan := c.Checkpoint.plan(); plan.blocks == nil || !plan.blocks(0) || plan.blocks(1) || !plan.blocks(2) || plan.attention {
+		t.Error("every:2 does not checkpoint blocks 0, 2, 4, ...")
+	}
+}
+
+// TestBadSettingsRefusedWhereTheyEnter checks a setting is parsed, and refused with a one-line reason, when a
+// configuration is read, not later.
+func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
+	tests := map[string]string{
+		`{"amp":"fp8"}`:                             `unknown amp "fp8" (want off, fp16 or bf16)`,
+		`{"checkpoint":"every:0"}`:                  `checkpoint "every:0": N must be a positive integer`,
+		`{"checkpoint":"some"}`:                     `unknown checkpoint "some" (want off, all, every:N or attn)`,
+		`{"attention":"sparse"}`:                    `unknown attention "sparse" (want naive or flash)`,
+		`{"zero_grad":"maybe"}`:                     `unknown zero_grad "maybe" (want none or zero)`,
+		`{"device":"tpu"}`:                          `unknown device "tpu" (want meta, cpu or cuda)`,
+		`{"optimizer":"lion"}`:                      `unknown optimizer "lion" (want sgd, momentum, adam or adamw)`,
+		`{"alloc_conf":"expandable_segments:true"}`: `alloc conf: Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'`,
+	}
+	for blob, want := range tests {
+		var c Config
+		err := json.Unmarshal([]byte(blob), &c)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error saying %q", blob, err, want)
+		}
+	}
+}
+
+// TestSettingsRoundTrip checks every setting's word parses back to the same value.
+func TestSettingsRoundTrip(t *testing.T) {
+	for _, s := range []string{"off", "fp16", "bf16"} {
+		if a, err := ParseAMP(s); err != nil || a.String() != s {
+			t.Errorf("amp %q: %v, %v", s, a, err)
+		}
+	}
+	for _, s := range []string{"off", "all", "attn", "every:1", "every:3"} {
+		if c, err := ParseCheckpoint(s); err != nil || c.String() != s {
+			t.Errorf("checkpoint %q: %v, %v", s, c, err)
+		}
+	}
+	for _, s := range []string{"naive", "flash"} {
+		if a, err := ParseAttention(s); err != nil || a.String() != s {
+			t.Errorf("attention %q: %v, %v", s, a, err)
+		}
+	}
+	for _, s := range []string{"none", "zero"} {
+		if z, err := ParseZeroGrad(s); err != nil || z.String() != s {
+			t.Errorf("zero_grad %q: %v, %v", s, z, err)
+		}
+	}
+	// Settings made in code have no source string and marshal to the canonical one.
+	var a AllocConf
+	a.ExpandableSegments = true
+	if got := a.String(); got != "expandable_segments:True" {
+		t.Errorf("AllocConf made in code reads %q", got)
+	}
+}
