@@ -99,6 +99,7 @@ func New(ctx context.Context, opts Options) *Model {
 		m.help.Styles = help.Styles{Ellipsis: plain, ShortKey: plain.Bold(true), ShortDesc: plain, ShortSeparator: plain,
 			FullKey: plain.Bold(true), FullDesc: plain, FullSeparator: plain}
 	}
+	m.live.filter = newFilterInput()
 	m.fixes = newFixesPane(opts.Workload, opts.Runner)
 	m.device = newDevicePane(opts.Devices)
 	switch {
@@ -239,7 +240,7 @@ func (m *Model) landOnTarget() {
 // onKey handles a key press: global keys first, then the focused pane's.
 func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	k := m.keys
-	if m.live.filtering {
+	if m.live.filtering() {
 		return m.live.onFilterKey(msg, m)
 	}
 	switch {

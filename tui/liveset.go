@@ -7,7 +7,9 @@ import (
 	"strings"
 
 	"charm.land/bubbles/v2/key"
+	"charm.land/bubbles/v2/textinput"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -28,11 +30,25 @@ type livePane struct {
 	selected int
 	offset   int
 	sortBy   int
-	filter   string
+	filter   textinput.Model // focused while the filter is typed
 
-	filtering bool // typing a filter
-	detail    bool // showing the selected block's stack and retainers
+	detail bool // showing the selected block's stack and retainers
 }
+
+// newFilterInput is the / filter's text input: no prompt (the pane says "filter:"), a steady cursor, no
+// colours of its own.
+func newFilterInput() textinput.Model {
+	in := textinput.New()
+	in.Prompt = ""
+	in.CharLimit = 200
+	plain := lipgloss.NewStyle()
+	state := textinput.StyleState{Placeholder: plain, Suggestion: plain, Prompt: plain, Text: plain}
+	in.SetStyles(textinput.Styles{Focused: state, Blurred: state, Cursor: textinput.CursorStyle{Shape: tea.CursorBar}})
+	return in
+}
+
+// filtering reports whether the filter is being typed.
+func (p *livePane) filtering() bool { return p.filter.Focused() }
 
 var sortNames = []string{"size", "newest", "category", "scope"}
 
@@ -65,7 +81,7 @@ func (p *livePane) setData(ix *index, at int, live, before []snapshot.Allocation
 // apply filters and sorts the rows, keeping the selection in range.
 func (p *livePane) apply() {
 	p.shown = p.shown[:0]
-	f := strings.ToLower(p.filter)
+	f := strings.ToLower(p.filter.Value())
 	for _, b := range p.rows {
 		if f == "" || strings.Contains(strings.ToLower(p.describe(b)), f) {
 			p.shown = append(p.shown, b)
@@ -100,7 +116,7 @@ func (p *livePane) selectAlloc(alloc int) {
 				return
 			}
 		}
-		p.filter = ""
+		p.filter.Reset()
 		p.apply()
 	}
 }
@@ -121,10 +137,10 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		p.apply()
 		m.setStatus("live set sorted by "+sortNames[p.sortBy], false)
 	case key.Matches(msg, k.Filter):
-		p.filtering = true
+		return p.filter.Focus()
 	case key.Matches(msg, k.Back):
-		if p.filter != "" {
-			p.filter = ""
+		if p.filter.Value() != "" {
+			p.filter.Reset()
 			p.apply()
 		}
 	}
@@ -133,22 +149,18 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 
 // onFilterKey edits the filter while typing it: enter keeps it, esc clears it.
 func (p *livePane) onFilterKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+	var cmd tea.Cmd
 	switch msg.String() {
 	case "enter":
-		p.filtering = false
+		p.filter.Blur()
 	case "esc":
-		p.filtering, p.filter = false, ""
-	case "backspace":
-		if r := []rune(p.filter); len(r) > 0 {
-			p.filter = string(r[:len(r)-1])
-		}
+		p.filter.Reset()
+		p.filter.Blur()
 	default:
-		if msg.Text != "" {
-			p.filter += msg.Text
-		}
+		p.filter, cmd = p.filter.Update(msg)
 	}
 	p.apply()
-	return nil
+	return cmd
 }
 
 // view renders the table, or the selected block's detail, in w x h.
@@ -167,11 +179,11 @@ func (p *livePane) view(s Styles, w, h int) string {
 	if p.freed > 0 || len(p.added) > 0 {
 		head += fmt.Sprintf(" · since last stop +%d new, -%d freed (%s)", len(p.added), p.freed, units.FormatSize(p.freedB))
 	}
-	if p.filter != "" || p.filtering {
-		head += " · filter: " + p.filter
-		if p.filtering {
-			head += "▏"
-		}
+	switch {
+	case p.filtering():
+		head += " · filter: " + p.filter.View()
+	case p.filter.Value() != "":
+		head += " · filter: " + p.filter.Value()
 	}
 	head += " · sort: " + sortNames[p.sortBy]
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}

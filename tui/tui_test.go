@@ -316,3 +316,34 @@ func TestPadLeftMeasuresCells(t *testing.T) {
 		}
 	}
 }
+
+// TestFilterInput types a filter in the / input as a user edits one: characters, a word deleted with
+// ctrl+w, backspace, enter to keep it; esc clears it. No colour is drawn under NO_COLOR while typing.
+func TestFilterInput(t *testing.T) {
+	m := newTestModel(t, fixture(t, "tiny-oom"), 100, 30)
+	all := len(m.live.shown)
+	press(m, "/", "g", "e", "l", "u")
+	if !m.live.filtering() || m.live.filter.Value() != "gelu" {
+		t.Fatalf("typing: filtering %v, value %q", m.live.filtering(), m.live.filter.Value())
+	}
+	if out := m.View().Content; sgrColour.MatchString(out) || !strings.Contains(ansi.Strip(out), "filter: gelu") {
+		t.Errorf("while typing, the head reads:\n%s", ansi.Strip(out))
+	}
+	m.Update(tea.KeyPressMsg{Code: 'w', Mod: tea.ModCtrl})
+	press(m, "s", "o", "f", "t", "backspace", "t", "enter")
+	if m.live.filtering() || m.live.filter.Value() != "soft" {
+		t.Fatalf("after enter: filtering %v, value %q", m.live.filtering(), m.live.filter.Value())
+	}
+	for _, b := range m.live.shown {
+		if !strings.Contains(strings.ToLower(m.live.describe(b)), "soft") {
+			t.Errorf("the filter %q shows %q", "soft", m.live.describe(b))
+		}
+	}
+	if n := len(m.live.shown); n == 0 || n >= all {
+		t.Errorf("the filter keeps %d of %d blocks", n, all)
+	}
+	press(m, "/", "esc")
+	if m.live.filter.Value() != "" || len(m.live.shown) != all {
+		t.Errorf("esc left the filter %q with %d of %d blocks", m.live.filter.Value(), len(m.live.shown), all)
+	}
+}
