@@ -7,6 +7,8 @@ import (
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+	"charm.land/lipgloss/v2/table"
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -364,23 +366,54 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 		}
 		return "fits"
 	}
-	out := []string{
-		s.Header.Render(ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "", "before", "after", "change"), w, "")),
-		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak allocated", units.FormatSize(b.peakAlloc), units.FormatSize(a.peakAlloc), units.FormatChange(a.peakAlloc-b.peakAlloc)), w, ""),
-		ansi.Truncate(fmt.Sprintf("%-18s %12s %12s %12s", "peak reserved", units.FormatSize(b.peakRes), units.FormatSize(a.peakRes), units.FormatChange(a.peakRes-b.peakRes)), w, ""),
+	row := func(name string, before, after int64) []string {
+		return []string{name, units.FormatSize(before), units.FormatSize(after), units.FormatChange(after - before)}
+	}
+	rows := [][]string{row("peak allocated", b.peakAlloc, a.peakAlloc), row("peak reserved", b.peakRes, a.peakRes)}
+	for c := range snapshot.NumCategories {
+		if a.atPeak[c] != b.atPeak[c] {
+			rows = append(rows, row("  "+snapshot.Category(c).String(), b.atPeak[c], a.atPeak[c]))
+		}
+	}
+	// The categories' rows follow the device's verdict, which is a sentence rather than a row of the table.
+	head, cats := rows[:2], rows[2:]
+	var out []string
+	for _, line := range strings.Split(comparisonTable(s, head), "\n") {
+		out = append(out, ansi.Truncate(line, w, ""))
 	}
 	verdict := s.Good
 	if a.oom {
 		verdict = s.Error
 	}
 	out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "device", fits(b)), w, "")+verdict.Render(fits(a)))
-	for c := range snapshot.NumCategories {
-		if d := a.atPeak[c] - b.atPeak[c]; d != 0 {
-			out = append(out, ansi.Truncate(fmt.Sprintf("  %-16s %12s %12s %12s", snapshot.Category(c), units.FormatSize(b.atPeak[c]), units.FormatSize(a.atPeak[c]), units.FormatChange(d)), w, ""))
+	if len(cats) > 0 {
+		lines := strings.Split(comparisonTable(s, cats), "\n")
+		for _, line := range lines[1:] { // the columns are the table's above
+			out = append(out, ansi.Truncate(line, w, ""))
 		}
 	}
 	if a.recompute > 0 && a.forward > 0 {
 		out = append(out, ansi.Truncate(fmt.Sprintf("cost: backward recomputes %d%% of the forward's allocations", 100*a.recompute/a.forward), w, "…"))
 	}
 	return out
+}
+
+// comparisonTable lays out rows of a name and three sizes (before, after, change) under the before/after
+// header: the name left-aligned, the sizes right-aligned, no borders.
+func comparisonTable(s Styles, rows [][]string) string {
+	return table.New().Border(lipgloss.HiddenBorder()).
+		BorderTop(false).BorderBottom(false).BorderLeft(false).BorderRight(false).BorderHeader(false).BorderColumn(false).
+		Headers("", "before", "after", "change").
+		Rows(rows...).
+		StyleFunc(func(row, col int) lipgloss.Style {
+			st := lipgloss.NewStyle().Width(19).PaddingRight(1)
+			if col > 0 {
+				st = lipgloss.NewStyle().Width(13).PaddingLeft(1).Align(lipgloss.Right)
+			}
+			if row == table.HeaderRow {
+				st = st.Inherit(s.Header)
+			}
+			return st
+		}).
+		Render()
 }
