@@ -21,7 +21,7 @@ var layers = map[string][]string{
 	"internal/units":             nil,
 	"snapshot":                   {"internal/torchrules"},
 	"snapshot/torch":             {"snapshot", "internal/pickle", "internal/torchrules"},
-	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/torchrules"},
+	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/torchrules", "internal/units"},
 	"snapshot/export":            {"snapshot", "internal/torchrules", "internal/units"},
 	"snapshot/snapshottest":      {"snapshot", "internal/torchrules"},
 	"tracer":                     {"snapshot", "internal/torchrules"},
