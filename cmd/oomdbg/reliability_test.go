@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,11 +51,7 @@ func oomdbgBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "oomdbg")
-		gotool := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(gotool); err != nil {
-			gotool = "go"
-		}
-		out, err := exec.Command(gotool, "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
