@@ -60,43 +60,63 @@ func TestKillRecording(t *testing.T) {
 		{"after 3s", 3 * time.Second, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "run.oomdbg")
-			cmd, _ := startRecording(t, bin, path)
-			time.Sleep(tc.after)
-			killed := time.Now()
-			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			cmd.Wait()
-			s, err := snapshot.ReadFile(path)
-			if err != nil {
-				t.Fatalf("the killed recording does not read back: %v", err)
-			}
-			var cut *snapshot.TruncatedError
-			if !errors.As(s.Warning, &cut) || s.Footer != nil {
-				t.Fatalf("warning %v, footer %v: want a recording cut short", s.Warning, s.Footer != nil)
-			}
-			iterations := 0
-			for _, e := range s.Events {
-				if e.Action == snapshot.ActionIteration {
-					iterations++
+			// The loss is measured on the wall clock, so a machine too busy to run the recorder for a while
+			// can exceed the bound without anything being wrong: three attempts, and one within the bound
+			// suffices. A recording that is not flushed as it goes loses seconds in every attempt.
+			var losses []time.Duration
+			for range killAttempts {
+				loss, ok := killOnce(t, bin, tc.after, tc.iterations)
+				if !ok || loss <= maxLoss {
+					return
 				}
+				losses = append(losses, loss)
 			}
-			if complete := max(iterations-1, 0); complete < tc.iterations {
-				t.Fatalf("%d complete iterations, want at least %d", complete, tc.iterations)
-			}
-			if len(s.Events) == 0 {
-				return // killed before the first chunk: nothing was recorded to lose
-			}
-			last := time.Duration(s.Events[len(s.Events)-1].Time)
-			loss := killed.Sub(s.Meta.Created) - last
-			t.Logf("%d events, %d iterations begun; the last recorded %v into the run, killed at %v: lost %v",
-				len(s.Events), iterations, last, killed.Sub(s.Meta.Created), loss)
-			if loss > maxLoss {
-				t.Errorf("lost the last %v before the kill, more than %v", loss, maxLoss)
-			}
+			t.Errorf("lost the last %v before the kill in %d attempts, more than %v", losses, killAttempts, maxLoss)
 		})
 	}
+}
+
+// killAttempts is how many times TestKillRecording kills a recording before it calls a loss too large.
+const killAttempts = 3
+
+// killOnce records into a new file, kills the recording with SIGKILL after the given time and checks what
+// the file holds. It returns the time recorded events were lost for before the kill, and false when
+// nothing was recorded (there was nothing to lose).
+func killOnce(t *testing.T, bin string, after time.Duration, wantIterations int) (time.Duration, bool) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "run.oomdbg")
+	cmd, _ := startRecording(t, bin, path)
+	time.Sleep(after)
+	killed := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	s, err := snapshot.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the killed recording does not read back: %v", err)
+	}
+	var cut *snapshot.TruncatedError
+	if !errors.As(s.Warning, &cut) || s.Footer != nil {
+		t.Fatalf("warning %v, footer %v: want a recording cut short", s.Warning, s.Footer != nil)
+	}
+	iterations := 0
+	for _, e := range s.Events {
+		if e.Action == snapshot.ActionIteration {
+			iterations++
+		}
+	}
+	if complete := max(iterations-1, 0); complete < wantIterations {
+		t.Fatalf("%d complete iterations, want at least %d", complete, wantIterations)
+	}
+	if len(s.Events) == 0 {
+		return 0, false // killed before the first chunk: nothing was recorded to lose
+	}
+	last := time.Duration(s.Events[len(s.Events)-1].Time)
+	loss := killed.Sub(s.Meta.Created) - last
+	t.Logf("%d events, %d iterations begun; the last recorded %v into the run, killed at %v: lost %v",
+		len(s.Events), iterations, last, killed.Sub(s.Meta.Created), loss)
+	return loss, true
 }
 
 // TestStopSignals stops a recording with SIGINT, SIGTERM and SIGHUP: each ends the run like Ctrl-C, the
