@@ -301,21 +301,38 @@ func EmbeddingBackward(dweight, dy, idx []float32, cols int) {
 	}
 }
 
-// NLLLoss returns the mean over rows of -logp[row, target[row]] (logp has rows of length cols).
+// NLLLoss returns the mean over rows of -logp[row, target[row]] (logp has rows of length cols), rows whose
+// target is negative (an ignore_index) left out.
 func NLLLoss(logp, target []float32, cols int) float32 {
 	var s float64
 	for i, t := range target {
-		s -= float64(logp[i*cols+int(t)])
+		if t >= 0 {
+			s -= float64(logp[i*cols+int(t)])
+		}
 	}
-	return float32(s / float64(len(target)))
+	return float32(s / float64(NLLCount(target)))
 }
 
-// NLLLossBackward sets dlogp = -g/rows at each row's target and 0 elsewhere.
+// NLLCount is the number of rows the mean is taken over: the targets other than a negative ignore_index
+// (HF's -100 for the padded last position); nll_loss's total_weight.
+func NLLCount(target []float32) int {
+	n := 0
+	for _, t := range target {
+		if t >= 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// NLLLossBackward sets dlogp = -g/count at each counted row's target and 0 elsewhere.
 func NLLLossBackward(dlogp, target []float32, cols int, g float32) {
 	Fill(dlogp, 0)
-	w := -g / float32(len(target))
+	w := -g / float32(NLLCount(target))
 	for i, t := range target {
-		dlogp[i*cols+int(t)] = w
+		if t >= 0 {
+			dlogp[i*cols+int(t)] = w
+		}
 	}
 }
 

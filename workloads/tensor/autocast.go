@@ -30,10 +30,12 @@ const (
 	FP32
 	// FP32SetOptDType (AT_FORALL_FP32_SET_OPT_DTYPE): an unset dtype argument is set to float32.
 	FP32SetOptDType
+	// Promote (AT_FORALL_PROMOTE): floating inputs are cast to the widest of their dtypes.
+	Promote
 )
 
 var policyNames = [...]string{NotListed: "not listed", LowerPrecisionFP: "lower_precision_fp", FP32: "fp32",
-	FP32SetOptDType: "fp32_set_opt_dtype"}
+	FP32SetOptDType: "fp32_set_opt_dtype", Promote: "promote"}
 
 func (p CastPolicy) String() string { return policyNames[p] }
 
@@ -174,12 +176,35 @@ var (
 		Saved: []SavedRule{{"MaskedFillBackward0", "mask", AsBool}}, Source: "autocast_mode.cpp (no registration)"}
 	acMean = &AutocastRule{Op: "mean", Func: "Mean", Policy: NotListed, Output: AsInput,
 		Source: "autocast_mode.cpp (no registration)"}
+	acMeanLast = &AutocastRule{Op: "mean (dim, keepdim)", Func: "MeanLast", Policy: NotListed, Output: AsInput,
+		Note: "RMSNorm's variance: its input is already float32", Source: "autocast_mode.cpp (no registration)"}
+	acPow = &AutocastRule{Op: "pow (a scalar exponent)", Func: "Pow", Policy: FP32, Output: AsF32,
+		Saved:  []SavedRule{{"PowBackward0", "self", AsF32}},
+		Note:   "a 16-bit input is copied to float32 and the copy saved; RMSNorm calls it on float32",
+		Source: "autocast_mode.h AT_FORALL_FP32 (pow.Tensor_Scalar)"}
+	acRsqrt = &AutocastRule{Op: "rsqrt", Func: "Rsqrt", Policy: FP32, Output: AsF32,
+		Saved: []SavedRule{{"RsqrtBackward0", "result", AsF32}}, Source: "autocast_mode.h AT_FORALL_FP32"}
+	acAddScalar = &AutocastRule{Op: "add (a Python scalar)", Func: "AddScalar", Policy: NotListed, Output: AsInput,
+		Note: "a wrapped number does not promote", Source: "autocast_mode.cpp (no registration)"}
+	acSiLU = &AutocastRule{Op: "silu", Func: "SiLU", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"SiluBackward0", "self", AsInput}}, Source: "autocast_mode.cpp (no registration)"}
+	acNeg = &AutocastRule{Op: "neg", Func: "Neg", Policy: NotListed, Output: AsInput,
+		Source: "autocast_mode.cpp (no registration)"}
+	acCat = &AutocastRule{Op: "cat", Func: "Cat", Policy: Promote, Output: AsPromoted,
+		Note:   "rotate_half concatenates two halves of one dtype: nothing to convert",
+		Source: "autocast_mode.cpp KERNEL_CUDA(cat, promote)"}
+	acCos = &AutocastRule{Op: "cos", Func: "Cos", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"CosBackward0", "self", AsInput}}, Note: "the rotary embedding computes it under no_grad with autocast disabled",
+		Source: "autocast_mode.cpp (no registration)"}
+	acSin = &AutocastRule{Op: "sin", Func: "Sin", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"SinBackward0", "self", AsInput}}, Note: "as cos", Source: "autocast_mode.cpp (no registration)"}
 )
 
-// AutocastPolicy is every op of the runtime with its CUDA autocast treatment, in the order of a GPT's forward.
+// AutocastPolicy is every op of the runtime with its CUDA autocast treatment, in the order of a GPT's forward
+// and then of the ops a Llama adds (RMSNorm, rotary embeddings, SwiGLU).
 var AutocastPolicy = []*AutocastRule{acEmbedding, acAdd, acDropout, acLayerNorm, acLinear, acMatmul, acScale,
 	acMaskedFill, acSoftmax, acSDPA, acGELU, acCrossEntropy, acLogSoftmax, acNLLLoss, acReLU, acMul, acMSELoss, acSum,
-	acMean}
+	acMean, acPow, acMeanLast, acAddScalar, acRsqrt, acNeg, acCat, acSiLU, acCos, acSin}
 
 // Autocast runs f with autocast to dtype (F16 or BF16) on, and drops the weight-cast cache when the
 // outermost region ends.

@@ -25,6 +25,7 @@ var policyCasts = map[CastPolicy]string{
 	LowerPrecisionFP: "lower_precision_fp: inputs cast to fp16/bf16",
 	FP32:             "fp32: inputs cast to fp32",
 	FP32SetOptDType:  "fp32_set_opt_dtype: dtype=fp32 when not given",
+	Promote:          "promote: inputs cast to the widest dtype",
 }
 
 // policyTable renders AutocastPolicy as a markdown table.

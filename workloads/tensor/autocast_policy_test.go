@@ -64,7 +64,20 @@ var policyCases = map[string]policyCase{
 	"Mul": func(rt *Runtime, in DType) (*Tensor, []DType) {
 		return Mul(leaf(rt, in, 3, 5), leaf(rt, in, 3, 5)), []DType{in, in}
 	},
-	"Scale": func(rt *Runtime, in DType) (*Tensor, []DType) { return Scale(leaf(rt, in, 3, 5), 0.5), []DType{in} },
+	"Scale":    func(rt *Runtime, in DType) (*Tensor, []DType) { return Scale(leaf(rt, in, 3, 5), 0.5), []DType{in} },
+	"Pow":      func(rt *Runtime, in DType) (*Tensor, []DType) { return Pow(leaf(rt, in, 3, 5), 2), []DType{in} },
+	"MeanLast": func(rt *Runtime, in DType) (*Tensor, []DType) { return MeanLast(leaf(rt, in, 3, 5)), []DType{in} },
+	"AddScalar": func(rt *Runtime, in DType) (*Tensor, []DType) {
+		return AddScalar(leaf(rt, in, 3, 5), 1e-6), []DType{in}
+	},
+	"Rsqrt": func(rt *Runtime, in DType) (*Tensor, []DType) { return Rsqrt(leaf(rt, in, 3, 5)), []DType{in} },
+	"Neg":   func(rt *Runtime, in DType) (*Tensor, []DType) { return Neg(leaf(rt, in, 3, 5)), []DType{in} },
+	"SiLU":  func(rt *Runtime, in DType) (*Tensor, []DType) { return SiLU(leaf(rt, in, 3, 5)), []DType{in} },
+	"Cos":   func(rt *Runtime, in DType) (*Tensor, []DType) { return Cos(leaf(rt, in, 3, 5)), []DType{in} },
+	"Sin":   func(rt *Runtime, in DType) (*Tensor, []DType) { return Sin(leaf(rt, in, 3, 5)), []DType{in} },
+	"Cat": func(rt *Runtime, in DType) (*Tensor, []DType) { // rotary's halves, and a float32 with a 16-bit one
+		return Cat([]*Tensor{leaf(rt, in, 3, 2), leaf(rt, F32, 3, 2)}, -1), []DType{in, F32}
+	},
 	"MaskedFill": func(rt *Runtime, in DType) (*Tensor, []DType) {
 		return MaskedFill(leaf(rt, in, 3, 5), rt.Zeros(Bool, []int{3, 5}, "mask", snapshot.CategoryInput), 0), []DType{in}
 	},

@@ -17,7 +17,8 @@ type Node struct {
 	seq   uint64 // creation order; backward runs the newest ready node first
 	next  []edge // one per input: where the input's gradient goes
 	saved []*Tensor
-	outs  int // number of outputs
+	kept  []*Tensor // references the node holds that are not saved tensors (ctx attributes, a leaf)
+	outs  int       // number of outputs
 	apply backwardFunc
 	leaf  *object // for AccumulateGrad: the leaf it accumulates into
 	freed bool    // the saved tensors were released by a backward without retain_graph
@@ -87,7 +88,13 @@ func (rt *Runtime) node(name string, inputs []*Tensor, outputs []*Tensor, apply 
 	for i, in := range inputs {
 		if in != nil && in.requiresGrad {
 			n.next[i] = in.gradEdge()
-			n.next[i].node.refs++
+			acc := n.next[i].node
+			acc.refs++
+			if acc.leaf != nil && acc.leaf.name == "" && len(acc.kept) == 0 {
+				// AccumulateGrad holds its variable: a leaf nothing names (an input made to require grad)
+				// lives, with its .grad, as long as the graph does. A parameter is alive anyway.
+				acc.hold("variable", in)
+			}
 		}
 	}
 	for i, out := range outputs {
@@ -115,6 +122,7 @@ func (n *Node) unref() {
 			if m.leaf.accumulate == m {
 				m.leaf.accumulate = nil
 			}
+			m.releaseSaved()
 			continue
 		}
 		if !m.freed {
@@ -159,12 +167,23 @@ func (n *Node) save(slot string, t *Tensor) *Tensor {
 	return s
 }
 
-// releaseSaved frees what the node saved.
+// hold keeps a reference to t that is not a saved tensor: ctx attributes of a custom function, the variable
+// of an AccumulateGrad. It goes with the saved tensors.
+func (n *Node) hold(slot string, t *Tensor) {
+	k := t.Ref()
+	k.owner = owner{node: n, slot: slot, kept: true}
+	n.kept = append(n.kept, k)
+}
+
+// releaseSaved frees what the node saved and holds.
 func (n *Node) releaseSaved() {
 	for _, s := range n.saved {
 		s.Release()
 	}
-	n.saved = nil
+	for _, k := range n.kept {
+		k.Release()
+	}
+	n.saved, n.kept = nil, nil
 	n.freed = true
 }
 

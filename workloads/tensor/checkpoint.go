@@ -9,25 +9,53 @@ import "github.com/oomdbg/oomdbg/snapshot"
 // the first run, then backpropagates through the recomputed graph, which frees itself as it goes. Gradients
 // equal those of f(x) without checkpointing.
 func Checkpoint(f func(x *Tensor) *Tensor, x *Tensor) *Tensor {
-	x.check()
-	rt := x.rt
+	return CheckpointInputs(func(xs []*Tensor) *Tensor { return f(xs[0]) }, []*Tensor{x})
+}
+
+// CheckpointInputs is Checkpoint of a function of several tensors (a decoder layer's hidden states, mask
+// and positions): every tensor input is saved for backward (ctx.save_for_backward(*tensor_inputs)), and
+// keep holds the references the function's other arguments carry (ctx.inputs, e.g. a tuple of rotary cos
+// and sin tensors): kept alive until backward, but not saved tensors, so saved_tensors_hooks do not see
+// them. Only inputs that require grad get a gradient. As in PyTorch, when no input requires grad the output
+// does not either, and nothing inside f gets a gradient (the reason HF enables input gradients for adapters).
+func CheckpointInputs(f func(xs []*Tensor) *Tensor, inputs []*Tensor, keep ...*Tensor) *Tensor {
+	rt := inputs[0].rt
+	for _, x := range inputs {
+		if x != nil {
+			x.check()
+		}
+	}
 	rngState, _ := rt.src.MarshalBinary() // preserve_rng_state
 	autocast := rt.autocast               // _get_autocast_kwargs
 	var out *Tensor
-	rt.NoGrad(func() { out = f(x) })
-	if !rt.needsGrad(x) {
+	rt.NoGrad(func() { out = f(inputs) })
+	if !rt.needsGrad(inputs...) {
 		return out
 	}
-	node := rt.node("CheckpointFunctionBackward", []*Tensor{x}, []*Tensor{out}, nil)
-	saved := node.save("input", x)
-	node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+	node := rt.node("CheckpointFunctionBackward", inputs, []*Tensor{out}, nil)
+	saved := make([]*Tensor, len(inputs))
+	for i, x := range inputs {
+		if x != nil {
+			saved[i] = node.save("input", x)
+		}
+	}
+	for _, k := range keep {
+		node.hold("ctx.inputs", k)
+	}
+	node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 		rt := n.rt
 		prevPhase := rt.SetPhase(snapshot.PhaseRecompute)
 		prevCat := rt.SetCategory(snapshot.CategoryTemporary)
 		forwardRNG, _ := rt.src.MarshalBinary()
 		_ = rt.src.UnmarshalBinary(rngState)
 
-		in := saved.Detach().SetRequiresGrad(true)
+		// detach_variable: each input detached, requiring grad as the original did.
+		in := make([]*Tensor, len(saved))
+		for i, s := range saved {
+			if s != nil {
+				in[i] = s.Detach().SetRequiresGrad(s.requiresGrad)
+			}
+		}
 		prevGrad := rt.SetGradEnabled(true)
 		var y *Tensor
 		if autocast != F32 { // with torch.enable_grad(), torch.amp.autocast(**ctx.device_autocast_kwargs)
@@ -45,13 +73,21 @@ func Checkpoint(f func(x *Tensor) *Tensor, x *Tensor) *Tensor {
 		// torch.autograd.backward(outputs, grads) inside the outer backward.
 		rt.runBackward(y.gradEdge(), g[0].Ref(), false)
 		y.Release()
-		dx := in.grad
-		in.grad = nil
-		in.Release()
-		if dx != nil {
-			dx.owner = owner{}
+		grads := make([]*Tensor, len(in))
+		for i, x := range in {
+			if x == nil {
+				continue
+			}
+			if needs[i] && x.grad != nil {
+				grads[i] = x.grad
+				grads[i].owner = owner{}
+			} else {
+				x.grad.Release()
+			}
+			x.grad = nil
+			x.Release()
 		}
-		return []*Tensor{dx}
+		return grads
 	}
 	return out
 }

@@ -165,6 +165,67 @@ func TestGradients(t *testing.T) {
 			inputs: []input{randInput(r, 3, 4), randInput(r, 3, 4)},
 			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Mul(xs[0], xs[1])) },
 		},
+		"mul broadcast over middle dimensions": { // rotary: q (B,H,T,D) * cos (1,1,T,D)
+			inputs: []input{randInput(r, 2, 3, 4, 2), randInput(r, 1, 1, 4, 2)},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Mul(xs[1], xs[0])) },
+		},
+		"add broadcast over heads": { // an additive mask (B,1,T,T) over scores (B,H,T,T)
+			inputs: []input{randInput(r, 2, 3, 4, 4), randInput(r, 2, 1, 4, 4)},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Add(xs[0], xs[1])) },
+		},
+		"pow": {
+			inputs: []input{randInput(r, 3, 4)},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Pow(xs[0], 2)) },
+		},
+		"rsqrt": {
+			inputs: []input{{shape: []int{2, 3}, values: []float32{0.5, 0.8, 1, 1.5, 2.5, 4}}},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Rsqrt(xs[0])) },
+		},
+		"neg and add scalar": {
+			inputs: []input{randInput(r, 3, 4)},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, out(Neg, AddScalar(xs[0], 0.25))) },
+		},
+		"silu": {
+			inputs: []input{randInput(r, 3, 4)},
+			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, SiLU(xs[0])) },
+		},
+		"cos and sin": {
+			inputs: []input{randInput(r, 3, 4)},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				c := Cos(xs[0])
+				defer c.Release()
+				return out(weightedSum, out(func(s *Tensor) *Tensor { return Mul(c, s) }, Sin(xs[0])))
+			},
+		},
+		"mean of the last dimension": {
+			inputs: []input{randInput(r, 2, 3, 4)},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				sq := Mul(xs[0], xs[0])
+				defer sq.Release()
+				return out(weightedSum, MeanLast(sq))
+			},
+		},
+		"cat of halves": { // rotate_half: cat(-x2, x1)
+			inputs: []input{randInput(r, 2, 3, 4)},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				x1, x2 := xs[0].Narrow(-1, 0, 2), xs[0].Narrow(-1, 2, 2)
+				defer x1.Release()
+				defer x2.Release()
+				n := Neg(x2)
+				defer n.Release()
+				return out(weightedSum, Cat([]*Tensor{n, x1}, -1))
+			},
+		},
+		"unsqueeze, expand and reshape": { // repeat_kv
+			inputs: []input{randInput(r, 2, 2, 3, 4)},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				u := xs[0].Unsqueeze(2)
+				defer u.Release()
+				e := u.Expand(2, 2, 3, 3, 4)
+				defer e.Release()
+				return out(weightedSum, e.Reshape(2, 6, 3, 4))
+			},
+		},
 		"mul same input": {
 			inputs: []input{randInput(r, 3, 4)},
 			build:  func(rt *Runtime, xs []*Tensor) *Tensor { return out(weightedSum, Mul(xs[0], xs[0])) },
@@ -277,6 +338,25 @@ func TestGradients(t *testing.T) {
 			inputs: []input{randInput(r, 1, 2, 4, 3), randInput(r, 1, 2, 4, 3), randInput(r, 1, 2, 4, 3)},
 			build: func(rt *Runtime, xs []*Tensor) *Tensor {
 				return out(weightedSum, ScaledDotProductAttention(xs[0], xs[1], xs[2], true, 0.3, true))
+			},
+		},
+		"flash attention with grouped key-value heads": {
+			inputs: []input{randInput(r, 2, 4, 3, 2), randInput(r, 2, 2, 3, 2), randInput(r, 2, 2, 3, 2)},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				return out(weightedSum, FlashAttention(xs[0], xs[1], xs[2], true, 0, true))
+			},
+		},
+		"checkpoint of several inputs, one that needs no gradient": {
+			inputs: []input{randInput(r, 3, 4), randInput(r, 4, 4), {shape: []int{3, 4}, values: make([]float32, 12), noGrad: true}},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				y := CheckpointInputs(func(in []*Tensor) *Tensor {
+					h := Linear(in[0], xs[1], nil)
+					defer h.Release()
+					m := Add(h, in[1])
+					defer m.Release()
+					return SiLU(m)
+				}, []*Tensor{xs[0], xs[2]})
+				return out(weightedSum, y)
 			},
 		},
 		"checkpoint": {

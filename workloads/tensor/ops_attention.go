@@ -116,6 +116,20 @@ func (rt *Runtime) Tril(n int, role string, category snapshot.Category) *Tensor 
 // v, the output and the log-sum-exp. Dropout, when p > 0 and training, is drawn inside the kernel from a seed
 // (no mask in device memory).
 func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
+	return sdpa("ScaledDotProductEfficientAttentionBackward0", q, k, v, causal, p, training)
+}
+
+// FlashAttention is F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) on the flash
+// kernel, which HF transformers' sdpa attention calls for a Llama without a mask on PyTorch 2.5 and later
+// (integrations/sdpa_attention.py, use_gqa_in_sdpa): k and v keep their key-value heads (batch, kv_heads, seq,
+// head_dim), each shared by heads/kv_heads query heads, instead of being repeated. It saves what
+// ScaledDotProductAttention saves; with fewer key-value heads its backward computes dk and dv per query head
+// into (batch, seq, heads, head_dim) workspaces and sums them (flash-attention's mha_bwd).
+func FlashAttention(q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
+	return sdpa("ScaledDotProductFlashAttentionBackward0", q, k, v, causal, p, training)
+}
+
+func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
 	q.check()
 	k.check()
 	v.check()
@@ -123,9 +137,13 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 	if in, ok := acSDPA.cast(rt, q, k, v); ok {
 		defer releaseAll(in)
 		defer rt.withoutAutocast()()
-		return ScaledDotProductAttention(in[0], in[1], in[2], causal, p, training)
+		return sdpa(name, in[0], in[1], in[2], causal, p, training)
 	}
 	b, h, s, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	kvh := k.Dim(1)
+	if kvh == 0 || h%kvh != 0 || v.Dim(1) != kvh {
+		errShape("ScaledDotProductAttention", "%d query heads and %d key-value heads", h, kvh)
+	}
 	if !training {
 		p = 0
 	}
@@ -135,14 +153,15 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 	outBTHD.Release()
 	lse := rt.Empty(F32, []int{b, h, s}, "sdpa.logsumexp")
 	var keep []float32 // the dropout draws: host scratch standing in for the kernel's seeded generator
+	shape := attnShape{b: b, h: h, kvh: kvh, s: s, d: d}
 	if rt.dev.Computes() {
 		keep = dropoutDraws(rt, p, b*h*s*s)
-		vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), b, h, s, d, causal, p, keep)
+		vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), shape, causal, p, keep)
 		scatter(out.object, vals)
 		out.round()
 	}
 	if rt.needsGrad(q, k, v) {
-		node := rt.node("ScaledDotProductEfficientAttentionBackward0", []*Tensor{q, k, v}, []*Tensor{out}, nil)
+		node := rt.node(name, []*Tensor{q, k, v}, []*Tensor{out}, nil)
 		sq, sk, sv := node.save("query", q), node.save("key", k), node.save("value", v)
 		so, sl := node.save("output", out), node.save("log_sumexp", lse)
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
@@ -151,14 +170,21 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 			accum := rt.Empty(F32, []int{b, s, h, d}, "sdpa.grad_q_accum")
 			delta := rt.Empty(F32, []int{b, h, s}, "sdpa.softmax_d")
 			dq := rt.Empty(sq.dtype, []int{b, h, s, d}, "sdpa.grad_q")
-			dk := rt.Empty(sk.dtype, []int{b, h, s, d}, "sdpa.grad_k")
-			dv := rt.Empty(sv.dtype, []int{b, h, s, d}, "sdpa.grad_v")
+			var dkExp, dvExp *Tensor
+			if kvh != h { // dk, dv per query head, summed over each group at the end
+				dkExp = rt.Empty(sk.dtype, []int{b, s, h, d}, "sdpa.grad_k_expanded")
+				dvExp = rt.Empty(sv.dtype, []int{b, s, h, d}, "sdpa.grad_v_expanded")
+			}
+			dk := rt.Empty(sk.dtype, []int{b, kvh, s, d}, "sdpa.grad_k")
+			dv := rt.Empty(sv.dtype, []int{b, kvh, s, d}, "sdpa.grad_v")
 			if rt.dev.Computes() {
-				attentionBackward(dq.data(), dk.data(), dv.data(), g[0].host(), sq.host(), sk.host(), sv.host(), so.host(), sl.host(), b, h, s, d, causal, p, keep)
+				attentionBackward(dq.data(), dk.data(), dv.data(), g[0].host(), sq.host(), sk.host(), sv.host(), so.host(), sl.host(), shape, causal, p, keep)
 				dq.round()
 				dk.round()
 				dv.round()
 			}
+			dkExp.Release()
+			dvExp.Release()
 			accum.Release()
 			delta.Release()
 			grads := []*Tensor{dq, dk, dv}
@@ -173,6 +199,15 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 	}
 	lse.Release()
 	return out
+}
+
+// attnShape is the shape of an attention: batch, query heads, key-value heads, sequence and head size.
+type attnShape struct{ b, h, kvh, s, d int }
+
+// kvBase returns the offset of the key-value head that query head bh (batch * heads + head) reads.
+func (a attnShape) kvBase(bh int) int {
+	batch, head := bh/a.h, bh%a.h
+	return (batch*a.kvh + head/(a.h/a.kvh)) * a.s * a.d
 }
 
 // dropoutDraws returns n keep-scales (0 or 1/(1-p)) for attention dropout, or nil when p is 0.
@@ -191,12 +226,13 @@ func dropoutDraws(rt *Runtime, p float32, n int) []float32 {
 
 // attentionForward computes softmax(q k^T / sqrt(d) [causal]) (dropped out) @ v, row by row, writing each
 // row's log-sum-exp. It returns the output in (b, h, s, d) order.
-func attentionForward(q, k, v, lse []float32, b, h, s, d int, causal bool, p float32, keep []float32) []float32 {
+func attentionForward(q, k, v, lse []float32, a attnShape, causal bool, p float32, keep []float32) []float32 {
+	b, h, s, d := a.b, a.h, a.s, a.d
 	out := make([]float32, b*h*s*d)
 	scale := 1 / math.Sqrt(float64(d))
 	row := make([]float64, s)
 	for bh := range b * h {
-		base := bh * s * d
+		base, kv := bh*s*d, a.kvBase(bh)
 		for i := range s {
 			n := s
 			if causal {
@@ -206,7 +242,7 @@ func attentionForward(q, k, v, lse []float32, b, h, s, d int, causal bool, p flo
 			for j := range n {
 				var dot float64
 				for c := range d {
-					dot += float64(q[base+i*d+c]) * float64(k[base+j*d+c])
+					dot += float64(q[base+i*d+c]) * float64(k[kv+j*d+c])
 				}
 				row[j] = dot * scale
 				m = max(m, row[j])
@@ -223,7 +259,7 @@ func attentionForward(q, k, v, lse []float32, b, h, s, d int, causal bool, p flo
 					w *= float64(keep[(bh*s+i)*s+j])
 				}
 				for c := range d {
-					out[base+i*d+c] += float32(w * float64(v[base+j*d+c]))
+					out[base+i*d+c] += float32(w * float64(v[kv+j*d+c]))
 				}
 			}
 		}
@@ -233,7 +269,8 @@ func attentionForward(q, k, v, lse []float32, b, h, s, d int, causal bool, p flo
 
 // attentionBackward computes the gradients of attentionForward from the saved log-sum-exp, recomputing the
 // probabilities row by row as the flash kernels do. dq, dk, dv are in (b, h, s, d) order.
-func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d int, causal bool, p float32, keep []float32) {
+func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, a attnShape, causal bool, p float32, keep []float32) {
+	b, h, s, d := a.b, a.h, a.s, a.d
 	clear(dq)
 	clear(dk)
 	clear(dv)
@@ -241,7 +278,7 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d
 	prob := make([]float64, s)
 	dp := make([]float64, s)
 	for bh := range b * h {
-		base := bh * s * d
+		base, kv := bh*s*d, a.kvBase(bh)
 		for i := range s {
 			n := s
 			if causal {
@@ -250,7 +287,7 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d
 			for j := range n {
 				var dot float64
 				for c := range d {
-					dot += float64(q[base+i*d+c]) * float64(k[base+j*d+c])
+					dot += float64(q[base+i*d+c]) * float64(k[kv+j*d+c])
 				}
 				prob[j] = math.Exp(dot*scale - float64(lse[bh*s+i]))
 			}
@@ -259,7 +296,7 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d
 			for j := range n {
 				var g float64
 				for c := range d {
-					g += float64(dout[base+i*d+c]) * float64(v[base+j*d+c])
+					g += float64(dout[base+i*d+c]) * float64(v[kv+j*d+c])
 				}
 				kj := 1.0
 				if keep != nil {
@@ -268,14 +305,14 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, b, h, s, d
 				dp[j] = g * kj
 				rowDot += dp[j] * prob[j]
 				for c := range d {
-					dv[base+j*d+c] += float32(prob[j] * kj * float64(dout[base+i*d+c]))
+					dv[kv+j*d+c] += float32(prob[j] * kj * float64(dout[base+i*d+c]))
 				}
 			}
 			for j := range n {
 				ds := prob[j] * (dp[j] - rowDot) * scale
 				for c := range d {
-					dq[base+i*d+c] += float32(ds * float64(k[base+j*d+c]))
-					dk[base+j*d+c] += float32(ds * float64(q[base+i*d+c]))
+					dq[base+i*d+c] += float32(ds * float64(k[kv+j*d+c]))
+					dk[kv+j*d+c] += float32(ds * float64(q[base+i*d+c]))
 				}
 			}
 		}

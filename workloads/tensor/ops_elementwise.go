@@ -7,32 +7,37 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
-// Add returns a + b. b may be broadcast over a's leading dimensions (its shape a suffix of a's, e.g. a bias).
-// It saves nothing; both inputs receive the output's gradient itself (summed to b's shape when broadcast).
+// Add returns a + b, broadcast (e.g. a bias over rows, or a (B, 1, T, T) mask over heads), in the wider
+// of the two dtypes. It saves nothing; each input receives the output's gradient, summed to its shape where
+// it was broadcast.
 func Add(a, b *Tensor) *Tensor {
 	a.check()
 	b.check()
-	broadcastable("Add", a, b)
+	shape := mustBroadcast("Add", a, b)
 	rt := a.rt
-	out := rt.Empty(resultType(a, b), a.shape, "add.out")
+	out := rt.Empty(resultType(a, b), shape, "add.out")
 	if rt.dev.Computes() {
-		device.Add(out.data(), a.host(), b.host())
+		if slices.Equal(a.shape, shape) && isSuffix(b.shape, shape) {
+			device.Add(out.data(), a.host(), b.host())
+		} else {
+			device.Add(out.data(), a.hostAs(shape), b.hostAs(shape))
+		}
 		out.round()
 	}
 	if rt.needsGrad(a, b) {
-		rt.node("AddBackward0", []*Tensor{a, b}, []*Tensor{out}, addBackward(b.shape))
+		rt.node("AddBackward0", []*Tensor{a, b}, []*Tensor{out}, addBackward(a.shape, b.shape))
 	}
 	return out
 }
 
-// addBackward is AddBackward0's backward: the output's gradient for the first input, the same summed to the
-// second input's shape (when it was broadcast) for the second.
-func addBackward(bShape []int) backwardFunc {
-	bShape = slices.Clone(bShape)
+// addBackward is AddBackward0's backward: the output's gradient for each input, summed to the input's shape
+// where it was broadcast.
+func addBackward(aShape, bShape []int) backwardFunc {
+	aShape, bShape = slices.Clone(aShape), slices.Clone(bShape)
 	return func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 		grads := make([]*Tensor, 2)
 		if needs[0] {
-			grads[0] = g[0].Ref()
+			grads[0] = n.rt.sumTo(g[0], aShape, "add.grad")
 		}
 		if needs[1] {
 			grads[1] = n.rt.sumTo(g[0], bShape, "add.grad")
@@ -41,33 +46,39 @@ func addBackward(bShape []int) backwardFunc {
 	}
 }
 
+// isSuffix reports whether shape b is a suffix of shape a (b repeats over a's leading dimensions).
+func isSuffix(b, a []int) bool {
+	return len(b) <= len(a) && slices.Equal(a[len(a)-len(b):], b)
+}
+
 // addInPlaceOp is y.add_(b) on a tensor y the caller made: no allocation; y's history is rebased onto the
 // add. It returns a new reference to y.
 func addInPlaceOp(y, b *Tensor) *Tensor {
 	broadcastable("add_", y, b)
 	rt := y.rt
 	if rt.dev.Computes() {
-		device.Add(y.data(), y.data(), b.host())
+		device.Add(y.data(), y.data(), b.hostAs(y.shape))
 		y.round()
 	}
 	out := y.Ref()
 	if rt.needsGrad(y, b) {
 		// node reads y's old grad_fn for its edge before making the add y's new one.
-		rt.node("AddBackward0", []*Tensor{y, b}, []*Tensor{out}, addBackward(b.shape))
+		rt.node("AddBackward0", []*Tensor{y, b}, []*Tensor{out}, addBackward(y.shape, b.shape))
 	}
 	return out
 }
 
-// Mul returns a * b elementwise (b may be broadcast like Add's). Each input is saved when the other needs a
-// gradient.
+// Mul returns a * b elementwise, broadcast like Add's, in the wider of the two dtypes. Each input is saved
+// when the other needs a gradient; the gradient of each is the output's gradient times the other, summed to
+// its shape where it was broadcast.
 func Mul(a, b *Tensor) *Tensor {
 	a.check()
 	b.check()
-	broadcastable("Mul", a, b)
+	shape := mustBroadcast("Mul", a, b)
 	rt := a.rt
-	out := rt.Empty(resultType(a, b), a.shape, "mul.out")
+	out := rt.Empty(resultType(a, b), shape, "mul.out")
 	if rt.dev.Computes() {
-		device.Mul(out.data(), a.host(), b.host())
+		device.Mul(out.data(), a.hostAs(shape), b.hostAs(shape))
 		out.round()
 	}
 	if rt.needsGrad(a, b) {
@@ -79,21 +90,34 @@ func Mul(a, b *Tensor) *Tensor {
 		if a.requiresGrad {
 			sb = node.save("other", b)
 		}
-		bShape := slices.Clone(b.shape)
+		aShape, bShape := slices.Clone(a.shape), slices.Clone(b.shape)
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			grads := make([]*Tensor, 2)
 			if needs[0] {
-				grads[0] = n.rt.binary(g[0], sb, "self.grad", device.Mul)
+				grads[0] = n.rt.productTo(g[0], sb, aShape, "self.grad")
 			}
 			if needs[1] {
-				full := n.rt.binary(g[0], sa, "other.grad", device.Mul)
-				grads[1] = n.rt.sumTo(full, bShape, "other.grad")
-				full.Release()
+				grads[1] = n.rt.productTo(g[0], sa, bShape, "other.grad")
 			}
 			return grads
 		}
 	}
 	return out
+}
+
+// productTo allocates g * other (broadcast to g's shape) and sums it to shape: mul_tensor_backward followed
+// by the engine's sum_to.
+func (rt *Runtime) productTo(g, other *Tensor, shape []int, role string) *Tensor {
+	full := rt.Empty(resultType(g, other), g.shape, role)
+	if rt.dev.Computes() {
+		device.Mul(full.data(), g.host(), other.hostAs(g.shape))
+		full.round()
+	}
+	if slices.Equal(g.shape, shape) {
+		return full
+	}
+	defer full.Release()
+	return rt.sumTo(full, shape, role)
 }
 
 // Scale returns x * s for a scalar s (saves nothing).
@@ -245,23 +269,9 @@ func (rt *Runtime) cloneAs(t *Tensor, role string, category snapshot.Category) *
 	return out
 }
 
-// sumTo reduces g to shape by summing over its leading dimensions (the gradient of a broadcast); when the
-// shapes already match it returns another reference to g and allocates nothing.
-func (rt *Runtime) sumTo(g *Tensor, shape []int, role string) *Tensor {
-	if slices.Equal(g.shape, shape) {
-		return g.Ref()
-	}
-	out := rt.Empty(g.dtype, shape, role)
-	if rt.dev.Computes() {
-		device.SumRows(out.data(), g.host(), numel(shape))
-		out.round()
-	}
-	return out
-}
-
-// broadcastable checks that b's shape is a suffix of a's.
+// broadcastable checks that b broadcasts to a's shape (an in-place op's operand).
 func broadcastable(op string, a, b *Tensor) {
-	if len(b.shape) > len(a.shape) || !slices.Equal(a.shape[len(a.shape)-len(b.shape):], b.shape) {
+	if shape, ok := broadcastShapes(a.shape, b.shape); !ok || !slices.Equal(shape, a.shape) {
 		errShape(op, "shapes %v and %v do not broadcast", a.shape, b.shape)
 	}
 }

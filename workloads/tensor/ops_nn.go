@@ -191,7 +191,7 @@ func NLLLoss(logp, target *Tensor) *Tensor {
 	totalWeight := rt.Empty(logp.dtype, nil, "nll_loss.total_weight")
 	if rt.dev.Computes() {
 		out.data()[0] = device.NLLLoss(logp.host(), target.host(), cols)
-		totalWeight.data()[0] = float32(target.Numel())
+		totalWeight.data()[0] = float32(device.NLLCount(target.host()))
 	}
 	if rt.needsGrad(logp) {
 		node := rt.node("NllLossBackward0", []*Tensor{logp}, []*Tensor{out}, nil)

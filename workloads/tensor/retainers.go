@@ -103,8 +103,12 @@ func (w *retainerWalk) visitNode(n *Node, parent uint64) {
 		for _, s := range n.saved {
 			w.visitRef(s, id)
 		}
+		for _, k := range n.kept {
+			w.visitRef(k, id)
+		}
 		for _, e := range n.next {
-			if e.node != nil && e.node.leaf == nil { // AccumulateGrad holds only its leaf, already a root
+			// AccumulateGrad holds only its leaf: a parameter, already a root, or an input it keeps alive.
+			if e.node != nil && (e.node.leaf == nil || len(e.node.kept) > 0) {
 				w.visitNode(e.node, id)
 			}
 		}
@@ -114,6 +118,8 @@ func (w *retainerWalk) visitNode(n *Node, parent uint64) {
 // holderName describes who holds a reference.
 func (t *Tensor) holderName() string {
 	switch {
+	case t.owner.node != nil && t.owner.kept:
+		return t.owner.node.Describe() + " holds " + t.owner.slot
 	case t.owner.node != nil:
 		return t.owner.node.Describe() + " saved " + t.owner.slot
 	case t.owner.gradOf != nil && t.owner.gradOf.name != "":
@@ -140,7 +146,7 @@ type SavedTensor struct {
 func (rt *Runtime) SavedTensors() []SavedTensor {
 	refs := make([]*Tensor, 0)
 	for t := range rt.handles {
-		if t.owner.node != nil && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 {
+		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 {
 			refs = append(refs, t)
 		}
 	}

@@ -41,6 +41,7 @@ type owner struct {
 	node   *Node   // a node that saved this reference for backward ...
 	slot   string  // ... as its "input", "weight", "result", "mask", ...
 	gradOf *object // the leaf whose .grad this is
+	kept   bool    // node holds it as a ctx attribute, not as a saved tensor
 }
 
 // newObject makes a tensor object on st and returns the first reference to it.
