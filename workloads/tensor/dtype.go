@@ -15,10 +15,11 @@ const (
 	Bool              // torch.bool: masks
 	I32               // torch.int32: counters such as the grad scaler's growth tracker
 	F64               // torch.float64: the grad scaler's reciprocal of the scale
+	U8                // torch.uint8: packed 4-bit weights, 8-bit quantized statistics and optimizer state
 )
 
-var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool", I32: "i32", F64: "f64"}
-var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1, I32: 4, F64: 8}
+var dtypeNames = [...]string{F32: "f32", F16: "f16", BF16: "bf16", I64: "i64", Bool: "bool", I32: "i32", F64: "f64", U8: "u8"}
+var dtypeSizes = [...]int{F32: 4, F16: 2, BF16: 2, I64: 8, Bool: 1, I32: 4, F64: 8, U8: 1}
 
 // Size is the bytes one element takes on the device.
 func (d DType) Size() int { return dtypeSizes[d] }
@@ -53,6 +54,8 @@ func ParseDType(s string) (DType, error) {
 		return I32, nil
 	case "f64", "fp64", "float64":
 		return F64, nil
+	case "u8", "uint8":
+		return U8, nil
 	}
-	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, f64, i64, i32 or bool)", s)
+	return F32, fmt.Errorf("unknown dtype %q (want f32, f16, bf16, f64, i64, i32, u8 or bool)", s)
 }

@@ -359,6 +359,14 @@ func TestGradients(t *testing.T) {
 				return out(weightedSum, y)
 			},
 		},
+		"4-bit matmul": { // the frozen 4-bit weight is quantized the same way in every evaluation
+			inputs: []input{randInput(r, 3, 64), {shape: []int{5, 64}, values: randInput(r, 5, 64).values, noGrad: true}},
+			build: func(rt *Runtime, xs []*Tensor) *Tensor {
+				q := Quantize4Bit(xs[1], snapshot.CategoryParameter)
+				defer q.Release()
+				return out(weightedSum, MatMul4Bit(xs[0], q, nil))
+			},
+		},
 		"checkpoint": {
 			inputs: []input{randInput(r, 3, 4), randInput(r, 4, 4)},
 			build: func(rt *Runtime, xs []*Tensor) *Tensor {

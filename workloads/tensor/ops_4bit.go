@@ -1,0 +1,250 @@
+package tensor
+
+import (
+	"math"
+	"slices"
+	"sort"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// 4-bit weights as bitsandbytes stores and multiplies them for QLoRA (bitsandbytes/functional.py
+// quantize_4bit and dequantize_4bit, autograd/_functions.py MatMul4Bit, nn/modules.py Linear4bit).
+
+// The constants of bitsandbytes' NF4 storage.
+const (
+	// Blocksize4Bit is quantize_4bit's default blocksize: one absmax per 64 weights.
+	Blocksize4Bit = 64
+	// BlocksizeNested is the blocksize of the double quantization of the absmax values (compress_statistics:
+	// quantize_blockwise(absmax - offset, blocksize=256)).
+	BlocksizeNested = 256
+)
+
+// nf4Code is bitsandbytes' NF4 table (get_4bit_type("nf4")): the 16 quantiles of N(0, 1) an NF4 index
+// stands for, normalised to [-1, 1].
+var nf4Code = [16]float32{-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+	-0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+	0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0}
+
+// dynamicCode is bitsandbytes' signed 8-bit dynamic map (create_dynamic_map(signed=True)), the code the
+// absmax values are quantized with: for each of 7 decades a linear fraction of 2^i + 1 boundaries in [0.1,
+// 1], the midpoints and their negatives, then 0 and 1, sorted.
+var dynamicCode = func() [256]float32 {
+	var data []float32
+	for i := range 7 {
+		n := 1<<i + 1
+		scale := math.Pow(10, float64(i-6))
+		for j := range n - 1 { // the means of neighbouring boundaries of linspace(0.1, 1, n)
+			lo := float32(0.1 + 0.9*float64(j)/float64(n-1))
+			hi := float32(0.1 + 0.9*float64(j+1)/float64(n-1))
+			m := (lo + hi) / 2
+			data = append(data, float32(scale*float64(m)), -float32(scale*float64(m)))
+		}
+	}
+	data = append(data, 0, 1)
+	for len(data) < 256 {
+		data = append(data, 0)
+	}
+	sort.Slice(data, func(a, b int) bool { return data[a] < data[b] })
+	var out [256]float32
+	copy(out[:], data)
+	return out
+}()
+
+// Quant4 is one weight stored in 4 bits (Params4bit with its QuantState): the packed NF4 indices, two per
+// byte, and the statistics to undo the quantization, compressed as bnb_4bit_use_double_quant does.
+type Quant4 struct {
+	Packed  *Tensor // uint8 ((n+1)/2, 1): the weight, two 4-bit indices a byte
+	Absmax  *Tensor // uint8 (blocks): each block's absmax, quantized with the dynamic code
+	Absmax2 *Tensor // float32 (ceil(blocks/256)): the absmax of each 256 absmax values
+	Code2   *Tensor // float32 (256): the dynamic code, a copy per weight (quantize_blockwise copies it)
+	Code    *Tensor // float32 (16): the NF4 table, made per weight by get_4bit_type
+	Offset  *Tensor // float32 scalar: the mean absmax subtracted before the nested quantization
+	Shape   []int   // the weight's (out, in)
+	DType   DType   // quant_state.dtype: what dequantization produces
+}
+
+// Tensors returns the tensors of the stored weight, the packed weight first.
+func (q *Quant4) Tensors() []*Tensor {
+	return []*Tensor{q.Packed, q.Absmax, q.Absmax2, q.Code2, q.Code, q.Offset}
+}
+
+// Release frees the stored weight.
+func (q *Quant4) Release() { releaseAll(q.Tensors()) }
+
+// Quantize4Bit stores w as bitsandbytes' quantize_4bit(w, blocksize=64, compress_statistics=True,
+// quant_type="nf4") does, allocating what it allocates in its order: the packed weight and the float32
+// absmax of every 64 values, the NF4 table, the absmax's mean (the offset), the absmax less the offset,
+// then its nested quantization (uint8 per value, a float32 absmax per 256, a copy of the dynamic code); the
+// float32 absmax values are freed. The new tensors are tagged category (parameter, for a model's weights).
+func Quantize4Bit(w *Tensor, category snapshot.Category) *Quant4 {
+	w.check()
+	rt := w.rt
+	if w.NDim() != 2 {
+		errShape("Quantize4Bit", "weight of shape %v is not 2-D", w.shape)
+	}
+	n := w.Numel()
+	blocks := ceilDiv(n, Blocksize4Bit)
+	prev := rt.SetCategory(category)
+	defer rt.SetCategory(prev)
+	q := &Quant4{Shape: slices.Clone(w.shape), DType: w.dtype}
+	q.Packed = rt.Empty(U8, []int{(n + 1) / 2, 1}, "weight.4bit")
+	absmax := rt.Empty(F32, []int{blocks}, "quant.absmax_f32")
+	q.Code = rt.Empty(F32, []int{16}, "quant.code_nf4")
+	q.Offset = rt.Empty(F32, nil, "quant.offset")
+	centred := rt.Empty(F32, []int{blocks}, "quant.absmax_centred")
+	q.Absmax = rt.Empty(U8, []int{blocks}, "quant.absmax")
+	q.Absmax2 = rt.Empty(F32, []int{ceilDiv(blocks, BlocksizeNested)}, "quant.absmax2")
+	q.Code2 = rt.Empty(F32, []int{256}, "quant.code_dynamic")
+	if rt.dev.Computes() {
+		copy(q.Code.data(), nf4Code[:])
+		copy(q.Code2.data(), dynamicCode[:])
+		quantizeBlocks(w.host(), nf4Code[:], Blocksize4Bit, q.Packed.data(), absmax.data(), true)
+		var mean float64
+		for _, a := range absmax.data() {
+			mean += float64(a)
+		}
+		off := float32(mean / float64(blocks))
+		q.Offset.data()[0] = off
+		for i, a := range absmax.data() {
+			centred.data()[i] = a - off
+		}
+		quantizeBlocks(centred.data(), dynamicCode[:], BlocksizeNested, q.Absmax.data(), q.Absmax2.data(), false)
+	}
+	absmax.Release()
+	centred.Release()
+	return q
+}
+
+// quantizeBlocks maps each value, divided by its block's absmax, to the nearest entry of code, writing the
+// indices (two a byte when packed, high nibble first) and the absmax of each block.
+func quantizeBlocks(x, code []float32, blocksize int, out, absmax []float32, packed bool) {
+	for b := range absmax {
+		lo, hi := b*blocksize, min((b+1)*blocksize, len(x))
+		var m float32
+		for _, v := range x[lo:hi] {
+			m = max(m, float32(math.Abs(float64(v))))
+		}
+		absmax[b] = m
+		for i := lo; i < hi; i++ {
+			v := float32(0)
+			if m > 0 {
+				v = x[i] / m
+			}
+			k := nearest(code, v)
+			if !packed {
+				out[i] = float32(k)
+				continue
+			}
+			if i%2 == 0 {
+				out[i/2] = float32(k << 4)
+			} else {
+				out[i/2] += float32(k)
+			}
+		}
+	}
+}
+
+// nearest returns the index of the entry of the sorted code closest to v.
+func nearest(code []float32, v float32) int {
+	i := sort.Search(len(code), func(i int) bool { return code[i] >= v })
+	switch {
+	case i == 0:
+		return 0
+	case i == len(code):
+		return len(code) - 1
+	case v-code[i-1] <= code[i]-v:
+		return i - 1
+	}
+	return i
+}
+
+// dequantize is dequantize_4bit of a nested quant state: the absmax values dequantized into a float32
+// temporary (plus the offset), then the weight in q.DType. It returns both; the caller frees them.
+func (q *Quant4) dequantize(extraAbsmax bool) (absmax []*Tensor, w *Tensor) {
+	rt := q.Packed.rt
+	blocks := q.Absmax.Numel()
+	a := rt.Empty(F32, []int{blocks}, "dequant.absmax")
+	absmax = []*Tensor{a}
+	if extraAbsmax { // absmax = absmax_dq + offset: a second float32 array
+		a2 := rt.Empty(F32, []int{blocks}, "dequant.absmax")
+		absmax = append(absmax, a2)
+		a = a2
+	}
+	w = rt.Empty(q.DType, q.Shape, "dequant.weight")
+	if rt.dev.Computes() {
+		ad, codes, a2 := a.data(), q.Absmax.data(), q.Absmax2.data()
+		off := q.Offset.data()[0]
+		for i := range ad {
+			ad[i] = dynamicCode[int(codes[i])]*a2[i/BlocksizeNested] + off
+		}
+		wd, p := w.data(), q.Packed.data()
+		for i := range wd {
+			b := int(p[i/2])
+			k := b >> 4
+			if i%2 == 1 {
+				k = b & 15
+			}
+			wd[i] = nf4Code[k] * ad[i/Blocksize4Bit]
+		}
+		w.round()
+	}
+	return absmax, w
+}
+
+// MatMul4Bit is bitsandbytes' matmul_4bit(x, weight, quant_state, bias) for training: x @ W.T + bias with W
+// stored in 4 bits. Its forward (MatMul4Bit.forward, the dequantize-then-linear path gemm_4bit takes for
+// more than 1536 rows, and the only path before 2026) dequantizes the absmax values and the weight into
+// temporaries, runs F.linear (under autocast if it is on) and frees them; as a custom autograd Function it
+// saves no tensor (ctx.tensors keeps only the packed weight, a parameter). Its backward dequantizes the
+// weight again and multiplies: grad_x = grad @ W. The weight gets no gradient; the output requires grad only
+// when x does.
+func MatMul4Bit(x *Tensor, q *Quant4, bias *Tensor) *Tensor {
+	x.check()
+	rt := x.rt
+	var out *Tensor
+	rt.NoGrad(func() {
+		absmax, w := q.dequantize(true)
+		out = Linear(x, w, bias)
+		releaseAll(absmax)
+		w.Release()
+	})
+	if rt.needsGrad(x, bias) {
+		var biasDType DType
+		if bias != nil {
+			biasDType = bias.dtype
+		}
+		node := rt.node("MatMul4BitBackward", []*Tensor{x, bias}, []*Tensor{out}, nil)
+		q := q.heldBy(node)
+		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
+			grads := make([]*Tensor, 2)
+			if needs[1] { // grad_output.sum(0, dtype=bias.dtype)
+				s := n.rt.sumTo(g[0], []int{q.Shape[0]}, "bias.grad")
+				grads[1] = ToDType(s, biasDType)
+				s.Release()
+			}
+			if needs[0] {
+				absmax, w := q.dequantize(false)
+				releaseAll(absmax)
+				wc := ToDType(w, g[0].dtype) // .to(grad_output.dtype)
+				w.Release()
+				grads[0] = Matmul(g[0], wc)
+				wc.Release()
+			}
+			return grads
+		}
+	}
+	return out
+}
+
+// heldBy returns q with its tensors held by node (ctx.tensors and ctx.state of MatMul4Bit).
+func (q *Quant4) heldBy(n *Node) *Quant4 {
+	c := *q
+	for _, p := range []**Tensor{&c.Packed, &c.Absmax, &c.Absmax2, &c.Code2, &c.Code, &c.Offset} {
+		n.hold("ctx.state", *p)
+		*p = n.kept[len(n.kept)-1]
+	}
+	return &c
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
