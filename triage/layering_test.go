@@ -39,6 +39,8 @@ var layers = map[string][]string{
 	"leaks/leakstest":  {"leaks", "workloads/", "tracer", "snapshot", "internal/"},
 	"tui":              {"snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/"},
 	"cmd/oomdbg":       {""},
+	// A config.json reader: a workload's shape, nothing of the runtime.
+	"workloads/nn/hfconfig": nil,
 }
 
 // presentation lists the libraries only the TUI and the command line may use.

@@ -29,11 +29,26 @@ type Layer interface {
 	Forward(x *tensor.Tensor) *tensor.Tensor
 }
 
-// Parameter is a named trainable tensor.
+// Parameter is a named tensor of a model's state: trainable while its tensor requires grad, frozen
+// otherwise (the base model under LoRA).
 type Parameter struct {
 	Name   string // full path, e.g. "blocks.0.attn.c_attn.weight"
 	Tensor *tensor.Tensor
+	// Packed4Bit marks a bitsandbytes Params4bit: its uint8 tensor holds two parameters a byte.
+	Packed4Bit bool
 }
+
+// Count returns how many parameters p holds: its elements, or twice its bytes for a packed 4-bit weight, as
+// peft's get_nb_trainable_parameters counts a Params4bit (num_params * 2 * element_size).
+func (p *Parameter) Count() int {
+	if p.Packed4Bit {
+		return p.Tensor.Numel() * 2 * p.Tensor.DType().Size()
+	}
+	return p.Tensor.Numel()
+}
+
+// Trainable reports whether the optimizer updates p (param.requires_grad).
+func (p *Parameter) Trainable() bool { return p.Tensor.RequiresGrad() }
 
 // base carries a module's name and runtime.
 type base struct {
@@ -85,13 +100,42 @@ func ReleaseParameters(m Module) {
 	}
 }
 
-// CountParameters returns the number of parameter elements of m.
+// CountParameters returns the number of parameters of m (peft's all_param).
 func CountParameters(m Module) int {
 	n := 0
 	for _, p := range m.Parameters() {
-		n += p.Tensor.Numel()
+		n += p.Count()
 	}
 	return n
+}
+
+// CountTrainable returns the number of parameters of m that require grad (peft's trainable_params).
+func CountTrainable(m Module) int {
+	n := 0
+	for _, p := range m.Parameters() {
+		if p.Trainable() {
+			n += p.Count()
+		}
+	}
+	return n
+}
+
+// Trainable returns the parameters of m that require grad: what a training loop gives its optimizer.
+func Trainable(m Module) []*Parameter {
+	var out []*Parameter
+	for _, p := range m.Parameters() {
+		if p.Trainable() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Freeze stops autograd tracking every parameter of m (requires_grad_(False)), as peft freezes a base model.
+func Freeze(m Module) {
+	for _, p := range m.Parameters() {
+		p.Tensor.SetRequiresGrad(false)
+	}
 }
 
 // Linear is nn.Linear: y = x W^T + b.

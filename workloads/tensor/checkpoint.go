@@ -9,16 +9,16 @@ import "github.com/oomdbg/oomdbg/snapshot"
 // the first run, then backpropagates through the recomputed graph, which frees itself as it goes. Gradients
 // equal those of f(x) without checkpointing.
 func Checkpoint(f func(x *Tensor) *Tensor, x *Tensor) *Tensor {
-	return CheckpointInputs(func(xs []*Tensor) *Tensor { return f(xs[0]) }, []*Tensor{x})
+	return CheckpointInputs(func(xs, _ []*Tensor) *Tensor { return f(xs[0]) }, []*Tensor{x})
 }
 
 // CheckpointInputs is Checkpoint of a function of several tensors (a decoder layer's hidden states, mask
 // and positions): every tensor input is saved for backward (ctx.save_for_backward(*tensor_inputs)), and
 // keep holds the references the function's other arguments carry (ctx.inputs, e.g. a tuple of rotary cos
 // and sin tensors): kept alive until backward, but not saved tensors, so saved_tensors_hooks do not see
-// them. Only inputs that require grad get a gradient. As in PyTorch, when no input requires grad the output
+// them; f is given them (the recompute reads them from the node). Only inputs that require grad get a gradient. As in PyTorch, when no input requires grad the output
 // does not either, and nothing inside f gets a gradient (the reason HF enables input gradients for adapters).
-func CheckpointInputs(f func(xs []*Tensor) *Tensor, inputs []*Tensor, keep ...*Tensor) *Tensor {
+func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, keep ...*Tensor) *Tensor {
 	rt := inputs[0].rt
 	for _, x := range inputs {
 		if x != nil {
@@ -28,7 +28,7 @@ func CheckpointInputs(f func(xs []*Tensor) *Tensor, inputs []*Tensor, keep ...*T
 	rngState, _ := rt.src.MarshalBinary() // preserve_rng_state
 	autocast := rt.autocast               // _get_autocast_kwargs
 	var out *Tensor
-	rt.NoGrad(func() { out = f(inputs) })
+	rt.NoGrad(func() { out = f(inputs, keep) })
 	if !rt.needsGrad(inputs...) {
 		return out
 	}
@@ -59,10 +59,10 @@ func CheckpointInputs(f func(xs []*Tensor) *Tensor, inputs []*Tensor, keep ...*T
 		prevGrad := rt.SetGradEnabled(true)
 		var y *Tensor
 		if autocast != F32 { // with torch.enable_grad(), torch.amp.autocast(**ctx.device_autocast_kwargs)
-			rt.Autocast(autocast, func() { y = f(in) })
+			rt.Autocast(autocast, func() { y = f(in, n.kept) })
 		} else {
 			restore := rt.withoutAutocast()
-			y = f(in)
+			y = f(in, n.kept)
 			restore()
 		}
 		rt.SetGradEnabled(prevGrad)

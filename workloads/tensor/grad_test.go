@@ -349,7 +349,7 @@ func TestGradients(t *testing.T) {
 		"checkpoint of several inputs, one that needs no gradient": {
 			inputs: []input{randInput(r, 3, 4), randInput(r, 4, 4), {shape: []int{3, 4}, values: make([]float32, 12), noGrad: true}},
 			build: func(rt *Runtime, xs []*Tensor) *Tensor {
-				y := CheckpointInputs(func(in []*Tensor) *Tensor {
+				y := CheckpointInputs(func(in, _ []*Tensor) *Tensor {
 					h := Linear(in[0], xs[1], nil)
 					defer h.Release()
 					m := Add(h, in[1])

@@ -94,6 +94,13 @@ func Clone(x *Tensor, role string, category snapshot.Category) *Tensor {
 	return x.rt.cloneAs(x, role, category)
 }
 
+// CloneGrad is tensor.clone(): a contiguous copy whose backward passes the gradient through
+// (CloneBackward0).
+func CloneGrad(x *Tensor) *Tensor {
+	x.check()
+	return x.rt.copyOp(x, "clone")
+}
+
 // AddNoGrad allocates a + alpha*b outside autograd (torch._foreach_add's output).
 func AddNoGrad(a, b *Tensor, alpha float32, role string) *Tensor {
 	out := a.rt.empty(a.dtype, a.shape, role, snapshot.CategoryTemporary)

@@ -11,6 +11,12 @@ func Softmax(x *Tensor) *Tensor {
 	return softmaxLike(acSoftmax, x, nil, "softmax.out", "SoftmaxBackward0", device.Softmax, device.SoftmaxBackward)
 }
 
+// SoftmaxDType is softmax(x, dim=-1, dtype=dtype): x converted to dtype first (eager attention's float32
+// softmax of 16-bit scores).
+func SoftmaxDType(x *Tensor, dtype DType) *Tensor {
+	return softmaxLike(acSoftmax, x, &dtype, "softmax.out", "SoftmaxBackward0", device.Softmax, device.SoftmaxBackward)
+}
+
 // LogSoftmax is log-softmax over the last dimension. It saves its result.
 func LogSoftmax(x *Tensor) *Tensor { return logSoftmax(x, nil) }
 

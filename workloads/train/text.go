@@ -41,6 +41,9 @@ type tokens struct {
 	perm  []int
 	vocab int
 	seq   int
+	// labelsAreInputs makes the targets a copy of the inputs, as HF's causal-LM collator makes labels
+	// (input_ids.clone()): the model shifts them itself.
+	labelsAreInputs bool
 }
 
 func newTokens(vocab, seq int, seed uint64) *tokens {
@@ -60,7 +63,8 @@ func newTokens(vocab, seq int, seed uint64) *tokens {
 	return d
 }
 
-// batch puts n sequences on the device: inputs (n, seq) and the next tokens as targets (n, seq).
+// batch puts n sequences on the device: inputs (n, seq) and the next tokens as targets (n, seq), or a copy
+// of the inputs as labels.
 func (d *tokens) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor) {
 	shape := []int{n, d.seq}
 	if !rt.Device().Computes() {
@@ -71,7 +75,11 @@ func (d *tokens) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Ten
 		seq := d.sequence()
 		for i := range d.seq {
 			xs = append(xs, float32(seq[i]))
-			ys = append(ys, float32(seq[i+1]))
+			if d.labelsAreInputs {
+				ys = append(ys, float32(seq[i]))
+			} else {
+				ys = append(ys, float32(seq[i+1]))
+			}
 		}
 	}
 	return rt.FromValues(tensor.I64, shape, xs, role+".x", snapshot.CategoryInput),

@@ -1,0 +1,70 @@
+package nn
+
+import (
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// Linear4bit is bitsandbytes' nn.Linear4bit with quant_type nf4 and double quantization
+// (bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True): the weight a Params4bit, frozen, the bias
+// (if any) kept in 16 bits, and the computation in bnb_4bit_compute_dtype (bfloat16).
+type Linear4bit struct {
+	base
+	Q            *tensor.Quant4
+	Weight, Bias *Parameter
+	ComputeDType tensor.DType
+}
+
+// newLinear4bit loads a (out, in) weight in dtype, as from_pretrained reads a checkpoint shard, and
+// quantizes it at once (Params4bit._quantize), freeing the 16-bit copy.
+func newLinear4bit(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType, std float32) *Linear4bit {
+	l := &Linear4bit{base: base{rt, name}, ComputeDType: tensor.BF16}
+	leave := rt.Scope(name)
+	w := rt.Randn(dtype, []int{out, in}, std, join(name, "weight"), snapshot.CategoryParameter)
+	l.Q = tensor.Quantize4Bit(w, snapshot.CategoryParameter)
+	w.Release()
+	leave()
+	wn := join(name, "weight")
+	l.Weight = &Parameter{Name: wn, Tensor: l.Q.Packed.SetName(wn), Packed4Bit: true}
+	for i, t := range l.Q.Tensors()[1:] {
+		t.SetName(wn + ".quant_state." + [...]string{"absmax", "state2.absmax", "state2.code", "code", "offset"}[i])
+	}
+	if bias {
+		l.Bias = constParameter(rt, join(name, "bias"), dtype, []int{out}, 0)
+		l.Bias.Tensor.SetRequiresGrad(false)
+	}
+	return l
+}
+
+// Parameters returns the packed weight (it counts as two parameters a byte) and the bias.
+func (l *Linear4bit) Parameters() []*Parameter {
+	if l.Bias == nil {
+		return []*Parameter{l.Weight}
+	}
+	return []*Parameter{l.Weight, l.Bias}
+}
+
+// releaseState frees the quantization state (the packed weight goes with the parameters).
+func (l *Linear4bit) releaseState() {
+	for _, t := range l.Q.Tensors()[1:] {
+		t.Release()
+	}
+}
+
+// Forward is Linear4bit.forward: x converted to the compute dtype, matmul_4bit, and the result converted
+// back to x's dtype.
+func (l *Linear4bit) Forward(x *tensor.Tensor) *tensor.Tensor {
+	defer l.scope()()
+	inDType := x.DType()
+	xc := tensor.ToDType(x, l.ComputeDType)
+	var b *tensor.Tensor
+	if l.Bias != nil {
+		b = tensor.ToDType(l.Bias.Tensor, l.ComputeDType)
+		defer b.Release()
+	}
+	y := tensor.MatMul4Bit(xc, l.Q, b)
+	xc.Release()
+	out := tensor.ToDType(y, inDType)
+	y.Release()
+	return out
+}
