@@ -38,6 +38,8 @@ type SimDevice struct {
 
 	mallocSpace  addressSpace
 	reserveSpace addressSpace
+
+	managed managedState // unified memory (managed.go)
 }
 
 type simMapping struct {
@@ -107,7 +109,7 @@ func (d *SimDevice) MemGetInfo() (free, total uint64, err error) {
 }
 
 func (d *SimDevice) freeLocked() uint64 {
-	taken := d.contextReserve + d.nonAllocator + d.used
+	taken := d.contextReserve + d.nonAllocator + d.used + d.managed.stats.Resident
 	for _, p := range d.others {
 		taken += p.Used
 	}
@@ -123,7 +125,7 @@ func (d *SimDevice) Processes() []ProcessMemory {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	procs := make([]ProcessMemory, 0, 1+len(d.others))
-	procs = append(procs, ProcessMemory{PID: os.Getpid(), Used: d.contextReserve + d.nonAllocator + d.used, Self: true})
+	procs = append(procs, ProcessMemory{PID: os.Getpid(), Used: d.contextReserve + d.nonAllocator + d.used + d.managed.stats.Resident, Self: true})
 	return append(procs, d.others...)
 }
 
@@ -134,6 +136,7 @@ func (d *SimDevice) Malloc(size uint64) (uint64, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("sim device %d: cudaMalloc of 0 bytes", d.index)
 	}
+	d.makeRoomLocked(size)
 	if size > d.freeLocked() {
 		return 0, ErrOutOfMemory
 	}
@@ -199,6 +202,7 @@ func (d *SimDevice) CreatePhysical(size uint64) (PhysicalHandle, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("sim device %d: cuMemCreate of 0 bytes", d.index)
 	}
+	d.makeRoomLocked(size)
 	if size > d.freeLocked() {
 		return 0, ErrOutOfMemory
 	}

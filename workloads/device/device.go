@@ -112,6 +112,13 @@ func (d *Device) Allocator() *alloc.Allocator { return d.alloc }
 // Memory returns where the allocator's segments come from.
 func (d *Device) Memory() alloc.Device { return d.mem }
 
+// Managed returns the device's unified memory (cudaMallocManaged), when it has one: the simulated devices
+// do; the cuda device does not yet.
+func (d *Device) Managed() (alloc.ManagedMemory, bool) {
+	m, ok := d.mem.(alloc.ManagedMemory)
+	return m, ok
+}
+
 // Malloc allocates bytes on the default stream through the caching allocator. The error of a failed
 // allocation is the allocator's *alloc.OutOfMemoryError, whose text is PyTorch's OOM message.
 func (d *Device) Malloc(bytes uint64) (uint64, error) { return d.alloc.Malloc(bytes, 0) }

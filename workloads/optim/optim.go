@@ -1,8 +1,10 @@
-// Package optim holds the optimizers of oomdbg's workloads: SGD (with or without momentum), Adam and AdamW,
-// as PyTorch's multi-tensor (foreach) implementations run them on a GPU.
+// Package optim holds the optimizers of oomdbg's workloads: SGD (with or without momentum), Adam and AdamW as
+// PyTorch runs them on a GPU (the multi-tensor foreach implementation by default, the fused kernel or the
+// for-loop one on request), and bitsandbytes' 8-bit and paged AdamW (bnb.go).
 //
 // What matters here is their memory: state is allocated lazily at the first step (so the first step is often
-// where a run OOMs), and a multi-tensor step allocates its temporaries for every parameter at once.
+// where a run OOMs), a multi-tensor step allocates its temporaries for every parameter at once, a for-loop
+// step one parameter's at a time, and a fused step none.
 package optim
 
 import (
@@ -22,15 +24,51 @@ const (
 	Momentum Kind = "momentum"
 	Adam     Kind = "adam"
 	AdamW    Kind = "adamw"
+	// AdamW8bit is bitsandbytes.optim.AdamW8bit (HF Trainer's adamw_bnb_8bit): one byte per state element.
+	AdamW8bit Kind = "adamw8bit"
+	// PagedAdamW is bitsandbytes.optim.PagedAdamW (paged_adamw_32bit): float32 state in unified memory.
+	PagedAdamW Kind = "paged-adamw"
+	// PagedAdamW8bit is bitsandbytes.optim.PagedAdamW8bit (paged_adamw_8bit).
+	PagedAdamW8bit Kind = "paged-adamw8bit"
 )
+
+// Kinds lists every optimizer.
+var Kinds = []Kind{SGD, Momentum, Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit}
 
 // ParseKind returns the optimizer named s.
 func ParseKind(s string) (Kind, error) {
-	switch k := Kind(s); k {
-	case SGD, Momentum, Adam, AdamW:
-		return k, nil
+	for _, k := range Kinds {
+		if Kind(s) == k {
+			return k, nil
+		}
 	}
-	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam or adamw)", s)
+	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)", s)
+}
+
+// Impl is how torch.optim runs Adam and AdamW.
+type Impl string
+
+// The implementations.
+const (
+	// Foreach is _multi_tensor_adam, PyTorch's default on CUDA: each step's temporaries for all parameters at
+	// once.
+	Foreach Impl = "foreach"
+	// Fused is _fused_adam (fused=True): one kernel, no temporaries, a step counter on the device per
+	// parameter.
+	Fused Impl = "fused"
+	// ForLoop is _single_tensor_adam (foreach=False): one parameter's temporaries at a time.
+	ForLoop Impl = "for-loop"
+)
+
+// ParseImpl returns the implementation named s ("" is Foreach).
+func ParseImpl(s string) (Impl, error) {
+	switch i := Impl(s); i {
+	case "":
+		return Foreach, nil
+	case Foreach, Fused, ForLoop:
+		return i, nil
+	}
+	return "", fmt.Errorf("unknown optimizer implementation %q (want foreach, fused or for-loop)", s)
 }
 
 // MarshalText returns the optimizer's name.
@@ -55,6 +93,7 @@ type Config struct {
 	Beta2       float32
 	Eps         float32 // Adam eps (default 1e-8)
 	WeightDecay float32 // default 0, and 0.01 for AdamW
+	Impl        Impl    // Adam and AdamW: foreach (default), fused or for-loop
 }
 
 // Optimizer updates parameters from their gradients.
@@ -78,7 +117,7 @@ func New(rt *tensor.Runtime, params []*nn.Parameter, cfg Config) (Optimizer, err
 			cfg.Momentum = 0.9
 		}
 		return &sgd{base: base{rt: rt, params: params}, cfg: cfg}, nil
-	case Adam, AdamW:
+	case Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit:
 		if cfg.Beta1 == 0 {
 			cfg.Beta1 = 0.9
 		}
@@ -88,9 +127,17 @@ func New(rt *tensor.Runtime, params []*nn.Parameter, cfg Config) (Optimizer, err
 		if cfg.Eps == 0 {
 			cfg.Eps = 1e-8
 		}
-		if cfg.Kind == AdamW && cfg.WeightDecay == 0 {
+		if cfg.Kind != Adam && cfg.WeightDecay == 0 {
 			cfg.WeightDecay = 0.01
 		}
+		if cfg.Kind != Adam && cfg.Kind != AdamW {
+			return newBNB(rt, params, cfg), nil
+		}
+		impl, err := ParseImpl(string(cfg.Impl))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Impl = impl
 		return &adam{base: base{rt: rt, params: params}, cfg: cfg}, nil
 	}
 	return nil, fmt.Errorf("unknown optimizer %q", cfg.Kind)
@@ -205,56 +252,134 @@ type adam struct {
 func (o *adam) Step() {
 	o.noGrad(func() {
 		params, grads := o.withGrads()
-		if o.expAvg == nil {
-			o.expAvg, o.expAvgSq = map[*nn.Parameter]*tensor.Tensor{}, map[*nn.Parameter]*tensor.Tensor{}
-		}
-		exps, sqs := make([]*tensor.Tensor, len(params)), make([]*tensor.Tensor, len(params))
-		for i, p := range params { // _init_group: lazy state, exp_avg then exp_avg_sq for each parameter
-			if o.expAvg[p] == nil {
-				prev := o.rt.SetCategory(snapshot.CategoryOptimizerState)
-				o.expAvg[p] = o.newState(tensor.ZerosLike(p.Tensor, "exp_avg", snapshot.CategoryOptimizerState), p, "exp_avg")
-				o.expAvgSq[p] = o.newState(tensor.ZerosLike(p.Tensor, "exp_avg_sq", snapshot.CategoryOptimizerState), p, "exp_avg_sq")
-				o.rt.SetCategory(prev)
-			}
-			exps[i], sqs[i] = o.expAvg[p], o.expAvgSq[p]
-		}
+		exps, sqs := o.initGroup(params)
 		o.step++
-		c := o.cfg
-		var decayed []*tensor.Tensor
-		switch {
-		case c.Kind == AdamW && c.WeightDecay != 0: // decoupled: params scaled in place
-			for _, p := range params {
-				tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
-			}
-		case c.WeightDecay != 0: // grads = _foreach_add(grads, params, alpha=wd): temporaries
-			decayed = make([]*tensor.Tensor, len(grads))
-			for i, g := range grads {
-				decayed[i] = tensor.AddNoGrad(g, params[i].Tensor, c.WeightDecay, "adam.decayed_grad")
-			}
-			grads = decayed
+		switch o.cfg.Impl {
+		case Fused:
+			o.fused(params, grads, exps, sqs)
+		case ForLoop:
+			o.forLoop(params, grads, exps, sqs)
+		default:
+			o.foreach(params, grads, exps, sqs)
 		}
-		for i := range params {
-			tensor.Lerp_(exps[i], grads[i], 1-c.Beta1)
-		}
-		for i := range params {
-			tensor.Scale_(sqs[i], c.Beta2)
-			tensor.Addcmul_(sqs[i], grads[i], grads[i], 1-c.Beta2)
-		}
-		releaseAll(decayed) // del device_grads
-		bc1 := 1 - pow(c.Beta1, o.step)
-		bc2 := 1 - pow(c.Beta2, o.step)
-		// exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs): one temporary per parameter, all alive together.
-		denom := make([]*tensor.Tensor, len(params))
-		for i := range params {
-			denom[i] = tensor.Sqrt(sqs[i], "adam.exp_avg_sq_sqrt")
-		}
-		for i, p := range params {
-			tensor.Scale_(denom[i], 1/sqrt32(bc2))
-			tensor.AddScalar_(denom[i], c.Eps)
-			tensor.Addcdiv_(p.Tensor, exps[i], denom[i], -c.LR/bc1)
-		}
-		releaseAll(denom)
 	})
+}
+
+// initGroup is _init_group: lazy state for each parameter in order, the fused kernel's device step counter
+// first (torch.zeros((), dtype=float32, device=p.device); the others keep theirs on the host), then exp_avg
+// and exp_avg_sq.
+func (o *adam) initGroup(params []*nn.Parameter) (exps, sqs []*tensor.Tensor) {
+	if o.expAvg == nil {
+		o.expAvg, o.expAvgSq = map[*nn.Parameter]*tensor.Tensor{}, map[*nn.Parameter]*tensor.Tensor{}
+	}
+	exps, sqs = make([]*tensor.Tensor, len(params)), make([]*tensor.Tensor, len(params))
+	for i, p := range params {
+		if o.expAvg[p] == nil {
+			prev := o.rt.SetCategory(snapshot.CategoryOptimizerState)
+			if o.cfg.Impl == Fused {
+				o.newState(o.rt.Zeros(tensor.F32, nil, "step", snapshot.CategoryOptimizerState), p, "step")
+			}
+			o.expAvg[p] = o.newState(tensor.ZerosLike(p.Tensor, "exp_avg", snapshot.CategoryOptimizerState), p, "exp_avg")
+			o.expAvgSq[p] = o.newState(tensor.ZerosLike(p.Tensor, "exp_avg_sq", snapshot.CategoryOptimizerState), p, "exp_avg_sq")
+			o.rt.SetCategory(prev)
+		}
+		exps[i], sqs[i] = o.expAvg[p], o.expAvgSq[p]
+	}
+	return exps, sqs
+}
+
+// foreach is _multi_tensor_adam.
+func (o *adam) foreach(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor) {
+	c := o.cfg
+	var decayed []*tensor.Tensor
+	switch {
+	case c.Kind == AdamW && c.WeightDecay != 0: // decoupled: params scaled in place
+		for _, p := range params {
+			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
+		}
+	case c.WeightDecay != 0: // grads = _foreach_add(grads, params, alpha=wd): temporaries
+		decayed = make([]*tensor.Tensor, len(grads))
+		for i, g := range grads {
+			decayed[i] = tensor.AddNoGrad(g, params[i].Tensor, c.WeightDecay, "adam.decayed_grad")
+		}
+		grads = decayed
+	}
+	for i := range params {
+		tensor.Lerp_(exps[i], grads[i], 1-c.Beta1)
+	}
+	for i := range params {
+		tensor.Scale_(sqs[i], c.Beta2)
+		tensor.Addcmul_(sqs[i], grads[i], grads[i], 1-c.Beta2)
+	}
+	releaseAll(decayed) // del device_grads
+	bc1, bc2 := o.biasCorrections()
+	// exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs): one temporary per parameter, all alive together.
+	denom := make([]*tensor.Tensor, len(params))
+	for i := range params {
+		denom[i] = tensor.Sqrt(sqs[i], "adam.exp_avg_sq_sqrt")
+	}
+	for i, p := range params {
+		tensor.Scale_(denom[i], 1/sqrt32(bc2))
+		tensor.AddScalar_(denom[i], c.Eps)
+		tensor.Addcdiv_(p.Tensor, exps[i], denom[i], -c.LR/bc1)
+	}
+	releaseAll(denom)
+}
+
+// forLoop is _single_tensor_adam, parameter by parameter: grad = grad.add(param, alpha=wd) (Adam) or
+// param.mul_(1 - lr*wd) (AdamW); the moments in place; denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps), a
+// square root and a quotient, the root freed at once and the quotient when the next parameter's is made;
+// param.addcdiv_(exp_avg, denom).
+func (o *adam) forLoop(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor) {
+	c := o.cfg
+	bc1, bc2 := o.biasCorrections()
+	var grad, denom *tensor.Tensor // the loop's locals: each lives until rebound
+	defer func() { grad.Release(); denom.Release() }()
+	for i, p := range params {
+		grad.Release()
+		grad = grads[i].Ref()
+		switch {
+		case c.Kind == AdamW && c.WeightDecay != 0:
+			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
+		case c.WeightDecay != 0:
+			d := tensor.AddNoGrad(grad, p.Tensor, c.WeightDecay, "adam.decayed_grad")
+			grad.Release()
+			grad = d
+		}
+		tensor.Lerp_(exps[i], grad, 1-c.Beta1)
+		tensor.Scale_(sqs[i], c.Beta2)
+		tensor.Addcmul_(sqs[i], grad, grad, 1-c.Beta2)
+		root := tensor.Sqrt(sqs[i], "adam.exp_avg_sq_sqrt")
+		q := tensor.Scale(root, 1/sqrt32(bc2))
+		root.Release()
+		tensor.AddScalar_(q, c.Eps)
+		denom.Release()
+		denom = q
+		tensor.Addcdiv_(p.Tensor, exps[i], denom, -c.LR/bc1)
+	}
+}
+
+// fused is _fused_adam: torch._foreach_add_(state_steps, 1) on the device counters, then one kernel that
+// updates parameters and moments in place.
+func (o *adam) fused(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor) {
+	c := o.cfg
+	bc1, bc2 := o.biasCorrections()
+	for i, p := range params {
+		if c.Kind == AdamW && c.WeightDecay != 0 {
+			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
+		}
+		g := grads[i]
+		if c.Kind == Adam && c.WeightDecay != 0 { // inside the kernel: no temporary
+			tensor.AddFused_(exps[i], sqs[i], g, p.Tensor, c.WeightDecay, c.Beta1, c.Beta2)
+		} else {
+			tensor.AddFused_(exps[i], sqs[i], g, nil, 0, c.Beta1, c.Beta2)
+		}
+		tensor.AdamUpdate_(p.Tensor, exps[i], sqs[i], -c.LR/bc1, sqrt32(bc2), c.Eps)
+	}
+}
+
+func (o *adam) biasCorrections() (bc1, bc2 float32) {
+	return 1 - pow(o.cfg.Beta1, o.step), 1 - pow(o.cfg.Beta2, o.step)
 }
 
 func releaseAll(ts []*tensor.Tensor) {

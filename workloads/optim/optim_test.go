@@ -49,6 +49,14 @@ func TestOptimizersMatchPyTorch(t *testing.T) {
 		"adam":       {Config{Kind: Adam, LR: 0.01}, "torch.optim.Adam(ps, lr=0.01, foreach=True)"},
 		"adam decay": {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True)"},
 		"adamw":      {Config{Kind: AdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
+		"adam for-loop": {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1, Impl: ForLoop},
+			"torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=False)"},
+		"adamw for-loop": {Config{Kind: AdamW, LR: 0.01, Impl: ForLoop}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
+		// PyTorch's CPU build has no fused Adam (it requires CUDA); its math is the for-loop's.
+		"adam fused":  {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1, Impl: Fused}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=False)"},
+		"adamw fused": {Config{Kind: AdamW, LR: 0.01, Impl: Fused}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
+		// bitsandbytes' 32-bit paged AdamW updates as torch's AdamW does (optimizer_update_32bit).
+		"paged adamw": {Config{Kind: PagedAdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
 	}
 	// One PyTorch run computes every case: importing torch is the slow part.
 	script := fmt.Sprintf(`
@@ -173,6 +181,20 @@ func TestOptimizerMemory(t *testing.T) {
 		"adam":       {Config{Kind: Adam}, 3 * P, 3 * P, 2 * P, 2 * P},
 		"adam decay": {Config{Kind: Adam, WeightDecay: 0.1}, 3 * P, 3 * P, 2 * P, 2 * P},
 		"adamw":      {Config{Kind: AdamW}, 3 * P, 3 * P, 2 * P, 2 * P},
+		// for-loop: one parameter's square root and quotient at a time, and the previous quotient until the
+		// next is made: at p1, 64 KiB (denom of p0) + 2 x 128 KiB.
+		"adam for-loop":  {Config{Kind: Adam, Impl: ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
+		"adamw for-loop": {Config{Kind: AdamW, Impl: ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
+		// with L2 decay, grad.add(param) is a temporary too, alive until the next parameter's replaces it.
+		"adam decay for-loop": {Config{Kind: Adam, WeightDecay: 0.1, Impl: ForLoop}, 2*P + p0*4 + 3*p1*4, 2*P + p0*4 + 3*p1*4, 2 * P, 2 * P},
+		// fused: no temporaries, and a float32 step counter on the device per parameter (a 512-byte block).
+		"adamw fused": {Config{Kind: AdamW, Impl: Fused}, 2*P + 1024, 2*P + 1024, 2*P + 1024, 2*P + 1024},
+		// bitsandbytes 8-bit: a byte per element for each moment, a float32 absmax per 256 elements for each
+		// (p0: 64, p1: 128 blocks; 512-byte blocks), two 1 KiB quantization maps; no temporaries.
+		"adamw8bit":       {Config{Kind: AdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
+		"paged-adamw8bit": {Config{Kind: PagedAdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
+		// bitsandbytes 32-bit: float32 moments, no absmax, no maps.
+		"paged-adamw": {Config{Kind: PagedAdamW}, 2 * P, 2 * P, 2 * P, 2 * P},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -211,6 +233,100 @@ func TestOptimizerMemory(t *testing.T) {
 				t.Errorf("%d bytes left after releasing everything", got)
 			}
 		})
+	}
+}
+
+// TestEightBitStateIsSmallForSmallParameters checks min_8bit_size: a parameter of fewer than 4096 elements
+// keeps float32 state under AdamW8bit, and no quantization maps are made when no parameter is 8-bit.
+func TestEightBitStateIsSmallForSmallParameters(t *testing.T) {
+	rt := runtimeOn(device.Meta)
+	ps := params(rt, [][]float32{make([]float32, 4095)}, [][]float32{make([]float32, 4095)})
+	base := allocatedNow(rt)
+	opt, _ := New(rt, ps, Config{Kind: AdamW8bit})
+	opt.Step()
+	if got, want := allocatedNow(rt)-base, int64(2*16384); got != want { // 4095 x 4 bytes is a 16 KiB block
+		t.Errorf("%d bytes of state for a 4095-element parameter, want %d (two float32 moments)", got, want)
+	}
+	opt.Release()
+}
+
+// TestPagedStateIsOutsideTheAllocator checks that a paged optimizer's large state lives in unified memory,
+// not in memory_allocated, is resident on the device after a step, and is evicted when the allocator needs
+// the room, instead of an OOM.
+func TestPagedStateIsOutsideTheAllocator(t *testing.T) {
+	const n = 1 << 20 // 1M elements: 4 MiB of float32 per moment, above the 1e5 paging threshold
+	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 64<<20, 0, alloc.DefaultConfig()), nil, 1)
+	ps := params(rt, [][]float32{make([]float32, n)}, [][]float32{make([]float32, n)})
+	base := allocatedNow(rt)
+	opt, _ := New(rt, ps, Config{Kind: PagedAdamW})
+	opt.Step()
+	if got := allocatedNow(rt) - base; got != 0 {
+		t.Errorf("paged state took %d bytes of the caching allocator, want 0", got)
+	}
+	m, _ := rt.Device().Managed()
+	st := m.ManagedStats()
+	if st.Allocated != 8<<20 || st.Resident != 8<<20 {
+		t.Fatalf("unified memory %+v, want 8 MiB allocated and resident", st)
+	}
+	// 64 MiB device: parameter and gradient share a 20 MiB segment (kLargeBuffer), the state is 8 MiB
+	// resident: a 40 MiB tensor needs 4 MiB of the state evicted.
+	big := rt.Zeros(tensor.F32, []int{10 << 20}, "activation", snapshot.CategoryActivation)
+	if st := m.ManagedStats(); st.Evicted != 4<<20 {
+		t.Errorf("%d bytes evicted for a 40 MiB tensor, want 4 MiB: %+v", st.Evicted, st)
+	}
+	big.Release()
+	// The caching allocator keeps the 40 MiB segment: the next step's prefetches find 4 MiB of room, and
+	// the two moments take turns in it.
+	opt.Step()
+	if st := m.ManagedStats(); st.Resident != 4<<20 {
+		t.Errorf("after the next step %d bytes resident, want 4 MiB (the cache holds the rest)", st.Resident)
+	}
+	if err := rt.Device().Allocator().EmptyCache(); err != nil { // torch.cuda.empty_cache()
+		t.Fatal(err)
+	}
+	opt.Step()
+	if st := m.ManagedStats(); st.Resident != 8<<20 {
+		t.Errorf("after empty_cache and a step %d bytes resident, want 8 MiB", st.Resident)
+	}
+	opt.Release()
+	if st := m.ManagedStats(); st.Allocated != 0 {
+		t.Errorf("%d bytes of unified memory left after Release", st.Allocated)
+	}
+}
+
+// TestEightBitAdamWTracksAdamW checks on the cpu device that AdamW8bit's parameters stay within the
+// 8-bit quantization's reach of torch's AdamW over a few steps.
+func TestEightBitAdamWTracksAdamW(t *testing.T) {
+	const n = 8192
+	r := make([]float32, n)
+	for i := range r {
+		r[i] = float32(math.Sin(float64(i))) * 0.1
+	}
+	run := func(kind Kind) []float32 {
+		rt := runtimeOn(device.CPU)
+		ps := params(rt, [][]float32{r}, [][]float32{r})
+		opt, _ := New(rt, ps, Config{Kind: kind, LR: 0.01})
+		for step := range 5 {
+			g := make([]float32, n)
+			for i := range g {
+				g[i] = float32(math.Cos(float64(i*(step+1)))) * 0.05
+			}
+			setGrads(rt, ps, [][]float32{g})
+			opt.Step()
+		}
+		return ps[0].Tensor.Values()
+	}
+	full, eight := run(AdamW), run(AdamW8bit)
+	var diff, moved float64
+	for i := range full {
+		diff += math.Abs(float64(full[i] - eight[i]))
+		moved += math.Abs(float64(full[i] - r[i]))
+	}
+	if diff > 0.05*moved {
+		t.Errorf("8-bit AdamW is %.4g away from AdamW over a move of %.4g", diff, moved)
+	}
+	if diff == 0 {
+		t.Error("8-bit AdamW equals AdamW exactly: the state is not quantized")
 	}
 }
 

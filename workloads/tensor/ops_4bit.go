@@ -248,3 +248,46 @@ func (q *Quant4) heldBy(n *Node) *Quant4 {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// unsignedDynamicCode is create_dynamic_map(signed=False): for each of 7 decades 2^(i+1) midpoints of
+// linspace(0.1, 1, 2^(i+1) + 1), then 0 and 1, sorted: 256 non-negative entries. bitsandbytes quantizes the
+// second Adam moment with it.
+var unsignedDynamicCode = func() [256]float32 {
+	var data []float32
+	for i := range 7 {
+		n := 1<<(i+1) + 1
+		scale := math.Pow(10, float64(i-6))
+		for j := range n - 1 {
+			lo := float32(0.1 + 0.9*float64(j)/float64(n-1))
+			hi := float32(0.1 + 0.9*float64(j+1)/float64(n-1))
+			data = append(data, float32(scale*float64((lo+hi)/2)))
+		}
+	}
+	data = append(data, 0, 1)
+	for len(data) < 256 {
+		data = append(data, 0)
+	}
+	sort.Slice(data, func(a, b int) bool { return data[a] < data[b] })
+	var out [256]float32
+	copy(out[:], data)
+	return out
+}()
+
+// Requantize8_ rounds x in place to what bitsandbytes' blockwise 8-bit optimizer state holds: each block of
+// blocksize values as the nearest entry of the signed (or unsigned) dynamic code times the block's absmax,
+// which it writes into absmax. It allocates nothing.
+func Requantize8_(x, absmax *Tensor, signed bool, blocksize int) {
+	if !x.rt.dev.Computes() {
+		return
+	}
+	code := unsignedDynamicCode[:]
+	if signed {
+		code = dynamicCode[:]
+	}
+	d, a := x.data(), absmax.data()
+	idx := make([]float32, len(d))
+	quantizeBlocks(d, code, blocksize, idx, a, false)
+	for i := range d {
+		d[i] = code[int(idx[i])] * a[i/blocksize]
+	}
+}

@@ -113,3 +113,37 @@ func AddNoGrad(a, b *Tensor, alpha float32, role string) *Tensor {
 	}
 	return out
 }
+
+// AddFused_ updates Adam's moments in place from a gradient, plus wd * p when p is given (the fused
+// kernel's L2 term): exp = b1 exp + (1-b1) g; sq = b2 sq + (1-b2) g^2. It allocates nothing.
+func AddFused_(exp, sq, g, p *Tensor, wd, b1, b2 float32) {
+	if !exp.rt.dev.Computes() {
+		return
+	}
+	gv := g.host()
+	var pv []float32
+	if p != nil {
+		pv = p.host()
+	}
+	sv := sq.data()
+	inplace(exp, func(i int, d []float32) {
+		gi := gv[i]
+		if pv != nil {
+			gi += wd * pv[i]
+		}
+		d[i] = b1*d[i] + (1-b1)*gi
+		sv[i] = b2*sv[i] + (1-b2)*gi*gi
+	})
+	sq.round()
+}
+
+// AdamUpdate_ sets p += step * exp / (sqrt(sq)/bc2sqrt + eps) in place, allocating nothing.
+func AdamUpdate_(p, exp, sq *Tensor, step, bc2sqrt, eps float32) {
+	var ev, sv []float32
+	if p.rt.dev.Computes() {
+		ev, sv = exp.host(), sq.host()
+	}
+	inplace(p, func(i int, d []float32) {
+		d[i] += step * ev[i] / (float32(math.Sqrt(float64(sv[i])))/bc2sqrt + eps)
+	})
+}

@@ -75,7 +75,11 @@ func (w *retainerWalk) visitRef(t *Tensor, parent uint64) {
 	}
 	id := w.id()
 	w.refID[t] = id
-	w.out = append(w.out, Retainer{Holder: id, Parent: parent, Description: t.holderName(), Addr: t.st.addr})
+	addr := t.st.addr
+	if t.st.managed { // not a block of the caching allocator
+		addr = 0
+	}
+	w.out = append(w.out, Retainer{Holder: id, Parent: parent, Description: t.holderName(), Addr: addr})
 	if _, seen := w.objOf[t.object]; seen {
 		return
 	}

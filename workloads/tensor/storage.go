@@ -1,6 +1,8 @@
 package tensor
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -16,6 +18,7 @@ type storage struct {
 	refs     int
 	category snapshot.Category
 	label    string
+	managed  bool // unified memory outside the caching allocator (EmptyManaged)
 }
 
 // newStorage allocates bytes of device memory for a tensor described by dtype, shape and role, tagged with
@@ -51,13 +54,62 @@ func (st *storage) release() {
 	if st.refs > 0 || st.bytes == 0 {
 		return
 	}
-	st.rt.dev.Free(st.addr)
+	if st.managed {
+		m, _ := st.rt.dev.Managed()
+		if err := m.FreeManaged(st.addr); err != nil {
+			panic(fmt.Sprintf("tensor: %v", err))
+		}
+	} else {
+		st.rt.dev.Free(st.addr)
+	}
 	st.data = nil
+}
+
+// EmptyManaged allocates a tensor in the device's unified memory (bitsandbytes' get_paged:
+// cudaMallocManaged), outside the caching allocator: it is not in memory_allocated, its pages reach the device
+// when prefetched and leave it when the device needs the room. On a device without unified memory it is an
+// ordinary allocation. The new tensor holds zeros on the cpu device.
+func (rt *Runtime) EmptyManaged(dtype DType, shape []int, role string, category snapshot.Category) *Tensor {
+	m, ok := rt.dev.Managed()
+	if !ok {
+		return rt.Zeros(dtype, shape, role, category)
+	}
+	shape = slices.Clone(shape)
+	n := numel(shape)
+	st := &storage{rt: rt, bytes: uint64(n * dtype.Size()), category: category, managed: true, label: label(dtype, shape, role)}
+	if st.bytes > 0 {
+		addr, err := m.MallocManaged(st.bytes)
+		if err != nil {
+			panic(fmt.Sprintf("tensor: %v", err))
+		}
+		st.addr = addr
+		if rt.dev.Computes() {
+			st.data = make([]float32, n)
+		}
+	}
+	return rt.newObject(st, dtype, shape, contiguousStrides(shape), 0)
+}
+
+// Managed reports whether the tensor lives in unified memory.
+func (t *object) Managed() bool { return t.st.managed }
+
+// Prefetch brings a unified-memory tensor's pages to the device (cudaMemPrefetchAsync) and returns the
+// bytes the device had no room for; 0 for any other tensor.
+func (t *Tensor) Prefetch() uint64 {
+	if !t.st.managed || t.st.bytes == 0 {
+		return 0
+	}
+	m, _ := t.rt.dev.Managed()
+	return m.Prefetch(t.st.addr)
 }
 
 // setCategory records that the block now holds something else (e.g. autograd saved a temporary).
 func (st *storage) setCategory(c snapshot.Category) {
 	if st.category == c || st.bytes == 0 {
+		return
+	}
+	if st.managed { // not a block the tracer knows
+		st.category = c
 		return
 	}
 	st.category = c

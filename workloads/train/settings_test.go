@@ -58,7 +58,7 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 		`{"attention":"sparse"}`:                    `unknown attention "sparse" (want naive or flash)`,
 		`{"zero_grad":"maybe"}`:                     `unknown zero_grad "maybe" (want none or zero)`,
 		`{"device":"tpu"}`:                          `unknown device "tpu" (want meta, cpu or cuda)`,
-		`{"optimizer":"lion"}`:                      `unknown optimizer "lion" (want sgd, momentum, adam or adamw)`,
+		`{"optimizer":"lion"}`:                      `unknown optimizer "lion" (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)`,
 		`{"alloc_conf":"expandable_segments:true"}`: `alloc conf: Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'`,
 	}
 	for blob, want := range tests {
