@@ -21,6 +21,10 @@ type Meta struct {
 	AllocatorSettings string `json:"allocator_settings"`
 	// Workload is the configuration of the traced workload, as its package defines it.
 	Workload json.RawMessage `json:"workload,omitempty"`
+	// Parameters is the traced workload's parameter count and TrainableParameters how many of them its
+	// optimizer trains (fewer under LoRA); both 0 when unknown (an imported snapshot).
+	Parameters          int64 `json:"parameters,omitempty"`
+	TrainableParameters int64 `json:"trainable_parameters,omitempty"`
 }
 
 // DeviceInfo describes one device of the recording.

@@ -10,7 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// WriteJSON writes the report as JSON in the "oomdbg-report/1" schema (docs/report-json.md), indented.
+// WriteJSON writes the report as JSON in the "oomdbg-report/2" schema (docs/report-json.md), indented.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

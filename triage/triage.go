@@ -20,7 +20,7 @@ import (
 )
 
 // Format is the value of a JSON report's "format" field.
-const Format = "oomdbg-report/1"
+const Format = "oomdbg-report/2"
 
 // Options tune Analyze.
 type Options struct {
@@ -34,7 +34,7 @@ type Options struct {
 	Top int
 }
 
-// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/1" schema.
+// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/2" schema.
 type Report struct {
 	Format     string      `json:"format"`
 	Source     Source      `json:"source"`
@@ -74,6 +74,10 @@ type Source struct {
 	Warning  string `json:"warning"`
 	// UnmatchedFrees counts frees of blocks allocated before the trace began (imported traces).
 	UnmatchedFrees int `json:"unmatched_frees"`
+	// Parameters is the recorded workload's parameter count and TrainableParameters how many of them its
+	// optimizer trains (fewer under LoRA); null for an imported snapshot or a recording without them.
+	Parameters          *int64 `json:"parameters"`
+	TrainableParameters *int64 `json:"trainable_parameters"`
 }
 
 // Device is a device of the recording.
@@ -266,6 +270,10 @@ func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
 	}
 	if !s.Meta.Created.IsZero() {
 		src.Created = s.Meta.Created.UTC().Format(time.RFC3339)
+	}
+	if s.Meta.Parameters > 0 {
+		p, t := s.Meta.Parameters, s.Meta.TrainableParameters
+		src.Parameters, src.TrainableParameters = &p, &t
 	}
 	if len(s.Meta.Workload) > 0 && json.Valid(s.Meta.Workload) {
 		src.Workload = s.Meta.Workload

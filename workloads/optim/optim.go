@@ -71,6 +71,19 @@ func ParseImpl(s string) (Impl, error) {
 	return "", fmt.Errorf("unknown optimizer implementation %q (want foreach, fused or for-loop)", s)
 }
 
+// MarshalText returns the implementation's name.
+func (i Impl) MarshalText() ([]byte, error) { return []byte(i), nil }
+
+// UnmarshalText reads an implementation's name (ParseImpl).
+func (i *Impl) UnmarshalText(text []byte) error {
+	v, err := ParseImpl(string(text))
+	if err != nil {
+		return err
+	}
+	*i = v
+	return nil
+}
+
 // MarshalText returns the optimizer's name.
 func (k Kind) MarshalText() ([]byte, error) { return []byte(k), nil }
 

@@ -15,13 +15,15 @@ import (
 
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
 // Config describes one training run. Its JSON form is stored in every snapshot the run records, so a
 // snapshot says exactly how to reproduce it.
 type Config struct {
-	Model  string `json:"model"`            // "mlp" or "gpt"
+	Model  string `json:"model"`            // "mlp", "gpt" or "llama"
 	Preset string `json:"preset,omitempty"` // the preset the configuration started from, if any
 
 	// MLP shape (and Layers for the GPT).
@@ -30,13 +32,35 @@ type Config struct {
 	Layers     int `json:"layers,omitempty"`
 	Classes    int `json:"classes,omitempty"`
 
-	// GPT shape.
+	// GPT shape (and the Llama's, with the section below).
 	Seq     int     `json:"seq,omitempty"`
 	DModel  int     `json:"d_model,omitempty"`
 	Heads   int     `json:"heads,omitempty"`
 	Vocab   int     `json:"vocab,omitempty"`
 	Dropout float32 `json:"dropout,omitempty"`
 	Bias    bool    `json:"bias,omitempty"`
+
+	// Llama-family shape (model llama: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+	KVHeads   int     `json:"kv_heads,omitempty"` // key-value heads (0: as many as heads)
+	HeadDim   int     `json:"head_dim,omitempty"` // 0: d_model / heads
+	FFN       int     `json:"ffn,omitempty"`      // intermediate_size
+	Tied      bool    `json:"tied,omitempty"`     // lm_head shares the embedding's weight
+	QKVBias   bool    `json:"qkv_bias,omitempty"` // biases on q, k and v (Qwen2)
+	NormEps   float32 `json:"norm_eps,omitempty"`
+	RopeTheta float64 `json:"rope_theta,omitempty"`
+	// Architecture is the Hugging Face architecture the shape came from (a preset's or --hf-config's).
+	Architecture string `json:"architecture,omitempty"`
+	// Weights is the parameters' dtype, from_pretrained's torch_dtype: f32 (the zero value), bf16 or fp16
+	// (llama).
+	Weights Weights `json:"weights,omitzero"`
+
+	// Adapters (llama): LoRA of rank LoRA on LoRATargets (some of q,k,v,o,gate,up,down; none: peft's default
+	// q,v), and QLoRA's 4-bit base.
+	LoRA        int         `json:"lora,omitempty"`
+	LoRAAlpha   float32     `json:"lora_alpha,omitempty"`
+	LoRADropout float32     `json:"lora_dropout,omitempty"`
+	LoRATargets LoRATargets `json:"lora_targets,omitzero"`
+	QLoRA       bool        `json:"qlora,omitempty"`
 
 	// Fixes.
 	AMP        AMP        `json:"amp"`        // off, fp16 (with dynamic loss scaling) or bf16
@@ -57,13 +81,78 @@ type Config struct {
 	ContextReserve uint64      `json:"context_reserve"` // taken by the CUDA context before the allocator
 	AllocConf      AllocConf   `json:"alloc_conf,omitzero"`
 
-	Optimizer   optim.Kind `json:"optimizer"` // sgd, momentum, adam, adamw
-	LR          float32    `json:"lr"`
-	WeightDecay float32    `json:"weight_decay,omitempty"`
-	ZeroGrad    ZeroGrad   `json:"zero_grad"` // none (set_to_none, the default) or zero
+	Optimizer optim.Kind `json:"optimizer"` // one of optim.Kinds
+	// OptimizerImpl is how torch.optim runs Adam and AdamW: foreach ("" too), fused or for-loop.
+	OptimizerImpl optim.Impl `json:"optimizer_impl,omitempty"`
+	LR            float32    `json:"lr"`
+	WeightDecay   float32    `json:"weight_decay,omitempty"`
+	ZeroGrad      ZeroGrad   `json:"zero_grad"` // none (set_to_none, the default) or zero
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
+}
+
+// validateLlama checks how the Llama-family shape and the adapters combine (validateNumbers has checked each
+// number).
+func (c *Config) validateLlama() error {
+	if c.HeadDim == 0 && c.DModel%c.Heads != 0 {
+		return &FieldError{"heads", c.Heads, fmt.Sprintf("does not divide d_model %d (give head_dim)", c.DModel)}
+	}
+	if kv := c.KVHeads; kv > 0 && c.Heads%kv != 0 {
+		return &FieldError{"kv_heads", kv, fmt.Sprintf("does not divide the %d heads", c.Heads)}
+	}
+	if hd := c.headDim(); hd%2 != 0 {
+		return fmt.Errorf("head size %d is odd: rotary embeddings rotate halves", hd)
+	}
+	if c.QLoRA && c.LoRA == 0 {
+		return fmt.Errorf("qlora trains LoRA adapters on the 4-bit base: give --lora R")
+	}
+	if c.LoRA == 0 && (c.LoRATargets != 0 || c.LoRAAlpha != 0 || c.LoRADropout != 0) {
+		return fmt.Errorf("lora targets, alpha and dropout need --lora R")
+	}
+	if c.LoRA > 0 {
+		return c.loraConfig().Validate()
+	}
+	return nil
+}
+
+func (c *Config) headDim() int {
+	if c.HeadDim > 0 {
+		return c.HeadDim
+	}
+	return c.DModel / c.Heads
+}
+
+// DefaultLoRAAlpha is peft's LoraConfig default lora_alpha.
+const DefaultLoRAAlpha = 8
+
+// loraConfig returns the adapter configuration, with peft's defaults for what is not given.
+func (c *Config) loraConfig() nn.LoRAConfig {
+	alpha := c.LoRAAlpha
+	if alpha == 0 {
+		alpha = DefaultLoRAAlpha
+	}
+	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: c.LoRATargets.names()}
+}
+
+// llamaConfig returns the model configuration of a validated llama Config.
+func (c *Config) llamaConfig() nn.LlamaConfig {
+	dtype := c.Weights.dtype()
+	if c.QLoRA && c.Weights == WeightsF32 {
+		dtype = tensor.BF16 // the QLoRA recipe loads with torch_dtype=bfloat16
+	}
+	attention := "naive"
+	if c.Attention == AttentionFlash {
+		attention = "flash"
+	}
+	m := nn.LlamaConfig{Vocab: c.Vocab, DModel: c.DModel, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
+		HeadDim: c.HeadDim, FFN: c.FFN, Tied: c.Tied, QKVBias: c.QKVBias, NormEps: c.NormEps, RopeTheta: c.RopeTheta,
+		Attention: attention, Dropout: c.Dropout, DType: dtype, QLoRA: c.QLoRA}
+	if c.LoRA > 0 {
+		lc := c.loraConfig()
+		m.Adapter = &lc
+	}
+	return m
 }
 
 // The leak bugs, each a real PyTorch mistake. The fixed code path is the default.
@@ -106,11 +195,19 @@ func DefaultMLP() Config {
 
 // Validate checks the configuration and says what is wrong in one line.
 func (c *Config) Validate() error {
-	if c.Model != "mlp" && c.Model != "gpt" {
-		return fmt.Errorf("unknown model %q (want mlp or gpt)", c.Model)
+	if c.Model != "mlp" && c.Model != "gpt" && c.Model != "llama" {
+		return fmt.Errorf("unknown model %q (want mlp, gpt or llama)", c.Model)
+	}
+	if c.Model != "llama" && (c.LoRA != 0 || c.QLoRA || c.Weights != WeightsF32 || c.LoRATargets != 0) {
+		return fmt.Errorf("lora, qlora and weights apply to the llama model")
 	}
 	if err := c.validateNumbers(); err != nil {
 		return err
+	}
+	if c.Model == "llama" {
+		if err := c.validateLlama(); err != nil {
+			return err
+		}
 	}
 	// The settings below were parsed where they came in (flags, JSON); what is left is to check the ones made
 	// in code and how they combine.
@@ -121,7 +218,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("unknown logits %q (want keep or drop)", c.Logits)
 	}
 	if c.Model == "mlp" && (c.Checkpoint != CheckpointOff || c.Attention != AttentionNaive) {
-		return fmt.Errorf("checkpoint and attention apply to the gpt model")
+		return fmt.Errorf("checkpoint and attention apply to the gpt and llama models")
+	}
+	if c.Model == "llama" && c.Checkpoint == CheckpointAttention {
+		return fmt.Errorf("checkpoint attn applies to the gpt model (llama: off, all or every:N)")
 	}
 	if err := c.Device.Available(); err != nil {
 		return err
@@ -131,6 +231,12 @@ func (c *Config) Validate() error {
 	}
 	if _, err := optim.ParseKind(string(c.Optimizer)); err != nil {
 		return err // a Config made in code with a name that is not an optimizer's
+	}
+	if _, err := optim.ParseImpl(string(c.OptimizerImpl)); err != nil {
+		return err
+	}
+	if c.AMP == AMPFP16 && c.Weights == WeightsFP16 {
+		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))

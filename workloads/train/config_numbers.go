@@ -45,6 +45,9 @@ func (c *Config) validateNumbers() error {
 		checks = []check{{"in_features", c.InFeatures, 1}, {"hidden", c.Hidden, 1}, {"layers", c.Layers, 1}, {"classes", c.Classes, 2}}
 	case "gpt":
 		checks = []check{{"seq", c.Seq, 1}, {"d_model", c.DModel, 1}, {"heads", c.Heads, 1}, {"layers", c.Layers, 1}, {"vocab", c.Vocab, 2}}
+	case "llama":
+		checks = []check{{"seq", c.Seq, 1}, {"d_model", c.DModel, 1}, {"heads", c.Heads, 1}, {"layers", c.Layers, 1}, {"vocab", c.Vocab, 2},
+			{"ffn", c.FFN, 1}, {"kv_heads", c.KVHeads, 0}, {"head_dim", c.HeadDim, 0}, {"lora", c.LoRA, 0}}
 	}
 	checks = append(checks, check{"batch", c.Batch, 1}, check{"accum", c.Accum, 1}, check{"steps", c.Steps, 0}, check{"eval_every", c.EvalEvery, 0})
 	for _, ch := range checks {
@@ -61,8 +64,16 @@ func (c *Config) validateNumbers() error {
 		return &FieldError{"eval_every", c.EvalEvery, fmt.Sprintf("is more than %d", MaxSteps)}
 	case c.Model == "gpt" && c.DModel%c.Heads != 0:
 		return &FieldError{"heads", c.Heads, fmt.Sprintf("does not divide d_model %d", c.DModel)}
-	case c.Model == "gpt" && (c.Dropout < 0 || c.Dropout >= 1 || c.Dropout != c.Dropout):
+	case c.Model != "mlp" && (c.Dropout < 0 || c.Dropout >= 1 || c.Dropout != c.Dropout):
 		return &FieldError{"dropout", c.Dropout, "is not a probability in [0, 1)"}
+	case c.LoRADropout < 0 || c.LoRADropout >= 1 || c.LoRADropout != c.LoRADropout:
+		return &FieldError{"lora_dropout", c.LoRADropout, "is not a probability in [0, 1)"}
+	case !finite(c.LoRAAlpha) || c.LoRAAlpha < 0:
+		return &FieldError{"lora_alpha", c.LoRAAlpha, "must be a finite number >= 0"}
+	case !finite(c.NormEps) || c.NormEps < 0 || c.NormEps >= 1:
+		return &FieldError{"norm_eps", c.NormEps, "must be a finite number in [0, 1)"}
+	case math.IsNaN(c.RopeTheta) || c.RopeTheta < 0 || c.RopeTheta > 1e12:
+		return &FieldError{"rope_theta", c.RopeTheta, "must be a number in [0, 1e12]"}
 	case !finite(c.LR) || c.LR < 0:
 		return &FieldError{"lr", c.LR, "must be a finite number >= 0"}
 	case !finite(c.WeightDecay) || c.WeightDecay < 0:
@@ -86,7 +97,8 @@ func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(floa
 // value returns the number in the field named by its JSON name, for messages.
 func (c *Config) value(field string) int {
 	return map[string]int{"in_features": c.InFeatures, "hidden": c.Hidden, "layers": c.Layers, "classes": c.Classes,
-		"seq": c.Seq, "d_model": c.DModel, "heads": c.Heads, "vocab": c.Vocab, "batch": c.Batch}[field]
+		"seq": c.Seq, "d_model": c.DModel, "heads": c.Heads, "vocab": c.Vocab, "batch": c.Batch, "ffn": c.FFN,
+		"head_dim": c.HeadDim, "lora": c.LoRA}[field]
 }
 
 // mul multiplies non-negative numbers, saturating at the largest uint64 instead of wrapping.
@@ -137,6 +149,20 @@ func (c *Config) largestTensor() (field string, elements uint64) {
 			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
 		}
 	}
+	if c.Model == "llama" {
+		hd := max(c.HeadDim, 1)
+		if c.HeadDim == 0 {
+			hd = max(c.DModel/c.Heads, 1)
+		}
+		ts = []t{
+			{widest(c, "batch", "seq", "ffn"), mul(c.Batch, c.Seq, c.FFN)},            // the MLP's activations
+			{widest(c, "batch", "seq", "vocab"), mul(c.Batch, c.Seq, c.Vocab)},        // logits
+			{widest(c, "batch", "heads", "seq"), mul(c.Batch, c.Heads, c.Seq, c.Seq)}, // eager attention's scores
+			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
+			{widest(c, "ffn", "d_model"), mul(c.FFN, c.DModel)},                       // an MLP weight
+			{widest(c, "heads", "head_dim", "d_model"), mul(c.Heads, hd, c.DModel)},   // q_proj
+		}
+	}
 	for _, x := range ts {
 		if x.n > elements {
 			field, elements = x.field, x.n
@@ -155,8 +181,29 @@ func (c *Config) parameterBound() (field string, params uint64) {
 		// Embeddings, then per block 12 d^2 for attention and MLP weights and 13 d for biases and norms.
 		params = add(mul(c.Vocab, c.DModel), mul(c.Seq, c.DModel), mul(c.Layers, 12, c.DModel, c.DModel), mul(c.Layers, 13, c.DModel), mul(2, c.DModel))
 		return widest(c, "d_model", "vocab", "layers", "seq"), params
+	case "llama":
+		// Two embeddings (untied), per layer the projections (each of q, o at most heads x head_dim x d_model,
+		// k, v no more), the MLP's three and their adapters, and the norms.
+		hd := c.HeadDim
+		if hd == 0 {
+			hd = c.DModel / c.Heads
+		}
+		attn := mul(4, c.Heads, hd, c.DModel)
+		mlp := mul(3, c.FFN, c.DModel)
+		adapters := mul(7, c.LoRA, 2, c.Heads*hd+c.FFN+c.DModel)
+		params = add(mul(2, c.Vocab, c.DModel), mul(c.Layers, 1), add(mul(uint64ToInt(attn), c.Layers), mul(uint64ToInt(mlp), c.Layers),
+			mul(uint64ToInt(adapters), c.Layers)), mul(c.Layers+1, 2, c.DModel))
+		return widest(c, "d_model", "vocab", "layers", "ffn", "lora"), params
 	}
 	return "", 0
+}
+
+// uint64ToInt converts a saturated product back for mul, keeping saturation.
+func uint64ToInt(n uint64) int {
+	if n > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int(n)
 }
 
 // widest returns the field among fields with the largest value: the one to name when their product is too

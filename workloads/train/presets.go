@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -40,6 +41,47 @@ var Presets = []Preset{
 	{"gpt2-medium", "GPT-2 medium scale: 24 layers, d_model 1024, seq 1024 (355M parameters), batch 16: OOMs on 24 GiB as configured", gpt(24, 16, 1024, 1024, 50257, 16)},
 	{"gpt2-large", "GPT-2 large scale: 36 layers, d_model 1280, seq 1024 (774M parameters)", gpt(36, 20, 1280, 1024, 50257, 8)},
 	{"buildalong", "the OOM build-along model: d_model 2048, 24 layers, 32 heads, seq 1024, batch 16 (1.3B parameters with tied embeddings)", gpt(24, 32, 2048, 1024, 50257, 16)},
+	published("llama-3.2-1b", "Llama 3.2 1B: 16 layers, d_model 2048, 32 heads / 8 key-value, tied (1.24B parameters)"),
+	published("llama-3.1-8b", "Llama 3.1 8B: 32 layers, d_model 4096, 32 heads / 8 key-value (8.03B parameters)"),
+	published("llama-2-7b", "Llama 2 7B: 32 layers, d_model 4096, 32 heads (6.74B parameters)"),
+	published("llama-2-70b", "Llama 2 70B: 80 layers, d_model 8192, 64 heads / 8 key-value (69.0B parameters)"),
+	published("mistral-7b", "Mistral 7B v0.1: 32 layers, d_model 4096, 32 heads / 8 key-value (7.24B parameters)"),
+	published("qwen2.5-7b", "Qwen2.5 7B: 28 layers, d_model 3584, 28 heads / 4 key-value, q/k/v biases (7.62B parameters)"),
+	published("tinyllama-1.1b", "TinyLlama 1.1B: 22 layers, d_model 2048, 32 heads / 4 key-value (1.10B parameters)"),
+	published("smollm2-135m", "SmolLM2 135M: 30 layers, d_model 576, 9 heads / 3 key-value, tied (135M parameters)"),
+}
+
+// published is a preset made from a published config.json (workloads/nn/hfconfig/models), trained as HF
+// Trainer runs a fine-tune by default: the weights in the config's torch_dtype, sdpa attention (flash),
+// AdamW (foreach), the logits dropped before backward, batch 4 of 2048 tokens (or the model's context).
+func published(name, description string) Preset {
+	m, err := hfconfig.Published(name)
+	if err != nil {
+		panic(err) // the configs are embedded and tested
+	}
+	return Preset{Name: name, Description: description, Config: FromHF(m)}
+}
+
+// FromHF returns the training configuration of a model read from a config.json: a llama (Llama, Mistral,
+// Qwen2) or a gpt (GPT-2, built as nanoGPT's GPT, which has GPT-2's parameters), with HF Trainer's
+// defaults for the rest.
+func FromHF(m *hfconfig.Model) Config {
+	seq := min(2048, m.MaxPositions)
+	if m.Family() == "gpt" {
+		c := gpt(m.Layers, m.Heads, m.DModel, min(1024, m.MaxPositions), m.Vocab, 4)
+		c.Dropout, c.Logits, c.Architecture = float32(m.Dropout), LogitsDrop, m.Architecture
+		return c
+	}
+	weights := map[string]Weights{"bfloat16": WeightsBF16, "float16": WeightsFP16}[m.DType]
+	return Config{
+		Model: "llama", Architecture: m.Architecture, Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads,
+		HeadDim: m.HeadDim, DModel: m.DModel, FFN: m.FFN, Vocab: m.Vocab, Tied: m.Tied, QKVBias: m.QKVBias,
+		NormEps: float32(m.NormEps), RopeTheta: m.RopeTheta, Dropout: float32(m.Dropout), Seq: seq, Weights: weights,
+		Batch: 4, Steps: 3,
+		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
+		Optimizer: optim.AdamW, LR: 2e-5, ZeroGrad: ZeroGradNone, Seed: 1,
+		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionFlash, Accum: 1, Logits: LogitsDrop,
+	}
 }
 
 // DefaultPreset is what oomdbg runs when asked for nothing in particular.

@@ -108,13 +108,16 @@ var runtimeFrames = []string{
 func Meta(cfg Config, toolVersion string) snapshot.Meta {
 	workload, _ := json.Marshal(cfg)
 	host, _ := os.Hostname()
+	params, trainable, _ := ModelParameters(cfg) // 0 for a configuration that cannot run, which Record refuses
 	return snapshot.Meta{
-		Tool:        "oomdbg",
-		ToolVersion: toolVersion,
-		Created:     time.Now().UTC().Truncate(time.Second),
-		Host:        host,
-		Source:      "oomdbg",
-		TimeUnit:    "ns",
+		Parameters:          int64(params),
+		TrainableParameters: int64(trainable),
+		Tool:                "oomdbg",
+		ToolVersion:         toolVersion,
+		Created:             time.Now().UTC().Truncate(time.Second),
+		Host:                host,
+		Source:              "oomdbg",
+		TimeUnit:            "ns",
 		Devices: []snapshot.DeviceInfo{{
 			Index:          0,
 			Name:           fmt.Sprintf("simulated GPU (%s)", cfg.Device),

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -19,7 +21,13 @@ type Result struct {
 	SkippedSteps int       // steps skipped by the fp16 grad scaler after an overflow
 	Losses       []float32 // the loss of each completed step (all 0 on the meta device, which computes nothing)
 	Accuracy     float32   // accuracy of the last evaluation (mlp on the cpu device, with evaluation on)
-	Parameters   int       // parameter elements of the model
+	Parameters   int       // parameters of the model (a 4-bit weight counts its values, as peft does)
+	Trainable    int       // of those, the ones the optimizer trains (requires_grad)
+
+	// Paged is the optimizer state in CUDA unified memory (paged optimizers), outside the caching
+	// allocator and its peaks; PagedEvicted the bytes of it the device evicted to host over the run to make
+	// room for the allocator.
+	Paged, PagedEvicted uint64
 
 	PeakAllocated int64 // memory_allocated's peak over the run
 	PeakReserved  int64 // memory_reserved's peak over the run
@@ -45,7 +53,7 @@ type OOM struct {
 	Tensor    string // the tensor that could not be allocated, e.g. "f32[64,128] linear.out"
 }
 
-// model is what the loop trains: the MLP or the GPT.
+// model is what the loop trains: the MLP, the GPT or the Llama.
 type model interface {
 	nn.Module
 	Loss(x, y *tensor.Tensor) *tensor.Tensor
@@ -112,6 +120,10 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 		return nil, nil, err
 	}
 	r.endPhase()
+	if m, ok := r.dev.Managed(); ok {
+		ms := m.ManagedStats()
+		r.res.Paged, r.res.PagedEvicted = ms.Allocated, ms.Evicted
+	}
 	st := r.dev.Allocator().Stats()
 	r.res.PeakAllocated = max(r.res.PeakAllocated, st.AllocatedBytes.All().Peak)
 	r.res.PeakReserved = st.ReservedBytes.All().Peak
@@ -135,7 +147,23 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
 		amp: cfg.AMP.dtype(), iteration: -1}
 	r.rt.OnOOM(r.onOOM)
+	if m, ok := dev.Managed(); ok && rec != nil {
+		m.SetManagedObserver(r.onManaged)
+	}
 	return r, nil
+}
+
+// onManaged records what unified memory (a paged optimizer's state) does: its resident bytes as a device
+// reading after every movement, and each eviction as an annotation with the bytes moved to host, so the
+// timeline shows what the allocator's own figures leave out.
+func (r *run) onManaged(e alloc.ManagedEvent) {
+	dev := r.dev.Index()
+	r.rec.Sample(dev, "paged.resident", int64(e.Stats.Resident))
+	if e.Evicted > 0 {
+		r.rec.Sample(dev, "paged.evicted", int64(e.Stats.Evicted))
+		r.rec.Annotate(fmt.Sprintf("paged: %s of optimizer state evicted to host to make room for %s",
+			units.FormatSize(int64(e.Evicted)), units.FormatSize(int64(e.Cause))))
+	}
 }
 
 // train is the training loop; an OOM panics out of it (see tensor.Runtime.Catch).
@@ -168,11 +196,31 @@ func (r *run) iterate(step int, eval bool) {
 	r.res.Steps++
 }
 
+// ModelParameters builds cfg's model on a meta device of unlimited memory, with nothing recorded, and
+// returns its parameter count and how many of them train (peft's get_nb_trainable_parameters).
+func ModelParameters(cfg Config) (all, trainable int, err error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, 0, err
+	}
+	cfg.Device, cfg.GPUMemory, cfg.ContextReserve = device.Meta, MaxGPUMemory, 0
+	r, err := newRun(context.Background(), cfg, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := r.rt.Catch(r.build); err != nil {
+		return 0, 0, err
+	}
+	return r.res.Parameters, r.res.Trainable, nil
+}
+
 // setup is the setup phase: the model on the device, the optimizer and, for fp16, the grad scaler.
 func (r *run) setup() {
 	r.setPhase(snapshot.PhaseSetup)
 	r.build()
-	opt, err := optim.New(r.rt, r.model.Parameters(), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay})
+	// The optimizer gets what requires grad, as Trainer.create_optimizer does (all parameters but a frozen
+	// base's).
+	opt, err := optim.New(r.rt, nn.Trainable(r.model), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR,
+		WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl})
 	if err != nil {
 		panic(err) // Validate accepted the kind
 	}
@@ -206,8 +254,24 @@ func (r *run) build() {
 		g.AfterBlock = func(b *nn.Block, out *tensor.Tensor) { r.forwardHook(b.Name(), out) }
 		r.model = g
 		r.data = newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
+	case "llama":
+		m, err := nn.NewLlama(r.rt, cfg.llamaConfig())
+		if err != nil {
+			panic(err) // Validate checked the shape
+		}
+		plan := cfg.Checkpoint.plan()
+		m.Checkpoint = plan.blocks
+		// Adapters under reentrant checkpointing need an input that requires grad (peft's
+		// _prepare_model_for_gradient_checkpointing, HF's enable_input_require_grads).
+		m.InputRequiresGrad = cfg.LoRA > 0 && plan.blocks != nil
+		m.AfterLayer = func(l *nn.LlamaDecoderLayer, out *tensor.Tensor) { r.forwardHook(l.Name(), out) }
+		r.model = m
+		d := newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
+		d.labelsAreInputs = true // HF's collator: labels = input_ids.clone(); the model shifts them
+		r.data = d
 	}
 	r.res.Parameters = nn.CountParameters(r.model)
+	r.res.Trainable = nn.CountTrainable(r.model)
 }
 
 // step is one training iteration: for each micro-batch data, forward and backward; then the optimizer and
@@ -222,7 +286,7 @@ func (r *run) step() {
 	r.checkInterrupt()
 	r.setPhase(snapshot.PhaseOptimizer)
 	if r.scaler != nil {
-		r.scaler.Step(r.opt, r.model.Parameters())
+		r.scaler.Step(r.opt, nn.Trainable(r.model))
 		r.scaler.Update()
 	} else {
 		r.opt.Step()
