@@ -232,10 +232,10 @@ func (rt *Runtime) withoutAutocast() (restore func()) {
 }
 
 func (rt *Runtime) clearAMPCache() {
-	for _, c := range rt.ampCache {
-		c.Release()
+	for _, o := range rt.ampOrder { // in the order the casts were made: a run replays the same frees
+		rt.ampCache[o].Release()
 	}
-	rt.ampCache = nil
+	rt.ampCache, rt.ampOrder = nil, nil
 }
 
 // cast applies the rule's policy to an op's inputs when autocast is on: it returns the inputs to run the op
@@ -306,6 +306,7 @@ func (rt *Runtime) cachedCast(t *Tensor, dtype DType) *Tensor {
 		rt.ampCache = map[*object]*Tensor{}
 	}
 	rt.ampCache[t.object] = c
+	rt.ampOrder = append(rt.ampOrder, t.object)
 	return c.Ref()
 }
 

@@ -42,6 +42,7 @@ type Runtime struct {
 	gradEnabled bool
 	autocast    DType // F32: autocast off; F16 or BF16: the autocast dtype
 	ampCache    map[*object]*Tensor
+	ampOrder    []*object         // the cache's keys in insertion order
 	category    snapshot.Category // category of new allocations unless an op says otherwise
 	phase       snapshot.Phase
 	inBackward  bool

@@ -2,6 +2,7 @@ package hfconfig
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,28 +10,41 @@ import (
 	"testing"
 )
 
-// publishedFigures are the parameter counts the models' publishers and model cards state, and the shapes their
-// config.json files give. The counts are not derived from this package: see testdata/published.md for
-// where each comes from.
-var publishedFigures = map[string]struct {
-	params                                         int64
+// publishedShapes are the shapes the published config.json files give.
+var publishedShapes = map[string]struct {
 	d, layers, heads, kvHeads, ffn, vocab, headDim int
 	tied, qkvBias                                  bool
 }{
-	"llama-3.2-1b":   {1_235_814_400, 2048, 16, 32, 8, 8192, 128256, 64, true, false},
-	"llama-3.1-8b":   {8_030_261_248, 4096, 32, 32, 8, 14336, 128256, 128, false, false},
-	"llama-2-7b":     {6_738_415_616, 4096, 32, 32, 32, 11008, 32000, 128, false, false},
-	"llama-2-70b":    {68_976_648_192, 8192, 80, 64, 8, 28672, 32000, 128, false, false},
-	"mistral-7b":     {7_241_732_096, 4096, 32, 32, 8, 14336, 32000, 128, false, false},
-	"qwen2.5-7b":     {7_615_616_512, 3584, 28, 28, 4, 18944, 152064, 128, false, true},
-	"tinyllama-1.1b": {1_100_048_384, 2048, 22, 32, 4, 5632, 32000, 64, false, false},
-	"smollm2-135m":   {134_515_008, 576, 30, 9, 3, 1536, 49152, 64, true, false},
+	"llama-3.2-1b":   {2048, 16, 32, 8, 8192, 128256, 64, true, false},
+	"llama-3.1-8b":   {4096, 32, 32, 8, 14336, 128256, 128, false, false},
+	"llama-2-7b":     {4096, 32, 32, 32, 11008, 32000, 128, false, false},
+	"llama-2-70b":    {8192, 80, 64, 8, 28672, 32000, 128, false, false},
+	"mistral-7b":     {4096, 32, 32, 8, 14336, 32000, 128, false, false},
+	"qwen2.5-7b":     {3584, 28, 28, 4, 18944, 152064, 128, false, true},
+	"tinyllama-1.1b": {2048, 22, 32, 4, 5632, 32000, 64, false, false},
+	"smollm2-135m":   {576, 30, 9, 3, 1536, 49152, 64, true, false},
+}
+
+// PublishedFigures reads testdata/published.json: the exact parameter counts of the published
+// checkpoints (testdata/published.md says where each comes from). They are not derived from this package.
+func PublishedFigures(t testing.TB) map[string]int64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "published.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]int64
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 func TestPublishedConfigs(t *testing.T) {
+	figures := PublishedFigures(t)
 	names := PublishedNames()
-	if len(names) != len(publishedFigures) {
-		t.Errorf("%d published configs, the table has %d", len(names), len(publishedFigures))
+	if len(names) != len(publishedShapes) || len(names) != len(figures) {
+		t.Errorf("%d published configs, %d shapes, %d figures", len(names), len(publishedShapes), len(figures))
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
@@ -38,17 +52,17 @@ func TestPublishedConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, ok := publishedFigures[name]
+			want, ok := publishedShapes[name]
 			if !ok {
-				t.Fatalf("no published figure for %s", name)
+				t.Fatalf("no published shape for %s", name)
 			}
 			got := [...]int{m.DModel, m.Layers, m.Heads, m.KVHeads, m.FFN, m.Vocab, m.HeadDim}
 			if got != [...]int{want.d, want.layers, want.heads, want.kvHeads, want.ffn, want.vocab, want.headDim} ||
 				m.Tied != want.tied || m.QKVBias != want.qkvBias {
 				t.Errorf("shape %+v", m)
 			}
-			if p := m.Parameters(); p != want.params {
-				t.Errorf("%d parameters, published %d", p, want.params)
+			if p := m.Parameters(); p != figures[name] {
+				t.Errorf("%d parameters, published %d", p, figures[name])
 			}
 		})
 	}
