@@ -296,13 +296,28 @@ func workloadSummary(raw json.RawMessage) string {
 	var w struct {
 		Model, Preset, Device, Optimizer, AMP, Checkpoint, Attention, Bug string
 		Batch, Steps, Accum                                               int
+		Architecture, Weights                                             string
+		LoRA                                                              int `json:"lora"`
+		QLoRA                                                             bool
 	}
 	if json.Unmarshal(raw, &w) != nil || w.Model == "" {
 		return ""
 	}
 	parts := []string{w.Model}
-	if w.Preset != "" && w.Preset != w.Model {
+	switch {
+	case w.Preset != "" && w.Preset != w.Model:
 		parts[0] = w.Preset
+	case w.Architecture != "":
+		parts[0] = w.Architecture
+	}
+	switch {
+	case w.QLoRA:
+		parts = append(parts, "QLoRA r="+itoa(int64(w.LoRA)))
+	case w.LoRA > 0:
+		parts = append(parts, "LoRA r="+itoa(int64(w.LoRA)))
+	}
+	if w.Weights != "" && w.Weights != "f32" {
+		parts = append(parts, w.Weights+" weights")
 	}
 	parts = append(parts, "batch "+itoa(int64(w.Batch)))
 	if w.Accum > 1 {

@@ -13,8 +13,8 @@ import (
 )
 
 // sweepMeasurer measures fixes the way oomdbg fixes does: it re-runs the workload a snapshot recorded with
-// each of train.Fixes on the meta device, on the configured device's capacity and with unlimited memory.
-// The workload comes from a file, perhaps someone else's: the re-runs stop at the timeout.
+// each of train.FixesFor its configuration on the meta device, on the configured device's capacity and with
+// unlimited memory. The workload comes from a file, perhaps someone else's: the re-runs stop at the timeout.
 type sweepMeasurer struct{ timeout time.Duration }
 
 // Measure implements triage.Measurer.
@@ -31,7 +31,7 @@ func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*tri
 		ctx, cancel = context.WithTimeout(ctx, sm.timeout)
 		defer cancel()
 	}
-	rows, err := train.Sweep(ctx, cfg, train.Fixes)
+	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
 	if errors.Is(err, context.DeadlineExceeded) {
 		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", sm.timeout)
 	}

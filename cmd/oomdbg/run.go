@@ -22,6 +22,7 @@ import (
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -80,20 +81,31 @@ func (textFlag) Type() string { return "string" }
 
 // addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
 func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp or gpt")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
 	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "batch size (per micro-batch with --accum)")
 	fs.IntVar(&cfg.InFeatures, "in-features", cfg.InFeatures, "mlp: input features")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "mlp: hidden width")
-	fs.IntVar(&cfg.Layers, "layers", cfg.Layers, "hidden layers (mlp) or transformer blocks (gpt)")
+	fs.IntVar(&cfg.Layers, "layers", cfg.Layers, "hidden layers (mlp) or transformer blocks (gpt, llama)")
 	fs.IntVar(&cfg.Classes, "classes", cfg.Classes, "mlp: output classes")
-	fs.IntVar(&cfg.Seq, "seq", cfg.Seq, "gpt: sequence length (the block size)"+presetDefault(cfg))
-	fs.IntVar(&cfg.DModel, "d-model", cfg.DModel, "gpt: embedding width"+presetDefault(cfg))
-	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt: attention heads"+presetDefault(cfg))
-	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt: vocabulary size"+presetDefault(cfg))
-	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability"+presetDefault(cfg))
+	fs.IntVar(&cfg.Seq, "seq", cfg.Seq, "gpt, llama: sequence length (gpt: the block size)"+presetDefault(cfg))
+	fs.IntVar(&cfg.DModel, "d-model", cfg.DModel, "gpt, llama: embedding width (hidden_size)"+presetDefault(cfg))
+	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt, llama: attention heads"+presetDefault(cfg))
+	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt, llama: vocabulary size"+presetDefault(cfg))
+	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability; llama: attention dropout"+presetDefault(cfg))
+	fs.IntVar(&cfg.KVHeads, "kv-heads", cfg.KVHeads, "llama: key-value heads (grouped-query attention; 0: as many as heads)")
+	fs.IntVar(&cfg.FFN, "ffn", cfg.FFN, "llama: MLP width (intermediate_size)")
+	fs.IntVar(&cfg.HeadDim, "head-dim", cfg.HeadDim, "llama: head size (0: d-model / heads)")
+	fs.BoolVar(&cfg.Tied, "tied", cfg.Tied, "llama: lm_head shares the embedding's weight")
+	fs.BoolVar(&cfg.QKVBias, "qkv-bias", cfg.QKVBias, "llama: biases on q, k and v (Qwen2)")
+	fs.Var(textFlag{&cfg.Weights}, "weights", "llama: the parameters' dtype (from_pretrained's torch_dtype): f32, bf16 or fp16")
+	fs.IntVar(&cfg.LoRA, "lora", cfg.LoRA, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
+	fs.Float32Var(&cfg.LoRAAlpha, "lora-alpha", cfg.LoRAAlpha, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
+	fs.Float32Var(&cfg.LoRADropout, "lora-dropout", cfg.LoRADropout, "llama: LoRA dropout")
+	fs.Var(textFlag{&cfg.LoRATargets}, "lora-targets", "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
+	fs.BoolVar(&cfg.QLoRA, "qlora", cfg.QLoRA, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
 	fs.Var(textFlag{&cfg.AMP}, "amp", "mixed precision: off, fp16 (with loss scaling) or bf16")
-	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "gpt activation checkpointing: off, all, every:N or attn")
-	fs.Var(textFlag{&cfg.Attention}, "attention", "gpt attention: naive (scores materialised) or flash")
+	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "activation checkpointing: off, all, every:N or attn (gpt only)")
+	fs.Var(textFlag{&cfg.Attention}, "attention", "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
 	fs.IntVar(&cfg.Accum, "accum", cfg.Accum, "micro-batches per optimizer step (gradient accumulation)")
 	fs.StringVar(&cfg.Logits, "logits", cfg.Logits, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
@@ -102,7 +114,8 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.Var(sizeFlag{&cfg.GPUMemory, maxSize}, "gpu-mem", "device memory, e.g. 24GiB or 80GB (binary units)")
 	fs.Var(sizeFlag{&cfg.ContextReserve, maxSize}, "context-reserve", "memory the CUDA context takes before the allocator")
 	fs.Var(textFlag{&cfg.AllocConf}, "alloc-conf", "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	fs.Var(textFlag{&cfg.Optimizer}, "optimizer", "optimizer: sgd, momentum, adam or adamw")
+	fs.Var(textFlag{&cfg.Optimizer}, "optimizer", "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
+	fs.Var(textFlag{&cfg.OptimizerImpl}, "optimizer-impl", "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
 	fs.Float32Var(&cfg.LR, "lr", cfg.LR, "learning rate")
 	fs.Float32Var(&cfg.WeightDecay, "weight-decay", cfg.WeightDecay, "weight decay (adamw defaults to 0.01)")
 	fs.Var(textFlag{&cfg.ZeroGrad}, "zero-grad", "zero_grad: none (set_to_none) or zero (in place)")
@@ -110,20 +123,38 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.StringVar(&cfg.Bug, "bug", cfg.Bug, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
 }
 
-// presetDefault says where a GPT dimension comes from when the flag defaults are the MLP's, which has none.
+// presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.
 func presetDefault(cfg *train.Config) string {
-	if cfg.Model == "gpt" {
+	if cfg.Model == "gpt" || cfg.Model == "llama" {
 		return ""
 	}
-	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt)"
+	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt, " + train.DefaultLlamaPreset + "'s with --model llama)"
 }
 
-// configFromFlags returns the run configuration the command line describes: the preset (or the model's
-// default) first, then every flag the user set, in the order given.
+// configFromFlags returns the run configuration the command line describes: the preset, the config.json
+// of --hf-config or the model's default first, then every flag the user set, in the order given.
 func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 	base := train.DefaultMLP()
-	if model, _ := fs.GetString("model"); preset == "" && model == "gpt" {
+	hf, _ := fs.GetString("hf-config")
+	model, _ := fs.GetString("model")
+	switch {
+	case hf != "" && preset != "":
+		return base, fmt.Errorf("--hf-config and --preset both name a model: give one")
+	case hf != "":
+		f, err := os.Open(hf)
+		if err != nil {
+			return base, err
+		}
+		m, err := hfconfig.Read(f)
+		f.Close()
+		if err != nil {
+			return base, fmt.Errorf("%s: %w", hf, err)
+		}
+		base = train.FromHF(m)
+	case preset == "" && model == "gpt":
 		preset = train.DefaultPreset
+	case preset == "" && model == "llama":
+		preset = train.DefaultLlamaPreset
 	}
 	if preset != "" {
 		var err error
@@ -172,6 +203,8 @@ On the cpu device the tensors live in host memory: the run first measures what t
 meta device and refuses to start when that is more than --max-memory.`,
 		Example: `  oomdbg run --preset gpt2-medium -o medium.oomdbg          # OOMs on a 24 GiB card
   oomdbg run --preset gpt2-medium --amp bf16 --attention flash --checkpoint all
+  oomdbg run --preset llama-3.1-8b --lora 16 --lora-targets q,k,v,o,gate,up,down --qlora --checkpoint all
+  oomdbg run --hf-config config.json --batch 2 --seq 4096 --optimizer paged-adamw8bit
   oomdbg run --hidden 4096 --layers 8 --batch 4096 --gpu-mem 8GiB -o big.oomdbg
   oomdbg run --bug retain-graph --steps 20 -o leak.oomdbg
   oomdbg run --preset tiny --steps 2000 -o - | oomdbg view -`,
@@ -188,11 +221,17 @@ meta device and refuses to start when that is more than --max-memory.`,
 		},
 	}
 	addConfigFlags(cmd.Flags(), &cfg)
-	cmd.Flags().StringVar(&preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().StringVarP(&out, "output", "o", "run.oomdbg", "snapshot file to write ('-' for standard output)")
 	cmd.Flags().BoolVar(&force, "force", false, "write through a symbolic link, or replace a read-only file")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
+}
+
+// addModelSourceFlags adds the flags that name a whole model: --preset and --hf-config.
+func addModelSourceFlags(fs *pflag.FlagSet, preset *string) {
+	fs.StringVar(preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	fs.String("hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
 }
 
 // flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:
@@ -206,6 +245,8 @@ func flagError(err error) error {
 	switch fe.Field {
 	case "gpu_memory":
 		name = "gpu-mem"
+	case "norm_eps", "rope_theta": // no flag: they come from --hf-config or a preset
+		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
 	}
 	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
 }
@@ -383,8 +424,12 @@ func nvmlSamples(ctx context.Context, cfg train.Config, stderr io.Writer) func(*
 // and the OOM.
 func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path string, size int64) {
 	fmt.Fprintf(w, "snapshot   %s (%s)\n", path, units.FormatSize(size))
+	params := humanCount(res.Parameters)
+	if res.Trainable != res.Parameters {
+		params = fmt.Sprintf("%s (%s trainable, %.2f%%)", params, humanCount(res.Trainable), 100*float64(res.Trainable)/float64(max(res.Parameters, 1)))
+	}
 	fmt.Fprintf(w, "model      %s, %s parameters, batch %d, %s, device %s with %s (%s CUDA context)\n",
-		cfg.Model, humanCount(res.Parameters), cfg.Batch, cfg.Optimizer, cfg.Device,
+		modelName(cfg), params, cfg.Batch, cfg.Optimizer, cfg.Device,
 		units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
 	fmt.Fprintf(w, "steps      %d of %d", res.Steps, cfg.Steps)
 	if n := len(res.Losses); n > 0 && cfg.Device == device.CPU {
@@ -394,7 +439,12 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		fmt.Fprint(w, " (interrupted)")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "peak       %s allocated, %s reserved\n\n", units.FormatSize(res.PeakAllocated), units.FormatSize(res.PeakReserved))
+	fmt.Fprintf(w, "peak       %s allocated, %s reserved\n", units.FormatSize(res.PeakAllocated), units.FormatSize(res.PeakReserved))
+	if res.Paged > 0 {
+		fmt.Fprintf(w, "paged      %s of optimizer state in unified memory, outside the allocator; %s of it evicted to host over the run\n",
+			units.FormatSize(int64(res.Paged)), units.FormatSize(int64(res.PagedEvicted)))
+	}
+	fmt.Fprintln(w)
 
 	last := -1
 	for _, p := range res.Phases {
@@ -416,6 +466,32 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 	if res.OOM != nil {
 		fmt.Fprintf(w, "\nOOM in iteration %d, %s, allocating %s:\n%s\n", res.OOM.Iteration, res.OOM.Phase, res.OOM.Tensor, res.OOM.Message)
 	}
+}
+
+// modelName says what model a configuration trains: its preset or Hugging Face architecture, else its kind.
+func modelName(cfg train.Config) string {
+	name := cfg.Model
+	if cfg.Architecture != "" {
+		name += " (" + cfg.Architecture + ")"
+	}
+	if cfg.Preset != "" {
+		name = cfg.Preset
+	}
+	var parts []string
+	if cfg.LoRA > 0 {
+		kind := "LoRA"
+		if cfg.QLoRA {
+			kind = "QLoRA"
+		}
+		parts = append(parts, fmt.Sprintf("%s r=%d", kind, cfg.LoRA))
+	}
+	if cfg.Weights != train.WeightsF32 {
+		parts = append(parts, cfg.Weights.String()+" weights")
+	}
+	if len(parts) > 0 {
+		name += " [" + strings.Join(parts, ", ") + "]"
+	}
+	return name
 }
 
 // humanCount prints a parameter count: 1.3B, 355M, 12.5K.

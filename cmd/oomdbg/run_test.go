@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +15,13 @@ import (
 
 func TestRunCommand(t *testing.T) {
 	dir := t.TempDir()
+	mixtral := filepath.Join(dir, "mixtral.json")
+	broken := filepath.Join(dir, "broken.json")
+	os.WriteFile(mixtral, []byte(`{"architectures": ["MixtralForCausalLM"], "hidden_size": 4096}`), 0o644)
+	os.WriteFile(broken, []byte(`{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": -3`), 0o644)
+	smollm := filepath.Join("..", "..", "workloads", "nn", "hfconfig", "models", "smollm2-135m.json")
+	llama := []string{"--model", "llama", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--layers", "2",
+		"--vocab", "100", "--ffn", "96", "--seq", "32", "--batch", "2", "--steps", "2"}
 	tests := map[string]struct {
 		args   []string
 		code   int
@@ -28,6 +37,22 @@ func TestRunCommand(t *testing.T) {
 		"bad size": {args: []string{"--gpu-mem", "lots"}, code: exitUsage, stderr: `invalid size "lots"`},
 		"bad bug":  {args: []string{"--bug", "nope"}, code: exitUsage, stderr: `unknown bug "nope"`},
 		"bad conf": {args: []string{"--alloc-conf", "max_split_size_mb:1"}, code: exitUsage, stderr: "alloc conf:"},
+		"hf config": {args: []string{"--hf-config", smollm, "--batch", "1", "--seq", "64", "--steps", "2"}, code: exitOK,
+			stdout: []string{"model      llama (LlamaForCausalLM) [bf16 weights], 134.5M parameters", "steps      2 of 2"}},
+		"hf config, qlora, paged": {args: []string{"--hf-config", smollm, "--batch", "1", "--seq", "64", "--steps", "2",
+			"--lora", "128", "--lora-targets", "q,k,v,o,gate,up,down", "--qlora", "--optimizer", "paged-adamw8bit"}, code: exitOK,
+			stdout: []string{"[QLoRA r=128, bf16 weights]", "trainable, ", "paged      "}}, // B of gate and up: 1536 x 128 > 1e5 elements
+		"unknown architecture": {args: []string{"--hf-config", mixtral}, code: exitUsage,
+			stderr: `unknown architecture "MixtralForCausalLM" (known: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)`},
+		"broken config":      {args: []string{"--hf-config", broken}, code: exitUsage, stderr: "config.json: not a JSON object"},
+		"missing config":     {args: []string{"--hf-config", filepath.Join(dir, "none.json")}, code: exitUsage, stderr: "no such file"},
+		"config and preset":  {args: []string{"--hf-config", smollm, "--preset", "tiny"}, code: exitUsage, stderr: "give one"},
+		"llama flags, lora":  {args: append(slices.Clone(llama), "--tied", "--lora", "4"), code: exitOK, stdout: []string{"[LoRA r=4, bf16 weights], ", "trainable"}},
+		"qlora without lora": {args: append(slices.Clone(llama), "--qlora"), code: exitUsage, stderr: "give --lora R"},
+		"bad lora target":    {args: append(slices.Clone(llama), "--lora", "4", "--lora-targets", "q,embed"), code: exitUsage, stderr: `unknown lora target "embed"`},
+		"bad kv heads":       {args: append(slices.Clone(llama), "--kv-heads", "3"), code: exitUsage, stderr: "--kv-heads 3: does not divide the 4 heads"},
+		"bad optimizer impl": {args: append(slices.Clone(llama), "--optimizer-impl", "magic"), code: exitUsage, stderr: `unknown optimizer implementation "magic"`},
+		"lora on the gpt":    {args: []string{"--preset", "tiny", "--lora", "4"}, code: exitUsage, stderr: "apply to the llama model"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -85,5 +110,44 @@ func TestRunHostMemory(t *testing.T) {
 	want = "oomdbg: the cpu device will hold about " + metaPeak("tiny") + " of tensors in host memory"
 	if code != exitOK || !strings.HasPrefix(stderr, want) {
 		t.Errorf("tiny on the cpu device: exit %d, %q; want 0, %q", code, stderr, want)
+	}
+}
+
+// TestReportCarriesParameterCounts records SmolLM2-135M from its config.json, fully and under LoRA, and
+// checks that the JSON report's source gives its published parameter count (134,515,008) and the
+// trainable count: all of them, or the adapters' (rank 8 on q and v of 30 layers: 30 x 8 x (576+576 +
+// 576+192) = 460,800, peft's formula).
+func TestReportCarriesParameterCounts(t *testing.T) {
+	dir := t.TempDir()
+	smollm := filepath.Join("..", "..", "workloads", "nn", "hfconfig", "models", "smollm2-135m.json")
+	for name, tc := range map[string]struct {
+		args              []string
+		params, trainable int64
+	}{
+		"full": {nil, 134_515_008, 134_515_008},
+		"lora": {[]string{"--lora", "8"}, 134_515_008 + 460_800, 460_800},
+	} {
+		out := filepath.Join(dir, name+".oomdbg")
+		args := append([]string{"run", "-o", out, "--hf-config", smollm, "--batch", "1", "--seq", "16", "--steps", "1"}, tc.args...)
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != exitOK {
+			t.Fatalf("%s: exit %d: %s", name, code, stderr.String())
+		}
+		code, report, errs := runCmd("report", out, "--format", "json", "--measure=false")
+		if code != exitOK {
+			t.Fatalf("%s: report exit %d: %s", name, code, errs)
+		}
+		var r struct {
+			Source struct {
+				Parameters          *int64 `json:"parameters"`
+				TrainableParameters *int64 `json:"trainable_parameters"`
+			} `json:"source"`
+		}
+		if err := json.Unmarshal([]byte(report), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Source.Parameters == nil || *r.Source.Parameters != tc.params || *r.Source.TrainableParameters != tc.trainable {
+			t.Errorf("%s: source.parameters %v, trainable %v; want %d and %d", name, r.Source.Parameters, r.Source.TrainableParameters, tc.params, tc.trainable)
+		}
 	}
 }

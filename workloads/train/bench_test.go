@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // BenchmarkMetaStepBuildalong measures one training step of the OOM build-along model (d_model 2048, 24
@@ -19,14 +20,37 @@ func BenchmarkMetaStepBuildalong(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.GPUMemory = 1 << 40
-	for _, fixes := range []struct {
-		name string
-		mod  func(*Config)
-	}{
+	benchmarkMetaStep(b, cfg, []benchFix{
 		{"as-is", func(*Config) {}},
 		{"bf16+flash+checkpoint", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll }},
-	} {
+	})
+}
+
+// BenchmarkMetaStepLlama8BQLoRA measures one training step of Llama-3.1-8B under QLoRA (rank 16 on every
+// projection, batch 4 of 2048 tokens, AdamW) on the meta device, recorded as BenchmarkMetaStepBuildalong
+// records: the dequantized weight temporaries of every 4-bit matmul, forward and backward, included. The
+// target is 100 ms per step.
+func BenchmarkMetaStepLlama8BQLoRA(b *testing.B) {
+	cfg, err := PresetConfig("llama-3.1-8b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA = 16, AllLoRATargets, true
+	benchmarkMetaStep(b, cfg, []benchFix{
+		{"qlora", func(*Config) {}},
+		{"qlora+checkpoint+paged-adamw8bit", func(c *Config) { c.Checkpoint, c.Optimizer = CheckpointAll, optim.PagedAdamW8bit }},
+	})
+}
+
+type benchFix struct {
+	name string
+	mod  func(*Config)
+}
+
+// benchmarkMetaStep times iterate (one step and its heap dump) after setup, per fix.
+func benchmarkMetaStep(b *testing.B, cfg Config, fixes []benchFix) {
+	cfg.GPUMemory = 1 << 40
+	for _, fixes := range fixes {
 		b.Run(fixes.name, func(b *testing.B) {
 			c := cfg
 			fixes.mod(&c)

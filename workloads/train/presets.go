@@ -73,9 +73,13 @@ func FromHF(m *hfconfig.Model) Config {
 		return c
 	}
 	weights := map[string]Weights{"bfloat16": WeightsBF16, "float16": WeightsFP16}[m.DType]
+	headDim := m.HeadDim
+	if headDim == m.DModel/m.Heads {
+		headDim = 0 // implied: a --d-model or --heads flag given later keeps it so
+	}
 	return Config{
 		Model: "llama", Architecture: m.Architecture, Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads,
-		HeadDim: m.HeadDim, DModel: m.DModel, FFN: m.FFN, Vocab: m.Vocab, Tied: m.Tied, QKVBias: m.QKVBias,
+		HeadDim: headDim, DModel: m.DModel, FFN: m.FFN, Vocab: m.Vocab, Tied: m.Tied, QKVBias: m.QKVBias,
 		NormEps: float32(m.NormEps), RopeTheta: m.RopeTheta, Dropout: float32(m.Dropout), Seq: seq, Weights: weights,
 		Batch: 4, Steps: 3,
 		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
@@ -86,6 +90,9 @@ func FromHF(m *hfconfig.Model) Config {
 
 // DefaultPreset is what oomdbg runs when asked for nothing in particular.
 const DefaultPreset = "gpt2-medium"
+
+// DefaultLlamaPreset is what --model llama starts from.
+const DefaultLlamaPreset = "llama-3.2-1b"
 
 // PresetConfig returns the configuration of the named preset.
 func PresetConfig(name string) (Config, error) {

@@ -2,6 +2,7 @@ package train
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -59,6 +60,10 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 		`{"zero_grad":"maybe"}`:                     `unknown zero_grad "maybe" (want none or zero)`,
 		`{"device":"tpu"}`:                          `unknown device "tpu" (want meta, cpu or cuda)`,
 		`{"optimizer":"lion"}`:                      `unknown optimizer "lion" (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)`,
+		`{"optimizer_impl":"magic"}`:                `unknown optimizer implementation "magic" (want foreach, fused or for-loop)`,
+		`{"weights":"fp8"}`:                         `unknown weights "fp8" (want f32, bf16 or fp16)`,
+		`{"lora_targets":"q,embed"}`:                `unknown lora target "embed" (want some of q,k,v,o,gate,up,down)`,
+		`{"lora_targets":"q,v,q"}`:                  `lora target "q" given twice`,
 		`{"alloc_conf":"expandable_segments:true"}`: `alloc conf: Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'`,
 	}
 	for blob, want := range tests {
@@ -92,10 +97,51 @@ func TestSettingsRoundTrip(t *testing.T) {
 			t.Errorf("zero_grad %q: %v, %v", s, z, err)
 		}
 	}
+	for _, s := range []string{"f32", "bf16", "fp16"} {
+		if w, err := ParseWeights(s); err != nil || w.String() != s {
+			t.Errorf("weights %q: %v, %v", s, w, err)
+		}
+	}
+	// LoRA targets are a set: any order parses, and it reads back in the order of a decoder layer.
+	for s, want := range map[string]string{"": "", "q,v": "q,v", "v,q": "q,v", "down,q,gate": "q,gate,down", "q,k,v,o,gate,up,down": "q,k,v,o,gate,up,down"} {
+		if l, err := ParseLoRATargets(s); err != nil || l.String() != want {
+			t.Errorf("lora targets %q: %v, %v; want %q", s, l, err, want)
+		}
+	}
+	if DefaultLoRATargets.String() != "q,v" || AllLoRATargets.String() != "q,k,v,o,gate,up,down" {
+		t.Errorf("default targets %q, all %q", DefaultLoRATargets, AllLoRATargets)
+	}
 	// Settings made in code have no source string and marshal to the canonical one.
 	var a AllocConf
 	a.ExpandableSegments = true
 	if got := a.String(); got != "expandable_segments:True" {
 		t.Errorf("AllocConf made in code reads %q", got)
+	}
+}
+
+// TestLlamaWorkloadRoundTrip checks a Llama workload with every adapter setting away from its default
+// survives the JSON a snapshot stores it in.
+func TestLlamaWorkloadRoundTrip(t *testing.T) {
+	c, err := PresetConfig("llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.LoRA, c.LoRAAlpha, c.LoRADropout, c.QLoRA = 16, 32, 0.05, true
+	c.LoRATargets, c.Weights, c.OptimizerImpl, c.Optimizer = AllLoRATargets, WeightsFP16, optim.Fused, optim.PagedAdamW8bit
+	blob, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"weights":"fp16"`, `"lora_targets":"q,k,v,o,gate,up,down"`, `"optimizer_impl":"fused"`, `"optimizer":"paged-adamw8bit"`} {
+		if !strings.Contains(string(blob), want) {
+			t.Errorf("%s lacks %s", blob, want)
+		}
+	}
+	var back Config
+	if err := json.Unmarshal(blob, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, c) {
+		t.Errorf("round trip changed the workload:\n got %+v\nwant %+v", back, c)
 	}
 }

@@ -3,7 +3,10 @@ package train
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"slices"
 
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -31,6 +34,50 @@ var Fixes = []Fix{
 	}},
 }
 
+// LlamaFixes are the choices people make to fine-tune a Llama-family model on one card, each named by the
+// run it makes: a full fine-tune in 16-bit weights or in float32 weights with bf16 autocast, LoRA (rank 16
+// on every projection) and QLoRA, each with and without checkpointing, and the 8-bit and paged optimizers.
+var LlamaFixes = []Fix{
+	{"as configured", func(*Config) {}},
+	{"full, bf16 weights", fullBF16},
+	{"full, bf16 weights, checkpoint", func(c *Config) { fullBF16(c); c.Checkpoint = CheckpointAll }},
+	{"full, bf16 weights, checkpoint, 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = CheckpointAll, optim.AdamW8bit }},
+	{"full, bf16 weights, checkpoint, paged 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = CheckpointAll, optim.PagedAdamW8bit }},
+	{"full, fp32 weights, bf16 autocast", fullMixed},
+	{"full, fp32 weights, bf16 autocast, checkpoint", func(c *Config) { fullMixed(c); c.Checkpoint = CheckpointAll }},
+	{"LoRA, bf16 base", func(c *Config) { lora(c, WeightsBF16) }},
+	{"LoRA, bf16 base, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.Checkpoint = CheckpointAll }},
+	{"LoRA, fp32 base, bf16 autocast, checkpoint", func(c *Config) { lora(c, WeightsF32); c.AMP, c.Checkpoint = AMPBF16, CheckpointAll }},
+	{"QLoRA", func(c *Config) { lora(c, WeightsBF16); c.QLoRA = true }},
+	{"QLoRA, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.QLoRA, c.Checkpoint = true, CheckpointAll }},
+	{"QLoRA, checkpoint, paged 8-bit AdamW", func(c *Config) {
+		lora(c, WeightsBF16)
+		c.QLoRA, c.Checkpoint, c.Optimizer = true, CheckpointAll, optim.PagedAdamW8bit
+	}},
+}
+
+func fullBF16(c *Config) {
+	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsBF16, AMPOff
+}
+func fullMixed(c *Config) {
+	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsF32, AMPBF16
+}
+
+func lora(c *Config, weights Weights) {
+	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, AMPOff
+	if c.LoRAAlpha == 0 {
+		c.LoRAAlpha = 32
+	}
+}
+
+// FixesFor returns the fixes a sweep of cfg tries: LlamaFixes for a llama, Fixes otherwise.
+func FixesFor(cfg Config) []Fix {
+	if cfg.Model == "llama" {
+		return LlamaFixes
+	}
+	return Fixes
+}
+
 func quarterBatch(c *Config) {
 	if c.Batch >= 4 {
 		c.Batch, c.Accum = c.Batch/4, c.Accum*4
@@ -48,6 +95,10 @@ type SweepRow struct {
 	NeedsAllocated  int64 // with unlimited memory: what the run needs
 	NeedsReserved   int64
 	MeasuredOnSteps int
+	// Paged is the optimizer state in unified memory (of the run with unlimited memory when the configured
+	// one stopped before the optimizer made it), which the peaks above leave out, and PagedEvicted the bytes
+	// of it evicted to host over the configured run.
+	Paged, PagedEvicted uint64
 }
 
 // Sweep runs cfg with each fix on the meta device, once on the configured device and once with unlimited
@@ -55,14 +106,19 @@ type SweepRow struct {
 // fix for a GPT-2-medium-sized model.
 func Sweep(ctx context.Context, cfg Config, fixes []Fix) ([]SweepRow, error) {
 	base := cfg
-	base.Device, base.Steps, base.Bug = "meta", 2, ""
+	base.Device, base.Steps, base.Bug = device.Meta, 2, ""
 	var rows []SweepRow
+	var seen []Config
 	for _, f := range fixes {
 		c := base
 		f.Apply(&c)
 		if err := c.Validate(); err != nil {
 			continue // the fix does not apply to this model (e.g. attention on an MLP)
 		}
+		if slices.ContainsFunc(seen, func(s Config) bool { return reflect.DeepEqual(s, c) }) {
+			continue // the configuration already is the fix (e.g. bf16 weights on a bf16 preset)
+		}
+		seen = append(seen, c)
 		res, _, err := Run(ctx, c, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
@@ -74,7 +130,8 @@ func Sweep(ctx context.Context, cfg Config, fixes []Fix) ([]SweepRow, error) {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
 		rows = append(rows, SweepRow{Fix: f.Name, Config: c, PeakAllocated: res.PeakAllocated, PeakReserved: res.PeakReserved,
-			OOM: res.OOM, NeedsAllocated: need.PeakAllocated, NeedsReserved: need.PeakReserved, MeasuredOnSteps: c.Steps})
+			OOM: res.OOM, NeedsAllocated: need.PeakAllocated, NeedsReserved: need.PeakReserved, MeasuredOnSteps: c.Steps,
+			Paged: max(res.Paged, need.Paged), PagedEvicted: res.PagedEvicted})
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
 		}
