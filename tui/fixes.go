@@ -35,6 +35,8 @@ type fixesPane struct {
 // The rows of the pane, each a setting with its choices.
 const (
 	rowAMP = iota
+	rowWeights
+	rowAdapter
 	rowAttention
 	rowCheckpoint
 	rowAccum
@@ -44,24 +46,57 @@ const (
 	numFixRows
 )
 
-var fixRowNames = [numFixRows]string{"mixed precision", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug"}
+var fixRowNames = [numFixRows]string{"mixed precision", "weights", "adapter", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug"}
 
-// choices lists a row's choices for the base configuration.
+// adapterRank is the rank of the LoRA and QLoRA choices, on allProjections, as oomdbg fixes chooses them.
+const adapterRank = 16
+
+// allProjections are the LoRA targets of the adapter choices: every linear layer of a decoder layer, as
+// QLoRA's recipe adapts them (--lora-targets).
+const allProjections = "q,k,v,o,gate,up,down"
+
+// optimizerChoices are the optimizer row's choices: torch.optim's (AdamW in its three implementations)
+// and bitsandbytes'.
+var optimizerChoices = []string{"adamw", "adamw fused", "adamw for-loop", "adam", "momentum", "sgd", "adamw8bit", "paged-adamw8bit", "paged-adamw"}
+
+// choices lists a row's choices for the base configuration; the base's own is always one of them.
 func (p *fixesPane) choices(row int) []string {
-	c := p.base.Fixes
+	opts := p.offered(row)
+	if cur := p.current(row); indexOf(opts, cur) < 0 {
+		opts = append([]string{cur}, opts...)
+	}
+	return opts
+}
+
+// offered lists the choices a row offers for the base's model.
+func (p *fixesPane) offered(row int) []string {
+	c, llama := p.base.Fixes, p.base.Llama
 	switch row {
 	case rowAMP:
 		return []string{"off", "bf16", "fp16"}
+	case rowWeights:
+		if !llama {
+			return nil
+		}
+		return []string{"f32", "bf16", "fp16"}
+	case rowAdapter:
+		if !llama {
+			return nil
+		}
+		return []string{"none", fmt.Sprintf("lora %d", adapterRank), fmt.Sprintf("qlora %d", adapterRank)}
 	case rowAttention:
-		if !p.base.GPT {
-			return []string{c.Attention}
+		if !p.base.GPT && !llama {
+			return nil
 		}
 		return []string{"naive", "flash"}
 	case rowCheckpoint:
-		if !p.base.GPT {
-			return []string{c.Checkpoint}
+		switch {
+		case p.base.GPT:
+			return []string{"off", "attn", "every:2", "all"}
+		case llama:
+			return []string{"off", "every:2", "all"}
 		}
-		return []string{"off", "attn", "every:2", "all"}
+		return nil
 	case rowAccum:
 		var out []string
 		for k := 1; k <= 8 && c.Batch*c.Accum/k >= 1; k *= 2 {
@@ -71,7 +106,7 @@ func (p *fixesPane) choices(row int) []string {
 		}
 		return out
 	case rowOptimizer:
-		return []string{"adamw", "adam", "momentum", "sgd"}
+		return optimizerChoices
 	case rowZeroGrad:
 		return []string{"none", "zero"}
 	case rowBug:
@@ -93,16 +128,65 @@ func newFixesPane(w *Workload, run Runner) fixesPane {
 	return p
 }
 
+// current names the base's choice in a row.
+func (p *fixesPane) current(row int) string {
+	c := p.base.Fixes
+	switch row {
+	case rowAMP:
+		return c.AMP
+	case rowWeights:
+		return weightsOf(c)
+	case rowAdapter:
+		return adapterOf(c)
+	case rowAttention:
+		return c.Attention
+	case rowCheckpoint:
+		return c.Checkpoint
+	case rowAccum:
+		return fmt.Sprintf("%d x %d", c.Batch, c.Accum)
+	case rowOptimizer:
+		return optimizerOf(c)
+	case rowZeroGrad:
+		return c.ZeroGrad
+	case rowBug:
+		if c.Bug == "" {
+			return "none"
+		}
+		return c.Bug
+	}
+	return ""
+}
+
 // reset makes the choices match the base configuration.
 func (p *fixesPane) reset() {
-	c := p.base.Fixes
-	current := [numFixRows]string{c.AMP, c.Attention, c.Checkpoint, fmt.Sprintf("%d x %d", c.Batch, c.Accum), c.Optimizer, c.ZeroGrad, c.Bug}
-	if c.Bug == "" {
-		current[rowBug] = "none"
-	}
 	for r := range numFixRows {
-		p.choice[r] = max(indexOf(p.choices(r), current[r]), 0)
+		p.choice[r] = indexOf(p.choices(r), p.current(r))
 	}
+}
+
+// weightsOf, adapterOf and optimizerOf name a workload's choice as its row does.
+func weightsOf(c Fixes) string {
+	if c.Weights == "" {
+		return "f32"
+	}
+	return c.Weights
+}
+
+func adapterOf(c Fixes) string {
+	switch {
+	case c.QLoRA:
+		return fmt.Sprintf("qlora %d", c.LoRA)
+	case c.LoRA > 0:
+		return fmt.Sprintf("lora %d", c.LoRA)
+	}
+	return "none"
+}
+
+func optimizerOf(c Fixes) string {
+	if c.OptimizerImpl != "" && c.OptimizerImpl != "foreach" {
+		return c.Optimizer + " " + c.OptimizerImpl
+	}
+	return c.Optimizer
 }
 
 func indexOf(list []string, s string) int {
@@ -135,7 +219,21 @@ func (p *fixesPane) config() Workload {
 	w := *p.base
 	c := &w.Fixes
 	pick := func(r int) string { return p.choices(r)[p.choice[r]] }
-	c.AMP, c.Attention, c.Checkpoint, c.Optimizer, c.ZeroGrad = pick(rowAMP), pick(rowAttention), pick(rowCheckpoint), pick(rowOptimizer), pick(rowZeroGrad)
+	c.AMP, c.Attention, c.Checkpoint, c.ZeroGrad = pick(rowAMP), pick(rowAttention), pick(rowCheckpoint), pick(rowZeroGrad)
+	if o := pick(rowOptimizer); o != optimizerOf(p.base.Fixes) {
+		c.Optimizer, c.OptimizerImpl, _ = strings.Cut(o, " ")
+	}
+	if wt := pick(rowWeights); wt != weightsOf(p.base.Fixes) {
+		c.Weights = wt
+	}
+	if a := pick(rowAdapter); a != adapterOf(p.base.Fixes) {
+		kind, rank, _ := strings.Cut(a, " ")
+		c.LoRA, c.QLoRA, c.LoRATargets = 0, false, ""
+		if kind != "none" {
+			fmt.Sscan(rank, &c.LoRA)
+			c.QLoRA, c.LoRATargets = kind == "qlora", allProjections
+		}
+	}
 	fmt.Sscanf(pick(rowAccum), "%d x %d", &c.Batch, &c.Accum)
 	if pick(rowBug) == "fixed" {
 		c.Bug = ""
@@ -190,6 +288,12 @@ func (p *fixesPane) describe() string {
 	if c.AMP != b.AMP {
 		parts = append(parts, "amp "+c.AMP)
 	}
+	if weightsOf(c) != weightsOf(b) {
+		parts = append(parts, weightsOf(c)+" weights")
+	}
+	if adapterOf(c) != adapterOf(b) {
+		parts = append(parts, adapterOf(c))
+	}
 	if c.Attention != b.Attention {
 		parts = append(parts, c.Attention+" attention")
 	}
@@ -199,8 +303,8 @@ func (p *fixesPane) describe() string {
 	if c.Batch != b.Batch {
 		parts = append(parts, fmt.Sprintf("batch %d x %d", c.Batch, c.Accum))
 	}
-	if c.Optimizer != b.Optimizer {
-		parts = append(parts, c.Optimizer)
+	if optimizerOf(c) != optimizerOf(b) {
+		parts = append(parts, optimizerOf(c))
 	}
 	if c.ZeroGrad != b.ZeroGrad {
 		parts = append(parts, "zero_grad "+c.ZeroGrad)
@@ -322,17 +426,7 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 	}
 	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)", w, "…"))}
 	for r := range numFixRows {
-		opts := p.choices(r)
-		var cells []string
-		for i, o := range opts {
-			if i == p.choice[r] {
-				o = "[" + o + "]"
-			} else {
-				o = " " + o + " "
-			}
-			cells = append(cells, o)
-		}
-		line := fmt.Sprintf("%-21s %s", fixRowNames[r], strings.Join(cells, ""))
+		line := fmt.Sprintf("%-21s %s", fixRowNames[r], choiceCells(p.choices(r), p.choice[r], w-22))
 		line = ansi.Truncate(line, w, "…")
 		if r == p.selected {
 			line = s.Selected.Render(padRight(line, w))
@@ -344,6 +438,34 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 		lines = lines[:h]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// choiceCells renders a row's choices, the chosen one in brackets, in width: when they do not fit, from a
+// choice late enough that the chosen one shows, with "…" for those left out.
+func choiceCells(opts []string, chosen, width int) string {
+	cell := func(i int) string {
+		if i == chosen {
+			return "[" + opts[i] + "]"
+		}
+		return " " + opts[i] + " "
+	}
+	from := 0
+	for {
+		var b strings.Builder
+		if from > 0 {
+			b.WriteString("…")
+		}
+		for i := from; i <= chosen; i++ {
+			b.WriteString(cell(i))
+		}
+		if ansi.StringWidth(b.String()) <= width || from == chosen {
+			for i := chosen + 1; i < len(opts); i++ {
+				b.WriteString(cell(i))
+			}
+			return b.String()
+		}
+		from++
+	}
 }
 
 // comparison is the before/after table.

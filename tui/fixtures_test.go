@@ -14,6 +14,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -36,12 +37,29 @@ var fixtureConfigs = map[string]func() train.Config{
 		cfg.AMP, cfg.Attention, cfg.Device = train.AMPBF16, train.AttentionFlash, "meta"
 		return cfg
 	},
+	// smollm-ft is a full fine-tune of SmolLM2-135M (its published shape and bf16 weights, 4 of its 30
+	// layers, AdamW) on sequences of 64 tokens.
+	"smollm-ft": smollmFineTune,
+	// smollm-ft-qlora is smollm-ft re-run by the fixes pane as QLoRA of rank 16 on every projection,
+	// checkpointing every layer, with the paged 8-bit AdamW.
+	"smollm-ft-qlora": func() train.Config {
+		cfg := smollmFineTune()
+		cfg.LoRA, cfg.QLoRA, cfg.LoRATargets = 16, true, train.AllLoRATargets
+		cfg.Checkpoint, cfg.Optimizer = train.CheckpointAll, optim.PagedAdamW8bit
+		return cfg
+	},
 	// leaky is the MLP with the retain-graph bug: a leak to find.
 	"leaky": func() train.Config {
 		cfg := train.DefaultMLP()
 		cfg.Steps, cfg.Bug = 6, train.BugRetainGraph
 		return cfg
 	},
+}
+
+func smollmFineTune() train.Config {
+	cfg, _ := train.PresetConfig("smollm2-135m")
+	cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers = 2, 1, 64, 4
+	return cfg
 }
 
 // updating reports whether the golden files are being rewritten (the golden package's -update flag).
@@ -129,6 +147,11 @@ type workloadSpec struct {
 	Batch      int    `json:"batch"`
 	Accum      int    `json:"accum"`
 	Bug        string `json:"bug"`
+	Impl       string `json:"optimizer_impl"`
+	Weights    string `json:"weights"`
+	LoRA       int    `json:"lora"`
+	QLoRA      bool   `json:"qlora"`
+	Targets    string `json:"lora_targets"`
 }
 
 func (p playback) Parse(spec json.RawMessage) (Workload, error) {
@@ -140,9 +163,13 @@ func (p playback) Parse(spec json.RawMessage) (Workload, error) {
 	if name == "" {
 		name = c.Model
 	}
-	return Workload{Name: name + " on " + c.Device, GPT: c.Model == "gpt", Device: c.Device, Spec: spec,
+	if c.Weights == "" {
+		c.Weights = "f32"
+	}
+	return Workload{Name: name + " on " + c.Device, GPT: c.Model == "gpt", Llama: c.Model == "llama", Device: c.Device, Spec: spec,
 		Fixes: Fixes{AMP: c.AMP, Attention: c.Attention, Checkpoint: c.Checkpoint, Batch: c.Batch, Accum: c.Accum,
-			Optimizer: c.Optimizer, ZeroGrad: c.ZeroGrad, Bug: c.Bug}}, nil
+			Optimizer: c.Optimizer, OptimizerImpl: c.Impl, ZeroGrad: c.ZeroGrad, Bug: c.Bug,
+			Weights: c.Weights, LoRA: c.LoRA, QLoRA: c.QLoRA, LoRATargets: c.Targets}}, nil
 }
 
 func (p playback) Record(ctx context.Context, w Workload, out io.Writer) error {

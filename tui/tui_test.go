@@ -212,11 +212,55 @@ func TestNoColorDrawsNoColor(t *testing.T) {
 // sgrColour matches an SGR sequence that sets a foreground or background colour.
 var sgrColour = regexp.MustCompile(`\x1b\[(?:[0-9;]*;)?(?:3[0-9]|4[0-9]|9[0-7]|10[0-7])(?:;[0-9;]*)?m`)
 
+// TestFixesPaneTurnsAFineTuneIntoQLoRA chooses QLoRA, checkpointing and the paged 8-bit optimizer for a
+// Llama workload in the fixes pane, re-runs it, and checks what was run and that the peak fell.
+func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
+	m := newTestModel(t, fixture(t, "smollm-ft"), 100, 30)
+	press(m, "5")
+	if got := m.fixes.choices(rowAdapter); len(got) != 3 || got[0] != "none" {
+		t.Fatalf("adapter choices %q for a full fine-tune", got)
+	}
+	// adapter: qlora 16; checkpointing: all; optimizer: paged-adamw8bit.
+	press(m, "down", "down", "space", "space", "down", "down", "space", "space", "down", "down", "space", "space", "space", "space",
+		"space", "space", "space")
+	got := m.fixes.config().Fixes
+	if got.LoRA != adapterRank || !got.QLoRA || got.LoRATargets != allProjections || got.Checkpoint != "all" ||
+		got.Optimizer != "paged-adamw8bit" || got.OptimizerImpl != "" {
+		t.Fatalf("chosen %+v", got)
+	}
+	if d := m.fixes.describe(); d != "qlora 16, checkpoint all, paged-adamw8bit" {
+		t.Errorf("describe %q", d)
+	}
+	for cmd := m.fixes.onKey(keyPress("r"), m); cmd != nil; {
+		_, cmd = m.Update(cmd())
+	}
+	if m.fixes.after == nil || m.fixes.after.peakAlloc >= m.fixes.before.peakAlloc {
+		t.Fatalf("after the re-run: %+v (err %v), before %+v", m.fixes.after, m.fixes.err, m.fixes.before)
+	}
+}
+
+// TestFixesPaneKeepsTheBaseChoice checks a base setting the pane does not offer (LoRA of rank 8, AdamW
+// fused) is one of its row's choices, chosen, so that re-running unchanged changes nothing.
+func TestFixesPaneKeepsTheBaseChoice(t *testing.T) {
+	w := *workload(t, "smollm-ft")
+	w.Fixes.LoRA, w.Fixes.LoRATargets, w.Fixes.OptimizerImpl = 8, "q,v", "fused"
+	p := newFixesPane(&w, playback{})
+	if got := p.choices(rowAdapter); got[p.choice[rowAdapter]] != "lora 8" {
+		t.Errorf("adapter row %q chooses %d", got, p.choice[rowAdapter])
+	}
+	if got := p.choices(rowOptimizer); got[p.choice[rowOptimizer]] != "adamw fused" {
+		t.Errorf("optimizer row %q chooses %d", got, p.choice[rowOptimizer])
+	}
+	if c := p.config(); c.Fixes != w.Fixes || p.describe() != "no change" {
+		t.Errorf("unchanged choices give %+v (%s), want %+v", c.Fixes, p.describe(), w.Fixes)
+	}
+}
+
 func TestFixesRerunLowersThePeak(t *testing.T) {
 	m := newTestModel(t, fixture(t, "tiny-oom"), 100, 30)
 	press(m, "5")
 	// bf16 autocast, flash attention and the leak fixed, then re-run.
-	press(m, "space", "down", "space", "down", "down", "down", "down", "down", "space")
+	press(m, "space", "down", "down", "down", "space", "down", "down", "down", "down", "down", "space")
 	cfg := m.fixes.config().Fixes
 	if cfg.AMP != "bf16" || cfg.Attention != "flash" || cfg.Bug != "" {
 		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)

@@ -21,7 +21,10 @@ type Runner interface {
 type Workload struct {
 	Name string // what it is in a few words, e.g. "gpt2-medium on meta"
 	// GPT says the model is a GPT, to which the attention and checkpointing fixes apply.
-	GPT    bool
+	GPT bool
+	// Llama says the model is a Llama-family decoder, to which the attention, layer checkpointing, weights
+	// and adapter fixes apply.
+	Llama  bool
 	Device string // "meta", "cpu" or "cuda"
 	Fixes  Fixes
 	// Spec is the whole configuration as a snapshot's metadata stores it; Record applies Device and Fixes
@@ -36,7 +39,15 @@ type Fixes struct {
 	Checkpoint string // --checkpoint: "off", "attn", "every:N", "all"
 	Batch      int    // --batch
 	Accum      int    // --accum
-	Optimizer  string // --optimizer: "sgd", "momentum", "adam", "adamw"
-	ZeroGrad   string // --zero-grad: "none", "zero"
-	Bug        string // --bug: "" when the run has no leak bug
+	Optimizer  string // --optimizer: "sgd", "momentum", "adam", "adamw", "adamw8bit", "paged-adamw", "paged-adamw8bit"
+	// OptimizerImpl is --optimizer-impl: "foreach" (or ""), "fused", "for-loop".
+	OptimizerImpl string
+	ZeroGrad      string // --zero-grad: "none", "zero"
+	Bug           string // --bug: "" when the run has no leak bug
+
+	// The Llama's: the weights' dtype and its adapters.
+	Weights     string // --weights: "f32", "bf16", "fp16"
+	LoRA        int    // --lora: the adapters' rank (0: a full fine-tune)
+	QLoRA       bool   // --qlora
+	LoRATargets string // --lora-targets: "" for peft's default
 }

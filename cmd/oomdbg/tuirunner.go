@@ -40,12 +40,16 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 		v    encoding.TextUnmarshaler
 		text string
 	}{{&cfg.Device, w.Device}, {&cfg.AMP, f.AMP}, {&cfg.Attention, f.Attention}, {&cfg.Checkpoint, f.Checkpoint},
-		{&cfg.Optimizer, f.Optimizer}, {&cfg.ZeroGrad, f.ZeroGrad}} {
+		{&cfg.Optimizer, f.Optimizer}, {&cfg.OptimizerImpl, f.OptimizerImpl}, {&cfg.ZeroGrad, f.ZeroGrad},
+		{&cfg.Weights, f.Weights}, {&cfg.LoRATargets, f.LoRATargets}} {
 		if err := set.v.UnmarshalText([]byte(set.text)); err != nil {
 			return err
 		}
 	}
-	cfg.Batch, cfg.Accum, cfg.Bug = f.Batch, f.Accum, f.Bug
+	cfg.Batch, cfg.Accum, cfg.Bug, cfg.LoRA, cfg.QLoRA = f.Batch, f.Accum, f.Bug, f.LoRA, f.QLoRA
+	if cfg.LoRA == 0 { // a full fine-tune has no adapter to scale or drop out
+		cfg.LoRAAlpha, cfg.LoRADropout = 0, 0
+	}
 	_, err := train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
 	return err
 }
@@ -63,9 +67,12 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 	return tui.Workload{
 		Name:   name + " on " + string(cfg.Device),
 		GPT:    cfg.Model == "gpt",
+		Llama:  cfg.Model == "llama",
 		Device: string(cfg.Device),
 		Fixes: tui.Fixes{AMP: cfg.AMP.String(), Attention: cfg.Attention.String(), Checkpoint: cfg.Checkpoint.String(),
-			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: string(cfg.Optimizer), ZeroGrad: cfg.ZeroGrad.String(), Bug: cfg.Bug},
+			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: string(cfg.Optimizer), OptimizerImpl: string(cfg.OptimizerImpl),
+			ZeroGrad: cfg.ZeroGrad.String(), Bug: cfg.Bug,
+			Weights: cfg.Weights.String(), LoRA: cfg.LoRA, QLoRA: cfg.QLoRA, LoRATargets: cfg.LoRATargets.String()},
 		Spec: spec,
 	}, nil
 }

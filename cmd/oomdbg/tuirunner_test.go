@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tui"
+	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -56,4 +57,52 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 		t.Error("a configuration that does not validate parsed")
 	}
 	var _ tui.Runner = tuiRunner{}
+}
+
+// TestTUIRunnerAppliesTheAdapterFixes turns a LoRA fine-tune into a full one and a full one into QLoRA with
+// bf16 weights and fused AdamW through the TUI's runner: the adapter settings follow the choice, and a
+// full fine-tune carries no LoRA alpha (which would not validate).
+func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
+	cfg, err := train.PresetConfig("smollm2-135m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers = 1, 1, 16, 2
+	cfg.LoRA, cfg.LoRAAlpha, cfg.LoRATargets = 8, 16, train.DefaultLoRATargets
+	w, err := tuiWorkload(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Llama || w.GPT || w.Fixes.LoRA != 8 || w.Fixes.LoRATargets != "q,v" || w.Fixes.Weights != "bf16" {
+		t.Fatalf("workload %+v does not describe %+v", w, cfg)
+	}
+	record := func(f tui.Fixes) train.Config {
+		t.Helper()
+		w := w
+		w.Fixes = f
+		var out bytes.Buffer
+		if err := (tuiRunner{}).Record(context.Background(), w, &out); err != nil {
+			t.Fatal(err)
+		}
+		s, err := snapshot.Read(&out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ran train.Config
+		if err := json.Unmarshal(s.Meta.Workload, &ran); err != nil {
+			t.Fatal(err)
+		}
+		return ran
+	}
+	full := w.Fixes
+	full.LoRA, full.LoRATargets = 0, ""
+	if ran := record(full); ran.LoRA != 0 || ran.LoRAAlpha != 0 || ran.LoRATargets != 0 || ran.Weights != train.WeightsBF16 {
+		t.Errorf("full fine-tune ran %+v", ran)
+	}
+	qlora := w.Fixes
+	qlora.LoRA, qlora.QLoRA, qlora.LoRATargets, qlora.Weights, qlora.OptimizerImpl = 16, true, "q,k,v,o,gate,up,down", "f32", "fused"
+	if ran := record(qlora); ran.LoRA != 16 || !ran.QLoRA || ran.LoRATargets != train.AllLoRATargets || ran.LoRAAlpha != 16 ||
+		ran.Weights != train.WeightsF32 || ran.OptimizerImpl != optim.Fused {
+		t.Errorf("QLoRA ran %+v", ran)
+	}
 }

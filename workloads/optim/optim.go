@@ -74,11 +74,14 @@ func ParseImpl(s string) (Impl, error) {
 // MarshalText returns the implementation's name.
 func (i Impl) MarshalText() ([]byte, error) { return []byte(i), nil }
 
-// UnmarshalText reads an implementation's name (ParseImpl).
+// UnmarshalText reads an implementation's name (ParseImpl); "" stays the zero value, which is Foreach.
 func (i *Impl) UnmarshalText(text []byte) error {
 	v, err := ParseImpl(string(text))
 	if err != nil {
 		return err
+	}
+	if len(text) == 0 {
+		v = ""
 	}
 	*i = v
 	return nil
