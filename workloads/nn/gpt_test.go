@@ -57,25 +57,38 @@ func TestGPTSavesWhatPyTorchSaves(t *testing.T) {
 				}
 				idx := tokens(rt, s.Batch, s.Seq, s.Vocab)
 				loss := autocastLoss(rt, amp, func() *tensor.Tensor { return g.Loss(idx, idx) })
-				var got uint64
-				for _, st := range rt.SavedTensors() {
-					got += st.Bytes
-				}
-				if got != want[i] {
-					for _, st := range rt.SavedTensors() {
-						t.Logf("%8d  %s  %v", st.Bytes, st.Label, st.Holders)
-					}
-					t.Errorf("saved %d bytes for backward, PyTorch %d", got, want[i])
-				}
-				loss.Backward(false)
-				loss.Release()
-				idx.Release()
-				g.Release()
-				if n := rt.LiveHandles(); n != 0 {
-					t.Errorf("%d references left after releasing everything", n)
-				}
+				checkSaved(t, rt, want[i])
+				backwardAndRelease(t, rt, loss, idx, g.Release)
 			})
 		}
+	}
+}
+
+// checkSaved compares the bytes autograd keeps for backward with PyTorch's, listing them on a difference.
+func checkSaved(t *testing.T, rt *tensor.Runtime, want uint64) {
+	t.Helper()
+	var got uint64
+	for _, st := range rt.SavedTensors() {
+		got += st.Bytes
+	}
+	if got != want {
+		for _, st := range rt.SavedTensors() {
+			t.Logf("%8d  %s  %v", st.Bytes, st.Label, st.Holders)
+		}
+		t.Errorf("saved %d bytes for backward, PyTorch %d", got, want)
+	}
+}
+
+// backwardAndRelease runs backward through loss, releases it, the input and the model, and checks that no
+// reference is left.
+func backwardAndRelease(t *testing.T, rt *tensor.Runtime, loss, idx *tensor.Tensor, release func()) {
+	t.Helper()
+	loss.Backward(false)
+	loss.Release()
+	idx.Release()
+	release()
+	if n := rt.LiveHandles(); n != 0 {
+		t.Errorf("%d references left after releasing everything", n)
 	}
 }
 

@@ -94,10 +94,8 @@ type LlamaMLP struct {
 	Gate, Up, Down Projection
 }
 
-// Projection is a linear layer of a decoder: nn.Linear, or one with a LoRA adapter, or a 4-bit one.
-type Projection interface {
-	Layer
-}
+// Projection is a linear layer of a decoder: a Linear, a LoRALinear or a Linear4bit.
+type Projection = Layer
 
 // RMSNorm is LlamaRMSNorm: the input in float32, scaled by the reciprocal root mean square, back to the
 // input's dtype, times the weight.

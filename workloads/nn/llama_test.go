@@ -119,23 +119,8 @@ func TestLlamaSavesWhatPyTorchSaves(t *testing.T) {
 				amp = tensor.BF16
 			}
 			loss := autocastLoss(rt, amp, func() *tensor.Tensor { return m.Loss(idx, idx) })
-			var got uint64
-			for _, st := range rt.SavedTensors() {
-				got += st.Bytes
-			}
-			if got != want[i] {
-				for _, st := range rt.SavedTensors() {
-					t.Logf("%8d  %s  %v", st.Bytes, st.Label, st.Holders)
-				}
-				t.Errorf("saved %d bytes for backward, PyTorch %d", got, want[i])
-			}
-			loss.Backward(false)
-			loss.Release()
-			idx.Release()
-			m.Release()
-			if n := rt.LiveHandles(); n != 0 {
-				t.Errorf("%d references left after releasing everything", n)
-			}
+			checkSaved(t, rt, want[i])
+			backwardAndRelease(t, rt, loss, idx, m.Release)
 		})
 	}
 }

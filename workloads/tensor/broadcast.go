@@ -87,21 +87,7 @@ func (rt *Runtime) sumTo(g *Tensor, shape []int, role string) *Tensor {
 
 // accumulate adds row-major values into the (strided, possibly stride-0) view dst.
 func accumulate(dst *object, values []float32) {
-	idx := make([]int, len(dst.shape))
-	for _, v := range values {
-		off := dst.offset
-		for d, k := range idx {
-			off += k * dst.strides[d]
-		}
-		dst.st.data[off] += v
-		for d := len(idx) - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < dst.shape[d] {
-				break
-			}
-			idx[d] = 0
-		}
-	}
+	eachOffset(dst, func(i, off int) { dst.st.data[off] += values[i] })
 }
 
 // Expand returns t viewed with shape, stretching dimensions of size 1 and adding leading ones, without

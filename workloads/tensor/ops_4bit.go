@@ -27,18 +27,31 @@ var nf4Code = [16]float32{-1.0, -0.6961928009986877, -0.5250730514526367, -0.394
 	0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0}
 
 // dynamicCode is bitsandbytes' signed 8-bit dynamic map (create_dynamic_map(signed=True)), the code the
-// absmax values are quantized with: for each of 7 decades a linear fraction of 2^i + 1 boundaries in [0.1,
-// 1], the midpoints and their negatives, then 0 and 1, sorted.
-var dynamicCode = func() [256]float32 {
+// absmax values are quantized with, and the first Adam moment of its 8-bit optimizers.
+var dynamicCode = dynamicMap(true)
+
+// unsignedDynamicCode is create_dynamic_map(signed=False), the second Adam moment's code.
+var unsignedDynamicCode = dynamicMap(false)
+
+// dynamicMap is create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for each of 7 decades
+// 10^(i-6), the midpoints of linspace(0.1, 1, n) with n = 2^i + 1 (signed, with their negatives) or 2^(i+1)
+// + 1 (unsigned), then 0 and 1, sorted: 256 entries.
+func dynamicMap(signed bool) [256]float32 {
 	var data []float32
 	for i := range 7 {
-		n := 1<<i + 1
+		n := 1<<(i+1) + 1
+		if signed {
+			n = 1<<i + 1
+		}
 		scale := math.Pow(10, float64(i-6))
 		for j := range n - 1 { // the means of neighbouring boundaries of linspace(0.1, 1, n)
 			lo := float32(0.1 + 0.9*float64(j)/float64(n-1))
 			hi := float32(0.1 + 0.9*float64(j+1)/float64(n-1))
-			m := (lo + hi) / 2
-			data = append(data, float32(scale*float64(m)), -float32(scale*float64(m)))
+			m := float32(scale * float64((lo+hi)/2))
+			data = append(data, m)
+			if signed {
+				data = append(data, -m)
+			}
 		}
 	}
 	data = append(data, 0, 1)
@@ -49,7 +62,7 @@ var dynamicCode = func() [256]float32 {
 	var out [256]float32
 	copy(out[:], data)
 	return out
-}()
+}
 
 // Quant4 is one weight stored in 4 bits (Params4bit with its QuantState): the packed NF4 indices, two per
 // byte, and the statistics to undo the quantization, compressed as bnb_4bit_use_double_quant does.
@@ -248,30 +261,6 @@ func (q *Quant4) heldBy(n *Node) *Quant4 {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
-// unsignedDynamicCode is create_dynamic_map(signed=False): for each of 7 decades 2^(i+1) midpoints of
-// linspace(0.1, 1, 2^(i+1) + 1), then 0 and 1, sorted: 256 non-negative entries. bitsandbytes quantizes the
-// second Adam moment with it.
-var unsignedDynamicCode = func() [256]float32 {
-	var data []float32
-	for i := range 7 {
-		n := 1<<(i+1) + 1
-		scale := math.Pow(10, float64(i-6))
-		for j := range n - 1 {
-			lo := float32(0.1 + 0.9*float64(j)/float64(n-1))
-			hi := float32(0.1 + 0.9*float64(j+1)/float64(n-1))
-			data = append(data, float32(scale*float64((lo+hi)/2)))
-		}
-	}
-	data = append(data, 0, 1)
-	for len(data) < 256 {
-		data = append(data, 0)
-	}
-	sort.Slice(data, func(a, b int) bool { return data[a] < data[b] })
-	var out [256]float32
-	copy(out[:], data)
-	return out
-}()
 
 // Requantize8_ rounds x in place to what bitsandbytes' blockwise 8-bit optimizer state holds: each block of
 // blocksize values as the nearest entry of the signed (or unsigned) dynamic code times the block's absmax,

@@ -132,13 +132,18 @@ func (rt *Runtime) cat(grads, pieces []*Tensor, full []int, dim int, role string
 
 // scatter writes row-major values into the (strided) view dst.
 func scatter(dst *object, values []float32) {
+	eachOffset(dst, func(i, off int) { dst.st.data[off] = values[i] })
+}
+
+// eachOffset calls f with the index and storage offset of every element of dst, in row-major order.
+func eachOffset(dst *object, f func(i, off int)) {
 	idx := make([]int, len(dst.shape))
-	for _, v := range values {
+	for i := range numel(dst.shape) {
 		off := dst.offset
 		for d, k := range idx {
 			off += k * dst.strides[d]
 		}
-		dst.st.data[off] = v
+		f(i, off)
 		for d := len(idx) - 1; d >= 0; d-- {
 			idx[d]++
 			if idx[d] < dst.shape[d] {
