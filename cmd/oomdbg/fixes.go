@@ -78,8 +78,8 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 	fmt.Fprintf(w, "%s, batch %d, on %s (%s taken by the CUDA context), meta device, 2 steps:\n\n",
 		name, cfg.Batch, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
 	if cfg.Model == "llama" {
-		fmt.Fprintf(w, "sequence %d, AdamW unless named, LoRA rank 16 (alpha 32) on every projection, flash (sdpa) attention %s\n\n",
-			cfg.Seq, map[bool]string{true: "as configured", false: "off"}[cfg.Attention == train.AttentionFlash])
+		fmt.Fprintf(w, "sequence %d, AdamW unless named, LoRA and QLoRA of rank 16 (alpha 32) on every projection under bf16 autocast, attention %s\n\n",
+			cfg.Seq, map[train.Attention]string{train.AttentionFlash: "sdpa (flash)", train.AttentionNaive: "eager"}[cfg.Attention])
 	}
 	header := []string{"fix", "peak allocated", "peak reserved", "fits", "needs (allocated)"}
 	paged := slices.ContainsFunc(rows, func(r train.SweepRow) bool { return r.Paged > 0 })

@@ -27,15 +27,15 @@ func BenchmarkMetaStepBuildalong(b *testing.B) {
 }
 
 // BenchmarkMetaStepLlama8BQLoRA measures one training step of Llama-3.1-8B under QLoRA (rank 16 on every
-// projection, batch 4 of 2048 tokens, AdamW) on the meta device, recorded as BenchmarkMetaStepBuildalong
-// records: the dequantized weight temporaries of every 4-bit matmul, forward and backward, included. The
-// target is 100 ms per step.
+// projection, bf16 autocast as Trainer(bf16=True) runs it, batch 4 of 2048 tokens, AdamW) on the meta
+// device, recorded as BenchmarkMetaStepBuildalong records: the dequantized weight temporaries of every 4-bit
+// matmul, forward and backward, included. The target is 100 ms per step.
 func BenchmarkMetaStepLlama8BQLoRA(b *testing.B) {
 	cfg, err := PresetConfig("llama-3.1-8b")
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA = 16, AllLoRATargets, true
+	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA, cfg.AMP = 16, AllLoRATargets, true, AMPBF16
 	benchmarkMetaStep(b, cfg, []benchFix{
 		{"qlora", func(*Config) {}},
 		{"qlora+checkpoint+paged-adamw8bit", func(c *Config) { c.Checkpoint, c.Optimizer = CheckpointAll, optim.PagedAdamW8bit }},

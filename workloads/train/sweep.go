@@ -37,6 +37,7 @@ var Fixes = []Fix{
 // LlamaFixes are the choices people make to fine-tune a Llama-family model on one card, each named by the
 // run it makes: a full fine-tune in 16-bit weights or in float32 weights with bf16 autocast, LoRA (rank 16
 // on every projection) and QLoRA, each with and without checkpointing, and the 8-bit and paged optimizers.
+// LoRA and QLoRA run under bf16 autocast, as Trainer(bf16=True) runs them (the QLoRA recipe).
 var LlamaFixes = []Fix{
 	{"as configured", func(*Config) {}},
 	{"full, bf16 weights", fullBF16},
@@ -47,7 +48,7 @@ var LlamaFixes = []Fix{
 	{"full, fp32 weights, bf16 autocast, checkpoint", func(c *Config) { fullMixed(c); c.Checkpoint = CheckpointAll }},
 	{"LoRA, bf16 base", func(c *Config) { lora(c, WeightsBF16) }},
 	{"LoRA, bf16 base, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.Checkpoint = CheckpointAll }},
-	{"LoRA, fp32 base, bf16 autocast, checkpoint", func(c *Config) { lora(c, WeightsF32); c.AMP, c.Checkpoint = AMPBF16, CheckpointAll }},
+	{"LoRA, fp32 base, checkpoint", func(c *Config) { lora(c, WeightsF32); c.Checkpoint = CheckpointAll }},
 	{"QLoRA", func(c *Config) { lora(c, WeightsBF16); c.QLoRA = true }},
 	{"QLoRA, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.QLoRA, c.Checkpoint = true, CheckpointAll }},
 	{"QLoRA, checkpoint, paged 8-bit AdamW", func(c *Config) {
@@ -64,7 +65,7 @@ func fullMixed(c *Config) {
 }
 
 func lora(c *Config, weights Weights) {
-	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, AMPOff
+	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, AMPBF16
 	if c.LoRAAlpha == 0 {
 		c.LoRAAlpha = 32
 	}
