@@ -30,18 +30,7 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	w.Device = "meta"
 	w.Fixes.AMP, w.Fixes.Attention, w.Fixes.Checkpoint = "bf16", "flash", "all"
 	w.Fixes.Batch, w.Fixes.Accum = cfg.Batch/2, 2
-	var out bytes.Buffer
-	if err := (tuiRunner{version: "test"}).Record(context.Background(), w, &out); err != nil {
-		t.Fatal(err)
-	}
-	s, err := snapshot.Read(&out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ran train.Config
-	if err := json.Unmarshal(s.Meta.Workload, &ran); err != nil {
-		t.Fatal(err)
-	}
+	s, ran := recordThrough(t, tuiRunner{version: "test"}, w)
 	if ran.Device != "meta" || ran.AMP != train.AMPBF16 || ran.Attention != train.AttentionFlash || ran.Checkpoint != train.CheckpointAll ||
 		ran.Batch != cfg.Batch/2 || ran.Accum != 2 || ran.DModel != cfg.DModel || s.Meta.ToolVersion != "test" {
 		t.Errorf("recorded %+v (tool %q), want the fixes applied to %+v", ran, s.Meta.ToolVersion, cfg)
@@ -80,18 +69,7 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 		t.Helper()
 		w := w
 		w.Fixes = f
-		var out bytes.Buffer
-		if err := (tuiRunner{}).Record(context.Background(), w, &out); err != nil {
-			t.Fatal(err)
-		}
-		s, err := snapshot.Read(&out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ran train.Config
-		if err := json.Unmarshal(s.Meta.Workload, &ran); err != nil {
-			t.Fatal(err)
-		}
+		_, ran := recordThrough(t, tuiRunner{}, w)
 		return ran
 	}
 	full := w.Fixes
@@ -105,4 +83,22 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 		ran.Weights != train.WeightsF32 || ran.OptimizerImpl != optim.Fused {
 		t.Errorf("QLoRA ran %+v", ran)
 	}
+}
+
+// recordThrough records w through the runner r and returns the snapshot and the configuration it stored.
+func recordThrough(t *testing.T, r tuiRunner, w tui.Workload) (*snapshot.Snapshot, train.Config) {
+	t.Helper()
+	var out bytes.Buffer
+	if err := r.Record(context.Background(), w, &out); err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Read(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran train.Config
+	if err := json.Unmarshal(s.Meta.Workload, &ran); err != nil {
+		t.Fatal(err)
+	}
+	return s, ran
 }

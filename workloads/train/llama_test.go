@@ -281,15 +281,7 @@ func TestLlamaMetaAndCPURecordTheSameAllocations(t *testing.T) {
 func TestLlamaFixesLowerThePeak(t *testing.T) {
 	base, _ := PresetConfig("llama-3.2-1b")
 	base.Layers, base.Seq, base.Batch, base.Steps, base.GPUMemory, base.Weights = 4, 512, 4, 2, 1<<40, WeightsF32
-	peak := func(mod func(c *Config)) int64 {
-		c := base
-		mod(&c)
-		res, _, err := Run(context.Background(), c, nil)
-		if err != nil || res.OOM != nil {
-			t.Fatalf("run %+v: %v %v", c, err, res.OOM)
-		}
-		return res.PeakAllocated
-	}
+	peak := peakWith(t, base)
 	none := peak(func(*Config) {})
 	for name, mod := range map[string]func(c *Config){
 		"checkpoint every layer": func(c *Config) { c.Checkpoint = CheckpointAll },

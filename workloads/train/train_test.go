@@ -244,12 +244,10 @@ func TestTinyGPTLearnsOnCPU(t *testing.T) {
 	}
 }
 
-// TestFixesLowerThePeak runs a GPT-2-small-shaped model on a device too big to run out, once per fix, and
-// checks each fix lowers the peak the way PyTorch users see it move.
-func TestFixesLowerThePeak(t *testing.T) {
-	base, _ := PresetConfig("gpt2-small")
-	base.Layers, base.Seq, base.Batch, base.Steps, base.GPUMemory = 4, 512, 8, 2, 1<<40
-	peak := func(mod func(c *Config)) int64 {
+// peakWith returns what base peaks at with a fix applied, failing the test when the run errs or runs out.
+func peakWith(t *testing.T, base Config) func(mod func(c *Config)) int64 {
+	return func(mod func(c *Config)) int64 {
+		t.Helper()
 		c := base
 		mod(&c)
 		res, _, err := Run(context.Background(), c, nil)
@@ -258,6 +256,14 @@ func TestFixesLowerThePeak(t *testing.T) {
 		}
 		return res.PeakAllocated
 	}
+}
+
+// TestFixesLowerThePeak runs a GPT-2-small-shaped model on a device too big to run out, once per fix, and
+// checks each fix lowers the peak the way PyTorch users see it move.
+func TestFixesLowerThePeak(t *testing.T) {
+	base, _ := PresetConfig("gpt2-small")
+	base.Layers, base.Seq, base.Batch, base.Steps, base.GPUMemory = 4, 512, 8, 2, 1<<40
+	peak := peakWith(t, base)
 	none := peak(func(*Config) {})
 	for name, mod := range map[string]func(c *Config){
 		"flash attention":        func(c *Config) { c.Attention = AttentionFlash },
