@@ -68,6 +68,10 @@ type CausalSelfAttention struct {
 	flash                     bool
 	dropout                   float32
 	training                  *bool
+
+	// AfterQKV, when set, is called with the qkv projection (self.c_attn(x)) as soon as it is computed, like
+	// a forward hook on c_attn. It borrows the tensor.
+	AfterQKV func(a *CausalSelfAttention, qkv *tensor.Tensor)
 }
 
 // GPTMLP is the block's feed-forward: Linear(d, 4d), GELU, Linear(4d, d), dropout.
@@ -245,6 +249,9 @@ func (a *CausalSelfAttention) Forward(x *tensor.Tensor) *tensor.Tensor {
 	bsz, t, c := x.Dim(0), x.Dim(1), x.Dim(2)
 	hs := c / a.heads
 	qkv := a.CAttn.Forward(x)
+	if a.AfterQKV != nil {
+		a.AfterQKV(a, qkv)
+	}
 	parts := qkv.Split(c, 2)
 	qkv.Release()
 	heads := func(p *tensor.Tensor) *tensor.Tensor { // (B, T, C) -> (B, nh, T, hs)

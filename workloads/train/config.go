@@ -167,6 +167,15 @@ const (
 	// BugTensorLossSum sums the losses as tensors instead of with .item(): the graph grows on the host, not on
 	// the device. It is the negative control: it must not read as a device leak.
 	BugTensorLossSum = "tensor-loss-sum"
+	// BugNoZeroGrad never calls optimizer.zero_grad(): backward adds each step's gradients in place to the
+	// gradients of every step before, so the optimizer steps on a running sum. Memory does not grow: the
+	// gradients stay allocated between steps instead of being freed by zero_grad(set_to_none=True).
+	BugNoZeroGrad = "no-zero-grad"
+	// BugModuleAttribute keeps a module's intermediate on the module in forward, self.intermediate = x @ W:
+	// the GPT's attention keeps its qkv projection, the MLP's linear layers their outputs. Each attribute
+	// holds one tensor until the next forward overwrites it (after backward, its graph's saved tensors are
+	// freed; the tensor itself stays), a constant amount held across iterations, not a growing leak.
+	BugModuleAttribute = "module-attribute"
 )
 
 // What the training loop does with the logits the model returns with the loss.
@@ -180,7 +189,7 @@ const (
 )
 
 // Bugs lists every bug name Config.Bug accepts.
-var Bugs = []string{BugEvalNoGrad, BugRetainGraph, BugStashActivations, BugTensorLossSum}
+var Bugs = []string{BugEvalNoGrad, BugRetainGraph, BugStashActivations, BugTensorLossSum, BugNoZeroGrad, BugModuleAttribute}
 
 // DefaultMLP is a small classifier that learns its task in seconds on the cpu device.
 func DefaultMLP() Config {

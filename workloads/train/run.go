@@ -87,10 +87,11 @@ type run struct {
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
 	// What the leak bugs (or their fixed code paths) keep.
-	lossHistory []*tensor.Tensor // retain-graph: the losses themselves
-	evalOutputs []*tensor.Tensor // eval-no-grad: the outputs with their graphs
-	stash       []*tensor.Tensor // stash-activations: every hidden output
-	totalLoss   *tensor.Tensor   // tensor-loss-sum
+	lossHistory []*tensor.Tensor          // retain-graph: the losses themselves
+	evalOutputs []*tensor.Tensor          // eval-no-grad: the outputs with their graphs
+	stash       []*tensor.Tensor          // stash-activations: every hidden output
+	totalLoss   *tensor.Tensor            // tensor-loss-sum
+	attributes  map[string]*tensor.Tensor // module-attribute: each module's self.intermediate
 }
 
 // errInterrupted ends a run cancelled by its context between two phases.
@@ -237,8 +238,11 @@ func (r *run) build() {
 	case "mlp":
 		m := nn.NewMLP(r.rt, nn.MLPConfig{In: cfg.InFeatures, Hidden: cfg.Hidden, Layers: cfg.Layers, Classes: cfg.Classes, DType: tensor.F32})
 		m.Net.AfterLayer = func(l nn.Layer, out *tensor.Tensor) {
-			if _, hidden := l.(*nn.ReLU); hidden {
+			switch l.(type) {
+			case *nn.ReLU:
 				r.forwardHook(l.Name(), out)
+			case *nn.Linear:
+				r.keepOnModule(l.Name(), out)
 			}
 		}
 		r.model, r.mlp = m, m
@@ -252,6 +256,9 @@ func (r *run) build() {
 		plan := cfg.Checkpoint.plan()
 		g.Checkpoint, g.CheckpointAttention = plan.blocks, plan.attention
 		g.AfterBlock = func(b *nn.Block, out *tensor.Tensor) { r.forwardHook(b.Name(), out) }
+		for _, b := range g.Blocks {
+			b.Attn.AfterQKV = func(a *nn.CausalSelfAttention, qkv *tensor.Tensor) { r.keepOnModule(a.Name(), qkv) }
+		}
 		r.model = g
 		r.data = newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
 	case "llama":
@@ -292,6 +299,9 @@ func (r *run) step() {
 		r.opt.Step()
 	}
 
+	if r.cfg.Bug == BugNoZeroGrad { // the loop never calls optimizer.zero_grad()
+		return
+	}
 	r.setPhase(snapshot.PhaseZeroGrad)
 	r.opt.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
 }
@@ -382,6 +392,23 @@ func (r *run) forwardHook(name string, out *tensor.Tensor) {
 		return
 	}
 	r.stash = append(r.stash, out.Ref().SetName(fmt.Sprintf("activation_stash[%d]", len(r.stash))))
+}
+
+// keepOnModule is the module-attribute bug, self.intermediate = out in the forward of the module named name
+// (the fixed code keeps it in a local, which goes when forward returns). Assigning drops what the attribute
+// held, so each module holds its newest intermediate: with its graph until backward frees what the graph
+// saved, then the tensor alone, until the next forward replaces it.
+func (r *run) keepOnModule(name string, out *tensor.Tensor) {
+	if r.cfg.Bug != BugModuleAttribute {
+		return
+	}
+	if r.attributes == nil {
+		r.attributes = map[string]*tensor.Tensor{}
+	}
+	if old := r.attributes[name]; old != nil {
+		old.Release()
+	}
+	r.attributes[name] = out.Ref().SetName(name + ".intermediate")
 }
 
 // evaluate runs the model on a held-out batch: under no_grad with .item() metrics on the fixed path; with

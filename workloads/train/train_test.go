@@ -108,6 +108,8 @@ func TestLeakBugsGrowAndFixedPathsStayFlat(t *testing.T) {
 		"retain-graph":      {bug: BugRetainGraph, leaks: true, holder: "loss_history[7]"},
 		"stash-activations": {bug: BugStashActivations, leaks: true, holder: "activation_stash[15]"},
 		"tensor-loss-sum":   {bug: BugTensorLossSum, leaks: false, holder: "total_loss"},
+		"no-zero-grad":      {bug: BugNoZeroGrad, leaks: false, holder: "net.0.weight.grad"},
+		"module-attribute":  {bug: BugModuleAttribute, leaks: false, holder: "net.0.intermediate"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
