@@ -28,8 +28,12 @@ func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last P
 		sp.Stack = append(sp.Stack, s.FrameString(f))
 	}
 
-	// The survivors, and the example: the last block allocated in a measured iteration, else the last one.
-	example := -1
+	// The survivors, and the example: a block that outlived the end of an iteration after its own, so that
+	// what holds it is what grows and not a name rebound every iteration (nanoGPT's logits hold the newest
+	// iteration's graph too, by a shorter path than the loss kept in a list). That is the last block
+	// allocated in a measured iteration before the last; else the last one allocated in a measured
+	// iteration; else the last one.
+	example, rank := -1, -1
 	for i := range live {
 		b := &live[i]
 		if b.Stack != g.key.stack || b.Scope != g.key.scope || b.Category != g.key.category {
@@ -38,8 +42,15 @@ func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last P
 		if !slices.Contains(sp.Survivors, b.Iteration) {
 			sp.Survivors = append(sp.Survivors, b.Iteration)
 		}
-		if example < 0 || b.Iteration >= firstMeasured || live[example].Iteration < firstMeasured {
-			example = i
+		r := 0
+		if b.Iteration >= firstMeasured {
+			r = 1
+			if b.Iteration < last.Iteration {
+				r = 2
+			}
+		}
+		if r >= rank {
+			example, rank = i, r
 		}
 	}
 	slices.Sort(sp.Survivors)

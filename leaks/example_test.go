@@ -31,7 +31,7 @@ func ExampleFind() {
 	fmt.Printf("%d bytes per iteration of %s, retained by %s\n", sp.BytesPerIteration, sp.Category, sp.RetainedBy)
 	// Output:
 	// leak stashed_outputs
-	// 512 bytes per iteration of activation, retained by loss_history[7]
+	// 512 bytes per iteration of activation, retained by loss_history[6]
 }
 
 // Check is the test API: in a test, pass the *testing.T.
@@ -41,7 +41,7 @@ func ExampleCheck() {
 	leaks.Check(t, snapshottest.Trace(leakyLoop()), leaks.MaxGrowth(1<<10)) // up to 1 KiB per iteration is fine
 	leaks.Check(t, snapshottest.Trace(snapshottest.Tiny()), leaks.Warmup(1))
 	// Output:
-	// FAIL: leak: allocated memory grows 512 B per iteration over iterations 2-7 (stashed outputs: 1 suspect, the largest 512 B per iteration of activation in loss at nn.CrossEntropy loss.go:22, retained by loss_history[7])
+	// FAIL: leak: allocated memory grows 512 B per iteration over iterations 2-7 (stashed outputs: 1 suspect, the largest 512 B per iteration of activation in loss at nn.CrossEntropy loss.go:22, retained by loss_history[6])
 }
 
 func ExampleVerify() {
@@ -49,7 +49,7 @@ func ExampleVerify() {
 	reason, _, _ := strings.Cut(err.Error(), "\n")
 	fmt.Println(reason)
 	// Output:
-	// leak: allocated memory grows 512 B per iteration over iterations 2-7 (stashed outputs: 1 suspect, the largest 512 B per iteration of activation in loss at nn.CrossEntropy loss.go:22, retained by loss_history[7]), over the limit of 256 B per iteration
+	// leak: allocated memory grows 512 B per iteration over iterations 2-7 (stashed outputs: 1 suspect, the largest 512 B per iteration of activation in loss at nn.CrossEntropy loss.go:22, retained by loss_history[6]), over the limit of 256 B per iteration
 }
 
 // Filter keeps the suspects a test cares about, like pytest-memray's filter_fn.

@@ -42,8 +42,8 @@ func ExampleRecord() {
 			fmt.Sprint(sp.BytesPerIteration), sp.Category, sp.Scope, sp.RetainedBy.Root)
 	}
 	// Output:
-	// stashed outputs: 32768 per iteration of activation in net.1, retained by activation_stash[14]
-	// stashed outputs: 32768 per iteration of activation in net.3, retained by activation_stash[15]
+	// stashed outputs: 32768 per iteration of activation in net.1, retained by activation_stash[12]
+	// stashed outputs: 32768 per iteration of activation in net.3, retained by activation_stash[13]
 }
 
 func ExampleFragmentation() {
