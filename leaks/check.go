@@ -25,8 +25,8 @@ func Check(t TestingT, s *snapshot.Snapshot, opts ...Option) {
 	}
 }
 
-// Verify returns a *Failure when the snapshot leaks or breaks a limit, nil otherwise. An inconclusive or
-// fragmentation verdict is not a failure.
+// Verify returns a *Failure when the snapshot leaks or breaks a limit, nil otherwise. An inconclusive,
+// fragmentation or held verdict is not a failure (MaxHeld makes held memory one).
 func Verify(s *snapshot.Snapshot, opts ...Option) error {
 	return Find(s, opts...).Err()
 }
@@ -42,7 +42,8 @@ type Failure struct {
 func (f *Failure) Error() string { return f.Reason + "\n" + f.Detail }
 
 // Err returns a *Failure when the result breaks a limit: a leak (growing faster than MaxGrowth, when
-// given), or a peak above MaxPeak; nil otherwise.
+// given), more held across iterations than MaxHeld, or a peak above MaxPeak; nil otherwise. Memory held
+// across iterations and gradients never cleared are findings, not failures, unless MaxHeld says so.
 func (r *Result) Err() error {
 	var reasons []string
 	if r.Verdict == Leak {
@@ -52,6 +53,10 @@ func (r *Result) Err() error {
 		case r.LeakPerIteration > r.cfg.maxGrowth:
 			reasons = append(reasons, r.Reason+", over the limit of "+units.FormatSize(r.cfg.maxGrowth)+" per iteration")
 		}
+	}
+	if r.cfg.maxHeld >= 0 && r.HeldBytes > r.cfg.maxHeld {
+		reasons = append(reasons, fmt.Sprintf("held: %s held across iterations, over the limit of %s",
+			units.FormatSize(r.HeldBytes), units.FormatSize(r.cfg.maxHeld)))
 	}
 	if r.cfg.maxPeak >= 0 && r.PeakAllocated > r.cfg.maxPeak {
 		reasons = append(reasons, fmt.Sprintf("peak: allocated memory peaked at %s, over the limit of %s",
@@ -63,17 +68,21 @@ func (r *Result) Err() error {
 	return &Failure{Reason: strings.Join(reasons, "; "), Detail: r.Detail(), Result: r}
 }
 
-// Detail returns the measurements and up to ten suspects as text, as WriteText writes them.
+// Detail returns the findings, the measurements, up to ten suspects and up to ten groups held across
+// iterations as text, as WriteText writes them.
 func (r *Result) Detail() string {
 	var b strings.Builder
 	r.WriteText(&b, 10)
 	return b.String()
 }
 
-// WriteText writes the measurements at each iteration's end and up to maxSuspects suspects (all when
-// maxSuspects <= 0), each with its bytes and blocks per iteration, an example block, its allocating stack
-// and what retains it.
+// WriteText writes the finding on gradients, if any, the measurements at each iteration's end, and up to
+// maxSuspects suspects and as many groups held across iterations (all when maxSuspects <= 0), each with its
+// bytes, an example block, its allocating stack and what retains it.
 func (r *Result) WriteText(w io.Writer, maxSuspects int) {
+	if r.Gradients != nil {
+		fmt.Fprintln(w, r.Gradients.Reason)
+	}
 	if len(r.Points) > 0 {
 		fmt.Fprintf(w, "allocated and reserved memory at the end of each iteration (warm-up %d):\n", r.Warmup)
 		for i, p := range r.Points {
@@ -88,13 +97,15 @@ func (r *Result) WriteText(w io.Writer, maxSuspects int) {
 			fmt.Fprintf(w, "  %9s  %12s  %12s%s\n", it, units.FormatSize(p.Allocated), units.FormatSize(p.Reserved), note)
 		}
 	}
+	r.writeSuspects(w, maxSuspects)
+	r.writeHeld(w, maxSuspects)
+}
+
+func (r *Result) writeSuspects(w io.Writer, max int) {
 	if len(r.Suspects) == 0 {
 		return
 	}
-	shown := len(r.Suspects)
-	if maxSuspects > 0 {
-		shown = min(shown, maxSuspects)
-	}
+	shown := shownOf(len(r.Suspects), max)
 	fmt.Fprintf(w, "suspects, by bytes per iteration (%d of %d shown):\n", shown, len(r.Suspects))
 	for _, sp := range r.Suspects[:shown] {
 		site := ""
@@ -108,16 +119,53 @@ func (r *Result) WriteText(w io.Writer, maxSuspects int) {
 				sp.Example.Iteration, sp.Example.Phase)
 		}
 		fmt.Fprintf(w, "    left alive by iterations %s\n", iterationList(sp.Survivors))
-		if sp.RetainedBy != nil {
-			fmt.Fprintf(w, "    retained by %s\n", sp.RetainedBy.Short(6))
-		} else {
-			fmt.Fprintf(w, "    retained by: no heap dump names it\n")
+		writeRetainer(w, sp.RetainedBy)
+		writeStack(w, sp.Stack)
+	}
+}
+
+func (r *Result) writeHeld(w io.Writer, max int) {
+	if len(r.Held) == 0 {
+		return
+	}
+	shown := shownOf(len(r.Held), max)
+	fmt.Fprintf(w, "held across iterations, by bytes (%d of %d shown, %s in all):\n", shown, len(r.Held), units.FormatSize(r.HeldBytes))
+	for _, h := range r.Held[:shown] {
+		site := ""
+		if s := h.Site(); s != "" {
+			site = " at " + s
 		}
-		if len(sp.Stack) > 0 {
-			fmt.Fprintf(w, "    allocated at:\n")
-			for _, f := range sp.Stack[:min(len(sp.Stack), 5)] {
-				fmt.Fprintf(w, "      %s\n", f)
-			}
+		fmt.Fprintf(w, "- %s (%d %s) of %s in %s%s\n", units.FormatSize(h.Bytes), h.Count, plural(h.Count, "block"), h.Category, h.Scope, site)
+		if h.Label != "" {
+			fmt.Fprintf(w, "    e.g. %s (%s), allocated in iteration %d, %s\n", h.Label, units.FormatSize(h.Example.Size),
+				h.Example.Iteration, h.Example.Phase)
+		}
+		fmt.Fprintf(w, "    allocated in iterations %s\n", iterationList(h.Iterations))
+		writeRetainer(w, h.RetainedBy)
+		writeStack(w, h.Stack)
+	}
+}
+
+func shownOf(n, max int) int {
+	if max > 0 {
+		return min(n, max)
+	}
+	return n
+}
+
+func writeRetainer(w io.Writer, r *RetainerPath) {
+	if r != nil {
+		fmt.Fprintf(w, "    retained by %s\n", r.Short(6))
+	} else {
+		fmt.Fprintf(w, "    retained by: no heap dump names it\n")
+	}
+}
+
+func writeStack(w io.Writer, stack []string) {
+	if len(stack) > 0 {
+		fmt.Fprintf(w, "    allocated at:\n")
+		for _, f := range stack[:min(len(stack), 5)] {
+			fmt.Fprintf(w, "      %s\n", f)
 		}
 	}
 }

@@ -57,13 +57,7 @@ func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last P
 	if example >= 0 {
 		sp.Example = live[example]
 		sp.Label = s.String(sp.Example.Label)
-		if p, ok := tl.RetainerPath(sp.Example, last.Seq); ok {
-			r := &RetainerPath{Root: p.Root(), Dump: p.Dump.Seq, Reason: p.Dump.Reason}
-			for _, h := range p.Holders {
-				r.Path = append(r.Path, h.Description)
-			}
-			sp.RetainedBy = r
-		}
+		sp.RetainedBy = retainedBy(tl, sp.Example, last.Seq)
 	}
 	sp.Kind = classify(sp, g, n)
 	return sp

@@ -9,6 +9,13 @@
 // a path through autograd nodes to a user variable is a retained autograd graph, a user variable holding
 // the block directly is stashed outputs, a block that grows in place is a growing cache.
 //
+// Memory that does not grow may still be held across iterations: blocks allocated during training that
+// are still alive when the next iteration begins, other than parameters, optimizer state and gradients
+// that zero_grad clears. A module that keeps its output on self, logits kept until the next forward, a
+// cache filled once: reported by site, bytes and retainer, and a failure only past MaxHeld. Gradients that
+// no zero_grad ever clears are a finding of their own (GradientFinding): backward adds every step's
+// gradients to the last ones, which is a training bug, and they count as held.
+//
 // The test API is shaped like goleak and pytest-memray:
 //
 //	func TestTrainingDoesNotLeak(t *testing.T) {
@@ -36,11 +43,23 @@ type Verdict string
 
 // The verdicts.
 const (
-	NoLeak        Verdict = "no_leak"       // allocated memory does not keep growing after warm-up
+	NoLeak        Verdict = "no_leak"       // allocated memory does not keep growing after warm-up, and nothing is held
 	Leak          Verdict = "leak"          // it does, and groups of surviving blocks explain it
+	Held          Verdict = "held"          // it does not, but blocks training allocated outlive their iteration
 	Fragmentation Verdict = "fragmentation" // reserved memory keeps growing while allocated memory does not
 	Inconclusive  Verdict = "inconclusive"  // too few complete iterations after warm-up to tell
 )
+
+// Describe returns the verdict in the words of reports, e.g. "held across iterations".
+func (v Verdict) Describe() string {
+	switch v {
+	case NoLeak:
+		return "no leak"
+	case Held:
+		return "held across iterations"
+	}
+	return string(v)
+}
 
 // Kind is what keeps a suspect's blocks alive.
 type Kind string
@@ -103,6 +122,13 @@ type Result struct {
 	LeakPerIteration int64
 	// Suspects are the groups of blocks that keep growing, largest first.
 	Suspects []Suspect
+	// Held are the groups of blocks held across iterations without growing, largest first, measured at the
+	// last point; HeldBytes is their sum.
+	Held      []HeldGroup
+	HeldBytes int64
+	// Gradients says that gradients are never cleared between optimizer steps; nil when they are, or when
+	// the snapshot has no optimizer step followed by a backward.
+	Gradients *GradientFinding
 
 	// PeakAllocated is the snapshot's peak of allocated memory, for MaxPeak.
 	PeakAllocated int64
@@ -200,6 +226,7 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 	c := newConfig(opts)
 	s := tl.Snapshot()
 	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: tl.Peak(snapshot.Allocated).Bytes}
+	r.Gradients = gradientsNeverCleared(tl)
 	its := completeIterations(tl)
 	r.Iterations = len(its)
 	n := len(its) - c.warmup // deltas measured
@@ -259,8 +286,13 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 	// Suspects: groups that keep growing, and that the ignore options do not leave out.
 	firstMeasured := its[first].Iteration
 	last := r.Points[n]
+	growing := map[groupKey]bool{}
 	for _, g := range groups {
-		if !sustained(g.bytes) || c.ignored(s, g.key) {
+		if !sustained(g.bytes) {
+			continue
+		}
+		growing[g.key] = true
+		if c.ignored(s, g.key) {
 			continue
 		}
 		sp := suspect(tl, g, n, firstMeasured, last, live)
@@ -283,9 +315,19 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 		return cmp.Compare(a.Example.Alloc, b.Example.Alloc)
 	})
 
+	// What grows is the leak's when the total grows, and held like the rest when it does not.
+	leak := len(r.Suspects) > 0 && allocs[n] > allocs[0]
+	if !leak {
+		clear(growing)
+	}
+	r.Held = held(tl, &c, live, growing, r.Gradients != nil, last)
+	for _, h := range r.Held {
+		r.HeldBytes += h.Bytes
+	}
+
 	window := fmt.Sprintf("iterations %d-%d", r.Points[1].Iteration, last.Iteration)
 	switch {
-	case len(r.Suspects) > 0 && allocs[n] > allocs[0]:
+	case leak:
 		r.Verdict = Leak
 		r.Kind = dominantKind(r.Suspects)
 		top := r.Suspects[0]
@@ -306,6 +348,21 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 		r.Verdict = Fragmentation
 		r.Reason = fmt.Sprintf("fragmentation, not a leak: reserved memory grows %s per iteration over %s while allocated memory does not (%s per iteration)",
 			units.FormatSize(r.ReservedGrowthPerIteration), window, units.FormatChange(r.GrowthPerIteration))
+	case r.HeldBytes > 0:
+		r.Verdict = Held
+		top := r.Held[0]
+		r.Reason = fmt.Sprintf("held across iterations, not a leak: %s allocated during training outlives its iteration without growing over %s (%d %s, the largest %s of %s",
+			units.FormatSize(r.HeldBytes), window, len(r.Held), plural(len(r.Held), "group"), units.FormatSize(top.Bytes), top.Category)
+		if top.Scope != noScope {
+			r.Reason += " in " + top.Scope
+		}
+		if site := top.Site(); site != "" {
+			r.Reason += " at " + site
+		}
+		if top.RetainedBy != nil {
+			r.Reason += ", retained by " + top.RetainedBy.Short(4)
+		}
+		r.Reason += ")"
 	default:
 		r.Verdict = NoLeak
 		r.Reason = fmt.Sprintf("no leak: allocated memory at the end of %s changes by %s per iteration after a warm-up of %d",

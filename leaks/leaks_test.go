@@ -2,12 +2,15 @@ package leaks_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchrules"
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -30,6 +33,34 @@ func gpt(bug string) train.Config {
 	return cfg
 }
 
+// block is the bytes the caching allocator hands out for a request of n bytes (PyTorch's round_size).
+func block(n int) int64 { return int64(torchrules.RoundSize(uint64(n), nil)) }
+
+// mlpGradients is the bytes of the default MLP's gradients, one block per parameter: Linear(32, 128),
+// Linear(128, 128), Linear(128, 8), weights and biases in float32.
+func mlpGradients() int64 {
+	return block(128*32*4) + block(128*4) + block(128*128*4) + block(128*4) + block(8*128*4) + block(8*4)
+}
+
+// gptGradients is the bytes of nanoGPT's gradients at cfg's shape, one block per parameter in float32:
+// the token embedding (tied to the LM head), the position embedding, per block two LayerNorms, the qkv
+// and output projections of attention, the MLP's two linears, and the final LayerNorm.
+func gptGradients(cfg train.Config) int64 {
+	d, f := cfg.DModel, 4
+	sum := block(cfg.Vocab*d*f) + block(cfg.Seq*d*f) + 2*block(d*f)
+	for range cfg.Layers {
+		sum += 4 * block(d*f)                // ln_1, ln_2
+		sum += block(3*d*d*f) + block(3*d*f) // c_attn
+		sum += block(d*d*f) + block(d*f)     // attn.c_proj
+		sum += block(4*d*d*f) + block(4*d*f) // c_fc
+		sum += block(4*d*d*f) + block(d*f)   // mlp.c_proj
+	}
+	return sum
+}
+
+// gptLogits is the bytes of the logits nanoGPT's loop keeps until the next forward: batch x seq x vocab.
+func gptLogits(cfg train.Config) int64 { return block(cfg.Batch * cfg.Seq * cfg.Vocab * 4) }
+
 // want is what a leak check must find in a recording.
 type want struct {
 	verdict leaks.Verdict
@@ -38,26 +69,41 @@ type want struct {
 	category snapshot.Category
 	scope    string
 	root     string
+	// held is the bytes held across iterations; heldBy, when set, matches the retainer of the largest
+	// held group.
+	held   int64
+	heldBy string
+	// gradients: the loop never clears its gradients.
+	gradients bool
 }
 
 // TestWorkloadBugs records each leak bug of the training runtime, its fixed code path and the negative
-// control, on the MLP and on the tiny GPT, and checks what the analysis finds: the verdict, the kind, and a
-// suspect in the right scope and category with the right retainer.
+// control, on the MLP and on the tiny GPT (whose loop keeps the logits until the next forward, as
+// nanoGPT's does), and checks what the analysis finds: the verdict, the kind, a suspect in the right scope
+// and category with the right retainer, the bytes held across iterations against the model's shapes, and
+// whether gradients are never cleared.
 func TestWorkloadBugs(t *testing.T) {
+	g := gpt("")
+	logits, qkv := gptLogits(g), int64(g.Layers)*block(g.Batch*g.Seq*3*g.DModel*4)
+	scalar := block(4) // total_loss, a float32 scalar kept on the device
 	tests := map[string]struct {
 		cfg  train.Config
 		want want
 	}{
 		"mlp fixed":             {mlp(""), want{verdict: leaks.NoLeak}},
-		"mlp tensor-loss-sum":   {mlp(train.BugTensorLossSum), want{verdict: leaks.NoLeak}},
-		"mlp retain-graph":      {mlp(train.BugRetainGraph), want{leaks.Leak, leaks.RetainedGraph, snapshot.CategoryActivation, `^net\.[13]$`, `^loss_history\[6\]$`}},
-		"mlp eval-no-grad":      {mlp(train.BugEvalNoGrad), want{leaks.Leak, leaks.RetainedGraph, snapshot.CategoryActivation, `^net\.[13]$`, `^eval_outputs\[6\]$`}},
-		"mlp stash-activations": {mlp(train.BugStashActivations), want{leaks.Leak, leaks.StashedOutputs, snapshot.CategoryActivation, `^net\.[13]$`, `^activation_stash\[1[23]\]$`}},
-		"gpt fixed":             {gpt(""), want{verdict: leaks.NoLeak}},
-		"gpt tensor-loss-sum":   {gpt(train.BugTensorLossSum), want{verdict: leaks.NoLeak}},
-		"gpt retain-graph":      {gpt(train.BugRetainGraph), want{leaks.Leak, leaks.RetainedGraph, snapshot.CategoryActivation, `^transformer\.h\.[01]\.attn$`, `^loss_history\[2\]$`}},
-		"gpt eval-no-grad":      {gpt(train.BugEvalNoGrad), want{leaks.Leak, leaks.RetainedGraph, snapshot.CategoryActivation, `^transformer\.h\.[01]\.mlp\.c_fc$`, `^eval_outputs\[2\]$`}},
-		"gpt stash-activations": {gpt(train.BugStashActivations), want{leaks.Leak, leaks.StashedOutputs, snapshot.CategoryActivation, `^transformer\.h\.[01]$`, `^activation_stash\[[45]\]$`}},
+		"mlp tensor-loss-sum":   {mlp(train.BugTensorLossSum), want{verdict: leaks.Held, held: scalar, heldBy: `^total_loss$`}},
+		"mlp retain-graph":      {mlp(train.BugRetainGraph), want{verdict: leaks.Leak, kind: leaks.RetainedGraph, category: snapshot.CategoryActivation, scope: `^net\.[13]$`, root: `^loss_history\[6\]$`}},
+		"mlp eval-no-grad":      {mlp(train.BugEvalNoGrad), want{verdict: leaks.Leak, kind: leaks.RetainedGraph, category: snapshot.CategoryActivation, scope: `^net\.[13]$`, root: `^eval_outputs\[6\]$`}},
+		"mlp stash-activations": {mlp(train.BugStashActivations), want{verdict: leaks.Leak, kind: leaks.StashedOutputs, category: snapshot.CategoryActivation, scope: `^net\.[13]$`, root: `^activation_stash\[1[23]\]$`}},
+		"mlp no-zero-grad":      {mlp(train.BugNoZeroGrad), want{verdict: leaks.Held, held: mlpGradients(), heldBy: `^net\.[024]\.(weight|bias) > net\.[024]\.(weight|bias)\.grad$`, gradients: true}},
+		"mlp module-attribute":  {mlp(train.BugModuleAttribute), want{verdict: leaks.Held, held: 2*block(64*128*4) + block(64*8*4), heldBy: `^net\.[02]\.intermediate$`}},
+		"gpt fixed":             {gpt(""), want{verdict: leaks.Held, held: logits, heldBy: `^logits$`}},
+		"gpt tensor-loss-sum":   {gpt(train.BugTensorLossSum), want{verdict: leaks.Held, held: logits + scalar, heldBy: `^logits$`}},
+		"gpt retain-graph":      {gpt(train.BugRetainGraph), want{verdict: leaks.Leak, kind: leaks.RetainedGraph, category: snapshot.CategoryActivation, scope: `^transformer\.h\.[01]\.attn$`, root: `^loss_history\[2\]$`, held: logits, heldBy: `^logits$`}},
+		"gpt eval-no-grad":      {gpt(train.BugEvalNoGrad), want{verdict: leaks.Leak, kind: leaks.RetainedGraph, category: snapshot.CategoryActivation, scope: `^transformer\.h\.[01]\.mlp\.c_fc$`, root: `^eval_outputs\[2\]$`, held: logits, heldBy: `^logits$`}},
+		"gpt stash-activations": {gpt(train.BugStashActivations), want{verdict: leaks.Leak, kind: leaks.StashedOutputs, category: snapshot.CategoryActivation, scope: `^transformer\.h\.[01]$`, root: `^activation_stash\[[45]\]$`, held: logits, heldBy: `^logits$`}},
+		"gpt no-zero-grad":      {gpt(train.BugNoZeroGrad), want{verdict: leaks.Held, held: gptGradients(g) + logits, heldBy: `\.grad$`, gradients: true}},
+		"gpt module-attribute":  {gpt(train.BugModuleAttribute), want{verdict: leaks.Held, held: qkv + logits, heldBy: `^transformer\.h\.[01]\.attn\.intermediate$`}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -75,12 +121,13 @@ func TestWorkloadBugs(t *testing.T) {
 				t.Fatalf("verdict %s (%s), want %s (%s): %s\n%s", r.Verdict, r.Kind, tc.want.verdict, tc.want.kind, r.Reason, r.Detail())
 			}
 			checkPoints(t, r, res)
+			checkHeld(t, r, tc.want)
 			if err := r.Err(); (err != nil) != (tc.want.verdict == leaks.Leak) {
 				t.Errorf("Err() = %v for a %s verdict", err, r.Verdict)
 			}
 			if tc.want.verdict != leaks.Leak {
-				if len(r.Suspects) != 0 || r.LeakPerIteration != 0 {
-					t.Errorf("%d suspects, %d bytes per iteration without a leak", len(r.Suspects), r.LeakPerIteration)
+				if len(r.Suspects) != 0 || r.LeakPerIteration != 0 || r.GrowthPerIteration != 0 {
+					t.Errorf("%d suspects, %d bytes per iteration, growth %d without a leak", len(r.Suspects), r.LeakPerIteration, r.GrowthPerIteration)
 				}
 				return
 			}
@@ -106,6 +153,47 @@ func TestWorkloadBugs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkHeld checks what is held across iterations and the finding on gradients.
+func checkHeld(t *testing.T, r *leaks.Result, w want) {
+	t.Helper()
+	var sum int64
+	for _, h := range r.Held {
+		sum += h.Bytes
+		if h.Category == snapshot.CategoryParameter || h.Category == snapshot.CategoryOptimizerState ||
+			h.Category == snapshot.CategoryGradient && !w.gradients {
+			t.Errorf("%s of %s in %s held across iterations", units.FormatSize(h.Bytes), h.Category, h.Scope)
+		}
+	}
+	if r.HeldBytes != w.held || sum != w.held {
+		t.Errorf("%d bytes held across iterations (groups sum to %d), want %d:\n%s", r.HeldBytes, sum, w.held, r.Detail())
+	}
+	if w.heldBy != "" {
+		if len(r.Held) == 0 || r.Held[0].RetainedBy == nil || !regexp.MustCompile(w.heldBy).MatchString(r.Held[0].RetainedBy.String()) {
+			t.Errorf("the largest held group is not retained by %s:\n%s", w.heldBy, r.Detail())
+		} else if r.Verdict == leaks.Held && !strings.Contains(r.Reason, "retained by "+r.Held[0].RetainedBy.Short(4)+")") {
+			t.Errorf("reason %q does not name the retainer %s", r.Reason, r.Held[0].RetainedBy.Short(4))
+		}
+	}
+	if r.Verdict == leaks.Held && !strings.HasPrefix(r.Reason, "held across iterations, not a leak: "+units.FormatSize(w.held)+" ") {
+		t.Errorf("reason %q", r.Reason)
+	}
+	if (r.Gradients != nil) != w.gradients {
+		t.Fatalf("gradients never cleared: %+v, want %v", r.Gradients, w.gradients)
+	}
+	if g := r.Gradients; g != nil {
+		var grads int64
+		for _, h := range r.Held {
+			if h.Category == snapshot.CategoryGradient {
+				grads += h.Bytes
+			}
+		}
+		if g.Bytes != grads || g.Steps != r.Iterations-1 || g.Of != g.Steps || g.FirstIteration != 0 || !g.Certain ||
+			!strings.HasPrefix(g.Reason, "gradients never cleared: ") {
+			t.Errorf("gradients finding %+v; %d bytes of gradients held, %d iterations", g, grads, r.Iterations)
+		}
 	}
 }
 
@@ -237,13 +325,21 @@ func (s *synth) snapshot() *snapshot.Snapshot {
 	return snap
 }
 
-// TestGrowthPatterns checks the verdict on loops whose memory grows in the ways that are and are not leaks.
+// enter begins phase p.
+func (s *synth) enter(p snapshot.Phase) {
+	s.phase = p
+	s.emit(snapshot.Event{Action: snapshot.ActionPhase})
+}
+
+// TestGrowthPatterns checks the verdict on loops whose memory grows in the ways that are and are not leaks,
+// and what is held across iterations.
 func TestGrowthPatterns(t *testing.T) {
 	const iterations = 10
 	tests := map[string]struct {
 		step    func(s *synth, i int32, state map[string]uint64)
 		verdict leaks.Verdict
 		kind    leaks.Kind
+		held    int64
 	}{
 		"flat": {
 			step: func(s *synth, i int32, _ map[string]uint64) {
@@ -257,7 +353,7 @@ func TestGrowthPatterns(t *testing.T) {
 					s.alloc("cache", 1<<20, snapshot.CategoryTemporary)
 				}
 			},
-			verdict: leaks.NoLeak,
+			verdict: leaks.Held, held: 1 << 20,
 		},
 		"grew twice then stopped": {
 			step: func(s *synth, i int32, _ map[string]uint64) {
@@ -265,7 +361,16 @@ func TestGrowthPatterns(t *testing.T) {
 					s.alloc("kept", 1<<20, snapshot.CategoryTemporary)
 				}
 			},
-			verdict: leaks.NoLeak,
+			verdict: leaks.Held, held: 2 << 20,
+		},
+		"kept until the next iteration": {
+			step: func(s *synth, i int32, st map[string]uint64) {
+				if a, ok := st["out"]; ok {
+					s.free(a, 4096)
+				}
+				st["out"] = s.alloc("out", 4096, snapshot.CategoryActivation)
+			},
+			verdict: leaks.Held, held: 4096,
 		},
 		"every iteration": {
 			step:    func(s *synth, i int32, _ map[string]uint64) { s.alloc("kept", 1024, snapshot.CategoryTemporary) },
@@ -279,6 +384,16 @@ func TestGrowthPatterns(t *testing.T) {
 			},
 			verdict: leaks.Leak, kind: leaks.RetainedGraph,
 		},
+		"a leak beside a held block": {
+			step: func(s *synth, i int32, st map[string]uint64) {
+				s.alloc("kept", 1024, snapshot.CategoryTemporary)
+				if a, ok := st["out"]; ok {
+					s.free(a, 4096)
+				}
+				st["out"] = s.alloc("out", 4096, snapshot.CategoryActivation)
+			},
+			verdict: leaks.Leak, kind: leaks.Unclassified, held: 4096,
+		},
 		"a buffer regrown larger": {
 			step: func(s *synth, i int32, st map[string]uint64) {
 				if a, ok := st["buf"]; ok {
@@ -290,7 +405,7 @@ func TestGrowthPatterns(t *testing.T) {
 		},
 		"a tensor moving between groups": {
 			// One block a step changes hands (freed from one site, reallocated at another): groups grow and
-			// shrink, the total does not.
+			// shrink, the total does not, and all twelve blocks are held.
 			step: func(s *synth, i int32, st map[string]uint64) {
 				if i == 0 {
 					for k := range 12 {
@@ -301,7 +416,7 @@ func TestGrowthPatterns(t *testing.T) {
 				s.free(st[fmt.Sprint("a", i)], 1024)
 				s.alloc("b", 1024, snapshot.CategoryTemporary)
 			},
-			verdict: leaks.NoLeak,
+			verdict: leaks.Held, held: 12 * 1024,
 		},
 		"segments only": {
 			step: func(s *synth, i int32, _ map[string]uint64) {
@@ -309,6 +424,30 @@ func TestGrowthPatterns(t *testing.T) {
 				s.free(s.alloc("tmp", 4096, snapshot.CategoryTemporary), 4096)
 			},
 			verdict: leaks.Fragmentation,
+		},
+		"optimizer state and gradients zeroed in place": {
+			step: func(s *synth, i int32, st map[string]uint64) {
+				s.enter(snapshot.PhaseBackward)
+				if i == 0 {
+					s.alloc("grad", 1<<20, snapshot.CategoryGradient)
+				}
+				s.enter(snapshot.PhaseOptimizer)
+				if i == 0 {
+					s.alloc("exp_avg", 1<<20, snapshot.CategoryOptimizerState)
+				}
+				s.enter(snapshot.PhaseZeroGrad)
+			},
+			verdict: leaks.NoLeak,
+		},
+		"gradients never cleared": {
+			step: func(s *synth, i int32, st map[string]uint64) {
+				s.enter(snapshot.PhaseBackward)
+				if i == 0 {
+					s.alloc("grad", 1<<20, snapshot.CategoryGradient)
+				}
+				s.enter(snapshot.PhaseOptimizer)
+			},
+			verdict: leaks.Held, held: 1 << 20,
 		},
 	}
 	for name, tc := range tests {
@@ -320,12 +459,29 @@ func TestGrowthPatterns(t *testing.T) {
 				s.iteration(i)
 				tc.step(s, i, state)
 			}
-			r := leaks.Find(s.snapshot())
+			snap := s.snapshot()
+			r := leaks.Find(snap)
 			if r.Verdict != tc.verdict || r.Kind != tc.kind {
 				t.Fatalf("%s (%s), want %s (%s): %s\n%s", r.Verdict, r.Kind, tc.verdict, tc.kind, r.Reason, r.Detail())
 			}
 			if r.Iterations != iterations || len(r.Points) != iterations-leaks.DefaultWarmup+1 {
 				t.Errorf("%d iterations, %d points", r.Iterations, len(r.Points))
+			}
+			if r.HeldBytes != tc.held {
+				t.Errorf("%d bytes held across iterations, want %d:\n%s", r.HeldBytes, tc.held, r.Detail())
+			}
+			if err := r.Err(); (err != nil) != (tc.verdict == leaks.Leak) {
+				t.Errorf("Err() = %v for a %s verdict", err, r.Verdict)
+			}
+			if err := leaks.Verify(snap, leaks.MaxHeld(tc.held), leaks.MaxGrowth(1<<30)); err != nil {
+				t.Errorf("Verify with MaxHeld(%d) = %v", tc.held, err)
+			}
+			if tc.held > 0 {
+				err := leaks.Verify(snap, leaks.MaxHeld(tc.held-1), leaks.MaxGrowth(1<<30))
+				var f *leaks.Failure
+				if !errors.As(err, &f) || !strings.HasPrefix(f.Reason, "held: "+units.FormatSize(tc.held)+" held across iterations, over the limit of ") {
+					t.Errorf("Verify with MaxHeld(%d) = %v", tc.held-1, err)
+				}
 			}
 		})
 	}

@@ -18,6 +18,7 @@ type config struct {
 	warmup    int
 	maxGrowth int64 // -1: any leak fails
 	maxPeak   int64 // -1: no limit
+	maxHeld   int64 // -1: no limit
 	scopes    []string
 	functions []string
 	cats      []snapshot.Category
@@ -25,7 +26,7 @@ type config struct {
 }
 
 func newConfig(opts []Option) config {
-	c := config{warmup: DefaultWarmup, maxGrowth: -1, maxPeak: -1}
+	c := config{warmup: DefaultWarmup, maxGrowth: -1, maxPeak: -1, maxHeld: -1}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -42,6 +43,10 @@ func MaxGrowth(bytes int64) Option { return func(c *config) { c.maxGrowth = max(
 
 // MaxPeak makes Verify and Check fail when the peak of allocated memory exceeds bytes.
 func MaxPeak(bytes int64) Option { return func(c *config) { c.maxPeak = max(bytes, 0) } }
+
+// MaxHeld makes Verify and Check fail when more than bytes are held across iterations (Result.HeldBytes).
+// Without it, memory held across iterations is reported and passes.
+func MaxHeld(bytes int64) Option { return func(c *config) { c.maxHeld = max(bytes, 0) } }
 
 // IgnoreScopes leaves out memory allocated in the given module scopes and the scopes under them:
 // "blocks.3" covers "blocks.3" and "blocks.3.attn.qkv", not "blocks.30".

@@ -73,6 +73,13 @@ func TestCheckWorkloadParallel(t *testing.T) {
 			if leaky && !strings.HasPrefix(f.errors[0], "leak: ") {
 				t.Errorf("failure %q", f.errors[0])
 			}
+			// What the others hold across iterations fails a check that allows nothing held.
+			var strict fakeT
+			leakstest.CheckWorkload(&strict, cfg, leaks.MaxHeld(0), leaks.MaxGrowth(1<<30))
+			holds := bug == train.BugNoZeroGrad || bug == train.BugModuleAttribute || bug == train.BugTensorLossSum
+			if (len(strict.errors) > 0) != holds || holds && !strings.HasPrefix(strict.errors[0], "held: ") {
+				t.Errorf("with MaxHeld(0): errors %q; want a failure: %v", strict.errors, holds)
+			}
 		})
 	}
 }

@@ -1,0 +1,242 @@
+package leaks_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/leaks/leakstest"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/export"
+	"github.com/oomdbg/oomdbg/snapshot/torch"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// torchLoop writes a PyTorch memory snapshot (the JSON form of _dump_snapshot's dict) of a training loop as
+// PyTorch records it: no categories, phases only as the frames of allocations and, when regions is set,
+// ProfilerStep#N and Optimizer.step# / Optimizer.zero_grad# record_function regions. Each step allocates
+// activations in forward (a module's __call__ on the stack), frees them in backward, and writes two
+// gradients: new blocks on the first step, or every step once zero_grad freed them, else new gradients
+// added into the old ones and freed; the first optimizer step allocates Adam's state, and each
+// step a temporary. zeroGrad is what the loop does after each step: "none" (set_to_none=True:
+// frees the gradients from zero_grad), "zero" (set_to_none=False: zeroes them in place, which allocates
+// and frees nothing) or "" (no zero_grad).
+func torchLoop(t *testing.T, steps int, zeroGrad string, regions bool) *snapshot.Snapshot {
+	t.Helper()
+	type frame struct {
+		Filename string `json:"filename"`
+		Line     int    `json:"line"`
+		Name     string `json:"name"`
+	}
+	const torchDir = "/usr/lib/python3/dist-packages/torch/"
+	train := frame{"/work/train.py", 30, "<module>"}
+	forward := []frame{{"/work/model.py", 12, "forward"}, {torchDir + "nn/modules/module.py", 1194, "_call_impl"}, train}
+	backward := []frame{{torchDir + "autograd/__init__.py", 197, "backward"}, {torchDir + "_tensor.py", 487, "backward"}, train}
+	adam := []frame{{torchDir + "optim/adam.py", 350, "_single_tensor_adam"}, {torchDir + "optim/optimizer.py", 140, "wrapper"}, train}
+	zero := []frame{{torchDir + "optim/optimizer.py", 264, "zero_grad"}, train}
+
+	type entry struct {
+		Action string  `json:"action"`
+		Addr   uint64  `json:"addr"`
+		Size   int64   `json:"size"`
+		Stream int     `json:"stream"`
+		Time   int64   `json:"time_us"`
+		Frames []frame `json:"frames"`
+	}
+	type annotation struct {
+		Stage  string `json:"stage"`
+		Name   string `json:"name"`
+		Device int    `json:"device"`
+		Time   int64  `json:"time_us"`
+	}
+	var trace []entry
+	var notes []annotation
+	now := int64(1_700_000_000_000_000)
+	const segment = 0x7f00_0000_0000
+	next := uint64(segment)
+	add := func(action string, addr uint64, size int64, frames []frame) {
+		now++
+		trace = append(trace, entry{action, addr, size, 0, now, frames})
+	}
+	alloc := func(size int64, frames []frame) uint64 {
+		a := next
+		next += uint64(size)
+		add("alloc", a, size, frames)
+		return a
+	}
+	free := func(a uint64, size int64, frames []frame) {
+		add("free_requested", a, size, frames)
+		add("free_completed", a, size, frames)
+	}
+	region := func(name string, start bool) {
+		if regions {
+			now++
+			stage := "END"
+			if start {
+				stage = "START"
+			}
+			notes = append(notes, annotation{stage, name, 0, now})
+		}
+	}
+	add("segment_alloc", segment, 2<<20, forward)
+	alloc(64<<10, forward) // the model's weights, before the first step
+	alloc(16<<10, forward)
+	var grads []uint64
+	for step := range steps {
+		region("ProfilerStep#"+itoa(step), true)
+		acts := []uint64{alloc(8<<10, forward), alloc(8<<10, forward)}
+		for _, a := range acts {
+			free(a, 8<<10, backward)
+		}
+		if grads == nil {
+			grads = []uint64{alloc(64<<10, backward), alloc(16<<10, backward)}
+		} else { // AccumulateGrad adds each new gradient into .grad, then frees it
+			free(alloc(64<<10, backward), 64<<10, backward)
+			free(alloc(16<<10, backward), 16<<10, backward)
+		}
+		region("Optimizer.step#Adam.step", true)
+		if step == 0 {
+			alloc(64<<10, adam)
+			alloc(64<<10, adam)
+		}
+		free(alloc(64<<10, adam), 64<<10, adam) // denom = exp_avg_sq.sqrt() / ...
+		region("Optimizer.step#Adam.step", false)
+		switch zeroGrad {
+		case "none":
+			free(grads[0], 64<<10, zero)
+			free(grads[1], 16<<10, zero)
+			grads = nil
+		case "zero":
+			region("Optimizer.zero_grad#Adam.zero_grad", true)
+			region("Optimizer.zero_grad#Adam.zero_grad", false)
+		}
+		region("ProfilerStep#"+itoa(step), false)
+	}
+	snap := map[string]any{"segments": []any{}, "device_traces": [][]entry{trace}}
+	if regions {
+		snap["external_annotations"] = notes
+	}
+	data, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := torch.Import(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestGradientsInPyTorchTraces: in a PyTorch trace, gradients never cleared show as blocks a backward
+// allocated that are still allocated when the next backward begins, with no zero_grad between. A
+// zero_grad that frees them, or a zero_grad region, clears them; without regions, a trace that never
+// shows zero_grad cannot rule out zeroing in place, and the finding says so.
+func TestGradientsInPyTorchTraces(t *testing.T) {
+	const steps = 6
+	tests := map[string]struct {
+		zeroGrad string
+		regions  bool
+		found    bool
+		certain  bool
+		verdict  leaks.Verdict
+	}{
+		"set_to_none":                {zeroGrad: "none", regions: true, verdict: leaks.NoLeak},
+		"set_to_none without region": {zeroGrad: "none", regions: false, verdict: leaks.Inconclusive},
+		"zeroed in place":            {zeroGrad: "zero", regions: true, verdict: leaks.NoLeak},
+		"never":                      {zeroGrad: "", regions: true, found: true, verdict: leaks.Held},
+		"never, no regions":          {zeroGrad: "", regions: false, found: true, verdict: leaks.Inconclusive},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			s := torchLoop(t, steps, tc.zeroGrad, tc.regions)
+			r := leaks.Find(s)
+			if r.Verdict != tc.verdict {
+				t.Errorf("verdict %s, want %s: %s\n%s", r.Verdict, tc.verdict, r.Reason, r.Detail())
+			}
+			g := r.Gradients
+			if (g != nil) != tc.found {
+				t.Fatalf("gradients never cleared: %+v, want %v", g, tc.found)
+			}
+			if g == nil {
+				if r.HeldBytes != 0 {
+					t.Errorf("%d bytes held:\n%s", r.HeldBytes, r.Detail())
+				}
+				return
+			}
+			// Two gradients, 80 KiB, alive across each of the steps but the last, which no backward follows.
+			if g.Steps != steps-1 || g.Of != steps-1 || g.Bytes != 80<<10 || g.Blocks != 2 {
+				t.Errorf("finding %+v, want %d of %d steps, 80 KiB in 2 blocks", g, steps-1, steps-1)
+			}
+			caveat := strings.Contains(g.Reason, "unless zero_grad zeroes them in place")
+			if g.Certain || !caveat {
+				t.Errorf("a trace that never shows zero_grad cannot rule out zeroing in place: certain %v, %q", g.Certain, g.Reason)
+			}
+			if tc.regions {
+				if g.FirstIteration != 0 || r.HeldBytes != 80<<10 {
+					t.Errorf("first iteration %d, %d bytes held, want 0 and the gradients' 80 KiB:\n%s", g.FirstIteration, r.HeldBytes, r.Detail())
+				}
+				for _, h := range r.Held {
+					if h.Bytes == 128<<10 {
+						t.Errorf("Adam's state (allocated by the optimizer step) held across iterations:\n%s", r.Detail())
+					}
+				}
+			} else if g.FirstIteration != -1 {
+				t.Errorf("first iteration %d without iteration markers", g.FirstIteration)
+			}
+		})
+	}
+}
+
+// TestGradientsThroughPyTorchExport: oomdbg's own runs, exported as PyTorch snapshots (categories per
+// entry, ProfilerStep#N, Optimizer.step# and Optimizer.zero_grad# regions, no heap dumps) and imported
+// back, read as the runs do: gradients never cleared only without zero_grad, with the same bytes, and
+// cleared by a zero_grad that frees them or zeroes them in place.
+func TestGradientsThroughPyTorchExport(t *testing.T) {
+	tests := map[string]struct {
+		bug      string
+		zeroGrad train.ZeroGrad
+		found    bool
+	}{
+		"no-zero-grad":                {bug: train.BugNoZeroGrad, zeroGrad: train.ZeroGradNone, found: true},
+		"zero_grad set_to_none":       {zeroGrad: train.ZeroGradNone},
+		"zero_grad in place":          {zeroGrad: train.ZeroGradZero},
+		"no-zero-grad, accum 2":       {bug: train.BugNoZeroGrad, zeroGrad: train.ZeroGradNone, found: true},
+		"zero_grad in place, accum 2": {zeroGrad: train.ZeroGradZero},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			cfg := mlp(tc.bug)
+			cfg.ZeroGrad = tc.zeroGrad
+			if strings.HasSuffix(name, "accum 2") {
+				cfg.Batch, cfg.Accum = 32, 2
+			}
+			own := leaks.Find(leakstest.Record(t, cfg))
+			var buf bytes.Buffer
+			if err := export.Torch(&buf, snapshot.NewTimeline(leakstest.Record(t, cfg))); err != nil {
+				t.Fatal(err)
+			}
+			s, err := torch.Import(buf.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := leaks.Find(s)
+			if (own.Gradients != nil) != tc.found || (r.Gradients != nil) != tc.found {
+				t.Fatalf("gradients never cleared: recorded %+v, imported %+v; want found %v", own.Gradients, r.Gradients, tc.found)
+			}
+			if !tc.found {
+				return
+			}
+			g, o := r.Gradients, own.Gradients
+			if g.Steps != o.Steps || g.Of != o.Of || g.FirstIteration != o.FirstIteration || g.Blocks != o.Blocks || g.Bytes != o.Bytes {
+				t.Errorf("imported %+v, recorded %+v", g, o)
+			}
+			if r.Verdict != leaks.Held || r.HeldBytes != own.HeldBytes {
+				t.Errorf("imported: %s, %d bytes held; recorded %s, %d:\n%s", r.Verdict, r.HeldBytes, own.Verdict, own.HeldBytes, r.Detail())
+			}
+		})
+	}
+}
