@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -108,6 +109,8 @@ func leakLine(r *Report) string {
 		return "leak, " + units.FormatSize(r.Leaks.LeakPerIteration) + " per iteration"
 	case "fragmentation":
 		return "fragmentation, reserved " + units.FormatChange(r.Leaks.ReservedGrowthPerIteration) + " per iteration"
+	case "held":
+		return leaks.Held.Describe() + ", " + units.FormatSize(r.Leaks.HeldBytes)
 	case "no_leak":
 		return "no leak"
 	}

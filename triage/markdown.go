@@ -95,6 +95,9 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "- **leaks**: %s\n", r.Leaks.Reason)
+	if g := r.Leaks.GradientsNeverCleared; g != nil {
+		fmt.Fprintf(w, "- **gradients**: %s\n", g.Reason)
+	}
 
 	if o := r.OOM; o != nil {
 		fmt.Fprintf(w, "\n### Out of memory\n\n```\n%s\n```\n\n", o.Message)
@@ -132,6 +135,9 @@ func (r *Report) writeMarkdown(w io.Writer) {
 
 	l := r.Leaks
 	fmt.Fprintf(w, "\n### Leaks\n\n%s\n", l.Reason)
+	if g := l.GradientsNeverCleared; g != nil {
+		fmt.Fprintf(w, "\n%s\n", g.Reason)
+	}
 	if len(l.Points) > 0 {
 		fmt.Fprintf(w, "\nAt the end of each iteration (warm-up %d):\n\n", l.Warmup)
 		var rows [][]string
@@ -154,6 +160,22 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		mdTable(w, []string{">bytes per iteration", "category", "scope", "kind", "example", "retained by", "allocated at"}, rows)
 		if len(l.Suspects) > 10 {
 			fmt.Fprintf(w, "\n%d more suspects in the JSON report.\n", len(l.Suspects)-10)
+		}
+	}
+	if len(l.Held) > 0 {
+		fmt.Fprintf(w, "\n%s, %s:\n\n", upperFirst(leaks.Held.Describe()), units.FormatSize(l.HeldBytes))
+		var rows [][]string
+		for _, h := range head(l.Held, 10) {
+			ret := "no heap dump names it"
+			if h.RetainedBy != nil {
+				ret = code(retainerLine(h.RetainedBy, 4))
+			}
+			rows = append(rows, []string{units.FormatSize(h.Bytes), itoa(int64(h.Count)), h.Category, code(h.Scope), rangeList(h.Iterations),
+				code(h.Label), ret, code(stackLine(h.Stack, 2))})
+		}
+		mdTable(w, []string{">bytes", ">blocks", "category", "scope", "allocated in iterations", "example", "retained by", "allocated at"}, rows)
+		if len(l.Held) > 10 {
+			fmt.Fprintf(w, "\n%d more groups in the JSON report.\n", len(l.Held)-10)
 		}
 	}
 
@@ -186,4 +208,12 @@ func writeAliveMarkdown(w io.Writer, a Alive, total int64) {
 		}
 		mdTable(w, []string{"scope", ">bytes", ">blocks"}, rows)
 	}
+}
+
+// upperFirst capitalises the first letter of an ASCII phrase, to begin a sentence with it.
+func upperFirst(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
 }

@@ -368,6 +368,9 @@ func rangeList(ns []int32) string {
 }
 
 func writeLeaksText(w io.Writer, l Leaks, indent string) {
+	if g := l.GradientsNeverCleared; g != nil {
+		fmt.Fprintf(w, "%s%s\n", indent, g.Reason)
+	}
 	if len(l.Points) > 0 {
 		fmt.Fprintf(w, "%sat the end of each iteration (warm-up %d):\n", indent, l.Warmup)
 		t := newTable(indent+"  ", "iteration", ">allocated", ">reserved", "")
@@ -397,6 +400,28 @@ func writeLeaksText(w io.Writer, l Leaks, indent string) {
 		}
 		if len(sp.Stack) > 0 {
 			fmt.Fprintf(w, "%s    allocated at %s\n", indent, stackLine(sp.Stack, 3))
+		}
+	}
+	if len(l.Held) > 0 {
+		fmt.Fprintf(w, "%s%s: %s\n", indent, leaks.Held.Describe(), units.FormatSize(l.HeldBytes))
+	}
+	for i, h := range l.Held {
+		if i == 10 {
+			fmt.Fprintf(w, "%s(%d more groups; --format json lists them all)\n", indent, len(l.Held)-10)
+			break
+		}
+		fmt.Fprintf(w, "%s- %s (%d %s) of %s in %s, allocated in iterations %s\n", indent, units.FormatSize(h.Bytes), h.Count,
+			plural(h.Count, "block"), h.Category, h.Scope, rangeList(h.Iterations))
+		if h.Label != "" {
+			fmt.Fprintf(w, "%s    e.g. %s\n", indent, h.Label)
+		}
+		if h.RetainedBy != nil {
+			fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(h.RetainedBy, 6))
+		} else {
+			fmt.Fprintf(w, "%s    retained by: no heap dump names it\n", indent)
+		}
+		if len(h.Stack) > 0 {
+			fmt.Fprintf(w, "%s    allocated at %s\n", indent, stackLine(h.Stack, 3))
 		}
 	}
 }

@@ -211,6 +211,36 @@ type Leaks struct {
 	LeakPerIteration           int64       `json:"leak_per_iteration"`
 	Points                     []LeakPoint `json:"points"`
 	Suspects                   []Suspect   `json:"suspects"`
+	// HeldBytes is what Held adds up to: memory training allocated that outlives its iteration without
+	// growing.
+	HeldBytes int64  `json:"held_bytes"`
+	Held      []Held `json:"held"`
+	// GradientsNeverCleared is the finding that no zero_grad clears the gradients between optimizer steps;
+	// null when none.
+	GradientsNeverCleared *GradientsNeverCleared `json:"gradients_never_cleared"`
+}
+
+// Held is a group of blocks held across iterations: one stack, scope and category.
+type Held struct {
+	Scope      string        `json:"scope"`
+	Category   string        `json:"category"`
+	Stack      []string      `json:"stack"`
+	Bytes      int64         `json:"bytes"`
+	Count      int           `json:"count"`
+	Iterations []int32       `json:"iterations"`
+	Label      string        `json:"label"`
+	RetainedBy *RetainerPath `json:"retainer"`
+}
+
+// GradientsNeverCleared is the finding that gradients are never cleared between optimizer steps.
+type GradientsNeverCleared struct {
+	Reason         string `json:"reason"`
+	Steps          int    `json:"steps"`
+	Of             int    `json:"of"`
+	FirstIteration int32  `json:"first_iteration"`
+	Bytes          int64  `json:"bytes"`
+	Blocks         int    `json:"blocks"`
+	Certain        bool   `json:"certain"`
 }
 
 // LeakPoint is memory at the end of one iteration.
@@ -361,6 +391,15 @@ func LeakReport(lr *leaks.Result) Leaks {
 		Verdict: string(lr.Verdict), Kind: string(lr.Kind), Reason: lr.Reason, Warmup: lr.Warmup, Iterations: lr.Iterations,
 		GrowthPerIteration: lr.GrowthPerIteration, ReservedGrowthPerIteration: lr.ReservedGrowthPerIteration,
 		LeakPerIteration: lr.LeakPerIteration, Points: []LeakPoint{}, Suspects: []Suspect{},
+		HeldBytes: lr.HeldBytes, Held: []Held{},
+	}
+	if g := lr.Gradients; g != nil {
+		l.GradientsNeverCleared = &GradientsNeverCleared{Reason: g.Reason, Steps: g.Steps, Of: g.Of, FirstIteration: g.FirstIteration,
+			Bytes: g.Bytes, Blocks: g.Blocks, Certain: g.Certain}
+	}
+	for _, h := range lr.Held {
+		l.Held = append(l.Held, Held{Scope: h.Scope, Category: h.Category.String(), Stack: nonNil(h.Stack), Bytes: h.Bytes,
+			Count: h.Count, Iterations: h.Iterations, Label: h.Label, RetainedBy: retainerReport(h.RetainedBy)})
 	}
 	for _, p := range lr.Points {
 		l.Points = append(l.Points, LeakPoint{Iteration: p.Iteration, Event: p.Seq, Allocated: p.Allocated, Reserved: p.Reserved})
@@ -374,12 +413,17 @@ func LeakReport(lr *leaks.Result) Leaks {
 		if out.Survivors == nil {
 			out.Survivors = []int32{}
 		}
-		if rt := sp.RetainedBy; rt != nil {
-			out.RetainedBy = &RetainerPath{Root: rt.Root, Path: nonNil(rt.Path), HeapDumpEvent: rt.Dump, Reason: rt.Reason}
-		}
+		out.RetainedBy = retainerReport(sp.RetainedBy)
 		l.Suspects = append(l.Suspects, out)
 	}
 	return l
+}
+
+func retainerReport(rt *leaks.RetainerPath) *RetainerPath {
+	if rt == nil {
+		return nil
+	}
+	return &RetainerPath{Root: rt.Root, Path: nonNil(rt.Path), HeapDumpEvent: rt.Dump, Reason: rt.Reason}
 }
 
 func nonNil(s []string) []string {
