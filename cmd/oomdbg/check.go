@@ -20,7 +20,7 @@ import (
 const checkFormat = "oomdbg-check/1"
 
 func newCheckCmd() *cobra.Command {
-	var maxGrowth, maxPeak uint64
+	var maxGrowth, maxPeak, maxHeld uint64
 	var warmup int
 	var asJSON, allowTruncated bool
 	var mem memory
@@ -38,6 +38,13 @@ optimizer's state at the first step) is not a leak; reserved memory growing whil
 not is reported as fragmentation and passes. A snapshot with too few iterations to tell passes as
 inconclusive. Sizes take binary units: 24GiB and 24GB are both 24 x 2^30 bytes.
 
+Memory that does not grow but outlives its iteration is held across iterations: blocks allocated during
+training still alive when the next iteration begins, other than parameters, optimizer state and
+gradients that zero_grad clears (a module keeping its output on self, logits kept until the next
+forward). It is reported, by site, bytes and retainer, and passes unless --max-held is exceeded.
+Gradients that no zero_grad clears between optimizer steps are named too (backward adds each step's
+gradients to the last ones): they pass, and count as held.
+
 A snapshot cut short (a recording killed, or still being written) or damaged part-way is not checked:
 its missing iterations could hold the leak or the peak. --allow-truncated checks what it holds, and says
 so on stderr.
@@ -45,6 +52,7 @@ so on stderr.
 Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or incomplete file.`,
 		Example: `  oomdbg check run.oomdbg
   oomdbg check run.oomdbg --max-peak 20GiB --max-growth 1MiB
+  oomdbg check run.oomdbg --max-held 0               # nothing may outlive its iteration
   oomdbg check run.oomdbg --warmup 5 --ignore-scope eval --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -64,13 +72,16 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			case incomplete != nil:
 				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, len(s.Events))
 			}
-			opts := []leaks.Option{leaks.Warmup(warmup)}
-			if cmd.Flags().Changed("max-growth") {
-				opts = append(opts, leaks.MaxGrowth(int64(maxGrowth)))
+			var lim checkLimits
+			set := func(flag string, v uint64) *int64 {
+				if !cmd.Flags().Changed(flag) {
+					return nil
+				}
+				n := int64(v)
+				return &n
 			}
-			if cmd.Flags().Changed("max-peak") {
-				opts = append(opts, leaks.MaxPeak(int64(maxPeak)))
-			}
+			lim.maxGrowth, lim.maxPeak, lim.maxHeld = set("max-growth", maxGrowth), set("max-peak", maxPeak), set("max-held", maxHeld)
+			opts := append([]leaks.Option{leaks.Warmup(warmup)}, lim.options()...)
 			if len(scopes) > 0 {
 				opts = append(opts, leaks.IgnoreScopes(scopes...))
 			}
@@ -78,7 +89,7 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 				opts = append(opts, leaks.IgnoreFunctions(functions...))
 			}
 			r := leaks.Analyze(snapshot.NewTimeline(s), opts...)
-			res := checkResult(args[0], r, cmd.Flags().Changed("max-growth"), int64(maxGrowth), cmd.Flags().Changed("max-peak"), int64(maxPeak))
+			res := checkResult(args[0], r, lim)
 			if asJSON {
 				if err := writeCheckJSON(cmd.OutOrStdout(), res); err != nil {
 					return err
@@ -94,6 +105,7 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 	}
 	cmd.Flags().Var(sizeFlag{&maxGrowth, maxSize}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
 	cmd.Flags().Var(sizeFlag{&maxPeak, maxSize}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
+	cmd.Flags().Var(sizeFlag{&maxHeld, maxSize}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
 	cmd.Flags().BoolVar(&allowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
 	addMemoryFlag(cmd.Flags(), &mem)
@@ -112,18 +124,35 @@ type check struct {
 	Failures      []string     `json:"failures"`
 	MaxGrowth     *int64       `json:"max_growth"`
 	MaxPeak       *int64       `json:"max_peak"`
+	MaxHeld       *int64       `json:"max_held"`
 	PeakAllocated int64        `json:"peak_allocated"`
 	Leaks         triage.Leaks `json:"leaks"`
 }
 
-func checkResult(file string, r *leaks.Result, hasGrowth bool, maxGrowth int64, hasPeak bool, maxPeak int64) *check {
-	c := &check{Format: checkFormat, File: file, Pass: true, Failures: []string{}, PeakAllocated: r.PeakAllocated}
-	if hasGrowth {
-		c.MaxGrowth = &maxGrowth
+// checkLimits are the limits a check was given; nil for one not given.
+type checkLimits struct {
+	maxGrowth, maxPeak, maxHeld *int64
+}
+
+// options returns the limits as leak-analysis options.
+func (l checkLimits) options() []leaks.Option {
+	var opts []leaks.Option
+	if l.maxGrowth != nil {
+		opts = append(opts, leaks.MaxGrowth(*l.maxGrowth))
 	}
-	if hasPeak {
-		c.MaxPeak = &maxPeak
+	if l.maxPeak != nil {
+		opts = append(opts, leaks.MaxPeak(*l.maxPeak))
 	}
+	if l.maxHeld != nil {
+		opts = append(opts, leaks.MaxHeld(*l.maxHeld))
+	}
+	return opts
+}
+
+// checkResult is the check of analysis r, which was given the limits' options.
+func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
+	c := &check{Format: checkFormat, File: file, Pass: true, Failures: []string{}, PeakAllocated: r.PeakAllocated,
+		MaxGrowth: lim.maxGrowth, MaxPeak: lim.maxPeak, MaxHeld: lim.maxHeld}
 	c.Leaks = triage.LeakReport(r)
 	var f *leaks.Failure
 	if err := r.Err(); errors.As(err, &f) {
@@ -133,11 +162,14 @@ func checkResult(file string, r *leaks.Result, hasGrowth bool, maxGrowth int64, 
 		return c
 	}
 	c.Reason = r.Reason
-	if r.Verdict == leaks.Leak && hasGrowth {
-		c.Reason += ", within the limit of " + units.FormatSize(maxGrowth) + " per iteration"
+	if r.Verdict == leaks.Leak && lim.maxGrowth != nil {
+		c.Reason += ", within the limit of " + units.FormatSize(*lim.maxGrowth) + " per iteration"
 	}
-	if hasPeak {
-		c.Reason += fmt.Sprintf("; peak %s is within the limit of %s", units.FormatSize(r.PeakAllocated), units.FormatSize(maxPeak))
+	if lim.maxHeld != nil {
+		c.Reason += fmt.Sprintf("; %s held across iterations is within the limit of %s", units.FormatSize(r.HeldBytes), units.FormatSize(*lim.maxHeld))
+	}
+	if lim.maxPeak != nil {
+		c.Reason += fmt.Sprintf("; peak %s is within the limit of %s", units.FormatSize(r.PeakAllocated), units.FormatSize(*lim.maxPeak))
 	}
 	return c
 }

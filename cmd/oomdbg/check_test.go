@@ -15,6 +15,12 @@ import (
 
 var goLine = regexp.MustCompile(`\.go:\d+`)
 
+// attributeVerdict is what check says of the fixture whose modules keep their outputs, its figures derived
+// in TestPinnedFigures.
+var attributeVerdict = "held across iterations, not a leak: " + kib(attributeHeld) +
+	" allocated during training outlives its iteration without growing over iterations 2-7 (3 groups, the largest " + kib(attributeLargest) +
+	" of temporary in net.0 at nn.(*Linear).Forward module.go:129, retained by net.0.intermediate)"
+
 // leakVerdict is what check says of the leak fixture, its figures derived in TestPinnedFigures.
 var leakVerdict = fmt.Sprintf("leak: allocated memory grows %s per iteration over iterations 2-7 (retained autograd graph: %d suspects, the largest %s per iteration of activation in net.1 at nn.(*ReLU).Forward module.go:132, retained by loss_history[6])",
 	kib(leakPerIteration), leakSuspects, kib(leakLargest))
@@ -49,6 +55,22 @@ func TestCheckCommand(t *testing.T) {
 			first: "PASS: fragmentation, not a leak: reserved memory grows " + mib(fragPerIteration) + " per iteration over iterations 2-5 while allocated memory does not (0 B per iteration)"},
 		"inconclusive passes": {args: []string{f("oom.oomdbg")}, code: exitOK,
 			first: "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it"},
+		"held passes": {args: []string{f("attribute.oomdbg")}, code: exitOK,
+			first:  "PASS: " + attributeVerdict,
+			stdout: []string{"held across iterations, by bytes (3 of 3 shown, " + kib(attributeHeld) + " in all):\n", "    retained by net.2.intermediate\n"}},
+		"held within max held": {args: []string{f("attribute.oomdbg"), "--max-held", "66KiB"}, code: exitOK,
+			first: "PASS: " + attributeVerdict + "; " + kib(attributeHeld) + " held across iterations is within the limit of 66.00 KiB"},
+		"held over max held": {args: []string{f("attribute.oomdbg"), "--max-held", "0"}, code: exitProblem,
+			first:  "FAIL: held: " + kib(attributeHeld) + " held across iterations, over the limit of 0 B",
+			stderr: "oomdbg: check failed: held: " + kib(attributeHeld) + " held across iterations, over the limit of 0 B"},
+		"gradients never cleared pass": {args: []string{f("nozerograd.oomdbg")}, code: exitOK,
+			first: "PASS: held across iterations, not a leak: " + kib(gradientsHeld) + " allocated during training outlives its iteration without growing over iterations 2-7 (4 groups, the largest 84.00 KiB of gradient at train.(*run).microStep run.go:267, retained by net.0.weight > net.0.weight.grad)",
+			stdout: []string{"\ngradients never cleared: after 7 of 7 optimizer steps, from iteration 0, backward adds to the step's gradients with no zero_grad between, so each step applies the sum of every earlier step's gradients; " +
+				kib(gradientsHeld) + " of gradients (6 blocks) stay allocated between steps\n"}},
+		"gradients never cleared over max held": {args: []string{f("nozerograd.oomdbg"), "--max-held", "85KiB"}, code: exitProblem,
+			first: "FAIL: held: " + kib(gradientsHeld) + " held across iterations, over the limit of 85.00 KiB"},
+		"fixed within max held": {args: []string{f("fixed.oomdbg"), "--max-held", "0"}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2; 0 B held across iterations is within the limit of 0 B"},
 		"bad size":  {args: []string{f("fixed.oomdbg"), "--max-peak", "big"}, code: exitUsage, stderr: `oomdbg: invalid argument "big" for "--max-peak" flag: invalid size "big"`},
 		"bad input": {args: []string{f("text.txt")}, code: exitUsage, stderr: "oomdbg: " + f("text.txt") + " is neither an oomdbg snapshot nor a PyTorch memory snapshot (pickle or JSON)"},
 		"damaged":   {args: []string{f("damaged.oomdbg")}, code: exitUsage, stderr: "oomdbg: " + f("damaged.oomdbg") + ": snapshot: "},
@@ -99,6 +121,8 @@ func TestCheckJSON(t *testing.T) {
 		"fail":       {[]string{filepath.Join(dir, "leak.oomdbg"), "--max-peak", "1KiB"}, exitProblem, false},
 		"allowance":  {[]string{filepath.Join(dir, "leak.oomdbg"), "--max-growth", "1MiB"}, exitOK, true},
 		"fragmented": {[]string{filepath.Join(dir, "frag.oomdbg")}, exitOK, true},
+		"held":       {[]string{filepath.Join(dir, "nozerograd.oomdbg")}, exitOK, true},
+		"held over":  {[]string{filepath.Join(dir, "attribute.oomdbg"), "--max-held", "1KiB"}, exitProblem, false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

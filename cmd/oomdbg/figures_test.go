@@ -21,6 +21,9 @@ const (
 	leakPeak           = 1056256 // 1.01 MiB
 	fixedPeak          = 473600  // 462.50 KiB
 	fragPerIteration   = 107 << 20
+	attributeHeld      = 67584   // 66.00 KiB the modules keep across iterations
+	attributeLargest   = 32768   // 32.00 KiB
+	gradientsHeld      = 87552   // 85.50 KiB of gradients never cleared
 	oomTried           = 1 << 30 // printed by PyTorch's format_size as 1024.00 MiB
 )
 
@@ -67,6 +70,44 @@ func TestPinnedFigures(t *testing.T) {
 	}
 	if _, peak := walk(readFixture(t, "fixed")); peak != fixedPeak {
 		t.Errorf("fixed: peak allocated %d, the tests pin %d", peak, int64(fixedPeak))
+	}
+
+	// A module that keeps its output on self holds it until its next forward: each Linear's output,
+	// f32[batch, out], one block each. Without zero_grad the gradients stay: one block per parameter, the
+	// shape of each weight and bias. Either way memory does not grow, and the held blocks are what
+	// iteration ends hold beyond the fixed loop's.
+	attr, grads := mlpConfig(train.BugModuleAttribute), int64(0)
+	outs := []int64{block(attr.Batch * attr.Hidden * 4)}
+	in := attr.InFeatures
+	for l := range attr.Layers {
+		if l > 0 {
+			outs = append(outs, block(attr.Batch*attr.Hidden*4))
+		}
+		grads += block(attr.Hidden*in*4) + block(attr.Hidden*4)
+		in = attr.Hidden
+	}
+	outs = append(outs, block(attr.Batch*attr.Classes*4))
+	grads += block(attr.Classes*in*4) + block(attr.Classes*4)
+	var held, largestOut int64
+	for _, o := range outs {
+		held += o
+		largestOut = max(largestOut, o)
+	}
+	if held != attributeHeld || largestOut != attributeLargest || grads != gradientsHeld {
+		t.Errorf("the modules keep %d bytes, the largest %d; the gradients take %d; the tests pin %d, %d, %d",
+			held, largestOut, grads, int64(attributeHeld), int64(attributeLargest), int64(gradientsHeld))
+	}
+	fixedEnds, _ := walk(readFixture(t, "fixed"))
+	for name, want := range map[string]int64{"attribute": attributeHeld, "nozerograd": gradientsHeld} {
+		ends, _ := walk(readFixture(t, name))
+		if len(ends) != len(fixedEnds) {
+			t.Fatalf("%s: %d iterations, the fixed loop %d", name, len(ends), len(fixedEnds))
+		}
+		for it := range ends {
+			if ends[it]-fixedEnds[it] != want {
+				t.Errorf("%s: the end of iteration %d holds %d bytes more than the fixed loop's, the tests pin %d", name, it, ends[it]-fixedEnds[it], want)
+			}
+		}
 	}
 
 	// Growth over iterations 2-5 (a warm-up of 2) runs from the end of iteration 1 to the end of 5.
