@@ -616,3 +616,54 @@ func TestLeakWordsAgree(t *testing.T) {
 		})
 	}
 }
+
+// TestSchemasDefineEachKeyOnce: a JSON object naming a key twice keeps the last one in every decoder
+// oomdbg's users have, so a schema that defines a type twice silently means the second; each schema file
+// names every key of every object once.
+func TestSchemasDefineEachKeyOnce(t *testing.T) {
+	for _, name := range []string{"report-json.schema.json", "report-json-check.schema.json"} {
+		data, err := os.ReadFile(filepath.Join("..", "docs", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := keysOnce(json.NewDecoder(bytes.NewReader(data)), ""); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// keysOnce reads the value at path from d, failing on an object that names a key twice.
+func keysOnce(d *json.Decoder, path string) error {
+	tok, err := d.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for d.More() {
+			k, err := d.Token()
+			if err != nil {
+				return err
+			}
+			key := k.(string)
+			if seen[key] {
+				return fmt.Errorf("%s/%s is defined twice", path, key)
+			}
+			seen[key] = true
+			if err := keysOnce(d, path+"/"+key); err != nil {
+				return err
+			}
+		}
+	case json.Delim('['):
+		for i := 0; d.More(); i++ {
+			if err := keysOnce(d, fmt.Sprintf("%s/%d", path, i)); err != nil {
+				return err
+			}
+		}
+	default:
+		return nil
+	}
+	_, err = d.Token() // the closing delimiter
+	return err
+}
