@@ -49,9 +49,17 @@ var fixtureConfigs = map[string]func() train.Config{
 		return cfg
 	},
 	// leaky is the MLP with the retain-graph bug: a leak to find.
-	"leaky": func() train.Config {
-		cfg := train.DefaultMLP()
-		cfg.Steps, cfg.Bug = 6, train.BugRetainGraph
+	"leaky": func() train.Config { return mlpBug(train.BugRetainGraph) },
+	// The leak patterns that hold memory without growing it: the MLP keeping its intermediates on its
+	// modules, and never calling zero_grad.
+	"module-attribute": func() train.Config { return mlpBug(train.BugModuleAttribute) },
+	"no-zero-grad":     func() train.Config { return mlpBug(train.BugNoZeroGrad) },
+	// gpt-retain-graph is the tiny GPT with the retain-graph leak under nanoGPT's loop, which keeps the
+	// logits until the next forward: they hold the newest iteration's graph too, and are held across
+	// iterations. Batch 8 tells it from tiny-oom for the playback Runner.
+	"gpt-retain-graph": func() train.Config {
+		cfg, _ := train.PresetConfig("tiny")
+		cfg.Device, cfg.Steps, cfg.Batch, cfg.Bug = "meta", 4, 8, train.BugRetainGraph
 		return cfg
 	},
 }
@@ -59,6 +67,13 @@ var fixtureConfigs = map[string]func() train.Config{
 func smollmFineTune() train.Config {
 	cfg, _ := train.PresetConfig("smollm2-135m")
 	cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers = 2, 1, 64, 4
+	return cfg
+}
+
+// mlpBug is the MLP for 6 steps with a leak bug.
+func mlpBug(bug string) train.Config {
+	cfg := train.DefaultMLP()
+	cfg.Steps, cfg.Bug = 6, bug
 	return cfg
 }
 

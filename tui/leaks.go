@@ -13,12 +13,12 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
-// leaksPane shows the leak analysis: the verdict, memory at the end of each iteration and its growth, and the
-// suspects (groups of blocks that keep growing) with what keeps them alive. enter on a suspect jumps to its
-// example block in the live set.
+// leaksPane shows the leak analysis: the verdict, the finding on gradients, memory at the end of each
+// iteration and its growth, the suspects (groups of blocks that keep growing) and the groups held across
+// iterations, each with what keeps it alive. enter on a row jumps to its example block in the live set.
 type leaksPane struct {
 	res      *leaks.Result
-	selected int
+	selected int // a row: the suspects, then the held groups
 	running  bool
 }
 
@@ -36,6 +36,17 @@ func (p *leaksPane) onResult(msg leaksMsg) {
 	p.selected = 0
 }
 
+// rows is how many rows the pane lists: suspects and held groups.
+func (p *leaksPane) rows() int { return len(p.res.Suspects) + len(p.res.Held) }
+
+// example returns the example block of row i.
+func (p *leaksPane) example(i int) snapshot.Allocation {
+	if i < len(p.res.Suspects) {
+		return p.res.Suspects[i].Example
+	}
+	return p.res.Held[i-len(p.res.Suspects)].Example
+}
+
 func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	if p.res == nil {
 		return nil
@@ -45,14 +56,18 @@ func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Up):
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, max(len(p.res.Suspects)-1, 0))
+		p.selected = min(p.selected+1, max(p.rows()-1, 0))
 	case key.Matches(msg, k.Detail):
-		if p.selected < len(p.res.Suspects) {
-			ex := p.res.Suspects[p.selected].Example
+		if p.selected < p.rows() {
+			ex := p.example(p.selected)
 			m.moveTo(ex.Alloc)
 			m.pane = paneLive
 			m.live.selectAlloc(ex.Alloc)
-			m.setStatus(fmt.Sprintf("the suspect's example block, allocated at event %d", ex.Alloc), false)
+			what := "the suspect's"
+			if p.selected >= len(p.res.Suspects) {
+				what = "the held group's"
+			}
+			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d", what, ex.Alloc), false)
 		}
 	}
 	return nil
@@ -70,10 +85,13 @@ func (p *leaksPane) view(s Styles, w, h int) string {
 	switch r.Verdict {
 	case leaks.Leak:
 		verdict = s.Error
-	case leaks.Fragmentation, leaks.Inconclusive:
+	case leaks.Held, leaks.Fragmentation, leaks.Inconclusive:
 		verdict = s.Warn
 	}
 	lines := []string{verdict.Render(ansi.Truncate(r.Reason, w, "…"))}
+	if g := r.Gradients; g != nil {
+		lines = append(lines, s.Warn.Render(ansi.Truncate(g.Reason, w, "…")))
+	}
 	if len(r.Points) > 0 {
 		var b strings.Builder
 		b.WriteString("allocated at iteration ends:")
@@ -85,23 +103,58 @@ func (p *leaksPane) view(s Styles, w, h int) string {
 		}
 		lines = append(lines, s.Muted.Render(ansi.Truncate(b.String(), w, "…")))
 	}
+
+	// The rows: a header before the suspects and one before the held groups, scrolled to keep the
+	// selected row in view.
+	type row struct {
+		text   string
+		header bool
+		index  int // the row's number, -1 for a header
+	}
+	var rows []row
 	if len(r.Suspects) > 0 {
-		lines = append(lines, s.Header.Render(ansi.Truncate(fmt.Sprintf("%-12s %-16s %-28s %s", "per iteration", "category", "scope", "kept alive by (enter: the block)"), w, "")))
+		rows = append(rows, row{fmt.Sprintf("%-12s %-16s %-28s %s", "per iteration", "category", "scope", "kept alive by (enter: the block)"), true, -1})
 	}
 	for i, sus := range r.Suspects {
+		rows = append(rows, row{fmt.Sprintf("%12s %-16s %-28s %s", "+"+units.FormatSize(sus.BytesPerIteration), sus.Category,
+			ansi.Truncate(sus.Scope, 28, "…"), retainerText(sus.RetainedBy)), false, i})
+	}
+	if len(r.Held) > 0 {
+		rows = append(rows, row{fmt.Sprintf("%-58s %s", leaks.Held.Describe()+": "+units.FormatSize(r.HeldBytes), "kept alive by"), true, -1})
+	}
+	for i, hg := range r.Held {
+		rows = append(rows, row{fmt.Sprintf("%12s %-16s %-28s %s", units.FormatSize(hg.Bytes), hg.Category,
+			ansi.Truncate(hg.Scope, 28, "…"), retainerText(hg.RetainedBy)), false, len(r.Suspects) + i})
+	}
+	room := h - len(lines)
+	first := 0
+	if room > 0 {
+		for i, rw := range rows {
+			if rw.index == p.selected && i >= room {
+				first = i - room + 1
+			}
+		}
+	}
+	for _, rw := range rows[min(first, len(rows)):] {
 		if len(lines) >= h {
 			break
 		}
-		ret := "no heap dump names it"
-		if sus.RetainedBy != nil {
-			ret = sus.RetainedBy.Short(4)
-		}
-		line := ansi.Truncate(fmt.Sprintf("%12s %-16s %-28s %s", "+"+units.FormatSize(sus.BytesPerIteration), sus.Category,
-			ansi.Truncate(sus.Scope, 28, "…"), ret), w, "…")
-		if i == p.selected {
+		line := ansi.Truncate(rw.text, w, "…")
+		switch {
+		case rw.header:
+			line = s.Header.Render(ansi.Truncate(rw.text, w, ""))
+		case rw.index == p.selected:
 			line = s.Selected.Render(padRight(line, w))
 		}
 		lines = append(lines, line)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// retainerText says what kept a row's example block alive.
+func retainerText(r *leaks.RetainerPath) string {
+	if r == nil {
+		return "no heap dump names it"
+	}
+	return r.Short(4)
 }

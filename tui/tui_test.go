@@ -79,6 +79,10 @@ func TestViews(t *testing.T) {
 		{"peak-live", "tiny-oom", []string{"p"}},
 		{"leak-leaks", "leaky", []string{"4"}},
 		{"leak-fixes", "leaky", []string{"5"}},
+		{"held-leaks", "module-attribute", []string{"4"}},
+		{"held-fixes", "module-attribute", []string{"5"}},
+		{"no-zero-grad-leaks", "no-zero-grad", []string{"4", "down", "down"}},
+		{"gpt-leak-leaks", "gpt-retain-graph", []string{"4"}},
 		{"oom-device", "tiny-oom", []string{"6"}},
 		{"oom-help", "tiny-oom", []string{"?"}},
 		{"filtered", "tiny-oom", []string{"/", "a", "t", "t", "n", "enter"}},
@@ -389,5 +393,31 @@ func TestFilterInput(t *testing.T) {
 	press(m, "/", "esc")
 	if m.live.filter.Value() != "" || len(m.live.shown) != all {
 		t.Errorf("esc left the filter %q with %d of %d blocks", m.live.filter.Value(), len(m.live.shown), all)
+	}
+}
+
+// TestLeaksPaneReachesHeldGroups: below a leak's suspects, the rows held across iterations scroll into view
+// and enter jumps to their example block, as for a suspect.
+func TestLeaksPaneReachesHeldGroups(t *testing.T) {
+	m := newTestModel(t, fixture(t, "gpt-retain-graph"), 80, 24)
+	press(m, "4")
+	r := m.leaks.res
+	if len(r.Suspects) == 0 || len(r.Held) != 1 || r.Held[0].RetainedBy == nil || r.Held[0].RetainedBy.Root != "logits" {
+		t.Fatalf("want suspects and the logits held: %d suspects, held %+v", len(r.Suspects), r.Held)
+	}
+	if out := screen(m); strings.Contains(out, "held across iterations: ") {
+		t.Fatalf("the held rows show before scrolling; the test shows nothing:\n%s", out)
+	}
+	for range len(r.Suspects) {
+		press(m, "down")
+	}
+	out := screen(m)
+	if !strings.Contains(out, "held across iterations: 64.00 KiB") || !strings.Contains(out, " logits") {
+		t.Fatalf("the held group is not in view:\n%s", out)
+	}
+	press(m, "enter")
+	ex := r.Held[0].Example
+	if m.pane != paneLive || !strings.Contains(m.status, fmt.Sprintf("the held group's example block, allocated at event %d", ex.Alloc)) {
+		t.Errorf("enter on a held row: pane %v, status %q", m.pane, m.status)
 	}
 }
