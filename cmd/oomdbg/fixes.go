@@ -103,27 +103,37 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 		}
 		table = append(table, row)
 	}
+	printTable(w, header, table, markdown, 1)
+}
+
+// printTable prints rows under header as markdown, or aligned for a terminal: the first left columns to
+// the left, the others (figures) to the right.
+func printTable(w io.Writer, header []string, rows [][]string, markdown bool, left int) {
 	if markdown {
 		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
-		for _, row := range table {
+		for _, row := range rows {
 			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 		}
 		return
 	}
 	widths := make([]int, len(header))
-	for _, row := range append([][]string{header}, table...) {
+	for _, row := range append([][]string{header}, rows...) {
 		for i, c := range row {
 			widths[i] = max(widths[i], len(c))
 		}
 	}
-	for _, row := range append([][]string{header}, table...) {
+	for _, row := range append([][]string{header}, rows...) {
+		var line strings.Builder
 		for i, c := range row {
-			if i == 0 {
-				fmt.Fprintf(w, "%-*s", widths[i], c)
-			} else {
-				fmt.Fprintf(w, "  %*s", widths[i], c)
+			switch {
+			case i == 0:
+				fmt.Fprintf(&line, "%-*s", widths[i], c)
+			case i < left:
+				fmt.Fprintf(&line, "  %-*s", widths[i], c)
+			default:
+				fmt.Fprintf(&line, "  %*s", widths[i], c)
 			}
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
 	}
 }

@@ -188,6 +188,28 @@ const (
 	LogitsDrop = "drop"
 )
 
+// DescribeBug says what a bug's loop does, in PyTorch: "loss.backward(retain_graph=True);
+// loss_history.append(loss)"; for "" the fixed loop.
+func DescribeBug(bug string) string {
+	switch bug {
+	case "":
+		return "the fixed loop"
+	case BugEvalNoGrad:
+		return "eval_outputs.append(model(x)) without torch.no_grad()"
+	case BugRetainGraph:
+		return "loss.backward(retain_graph=True); loss_history.append(loss)"
+	case BugStashActivations:
+		return "a forward hook keeps every hidden output without detach()"
+	case BugTensorLossSum:
+		return "total_loss += loss instead of loss.item()"
+	case BugNoZeroGrad:
+		return "no optimizer.zero_grad()"
+	case BugModuleAttribute:
+		return "self.intermediate = x @ W in a module's forward"
+	}
+	return bug
+}
+
 // Bugs lists every bug name Config.Bug accepts.
 var Bugs = []string{BugEvalNoGrad, BugRetainGraph, BugStashActivations, BugTensorLossSum, BugNoZeroGrad, BugModuleAttribute}
 
