@@ -114,13 +114,9 @@ func (r *Result) writeSuspects(w io.Writer, max int) {
 		}
 		fmt.Fprintf(w, "- %s per iteration (%.1f %s) of %s in %s%s: %s\n", units.FormatSize(sp.BytesPerIteration),
 			sp.CountPerIteration, blocksWord(sp.CountPerIteration), sp.Category, sp.Scope, site, sp.Kind.Describe())
-		if sp.Label != "" {
-			fmt.Fprintf(w, "    e.g. %s (%s), allocated in iteration %d, %s\n", sp.Label, units.FormatSize(sp.Example.Size),
-				sp.Example.Iteration, sp.Example.Phase)
-		}
+		writeExample(w, sp.Label, sp.Example)
 		fmt.Fprintf(w, "    left alive by iterations %s\n", iterationList(sp.Survivors))
-		writeRetainer(w, sp.RetainedBy)
-		writeStack(w, sp.Stack)
+		writeHolder(w, sp.RetainedBy, sp.Stack)
 	}
 }
 
@@ -136,13 +132,9 @@ func (r *Result) writeHeld(w io.Writer, max int) {
 			site = " at " + s
 		}
 		fmt.Fprintf(w, "- %s (%d %s) of %s in %s%s\n", units.FormatSize(h.Bytes), h.Count, plural(h.Count, "block"), h.Category, h.Scope, site)
-		if h.Label != "" {
-			fmt.Fprintf(w, "    e.g. %s (%s), allocated in iteration %d, %s\n", h.Label, units.FormatSize(h.Example.Size),
-				h.Example.Iteration, h.Example.Phase)
-		}
+		writeExample(w, h.Label, h.Example)
 		fmt.Fprintf(w, "    allocated in iterations %s\n", iterationList(h.Iterations))
-		writeRetainer(w, h.RetainedBy)
-		writeStack(w, h.Stack)
+		writeHolder(w, h.RetainedBy, h.Stack)
 	}
 }
 
@@ -153,15 +145,20 @@ func shownOf(n, max int) int {
 	return n
 }
 
-func writeRetainer(w io.Writer, r *RetainerPath) {
+// writeExample writes a group's example block, when it has a label.
+func writeExample(w io.Writer, label string, b snapshot.Allocation) {
+	if label != "" {
+		fmt.Fprintf(w, "    e.g. %s (%s), allocated in iteration %d, %s\n", label, units.FormatSize(b.Size), b.Iteration, b.Phase)
+	}
+}
+
+// writeHolder writes what retained a group's example block and the stack that allocated the group.
+func writeHolder(w io.Writer, r *RetainerPath, stack []string) {
 	if r != nil {
 		fmt.Fprintf(w, "    retained by %s\n", r.Short(6))
 	} else {
 		fmt.Fprintf(w, "    retained by: no heap dump names it\n")
 	}
-}
-
-func writeStack(w io.Writer, stack []string) {
 	if len(stack) > 0 {
 		fmt.Fprintf(w, "    allocated at:\n")
 		for _, f := range stack[:min(len(stack), 5)] {

@@ -29,12 +29,7 @@ type HeldGroup struct {
 }
 
 // Site returns the innermost frame of the allocating stack, "" without a stack.
-func (h *HeldGroup) Site() string {
-	if len(h.Stack) == 0 {
-		return ""
-	}
-	return h.Stack[0]
-}
+func (h *HeldGroup) Site() string { return innermost(h.Stack) }
 
 // role is what a block is to training, by its category, or by the phase that allocated it when the category
 // is unknown (an imported trace): what the optimizer step keeps is its state, what backward keeps its

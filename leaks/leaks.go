@@ -161,11 +161,14 @@ type Suspect struct {
 }
 
 // Site returns the innermost frame of the allocating stack, "" without a stack.
-func (s *Suspect) Site() string {
-	if len(s.Stack) == 0 {
+func (s *Suspect) Site() string { return innermost(s.Stack) }
+
+// innermost returns the first frame of stack, "" for none.
+func innermost(stack []string) string {
+	if len(stack) == 0 {
 		return ""
 	}
-	return s.Stack[0]
+	return stack[0]
 }
 
 // RetainerPath is the chain of holders that kept a block alive at a heap dump, described for people (a

@@ -393,14 +393,7 @@ func writeLeaksText(w io.Writer, l Leaks, indent string) {
 		if sp.Label != "" {
 			fmt.Fprintf(w, "%s    e.g. %s, left alive by iterations %s\n", indent, sp.Label, rangeList(sp.Survivors))
 		}
-		if sp.RetainedBy != nil {
-			fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(sp.RetainedBy, 6))
-		} else {
-			fmt.Fprintf(w, "%s    retained by: no heap dump names it\n", indent)
-		}
-		if len(sp.Stack) > 0 {
-			fmt.Fprintf(w, "%s    allocated at %s\n", indent, stackLine(sp.Stack, 3))
-		}
+		writeHolderText(w, indent, sp.RetainedBy, sp.Stack)
 	}
 	if len(l.Held) > 0 {
 		fmt.Fprintf(w, "%s%s: %s\n", indent, leaks.Held.Describe(), units.FormatSize(l.HeldBytes))
@@ -415,14 +408,19 @@ func writeLeaksText(w io.Writer, l Leaks, indent string) {
 		if h.Label != "" {
 			fmt.Fprintf(w, "%s    e.g. %s\n", indent, h.Label)
 		}
-		if h.RetainedBy != nil {
-			fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(h.RetainedBy, 6))
-		} else {
-			fmt.Fprintf(w, "%s    retained by: no heap dump names it\n", indent)
-		}
-		if len(h.Stack) > 0 {
-			fmt.Fprintf(w, "%s    allocated at %s\n", indent, stackLine(h.Stack, 3))
-		}
+		writeHolderText(w, indent, h.RetainedBy, h.Stack)
+	}
+}
+
+// writeHolderText writes what retained a group's example block and the stack that allocated the group.
+func writeHolderText(w io.Writer, indent string, r *RetainerPath, stack []string) {
+	if r != nil {
+		fmt.Fprintf(w, "%s    retained by %s\n", indent, retainerLine(r, 6))
+	} else {
+		fmt.Fprintf(w, "%s    retained by: no heap dump names it\n", indent)
+	}
+	if len(stack) > 0 {
+		fmt.Fprintf(w, "%s    allocated at %s\n", indent, stackLine(stack, 3))
 	}
 }
 
