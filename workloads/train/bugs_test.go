@@ -251,3 +251,32 @@ func TestModuleAttributeOnTheGPT(t *testing.T) {
 		}
 	}
 }
+
+// TestModuleAttributeOnTheLlama: each decoder layer keeps its output, batch x seq x d_model in the weights'
+// dtype, under the name of its module.
+func TestModuleAttributeOnTheLlama(t *testing.T) {
+	cfg, err := PresetConfig("smollm2-135m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Device, cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers, cfg.Bug = "meta", 3, 1, 64, 2, BugModuleAttribute
+	_, s := record(t, cfg)
+	tl := snapshot.NewTimeline(s)
+	dumps := tl.HeapDumps()
+	last := dumps[len(dumps)-1]
+	want := int64(cfg.Batch * cfg.Seq * cfg.DModel * cfg.Weights.dtype().Size())
+	held := map[string]int64{}
+	for _, b := range tl.LiveAt(last.Seq, nil) {
+		if p, ok := tl.RetainerPath(b, last.Seq); ok && strings.HasSuffix(p.Root(), ".intermediate") {
+			held[p.Root()] += b.Requested
+		}
+	}
+	if len(held) != cfg.Layers {
+		t.Fatalf("held by %v, want one attribute per decoder layer (%d)", held, cfg.Layers)
+	}
+	for root, n := range held {
+		if !strings.HasPrefix(root, "model.layers.") || n != want {
+			t.Errorf("%s holds %d bytes, want a layer's output of %d", root, n, want)
+		}
+	}
+}

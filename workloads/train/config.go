@@ -172,7 +172,8 @@ const (
 	// gradients stay allocated between steps instead of being freed by zero_grad(set_to_none=True).
 	BugNoZeroGrad = "no-zero-grad"
 	// BugModuleAttribute keeps a module's intermediate on the module in forward, self.intermediate = x @ W:
-	// the GPT's attention keeps its qkv projection, the MLP's linear layers their outputs. Each attribute
+	// the GPT's attention keeps its qkv projection, the MLP's linear layers and a Llama's decoder layers
+	// their outputs. Each attribute
 	// holds one tensor until the next forward overwrites it (after backward, its graph's saved tensors are
 	// freed; the tensor itself stays), a constant amount held across iterations, not a growing leak.
 	BugModuleAttribute = "module-attribute"

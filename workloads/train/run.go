@@ -271,7 +271,10 @@ func (r *run) build() {
 		// Adapters under reentrant checkpointing need an input that requires grad (peft's
 		// _prepare_model_for_gradient_checkpointing, HF's enable_input_require_grads).
 		m.InputRequiresGrad = cfg.LoRA > 0 && plan.blocks != nil
-		m.AfterLayer = func(l *nn.LlamaDecoderLayer, out *tensor.Tensor) { r.forwardHook(l.Name(), out) }
+		m.AfterLayer = func(l *nn.LlamaDecoderLayer, out *tensor.Tensor) {
+			r.forwardHook(l.Name(), out)
+			r.keepOnModule(l.Name(), out)
+		}
 		r.model = m
 		d := newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
 		d.labelsAreInputs = true // HF's collator: labels = input_ids.clone(); the model shifts them
