@@ -110,7 +110,7 @@ func TestSavedBytesPerLogit(t *testing.T) {
 				cfg.AMP = a
 				r, _ := probedRun(t, cfg)
 				err = r.rt.Catch(func() {
-					x, y := r.data.batch(r.rt, cfg.Batch, "batch")
+					x, y := r.data.batch(r.rt, r.lengths.next(cfg.Batch), "batch")
 					loss := r.forward(x, y)
 					for _, st := range r.rt.SavedTensors() {
 						switch st.Category {

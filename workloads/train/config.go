@@ -62,11 +62,18 @@ type Config struct {
 	LoRATargets LoRATargets `json:"lora_targets,omitzero"`
 	QLoRA       bool        `json:"qlora,omitempty"`
 
+	// Sequence lengths (sequence models): each sample's length and how a batch is padded; Seq is the
+	// context, the longest a sample may be (lengths.go).
+	SeqDist      SeqDist `json:"seq_dist,omitzero"`
+	Padding      Padding `json:"padding,omitzero"`
+	SortByLength bool    `json:"sort_by_length,omitempty"` // group samples of similar length (Trainer's group_by_length)
+
 	// Fixes.
-	AMP        AMP        `json:"amp"`        // off, fp16 (with dynamic loss scaling) or bf16
-	Checkpoint Checkpoint `json:"checkpoint"` // off, all, every:N (every N-th block) or attn (attention only)
-	Attention  Attention  `json:"attention"`  // naive or flash
-	Accum      int        `json:"accum"`      // micro-batches per optimizer step (gradient accumulation)
+	AMP        AMP        `json:"amp"`                  // off, fp16 (with dynamic loss scaling) or bf16
+	Checkpoint Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block) or attn (attention only)
+	Attention  Attention  `json:"attention"`            // naive or flash
+	Accum      int        `json:"accum"`                // micro-batches per optimizer step (gradient accumulation)
+	EmptyCache EmptyCache `json:"empty_cache,omitzero"` // when the loop calls torch.cuda.empty_cache()
 	// Logits is how long the loop holds the model's logits: LogitsKeep (the GPT presets: nanoGPT's loop) or
 	// LogitsDrop ("" too: the MLP's loop).
 	Logits string `json:"logits,omitempty"`
@@ -254,6 +261,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Model == "llama" && c.Checkpoint == CheckpointAttention {
 		return fmt.Errorf("checkpoint attn applies to the gpt model (llama: off, all or every:N)")
+	}
+	if err := c.validateLengths(); err != nil {
+		return err
+	}
+	if c.EmptyCache > EmptyCachePhase {
+		return fmt.Errorf("invalid empty_cache setting %s", c.EmptyCache)
 	}
 	if err := c.Device.Available(); err != nil {
 		return err

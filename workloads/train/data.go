@@ -28,7 +28,8 @@ func newBlobs(features, classes int, seed uint64) *blobs {
 
 // batch puts a batch of n samples on the device: features (n, features) and class indices (n). On a device
 // that computes nothing, no values are drawn; the allocations are the same.
-func (b *blobs) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor) {
+func (b *blobs) batch(rt *tensor.Runtime, shape batchShape, role string) (x, y *tensor.Tensor) {
+	n := shape.n
 	features := len(b.centers[0])
 	if !rt.Device().Computes() {
 		x = rt.Zeros(tensor.F32, []int{n, features}, role+".x", snapshot.CategoryInput)

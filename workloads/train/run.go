@@ -32,6 +32,8 @@ type Result struct {
 	PeakAllocated int64 // memory_allocated's peak over the run
 	PeakReserved  int64 // memory_reserved's peak over the run
 	Phases        []PhaseStat
+	// StepStats is what each step (the last one cut short by an OOM included) asked of the device.
+	StepStats []StepStat
 
 	OOM         *OOM // the out-of-memory error that stopped the run, if any
 	Interrupted bool // the context was cancelled
@@ -60,29 +62,36 @@ type model interface {
 	ForwardLoss(x, y *tensor.Tensor) (logits, loss *tensor.Tensor)
 }
 
-// dataset makes batches on the device.
+// dataset makes batches on the device, of the shape the loop chose for the step: a sequence model gets
+// (n, t), whatever it is.
 type dataset interface {
-	batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor)
+	batch(rt *tensor.Runtime, shape batchShape, role string) (x, y *tensor.Tensor)
 }
 
 // run is the state of one training run.
 type run struct {
-	cfg    Config
-	ctx    context.Context
-	rec    *tracer.Recorder // may be nil
-	dev    *device.Device
-	rt     *tensor.Runtime
-	model  model
-	mlp    *nn.MLP // the model, when it is the MLP
-	opt    optim.Optimizer
-	scaler *optim.GradScaler // fp16 only
-	amp    tensor.DType
-	data   dataset
-	res    *Result
+	cfg     Config
+	ctx     context.Context
+	rec     *tracer.Recorder // may be nil
+	dev     *device.Device
+	rt      *tensor.Runtime
+	model   model
+	mlp     *nn.MLP // the model, when it is the MLP
+	opt     optim.Optimizer
+	scaler  *optim.GradScaler // fp16 only
+	amp     tensor.DType
+	data    dataset
+	lengths *lengthSampler
+	res     *Result
 
 	phase     snapshot.Phase
 	iteration int
 	phaseMark bool // a phase is open in res.Phases
+
+	stepStat  *StepStat // the step under way, in res.StepStats
+	stepPeaks [2]int64  // its allocated and reserved peaks so far
+	// stepEmptied: the step just ended with empty_cache, which also ended its last phase.
+	stepEmptied bool
 
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
@@ -125,9 +134,10 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 		ms := m.ManagedStats()
 		r.res.Paged, r.res.PagedEvicted = ms.Allocated, ms.Evicted
 	}
+	r.endStep()
 	st := r.dev.Allocator().Stats()
 	r.res.PeakAllocated = max(r.res.PeakAllocated, st.AllocatedBytes.All().Peak)
-	r.res.PeakReserved = st.ReservedBytes.All().Peak
+	r.res.PeakReserved = max(r.res.PeakReserved, st.ReservedBytes.All().Peak)
 	if r.scaler != nil {
 		r.res.SkippedSteps = r.scaler.Skipped
 	}
@@ -146,7 +156,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 		tr = rec
 	}
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
-		amp: cfg.AMP.dtype(), iteration: -1}
+		amp: cfg.AMP.dtype(), iteration: -1, lengths: newLengthSampler(&cfg)}
 	r.rt.OnOOM(r.onOOM)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
@@ -188,11 +198,17 @@ func (r *run) iterate(step int, eval bool) {
 	if r.rec != nil {
 		r.rec.BeginIteration(step)
 	}
+	r.beginStep(step)
 	r.step()
 	if eval {
 		r.evaluate()
 	}
 	r.endPhase()
+	if r.cfg.EmptyCache != EmptyCacheNever { // torch.cuda.empty_cache() at the end of the step
+		r.emptyCache()
+		r.stepEmptied = true
+	}
+	r.endStep()
 	r.heapDump("iteration end")
 	r.res.Steps++
 }
@@ -260,7 +276,7 @@ func (r *run) build() {
 			b.Attn.AfterQKV = func(a *nn.CausalSelfAttention, qkv *tensor.Tensor) { r.keepOnModule(a.Name(), qkv) }
 		}
 		r.model = g
-		r.data = newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
+		r.data = newTokens(cfg.Vocab, cfg.Seed)
 	case "llama":
 		m, err := nn.NewLlama(r.rt, cfg.llamaConfig())
 		if err != nil {
@@ -276,7 +292,7 @@ func (r *run) build() {
 			r.keepOnModule(l.Name(), out)
 		}
 		r.model = m
-		d := newTokens(cfg.Vocab, cfg.Seq, cfg.Seed)
+		d := newTokens(cfg.Vocab, cfg.Seed)
 		d.labelsAreInputs = true // HF's collator: labels = input_ids.clone(); the model shifts them
 		r.data = d
 	}
@@ -313,7 +329,7 @@ func (r *run) step() {
 // and returns its share of the loss.
 func (r *run) microStep() float32 {
 	r.setPhase(snapshot.PhaseData)
-	x, y := r.data.batch(r.rt, r.cfg.Batch, "batch")
+	x, y := r.data.batch(r.rt, r.nextBatch(), "batch")
 	defer x.Release()
 	defer y.Release()
 
@@ -418,7 +434,7 @@ func (r *run) keepOnModule(name string, out *tensor.Tensor) {
 // grad on and the outputs kept under the eval-no-grad bug.
 func (r *run) evaluate() {
 	r.setPhase(snapshot.PhaseEval)
-	x, y := r.data.batch(r.rt, r.cfg.Batch, "eval_batch")
+	x, y := r.data.batch(r.rt, r.nextBatch(), "eval_batch")
 	defer x.Release()
 	defer y.Release()
 	if r.cfg.Bug == BugEvalNoGrad { // eval_outputs.append(model(x)) without torch.no_grad()
@@ -449,6 +465,8 @@ func (r *run) evaluate() {
 // setPhase ends the current phase and begins p.
 func (r *run) setPhase(p snapshot.Phase) {
 	r.endPhase()
+	r.phaseEnds(p)
+	r.notePeaks()
 	r.phase = p
 	cat := snapshot.CategoryTemporary
 	if p == snapshot.PhaseData {
@@ -470,6 +488,9 @@ func (r *run) endPhase() {
 	ps := &r.res.Phases[len(r.res.Phases)-1]
 	ps.Peak, ps.End = st.AllocatedBytes.All().Peak, st.AllocatedBytes.All().Current
 	r.res.PeakAllocated = max(r.res.PeakAllocated, ps.Peak)
+	// Every phase resets the peaks; reserved memory falls when empty_cache or the OOM retry frees segments,
+	// so its peak is the highest of every phase's, not the last one's.
+	r.res.PeakReserved = max(r.res.PeakReserved, st.ReservedBytes.All().Peak)
 	r.phaseMark = false
 }
 

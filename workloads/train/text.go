@@ -40,15 +40,14 @@ type tokens struct {
 	text  []int // the encoded text, or nil
 	perm  []int
 	vocab int
-	seq   int
 	// labelsAreInputs makes the targets a copy of the inputs, as HF's causal-LM collator makes labels
 	// (input_ids.clone()): the model shifts them itself.
 	labelsAreInputs bool
 }
 
-func newTokens(vocab, seq int, seed uint64) *tokens {
+func newTokens(vocab int, seed uint64) *tokens {
 	rng := rand.New(rand.NewPCG(seed, 0x70c5))
-	d := &tokens{rng: rng, vocab: vocab, seq: seq}
+	d := &tokens{rng: rng, vocab: vocab}
 	if vocab == len(tinyVocab) {
 		index := map[rune]int{}
 		for i, r := range tinyVocab {
@@ -63,22 +62,28 @@ func newTokens(vocab, seq int, seed uint64) *tokens {
 	return d
 }
 
-// batch puts n sequences on the device: inputs (n, seq) and the next tokens as targets (n, seq), or a copy
-// of the inputs as labels.
-func (d *tokens) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Tensor) {
-	shape := []int{n, d.seq}
+// batch puts a batch on the device: inputs (n, t) and the next tokens as targets (n, t), or a copy of the
+// inputs as labels. A sample shorter than t is followed by padding: token 0 in the inputs and the targets
+// (the loss counts padded positions too: the runtime's cross-entropy has no ignore_index; the memory is the
+// same).
+func (d *tokens) batch(rt *tensor.Runtime, b batchShape, role string) (x, y *tensor.Tensor) {
+	shape := []int{b.n, b.t}
 	if !rt.Device().Computes() {
 		return rt.Zeros(tensor.I64, shape, role+".x", snapshot.CategoryInput), rt.Zeros(tensor.I64, shape, role+".y", snapshot.CategoryInput)
 	}
-	xs, ys := make([]float32, 0, n*d.seq), make([]float32, 0, n*d.seq)
-	for range n {
-		seq := d.sequence()
-		for i := range d.seq {
-			xs = append(xs, float32(seq[i]))
+	xs, ys := make([]float32, b.n*b.t), make([]float32, b.n*b.t)
+	for i := range b.n {
+		n := b.t
+		if b.lengths != nil {
+			n = b.lengths[i]
+		}
+		seq := d.sequence(n)
+		for j := range n {
+			xs[i*b.t+j] = float32(seq[j])
 			if d.labelsAreInputs {
-				ys = append(ys, float32(seq[i]))
+				ys[i*b.t+j] = float32(seq[j])
 			} else {
-				ys = append(ys, float32(seq[i+1]))
+				ys[i*b.t+j] = float32(seq[j+1])
 			}
 		}
 	}
@@ -86,15 +91,15 @@ func (d *tokens) batch(rt *tensor.Runtime, n int, role string) (x, y *tensor.Ten
 		rt.FromValues(tensor.I64, shape, ys, role+".y", snapshot.CategoryInput)
 }
 
-// sequence returns seq+1 tokens.
-func (d *tokens) sequence() []int {
+// sequence returns n+1 tokens.
+func (d *tokens) sequence(n int) []int {
 	if d.text != nil {
-		start := d.rng.IntN(len(d.text) - d.seq - 1)
-		return d.text[start : start+d.seq+1]
+		start := d.rng.IntN(len(d.text) - n - 1)
+		return d.text[start : start+n+1]
 	}
-	s := make([]int, d.seq+1)
+	s := make([]int, n+1)
 	s[0] = d.rng.IntN(d.vocab)
-	for i := 1; i <= d.seq; i++ {
+	for i := 1; i <= n; i++ {
 		if d.rng.Float32() < 0.9 {
 			s[i] = d.perm[s[i-1]]
 		} else {
