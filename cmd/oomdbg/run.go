@@ -79,6 +79,22 @@ func (f textFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
 
 func (textFlag) Type() string { return "string" }
 
+// seqDistFlag is --seq-dist. It is a textFlag but for file:PATH, which reads the file when the flag is set:
+// configFromFlags copies the value it read instead of setting the flag again, so the file is read once (a
+// FIFO or /dev/stdin could not be read twice).
+type seqDistFlag struct{ v *train.SeqDist }
+
+func (f seqDistFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return f.v.String()
+}
+
+func (f seqDistFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
+
+func (seqDistFlag) Type() string { return "string" }
+
 // addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
 func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
@@ -107,6 +123,10 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "activation checkpointing: off, all, every:N or attn (gpt only)")
 	fs.Var(textFlag{&cfg.Attention}, "attention", "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
 	fs.IntVar(&cfg.Accum, "accum", cfg.Accum, "micro-batches per optimizer step (gradient accumulation)")
+	fs.Var(seqDistFlag{&cfg.SeqDist}, "seq-dist", "gpt sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")
+	fs.Var(textFlag{&cfg.Padding}, "padding", "gpt batch padding: none (to the batch's longest sample), max (to --seq) or multiple:N (the longest rounded up to a multiple of N)")
+	fs.BoolVar(&cfg.SortByLength, "sort-by-length", cfg.SortByLength, "gpt: group samples of similar length into batches (megabatches of 50 batches sorted longest first, as Trainer's group_by_length)")
+	fs.Var(textFlag{&cfg.EmptyCache}, "empty-cache", "call torch.cuda.empty_cache(): never, every step or every phase")
 	fs.StringVar(&cfg.Logits, "logits", cfg.Logits, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
 	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", cfg.EvalEvery, "evaluate after every N-th step (0: never)")
@@ -166,9 +186,15 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 	addConfigFlags(replay, &base)
 	var err error
 	fs.Visit(func(f *pflag.Flag) {
-		if replay.Lookup(f.Name) != nil && err == nil {
-			err = replay.Set(f.Name, f.Value.String())
+		to := replay.Lookup(f.Name)
+		if to == nil || err != nil {
+			return
 		}
+		if sd, ok := f.Value.(seqDistFlag); ok { // read once, when the flag was set
+			*to.Value.(seqDistFlag).v = *sd.v
+			return
+		}
+		err = replay.Set(f.Name, f.Value.String())
 	})
 	return base, err
 }
