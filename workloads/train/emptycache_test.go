@@ -82,3 +82,78 @@ func TestEmptyCacheCost(t *testing.T) {
 		})
 	}
 }
+
+// TestUnallocatedAtPeak checks the run's fragmentation figure against the recording's Timeline: reserved minus
+// allocated when reserved memory peaked, a new segment counted with its block.
+func TestUnallocatedAtPeak(t *testing.T) {
+	for _, conf := range []string{"", "expandable_segments:True"} {
+		cfg := tinyGPT()
+		cfg.Steps, cfg.Batch, cfg.SeqDist = 6, 3, UniformSeq(4, 64)
+		var err error
+		if cfg.AllocConf, err = ParseAllocConf(conf); err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		res, err := Record(context.Background(), cfg, &buf, RecordOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := snapshot.Read(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl := snapshot.NewTimeline(s)
+		p := tl.Peak(snapshot.Reserved)
+		if p.Bytes != res.PeakReserved || tl.Unallocated(p.Seq) != res.UnallocatedAtPeak || res.UnallocatedAtPeak <= 0 {
+			t.Errorf("%q: peak reserved %d with %d unallocated; the recording has %d with %d", conf,
+				res.PeakReserved, res.UnallocatedAtPeak, p.Bytes, tl.Unallocated(p.Seq))
+		}
+	}
+}
+
+// TestSettingsFixes checks each settings fix sets what it is named after, and that the data fixes are tried
+// only where lengths vary.
+func TestSettingsFixes(t *testing.T) {
+	cfg := tinyGPT()
+	cfg.AllocConf, _ = ParseAllocConf("roundup_power2_divisions:4")
+	if n := len(SettingsFixesFor(cfg)); n != len(SettingsFixes) {
+		t.Errorf("fixed lengths: %d fixes", n)
+	}
+	cfg.SeqDist = UniformSeq(1, 64)
+	want := map[string]string{
+		"as configured":                    "roundup_power2_divisions:4",
+		"expandable_segments:True":         "roundup_power2_divisions:4,expandable_segments:True",
+		"max_split_size_mb:128":            "max_split_size_mb:128,roundup_power2_divisions:4",
+		"garbage_collection_threshold:0.6": "",
+	}
+	for _, f := range SettingsFixesFor(cfg) {
+		c := cfg
+		f.Apply(&c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", f.Name, err)
+		}
+		switch f.Name {
+		case "garbage_collection_threshold:0.6":
+			// 23.5 of 24 GiB: the allocator's limit is what the card has for it.
+			if a := c.AllocConf.Config; a.GarbageCollectionThreshold != 0.6 || a.PerProcessMemoryFraction*float64(c.GPUMemory) != float64(c.GPUMemory-c.ContextReserve) {
+				t.Errorf("%s: %+v", f.Name, a)
+			}
+		case "empty_cache every step":
+			if c.EmptyCache != EmptyCacheStep {
+				t.Errorf("%s: %v", f.Name, c.EmptyCache)
+			}
+		case "padding multiple:64":
+			if c.Padding != PadToMultiple(64) {
+				t.Errorf("%s: %v", f.Name, c.Padding)
+			}
+		case "sort-by-length":
+			if !c.SortByLength {
+				t.Errorf("%s: not sorted", f.Name)
+			}
+		default:
+			if w, ok := want[f.Name]; ok && c.AllocConf.String() != w {
+				t.Errorf("%s: settings %q, want %q", f.Name, c.AllocConf.String(), w)
+			}
+		}
+	}
+}

@@ -31,7 +31,10 @@ type Result struct {
 
 	PeakAllocated int64 // memory_allocated's peak over the run
 	PeakReserved  int64 // memory_reserved's peak over the run
-	Phases        []PhaseStat
+	// UnallocatedAtPeak is reserved minus allocated bytes when reserved memory peaked: of the most the run
+	// reserved, what no tensor used (a new segment counted with the block it was made for).
+	UnallocatedAtPeak int64
+	Phases            []PhaseStat
 	// StepStats is what each step (the last one cut short by an OOM included) asked of the device.
 	StepStats []StepStat
 
@@ -81,6 +84,7 @@ type run struct {
 	scaler  *optim.GradScaler // fp16 only
 	amp     tensor.DType
 	data    dataset
+	mem     *memTracker
 	lengths *lengthSampler
 	res     *Result
 
@@ -138,6 +142,7 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 	st := r.dev.Allocator().Stats()
 	r.res.PeakAllocated = max(r.res.PeakAllocated, st.AllocatedBytes.All().Peak)
 	r.res.PeakReserved = max(r.res.PeakReserved, st.ReservedBytes.All().Peak)
+	r.res.UnallocatedAtPeak = r.mem.unallocatedAtPeak
 	if r.scaler != nil {
 		r.res.SkippedSteps = r.scaler.Skipped
 	}
@@ -151,12 +156,14 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 		return nil, err
 	}
 	var tr tensor.Tracer
+	mem := &memTracker{}
 	if rec != nil {
-		dev.Allocator().SetObserver(rec)
+		mem.next = rec
 		tr = rec
 	}
+	dev.Allocator().SetObserver(mem)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
-		amp: cfg.AMP.dtype(), iteration: -1, lengths: newLengthSampler(&cfg)}
+		amp: cfg.AMP.dtype(), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
 	r.rt.OnOOM(r.onOOM)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
@@ -100,14 +101,34 @@ type SweepRow struct {
 	// one stopped before the optimizer made it), which the peaks above leave out, and PagedEvicted the bytes
 	// of it evicted to host over the configured run.
 	Paged, PagedEvicted uint64
+	// Result is the run on the configured device: its steps, each with what it asked of the device.
+	Result *Result
+}
+
+// Fragmentation returns (reserved - allocated) / reserved when reserved memory peaked on the configured device.
+func (r *SweepRow) Fragmentation() float64 {
+	if r.Result == nil || r.Result.PeakReserved <= 0 {
+		return 0
+	}
+	return float64(r.Result.UnallocatedAtPeak) / float64(r.Result.PeakReserved)
 }
 
 // Sweep runs cfg with each fix on the meta device, once on the configured device and once with unlimited
 // memory, two steps each (the second step carries the optimizer state). It takes a fraction of a second per
 // fix for a GPT-2-medium-sized model.
 func Sweep(ctx context.Context, cfg Config, fixes []Fix) ([]SweepRow, error) {
+	return sweep(ctx, cfg, fixes, 2)
+}
+
+// SweepSettings runs cfg with each fix as Sweep does, but for as many steps as cfg asks: fragmentation builds
+// up over steps of different shapes.
+func SweepSettings(ctx context.Context, cfg Config, fixes []Fix) ([]SweepRow, error) {
+	return sweep(ctx, cfg, fixes, cfg.Steps)
+}
+
+func sweep(ctx context.Context, cfg Config, fixes []Fix, steps int) ([]SweepRow, error) {
 	base := cfg
-	base.Device, base.Steps, base.Bug = device.Meta, 2, ""
+	base.Device, base.Steps, base.Bug = device.Meta, steps, ""
 	var rows []SweepRow
 	var seen []Config
 	for _, f := range fixes {
@@ -132,10 +153,55 @@ func Sweep(ctx context.Context, cfg Config, fixes []Fix) ([]SweepRow, error) {
 		}
 		rows = append(rows, SweepRow{Fix: f.Name, Config: c, PeakAllocated: res.PeakAllocated, PeakReserved: res.PeakReserved,
 			OOM: res.OOM, NeedsAllocated: need.PeakAllocated, NeedsReserved: need.PeakReserved, MeasuredOnSteps: c.Steps,
-			Paged: max(res.Paged, need.Paged), PagedEvicted: res.PagedEvicted})
+			Paged: max(res.Paged, need.Paged), PagedEvicted: res.PagedEvicted, Result: res})
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
 		}
 	}
 	return rows, nil
+}
+
+// SettingsFixes are what a run that fragments can change without touching the model: the caching allocator's
+// settings (PYTORCH_CUDA_ALLOC_CONF) and emptying the cache, each named as users write it. DataFixes change
+// the shapes of a variable-length run's batches instead.
+var SettingsFixes = []Fix{
+	{"as configured", func(*Config) {}},
+	{"expandable_segments:True", allocSetting(func(a *alloc.Config, _ *Config) { a.ExpandableSegments = true })},
+	{"max_split_size_mb:128", allocSetting(func(a *alloc.Config, _ *Config) { a.MaxSplitSize = 128 << 20 })},
+	{"max_split_size_mb:512", allocSetting(func(a *alloc.Config, _ *Config) { a.MaxSplitSize = 512 << 20 })},
+	{"garbage_collection_threshold:0.6", allocSetting(func(a *alloc.Config, c *Config) {
+		// Garbage collection acts only under a memory fraction (PyTorch's set_fraction); the one set here
+		// limits the allocator to what the card has for it anyway.
+		a.GarbageCollectionThreshold = 0.6
+		if a.PerProcessMemoryFraction == 0 {
+			a.PerProcessMemoryFraction = float64(c.GPUMemory-c.ContextReserve) / float64(c.GPUMemory)
+		}
+	})},
+	{"empty_cache every step", func(c *Config) { c.EmptyCache = EmptyCacheStep }},
+}
+
+// DataFixes change the shapes a variable-length run's batches take: fewer distinct lengths, or batches of
+// similar lengths.
+var DataFixes = []Fix{
+	{"padding multiple:64", func(c *Config) { c.Padding = PadToMultiple(64) }},
+	{"sort-by-length", func(c *Config) { c.SortByLength = true }},
+}
+
+// SettingsFixesFor returns the fixes a settings sweep of cfg tries: SettingsFixes, and DataFixes when its
+// lengths vary.
+func SettingsFixesFor(cfg Config) []Fix {
+	if cfg.SeqDist.Fixed() {
+		return SettingsFixes
+	}
+	return append(slices.Clip(SettingsFixes), DataFixes...)
+}
+
+// allocSetting changes the allocator's settings of a configuration.
+func allocSetting(set func(a *alloc.Config, c *Config)) func(*Config) {
+	return func(c *Config) {
+		a := c.AllocConf.Config
+		set(&a, c)
+		a.Source = "" // the settings are no longer the string they were parsed from
+		c.AllocConf = AllocConf{a}
+	}
 }
