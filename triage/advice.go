@@ -31,6 +31,10 @@ type Measurements struct {
 	Note string
 	// Rows are the fixes; the first is the workload as configured.
 	Rows []Measurement
+	// Settings are the allocator settings, empty_cache and the data's shapes, measured over the recorded
+	// steps (SettingsNote says how); the first is the workload as configured. Empty when not measured.
+	SettingsNote string
+	Settings     []Measurement
 }
 
 // Measurement is one fix's run.
@@ -42,6 +46,17 @@ type Measurement struct {
 	OOMPhase      string
 	// NeedsAllocated is the peak with unlimited memory: what the run needs.
 	NeedsAllocated int64
+	// NeedsReserved is the peak of reserved memory with unlimited memory.
+	NeedsReserved int64
+	// Fragmentation is (reserved - allocated) / reserved when reserved memory peaked on the configured
+	// device.
+	Fragmentation float64
+	// CostSteps is how many completed steps after the first the costs are the mean of (0: none): cudaMalloc
+	// calls, cudaFree calls and the bytes empty_cache returned per step.
+	CostSteps       int
+	MallocsPerStep  float64
+	FreesPerStep    float64
+	ReleasedPerStep int64
 }
 
 // Advice is one fix and what it saves.
@@ -49,6 +64,10 @@ type Advice struct {
 	Fix string `json:"fix"`
 	// Measured says whether Saving was measured by re-running the workload, or estimated.
 	Measured bool `json:"measured"`
+	// Replayed says Saving and Fits come from replaying the recorded trace through the allocator model under
+	// the setting, up to the OOM: Saving is the drop in peak reserved memory, Fits whether the failing
+	// request is served.
+	Replayed bool `json:"replayed"`
 	// Saving is the bytes the fix takes off the peak of Metric memory ("allocated", or "reserved" for
 	// allocator settings): measured (negative when the fix costs memory), or an upper bound when estimated.
 	Saving int64  `json:"saving"`
@@ -141,12 +160,30 @@ func advise(ctx context.Context, tl *snapshot.Timeline, r *Report, m Measurer) (
 	if ms == nil || err != nil || len(ms.Rows) == 0 {
 		advice = append(advice, estimates(c, why)...)
 	}
-	// Allocator settings are not part of the sweep: their effect on reserved memory is always estimated.
-	if c.gap > 0 && c.gap*100 >= c.reserved {
+	// Allocator settings, empty_cache and the data's shapes: measured over the run when the workload was
+	// re-run, else replayed up to the OOM when there is one; both are ranked among themselves
+	// (settingsAdvice, replayAdvice) and come first when the OOM was fragmentation's. Else expandable
+	// segments are estimated, and ranked with the other estimates.
+	var settings []Advice
+	switch {
+	case ms != nil && err == nil && len(ms.Settings) > 1:
+		settings = settingsAdvice(ms.Settings)
+		note += "; allocator settings, empty_cache and the data's shapes: " + ms.SettingsNote +
+			", saving is the drop in peak reserved memory on the configured device"
+		r.FragmentationRule = CheckFragmentationRule(ms.Settings)
+	case r.OOM != nil && len(r.OOM.Replays) > 1:
+		settings = replayAdvice(r.OOM)
+		note += "; allocator settings: replayed through the allocator model up to the OOM, saving is the drop in peak reserved memory up to it"
+	case c.gap > 0 && c.gap*100 >= c.reserved:
 		advice = append(advice, Advice{Fix: "expandable_segments:True", Saving: c.gap, Metric: "reserved",
 			Why: units.FormatSize(c.gap) + " was reserved but unallocated at the peak; expandable segments grow and shrink in place instead of caching whole segments"})
 	}
 	slices.SortStableFunc(advice, func(a, b Advice) int { return cmp.Compare(b.Saving, a.Saving) })
+	if r.OOM != nil && r.OOM.Kind == OOMFragmentation {
+		advice = append(settings, advice...)
+	} else {
+		advice = append(advice, settings...)
+	}
 	if advice == nil {
 		advice = []Advice{}
 	}

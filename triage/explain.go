@@ -40,6 +40,7 @@ func oom(tl *snapshot.Timeline, top int) *OOM {
 		o.AllocSize = o.Requested
 	}
 	o.Message, o.Exact = oomMessage(s.Meta, e, o.AllocSize, o.Allocated, o.Reserved)
+	oomFragmentation(tl, o, e.Device)
 	o.Alive = alive(s, tl.LiveAt(seq, nil), top)
 	return o
 }

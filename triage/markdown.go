@@ -10,7 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// WriteJSON writes the report as JSON in the "oomdbg-report/2" schema (docs/report-json.md), indented.
+// WriteJSON writes the report as JSON in the "oomdbg-report/3" schema (docs/report-json.md), indented.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -101,6 +101,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 
 	if o := r.OOM; o != nil {
 		fmt.Fprintf(w, "\n### Out of memory\n\n```\n%s\n```\n\n", o.Message)
+		fmt.Fprintf(w, "%s. %s\n\n", sentence(o.Diagnosis), servedText(o))
 		if len(o.Stack) > 0 {
 			fmt.Fprintf(w, "Allocated at %s.\n\n", code(stackLine(o.Stack, 3)))
 		}
@@ -189,6 +190,10 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		rows = append(rows, []string{a.Fix, savingText(a), peakAfterText(a), fitsText(a), howText(a), a.Why})
 	}
 	mdTable(w, []string{"fix", ">saves", ">needs", "fits", "how", "why"}, rows)
+	if rc := r.FragmentationRule; rc != nil {
+		fmt.Fprintf(w, "\n**The %.0f%% rule** (call `empty_cache` when more than %.0f%% of reserved memory is unallocated): %s.\n",
+			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
+	}
 }
 
 func writeAliveMarkdown(w io.Writer, a Alive, total int64) {

@@ -64,6 +64,7 @@ func (r *Report) writeText(w io.Writer) {
 		if !o.Exact {
 			fmt.Fprintf(w, "  (the snapshot does not record the device's capacity: the message is rebuilt from what it does record)\n")
 		}
+		fmt.Fprintf(w, "  %s.\n  %s\n", sentence(o.Diagnosis), servedText(o))
 		if len(o.Stack) > 0 {
 			fmt.Fprintf(w, "  at %s\n", strings.Join(o.Stack, "\n     "))
 		}
@@ -114,6 +115,18 @@ func (r *Report) writeText(w io.Writer) {
 			fmt.Fprintf(w, "  - %s: %s\n", a.Fix, a.Why)
 		}
 	}
+	if rc := r.FragmentationRule; rc != nil {
+		fmt.Fprintf(w, "  The %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
+			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
+	}
+}
+
+// sentence starts s with a capital letter.
+func sentence(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // labelOrSite names a block by its label, or where it was allocated when it has none (imported traces).
@@ -458,8 +471,11 @@ func fitsText(a Advice) string {
 
 func howText(a Advice) string {
 	s := "estimated"
-	if a.Measured {
+	switch {
+	case a.Measured:
 		s = "measured"
+	case a.Replayed:
+		s = "replayed"
 	}
 	if a.Metric != "allocated" {
 		s += ", " + a.Metric

@@ -20,7 +20,7 @@ import (
 )
 
 // Format is the value of a JSON report's "format" field.
-const Format = "oomdbg-report/2"
+const Format = "oomdbg-report/3"
 
 // Options tune Analyze.
 type Options struct {
@@ -28,13 +28,15 @@ type Options struct {
 	File string
 	// Measurer re-runs the workload with each fix. Nil: savings are estimated.
 	Measurer Measurer
+	// Replayer replays the trace of an OOM under other allocator settings. Nil: OOM.ServedBy is null.
+	Replayer Replayer
 	// Leaks are the options of the leak analysis (warm-up, filters).
 	Leaks []leaks.Option
 	// Top is how many allocations, scopes and stacks the report lists (default 10).
 	Top int
 }
 
-// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/2" schema.
+// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/3" schema.
 type Report struct {
 	Format     string      `json:"format"`
 	Source     Source      `json:"source"`
@@ -47,6 +49,9 @@ type Report struct {
 	Advice     []Advice    `json:"advice"`
 	// AdviceNote says how the savings were found: measured (and how), or estimated (and why).
 	AdviceNote string `json:"advice_note"`
+	// FragmentationRule holds the rule "above 20% fragmentation, call empty_cache" against the measured
+	// settings; null when they were not measured.
+	FragmentationRule *RuleCheck `json:"fragmentation_rule"`
 
 	scopes []Share // every scope alive at the peak, for Diff
 }
@@ -158,6 +163,24 @@ type OOM struct {
 	Stack     []string `json:"stack"`
 	Allocated int64    `json:"allocated"`
 	Reserved  int64    `json:"reserved"`
+	// Kind is OOMCapacity or OOMFragmentation: whether allocated memory plus Request exceed what the allocator
+	// could have (Reserved plus Free), or the memory was there in pieces none of which held the request.
+	Kind string `json:"kind"`
+	// Request is what a free block needed to hold: the rounded request (Requested). FreeInReserved is the
+	// bytes of the free blocks inside the device's reserved segments at the OOM, FreeBlocks how many blocks
+	// they are, LargestFreeBlock the largest.
+	Request          int64 `json:"request"`
+	FreeInReserved   int64 `json:"free_in_reserved"`
+	LargestFreeBlock int64 `json:"largest_free_block"`
+	FreeBlocks       int   `json:"free_blocks"`
+	// Diagnosis says it in a sentence: "the 1.20 GiB request fits in none of 37 free blocks totalling ...".
+	Diagnosis string `json:"diagnosis"`
+	// Replays are the trace replayed through the allocator model up to the OOM, first under the recorded
+	// settings (which must fail as the recording did), then under each setting tried; ServedBy are those that
+	// serve the request. Both are null when not replayed, and ReplayNote says why; else how they ran.
+	Replays    []Replayed `json:"replays"`
+	ServedBy   []Replayed `json:"served_by"`
+	ReplayNote string     `json:"replay_note"`
 	Alive
 }
 
@@ -283,6 +306,9 @@ func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
 	r.Peak = peak(tl, opts.Top)
 	r.scopes = allScopes(s, tl.LiveAt(r.Peak.Event, nil))
 	r.OOM = oom(tl, opts.Top)
+	if r.OOM != nil {
+		replayOOM(ctx, s, r.OOM, opts.Replayer)
+	}
 	r.Gaps = gaps(tl, r)
 	r.Iterations = iterations(tl)
 	r.Leaks = LeakReport(leaks.Analyze(tl, opts.Leaks...))
