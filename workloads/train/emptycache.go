@@ -129,3 +129,31 @@ func (r *run) phaseEnds(next snapshot.Phase) {
 	}
 	r.stepEmptied = false
 }
+
+// StepCost is what steps asked of the device on average: cudaMalloc and cudaFree calls (page maps and unmaps
+// of expandable segments included) and the bytes empty_cache returned.
+type StepCost struct {
+	Steps              int // the steps averaged
+	Mallocs, Frees     float64
+	EmptyCacheReleased float64
+}
+
+// SteadyCost returns the mean cost of the completed steps after the first, which fills the cache: what a
+// setting costs for as long as the run lasts. Steps is 0 when no such step completed.
+func (r *Result) SteadyCost() StepCost {
+	var c StepCost
+	for i, s := range r.StepStats {
+		if i == 0 || i >= r.Steps {
+			continue
+		}
+		c.Steps++
+		c.Mallocs += float64(s.DeviceAllocs)
+		c.Frees += float64(s.DeviceFrees)
+		c.EmptyCacheReleased += float64(s.EmptyCacheReleased)
+	}
+	if c.Steps > 0 {
+		n := float64(c.Steps)
+		c.Mallocs, c.Frees, c.EmptyCacheReleased = c.Mallocs/n, c.Frees/n, c.EmptyCacheReleased/n
+	}
+	return c
+}

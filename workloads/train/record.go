@@ -102,6 +102,7 @@ func flushEvery(rec *tracer.Recorder, interval time.Duration) (stop func()) {
 var runtimeFrames = []string{
 	"github.com/oomdbg/oomdbg/workloads/device.",
 	"github.com/oomdbg/oomdbg/workloads/tensor.(*Runtime).",
+	"github.com/oomdbg/oomdbg/workloads/train.(*memTracker).",
 }
 
 // Meta describes a run of cfg for a snapshot header.

@@ -56,6 +56,9 @@ type OOM struct {
 	Phase     snapshot.Phase
 	Iteration int
 	Tensor    string // the tensor that could not be allocated, e.g. "f32[64,128] linear.out"
+	// Request is the rounded request; Allocated, Reserved and DeviceFree are the allocator's bytes and the
+	// device's free memory after the allocator released what it could (the figures of PyTorch's message).
+	Request, Allocated, Reserved, DeviceFree int64
 }
 
 // model is what the loop trains: the MLP, the GPT or the Llama.
@@ -127,6 +130,11 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 	switch {
 	case errors.As(err, &oom):
 		r.res.OOM = &OOM{Message: oom.Error(), Phase: r.phase, Iteration: r.iteration, Tensor: oom.Label}
+		var ae *alloc.OutOfMemoryError
+		if errors.As(err, &ae) {
+			r.res.OOM.Request, r.res.OOM.Allocated, r.res.OOM.Reserved, r.res.OOM.DeviceFree =
+				int64(ae.Rounded), int64(ae.Allocated), int64(ae.Reserved), int64(ae.DeviceFree)
+		}
 	case errors.Is(err, errInterrupted):
 		r.res.Interrupted = true
 		r.heapDump("interrupted")

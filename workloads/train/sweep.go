@@ -145,8 +145,10 @@ func sweep(ctx context.Context, cfg Config, fixes []Fix, steps int) ([]SweepRow,
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
+		// With unlimited memory: 16 TiB, more than any run here needs and within the address space the
+		// simulated device reserves expandable segments in (they reserve 9/8 of the device's memory).
 		unlimited := c
-		unlimited.GPUMemory = 1 << 50
+		unlimited.GPUMemory = max(c.GPUMemory, 16<<40)
 		need, _, err := Run(ctx, unlimited, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
