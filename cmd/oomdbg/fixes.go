@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -18,7 +19,7 @@ func newFixesCmd() *cobra.Command {
 		panic(err) // the default preset is built in
 	}
 	var preset string
-	var markdown bool
+	var markdown, frag bool
 	cmd := &cobra.Command{
 		Use:   "fixes [flags]",
 		Short: "Measure what each memory fix does to a workload's peak",
@@ -28,14 +29,25 @@ optimizer) and print the peak allocated and reserved memory, whether it fits the
 needs with unlimited memory. Two steps per fix: the second carries the optimizer state.
 
 It takes the same flags as run; without --preset or --model it measures the default workload,
-` + train.DefaultPreset + `, whose settings the defaults below show. --model mlp starts from the MLP instead.`,
+` + train.DefaultPreset + `, whose settings the defaults below show. --model mlp starts from the MLP instead.
+
+--fragmentation measures what changes how the caching allocator's memory fragments instead, for --steps
+steps (fragmentation builds up over steps of different shapes): expandable_segments:True,
+max_split_size_mb:128 and :512, garbage_collection_threshold:0.6 (with the memory fraction it needs to
+act), empty_cache at every step, and for variable lengths (--seq-dist) padding to a multiple of 64 and
+length grouping. For each: peak allocated and reserved memory, the share of reserved memory unallocated
+when it peaked, whether it fits (and, for an OOM, whether it was capacity's or fragmentation's), and
+the cudaMalloc and cudaFree calls per step after the first, with what empty_cache returned. Below the
+table, the rule "above 20% fragmentation, call empty_cache" is held against the measurement.`,
 		Example: `  oomdbg fixes                                  # the default workload (gpt2-medium, batch 16, 24 GiB)
   oomdbg fixes --preset buildalong --markdown
-  oomdbg fixes --preset gpt2-large --gpu-mem 80GiB`,
+  oomdbg fixes --preset gpt2-large --gpu-mem 80GiB
+  oomdbg fixes --fragmentation --preset gpt2-small --amp bf16 --attention flash --batch 20 \
+      --seq-dist uniform:64:1024 --steps 20 --markdown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, name := range sweepFixed {
-				if cmd.Flags().Changed(name) {
+				if cmd.Flags().Changed(name) && !(frag && name == "steps") {
 					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs", name)
 				}
 			}
@@ -48,6 +60,14 @@ It takes the same flags as run; without --preset or --model it measures the defa
 			}
 			if err := cfg.Validate(); err != nil {
 				return flagError(err)
+			}
+			if frag {
+				rows, err := train.SweepSettings(cmd.Context(), cfg, train.SettingsFixesFor(cfg))
+				if err != nil {
+					return err
+				}
+				printSettings(cmd.OutOrStdout(), cfg, rows, markdown)
+				return nil
 			}
 			rows, err := train.Sweep(cmd.Context(), cfg, train.FixesFor(cfg))
 			if err != nil {
@@ -63,6 +83,7 @@ It takes the same flags as run; without --preset or --model it measures the defa
 	}
 	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
+	cmd.Flags().BoolVar(&frag, "fragmentation", false, "measure the allocator settings, empty_cache and the data's shapes over --steps steps instead")
 	return cmd
 }
 
@@ -104,6 +125,74 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 		table = append(table, row)
 	}
 	printTable(w, header, table, markdown, 1)
+}
+
+// sweepTitle says what a sweep ran: the workload, its shape and data, and the card.
+func sweepTitle(cfg train.Config) string {
+	name := cfg.Preset
+	if name == "" {
+		name = cfg.Model
+	}
+	var parts []string
+	for _, p := range []struct{ val, off string }{{cfg.AMP.String(), "off"}, {cfg.Attention.String(), "naive"}} {
+		if p.val != p.off {
+			parts = append(parts, p.val)
+		}
+	}
+	if cfg.Checkpoint != train.CheckpointOff {
+		parts = append(parts, "checkpoint "+cfg.Checkpoint.String())
+	}
+	shape := fmt.Sprintf("batch %d", cfg.Batch)
+	if !cfg.SeqDist.Fixed() {
+		shape += ", lengths " + cfg.SeqDist.String() + " (context " + fmt.Sprint(cfg.Seq) + "), padding " + cfg.Padding.String()
+		if cfg.SortByLength {
+			shape += ", sorted by length"
+		}
+	}
+	if s := cfg.AllocConf.String(); s != "" {
+		parts = append(parts, "PYTORCH_CUDA_ALLOC_CONF="+s)
+	}
+	if len(parts) > 0 {
+		name += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return fmt.Sprintf("%s, %s, on %s (%s taken by the CUDA context)", name, shape,
+		units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
+}
+
+// printSettings prints a settings sweep: each setting's peaks, fragmentation, fit and cost, then the rule
+// of thumb held against it.
+func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) {
+	steps := 0
+	if len(rows) > 0 {
+		steps = rows[0].MeasuredOnSteps
+	}
+	fmt.Fprintf(w, "%s, meta device, %d steps:\n\n", sweepTitle(cfg), steps)
+	header := []string{"setting", "peak allocated", "peak reserved", "fragmentation", "fits", "cudaMalloc per step", "cudaFree per step", "empty_cache returns per step"}
+	var table [][]string
+	var ms []triage.Measurement
+	for _, r := range rows {
+		m := measurement(r)
+		ms = append(ms, m)
+		fits := "yes"
+		if o := r.OOM; o != nil {
+			kind := triage.OOMKind(o.Request, o.Reserved-o.Allocated, o.DeviceFree)
+			fits = fmt.Sprintf("OOM in step %d, %s (%s)", o.Iteration, o.Phase, kind)
+		}
+		mallocs, frees, released := "-", "-", "-"
+		if m.CostSteps > 0 {
+			mallocs, frees = triage.PerStep(m.MallocsPerStep), triage.PerStep(m.FreesPerStep)
+			released = units.FormatSize(m.ReleasedPerStep)
+		}
+		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved),
+			fmt.Sprintf("%.1f%%", 100*m.Fragmentation), fits, mallocs, frees, released})
+	}
+	printTable(w, header, table, markdown, 1)
+	fmt.Fprintf(w, "\nFragmentation is (reserved - allocated) / reserved when reserved memory peaked; the costs are the means\n"+
+		"of the completed steps after the first, which fills the cache (- when none completed).\n")
+	if rc := triage.CheckFragmentationRule(ms); rc != nil {
+		fmt.Fprintf(w, "\nThe %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
+			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
+	}
 }
 
 // printTable prints rows under header as markdown, or aligned for a terminal: the first left columns to

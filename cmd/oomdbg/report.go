@@ -32,6 +32,10 @@ The savings of the fixes are estimated from what was alive at the peak. For a sn
 workload, --measure-fixes measures them instead: the workload the snapshot's metadata describes is
 re-run with each fix on the meta device (a fraction of a second per fix), within --measure-timeout.
 Reading a file never runs anything by itself: a shared file cannot make the reader do unbounded work.
+An out-of-memory error is told apart as capacity or fragmentation at the failing request, and the trace is
+replayed up to it through the allocator model under other settings (expandable_segments:True,
+max_split_size_mb, garbage_collection_threshold) to say which would have served it: work in proportion
+to the file.
 
 --format text is for a terminal, markdown for an issue or a pull request, json for scripts (the schema is
 docs/report-json.md).`,
@@ -54,7 +58,7 @@ docs/report-json.md).`,
 			if err != nil {
 				return err
 			}
-			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}}
+			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}, Replayer: oomReplayer{&mem}}
 			if measure || measureOld {
 				opts.Measurer = sweepMeasurer{timeout: measureTimeout}
 			}

@@ -45,13 +45,38 @@ func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*tri
 		Note: fmt.Sprintf("the workload re-run with each fix on the meta device, %d steps each, without its leak bug", rows[0].MeasuredOnSteps),
 	}
 	for _, r := range rows {
-		row := triage.Measurement{Fix: r.Fix, PeakAllocated: r.PeakAllocated, PeakReserved: r.PeakReserved, NeedsAllocated: r.NeedsAllocated}
-		if r.OOM != nil {
-			row.OOM, row.OOMPhase = true, r.OOM.Phase.String()
+		m.Rows = append(m.Rows, measurement(r))
+	}
+	// The allocator settings, empty_cache and the data's shapes act over steps: they are measured over the
+	// steps the snapshot recorded.
+	settings, err := train.SweepSettings(ctx, cfg, train.SettingsFixesFor(cfg))
+	if errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", sm.timeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(settings) > 0 {
+		m.SettingsNote = fmt.Sprintf("the workload re-run with each on the meta device, %d steps each", settings[0].MeasuredOnSteps)
+		for _, r := range settings {
+			m.Settings = append(m.Settings, measurement(r))
 		}
-		m.Rows = append(m.Rows, row)
 	}
 	return m, nil
+}
+
+// measurement is a sweep row as triage reads it.
+func measurement(r train.SweepRow) triage.Measurement {
+	row := triage.Measurement{Fix: r.Fix, PeakAllocated: r.PeakAllocated, PeakReserved: r.PeakReserved,
+		NeedsAllocated: r.NeedsAllocated, NeedsReserved: r.NeedsReserved, Fragmentation: r.Fragmentation()}
+	if r.OOM != nil {
+		row.OOM, row.OOMPhase = true, r.OOM.Phase.String()
+	}
+	if r.Result != nil {
+		c := r.Result.SteadyCost()
+		row.CostSteps, row.MallocsPerStep, row.FreesPerStep, row.ReleasedPerStep = c.Steps, c.Mallocs, c.Frees, int64(c.EmptyCacheReleased)
+	}
+	return row
 }
 
 // workloadOf returns the configuration of the oomdbg workload a snapshot recorded.

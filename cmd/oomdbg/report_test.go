@@ -235,9 +235,13 @@ func TestReportMeasures(t *testing.T) {
 		t.Fatal(err)
 	}
 	measured := map[string]triage.Advice{}
+	settings := map[string]triage.Advice{}
 	for _, a := range r.Advice {
-		if a.Measured {
+		switch {
+		case a.Measured && a.Metric == "allocated":
 			measured[a.Fix] = a
+		case a.Measured:
+			settings[a.Fix] = a
 		}
 	}
 	if len(measured) != len(rows)-1 || !strings.HasPrefix(r.AdviceNote, "measured: the workload re-run with each fix on the meta device, 2 steps each") {
@@ -252,6 +256,25 @@ func TestReportMeasures(t *testing.T) {
 		if a.Saving != rows[0].NeedsAllocated-row.NeedsAllocated || *a.PeakAfter != row.NeedsAllocated || *a.Fits != (row.OOM == nil) {
 			t.Errorf("%s: saving %d, needs %d, fits %v; the sweep: %d, %d, %v", row.Fix, a.Saving, *a.PeakAfter, *a.Fits,
 				rows[0].NeedsAllocated-row.NeedsAllocated, row.NeedsAllocated, row.OOM == nil)
+		}
+	}
+	// The allocator settings and empty_cache, over the recorded steps, on the configured device.
+	srows, err := train.SweepSettings(context.Background(), recorded, train.SettingsFixesFor(recorded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(settings) != len(srows)-1 || r.FragmentationRule == nil {
+		t.Fatalf("%d measured settings, the sweep has %d; rule %+v", len(settings), len(srows)-1, r.FragmentationRule)
+	}
+	for _, row := range srows[1:] {
+		a, ok := settings[row.Fix]
+		if !ok {
+			t.Errorf("no advice for %q", row.Fix)
+			continue
+		}
+		if a.Saving != srows[0].PeakReserved-row.PeakReserved || *a.PeakAfter != row.PeakReserved || *a.Fits != (row.OOM == nil) {
+			t.Errorf("%s: saving %d, peak reserved %d, fits %v; the sweep: %d, %d, %v", row.Fix, a.Saving, *a.PeakAfter, *a.Fits,
+				srows[0].PeakReserved-row.PeakReserved, row.PeakReserved, row.OOM == nil)
 		}
 	}
 }

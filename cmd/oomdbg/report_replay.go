@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// oomReplayer replays a snapshot's trace up to its OOM through the allocator model (workloads/alloc/replay),
+// under the recorded settings and the allocator settings among train.SettingsFixes, for triage. The work is
+// the file's: a replay walks the trace once per setting, and the replayer refuses a trace whose copy would
+// not fit the memory the command may use.
+type oomReplayer struct{ mem *memory }
+
+// ServeOOM implements triage.Replayer.
+func (r oomReplayer) ServeOOM(_ context.Context, s *snapshot.Snapshot) (*triage.Replays, error) {
+	if r.mem != nil {
+		if need := int64(len(s.Events)) * costReplay; uint64(need) > r.mem.resolve() {
+			return nil, fmt.Errorf("replaying %d events needs about %s, more than --max-memory", len(s.Events), units.FormatSize(need))
+		}
+	}
+	recorded, _ := replay.RecordedSettings(s)
+	names, cfgs := replaySettings(recorded)
+	served, capacity, err := replay.ServeOOM(s, append([]alloc.Config{recorded}, cfgs...), 0)
+	if err != nil || served == nil {
+		return nil, err
+	}
+	rs := &triage.Replays{Note: "replayed on the " + units.FormatSize(int64(capacity)) + " the allocator could have",
+		Recorded: replayed(recorded.String(), served[0])}
+	for i, sv := range served[1:] {
+		rs.Tried = append(rs.Tried, replayed(names[i], sv))
+	}
+	return rs, nil
+}
+
+func replayed(name string, sv replay.Served) triage.Replayed {
+	return triage.Replayed{Settings: name, Served: sv.Served, FailedEarlier: sv.FailedEarlier, PeakReserved: sv.PeakReserved}
+}
+
+// replaySettings returns the allocator settings of train.SettingsFixes, each on top of the recorded ones, and
+// their names: the fixes that change only the allocator's settings (empty_cache and the data's shapes change
+// the program, which a trace cannot replay).
+func replaySettings(recorded alloc.Config) (names []string, cfgs []alloc.Config) {
+	for _, f := range train.SettingsFixes {
+		base := train.Config{AllocConf: train.AllocConf{Config: recorded}, GPUMemory: 1 << 40}
+		c := base
+		f.Apply(&c)
+		if c.EmptyCache != base.EmptyCache || c.Padding != base.Padding || c.SortByLength != base.SortByLength ||
+			c.AllocConf.String() == base.AllocConf.String() {
+			continue
+		}
+		cfg := c.AllocConf.Config
+		if cfg.GarbageCollectionThreshold > 0 && cfg.PerProcessMemoryFraction >= 1 {
+			// The replay's device is the memory the allocator could have, so the fraction that keeps
+			// garbage collection acting (it needs one below 1) is the largest below 1.
+			cfg.PerProcessMemoryFraction = math.Nextafter(1, 0)
+		}
+		names = append(names, f.Name)
+		cfgs = append(cfgs, cfg)
+	}
+	return names, cfgs
+}
