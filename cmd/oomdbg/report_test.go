@@ -48,14 +48,16 @@ func mediumConfig() train.Config {
 // fixtures are the snapshots the command tests read, frozen in testdata/fixtures so that what the tests pin
 // changes when the commands do, not when the workload runtime does. `go test ./cmd/oomdbg -update` records
 // them again with these recipes: the MLP with the retain-graph bug and fixed, without zero_grad and keeping
-// its intermediates on its modules, GPT-2 medium running out of memory, a fragmenting loop and a generated
-// trace (not a workload oomdbg can re-run).
+// its intermediates on its modules, GPT-2 medium running out of memory, a fragmenting loop, a variable-length
+// GPT whose OOM is fragmentation's, and a generated trace (not a workload oomdbg can re-run).
 var fixtures = map[string]func() ([]byte, error){
 	"leak":       recorded(mlpConfig(train.BugRetainGraph)),
 	"fixed":      recorded(mlpConfig("")),
 	"oom":        recorded(mediumConfig()),
 	"nozerograd": recorded(mlpConfig(train.BugNoZeroGrad)),
 	"attribute":  recorded(mlpConfig(train.BugModuleAttribute)),
+	// The variable-length run that runs out of memory from fragmentation (varlenConfig).
+	"varlen": recorded(varlenConfig()),
 	"frag": func() ([]byte, error) {
 		var b bytes.Buffer
 		err := leakstest.EncodeFragmentation(&b, 6)
