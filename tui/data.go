@@ -102,6 +102,12 @@ func (x *index) columns(from, to, width int) (alloc, res []int64) {
 	return alloc, res
 }
 
+// unallocated returns, per column of events [from, to), the highest reserved-minus-allocated bytes (-1 for a
+// column without events), as the timeline's allocated and reserved columns are taken.
+func (x *index) unallocated(from, to, width int) []int64 {
+	return x.tl.UnallocatedColumns(from, to, make([]int64, width))
+}
+
 // liveAt returns the blocks allocated after event at, largest first.
 func (x *index) liveAt(at int) []snapshot.Allocation {
 	live := x.tl.LiveAt(at, nil)

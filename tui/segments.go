@@ -1,7 +1,9 @@
 package tui
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	"charm.land/bubbles/v2/key"
@@ -13,8 +15,9 @@ import (
 )
 
 // segmentsPane shows the caching allocator's state at the cursor: each segment (a cudaMalloc or a mapped
-// range), how much of it is allocated, a map of its blocks, and the fragmentation: reserved bytes no block
-// uses, which empty_cache cannot return while the segment is split.
+// range), how much of it is allocated, a map of its blocks, and the fragmentation: its free blocks, which
+// empty_cache cannot return while the segment holds a block in use, and which serve only requests that fit
+// in one of them. The figures are the Timeline's (snapshot.FragmentationOf), as the report's are.
 type segmentsPane struct {
 	segs   []snapshot.SegmentState
 	offset int
@@ -36,15 +39,15 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 }
 
 func (p *segmentsPane) view(s Styles, w, h int) string {
-	var reserved, used int64
-	for _, sg := range p.segs {
-		reserved += sg.Size
-		used += sg.Allocated()
-	}
-	head := fmt.Sprintf("%d segments, %s reserved, %s allocated, %s reserved but unallocated", len(p.segs),
-		units.FormatSize(reserved), units.FormatSize(used), units.FormatSize(reserved-used))
-	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
-	mapW := max(w-36, 8)
+	f := snapshot.FragmentationOf(p.segs, nil)
+	head := fmt.Sprintf("%d segments, %s reserved, %s allocated, %s unallocated (%.0f%%)", len(p.segs),
+		units.FormatSize(f.Reserved), units.FormatSize(f.Allocated), units.FormatSize(f.Reserved-f.Allocated), 100*f.Ratio())
+	frag := fmt.Sprintf("%d free blocks, largest %s; %s in segments empty_cache keeps",
+		f.FreeBlocks, units.FormatSize(f.Largest), units.FormatSize(f.Split))
+	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…")), s.Muted.Render(ansi.Truncate(frag, w, "…"))}
+	// Each segment: address, size, share allocated, a map of its blocks (█ in use, · free) and its free
+	// blocks, largest first.
+	mapW := max(min(w-36-24, 48), 8)
 	for i := p.offset; i < len(p.segs) && len(lines) < h; i++ {
 		sg := p.segs[i]
 		cells := make([]rune, mapW)
@@ -59,12 +62,29 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 				cells[j] = '█'
 			}
 		}
-		line := fmt.Sprintf("%#014x %10s %3.0f%% %s", sg.Addr, units.FormatSize(sg.Size),
-			100*float64(sg.Allocated())/float64(max(sg.Size, 1)), s.Allocated.Render(string(cells)))
-		lines = append(lines, ansi.Truncate(line, w, ""))
+		line := fmt.Sprintf("%#014x %10s %3.0f%% %s %s", sg.Addr, units.FormatSize(sg.Size),
+			100*float64(sg.Allocated())/float64(max(sg.Size, 1)), s.Allocated.Render(string(cells)), freeList(sg.Gaps))
+		lines = append(lines, ansi.Truncate(line, w, "…"))
 	}
 	if len(p.segs) == 0 {
 		lines = append(lines, s.Muted.Render("no segment is reserved here"))
 	}
 	return strings.Join(lines, "\n")
+}
+
+// freeList names a segment's free blocks, largest first: "free 1.20 GiB, 20.00 MiB".
+func freeList(gaps []snapshot.Gap) string {
+	if len(gaps) == 0 {
+		return "no free block"
+	}
+	sizes := make([]int64, len(gaps))
+	for i, g := range gaps {
+		sizes[i] = g.Size
+	}
+	slices.SortFunc(sizes, func(a, b int64) int { return cmp.Compare(b, a) })
+	parts := make([]string, len(sizes))
+	for i, n := range sizes {
+		parts[i] = units.FormatSize(n)
+	}
+	return "free " + strings.Join(parts, ", ")
 }

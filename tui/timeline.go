@@ -9,8 +9,10 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
-// timelinePane draws allocated and reserved memory over the events, the device's capacity, the phase bands and
-// iteration ticks, and the cursor. A re-run of the workload with fixes is drawn over it for comparison.
+// timelinePane draws allocated and reserved memory over the events, the device's capacity, reserved minus
+// allocated memory on a row of its own (fragmentation and cache, which the plot's scale flattens), the phase
+// bands and iteration ticks, and the cursor. A re-run of the workload with fixes is drawn over it for
+// comparison.
 type timelinePane struct {
 	ix    *index
 	after *index // the re-run with fixes, if any
@@ -21,12 +23,17 @@ const axisWidth = 10
 
 var eighths = []rune(" ▁▂▃▄▅▆▇█")
 
-// view renders the plot in w x h cells (h includes the phase band), for events [from, to) with the cursor.
+// view renders the plot in w x h cells (h includes the unallocated row, when there is room, and the phase
+// band), for events [from, to) with the cursor.
 func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	if p.ix == nil || p.ix.len() == 0 || w <= axisWidth+2 || h < 2 {
 		return strings.Repeat("\n", max(h-1, 0))
 	}
 	plotW, plotH := w-axisWidth, h-1
+	strip := plotH >= 4 // room for the unallocated row under a plot of 3 rows at least
+	if strip {
+		plotH--
+	}
 	alloc, res := p.ix.columns(from, to, plotW)
 	// Scale to the run; the device's capacity joins the scale when the run comes near it (a run that uses a
 	// sliver of the card would otherwise be a flat line).
@@ -74,8 +81,31 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 		line.render(&b, s.byID)
 		b.WriteByte('\n')
 	}
+	if strip {
+		b.WriteString(p.unallocatedRow(s, from, to, plotW, curCol))
+		b.WriteByte('\n')
+	}
 	b.WriteString(s.Muted.Render(padLeft("phase", axisWidth-1) + " "))
 	b.WriteString(p.band(s, from, to, plotW, curCol))
+	return b.String()
+}
+
+// unallocatedRow draws reserved minus allocated bytes, the highest of each column, in eighths of a cell on a
+// scale of its own: its axis label is the highest value in view.
+func (p *timelinePane) unallocatedRow(s Styles, from, to, width, curCol int) string {
+	cols := p.ix.unallocated(from, to, width)
+	top := max(maxOf(cols), 1)
+	var b strings.Builder
+	b.WriteString(s.Muted.Render(padLeft(units.FormatSize(top), axisWidth-1) + " "))
+	var line runs
+	for c, v := range cols {
+		ch := ' '
+		if v > 0 {
+			ch = eighths[max(1, int(v*8/top))]
+		}
+		line.add(ch, styleReserved, c == curCol)
+	}
+	line.render(&b, s.byID)
 	return b.String()
 }
 

@@ -158,7 +158,7 @@ func (m *Model) helpView() string {
 	for _, l := range strings.Split(m.help.FullHelpView(m.keys.FullHelp()), "\n") {
 		lines = append(lines, ansi.Truncate(l, m.width, "…"))
 	}
-	lines = append(lines, "", m.styles.Muted.Render(ansi.Truncate("timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration", m.width, "…")))
+	lines = append(lines, "", m.styles.Muted.Render(ansi.Truncate("timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; the row under it: reserved minus allocated, on its own scale up to the size at its left; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration", m.width, "…")))
 	return strings.Join(lines, "\n")
 }
 
