@@ -181,14 +181,17 @@ func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 		mallocs, frees, released := "-", "-", "-"
 		if m.CostSteps > 0 {
 			mallocs, frees = triage.PerStep(m.MallocsPerStep), triage.PerStep(m.FreesPerStep)
-			released = units.FormatSize(m.ReleasedPerStep)
+			if r.Config.EmptyCache != train.EmptyCacheNever {
+				released = units.FormatSize(m.ReleasedPerStep)
+			}
 		}
 		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved),
 			fmt.Sprintf("%.1f%%", 100*m.Fragmentation), fits, mallocs, frees, released})
 	}
 	printTable(w, header, table, markdown, 1)
 	fmt.Fprintf(w, "\nFragmentation is (reserved - allocated) / reserved when reserved memory peaked; the costs are the means\n"+
-		"of the completed steps after the first, which fills the cache (- when none completed).\n")
+		"of the completed steps after the first, which fills the cache (- when none completed, or for empty_cache\n"+
+		"when the setting does not call it).\n")
 	if rc := triage.CheckFragmentationRule(ms); rc != nil {
 		fmt.Fprintf(w, "\nThe %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
 			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)

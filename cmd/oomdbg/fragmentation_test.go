@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -198,3 +199,41 @@ func TestVariableLengthReplay(t *testing.T) {
 }
 
 func head[T any](s []T, n int) []T { return s[:min(n, len(s))] }
+
+// TestReadmeFragmentationTable runs the command README.md says made its fragmentation table and compares
+// the rows, so that the table is what the command prints.
+func TestReadmeFragmentationTable(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cmdline = "oomdbg fixes --fragmentation --preset gpt2-small --amp bf16 --attention flash --batch 20 --seq-dist uniform:64:1024 --steps 20 --markdown"
+	text := strings.Join(strings.Fields(string(readme)), " ")
+	if !strings.Contains(text, strings.ReplaceAll("`"+cmdline+"`", "\n", " ")) {
+		t.Fatalf("README.md does not name the command %q", cmdline)
+	}
+	table := func(s string) []string {
+		var rows []string
+		in := false
+		for _, l := range strings.Split(s, "\n") {
+			switch {
+			case strings.HasPrefix(l, "| setting |"):
+				in = true
+			case in && !strings.HasPrefix(l, "|"):
+				return rows
+			}
+			if in {
+				rows = append(rows, l)
+			}
+		}
+		return rows
+	}
+	code, stdout, stderr := runCmd(strings.Fields(cmdline)[1:]...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	got, want := table(stdout), table(string(readme))
+	if len(want) == 0 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the command prints\n%s\nREADME.md has\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
+	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -470,6 +471,9 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		fmt.Fprintf(w, "paged      %s of optimizer state in unified memory, outside the allocator; %s of it evicted to host over the run\n",
 			units.FormatSize(int64(res.Paged)), units.FormatSize(int64(res.PagedEvicted)))
 	}
+	if !cfg.SeqDist.Fixed() || cfg.EmptyCache != train.EmptyCacheNever {
+		printSteps(w, cfg, res)
+	}
 	fmt.Fprintln(w)
 
 	last := -1
@@ -531,4 +535,37 @@ func humanCount(n int) string {
 		return fmt.Sprintf("%.1fK", float64(n)/1e3)
 	}
 	return fmt.Sprint(n)
+}
+
+// printSteps says what each step's batch was (variable lengths) and what each step asked of the device: the
+// first steps' padded lengths and cudaMalloc calls, and the cost after the first step.
+func printSteps(w io.Writer, cfg train.Config, res *train.Result) {
+	const shown = 8
+	var lens, mallocs []string
+	var tokens, padded int64
+	for i, st := range res.StepStats {
+		tokens, padded = tokens+st.Tokens, padded+st.PaddedTokens
+		if i < shown {
+			for _, t := range st.SeqLens {
+				lens = append(lens, fmt.Sprint(t))
+			}
+			mallocs = append(mallocs, fmt.Sprint(st.DeviceAllocs))
+		}
+	}
+	more := ""
+	if len(res.StepStats) > shown {
+		more = ", …"
+	}
+	if !cfg.SeqDist.Fixed() && padded > 0 {
+		fmt.Fprintf(w, "lengths    %s, padding %s: batches of %s%s tokens; %.0f%% of the tokens on the device are padding\n",
+			cfg.SeqDist, cfg.Padding, strings.Join(lens, ", "), more, 100*float64(padded-tokens)/float64(padded))
+	}
+	fmt.Fprintf(w, "cudaMalloc %s%s per step", strings.Join(mallocs, ", "), more)
+	if c := res.SteadyCost(); c.Steps > 0 {
+		fmt.Fprintf(w, "; after the first, %s cudaMalloc and %s cudaFree calls per step", triage.PerStep(c.Mallocs), triage.PerStep(c.Frees))
+		if cfg.EmptyCache != train.EmptyCacheNever {
+			fmt.Fprintf(w, ", empty_cache returning %s", units.FormatSize(int64(c.EmptyCacheReleased)))
+		}
+	}
+	fmt.Fprintln(w)
 }
