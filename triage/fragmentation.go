@@ -67,6 +67,22 @@ type Replayed struct {
 	PeakReserved int64 `json:"peak_reserved"`
 }
 
+// DiagnoseOOM says what the request of the oom event at seq met, as the report does: the kind of OOM and
+// the sentence that explains it ("the 1.20 GiB request fits in none of 37 free blocks totalling ...").
+func DiagnoseOOM(tl *snapshot.Timeline, seq int) (kind, diagnosis string) {
+	s := tl.Snapshot()
+	if seq < 0 || seq >= tl.Len() || s.Events[seq].Action != snapshot.ActionOOM {
+		return "", ""
+	}
+	e := &s.Events[seq]
+	o := &OOM{Event: seq, Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree, Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq)}
+	if o.AllocSize <= 0 {
+		o.AllocSize = o.Requested
+	}
+	oomFragmentation(tl, o, e.Device)
+	return o.Kind, o.Diagnosis
+}
+
 // oomFragmentation fills in what o's request met: the free blocks inside the device's segments, the kind of
 // OOM, and its diagnosis.
 func oomFragmentation(tl *snapshot.Timeline, o *OOM, device int16) {

@@ -65,6 +65,12 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 	if o.Diagnosis != want {
 		t.Errorf("diagnosis\n%s\nwant\n%s", o.Diagnosis, want)
 	}
+	if kind, d := triage.DiagnoseOOM(snapshot.NewTimeline(handTrace()), 10); kind != o.Kind || d != o.Diagnosis {
+		t.Errorf("DiagnoseOOM says %s: %s", kind, d)
+	}
+	if kind, d := triage.DiagnoseOOM(snapshot.NewTimeline(handTrace()), 9); kind != "" || d != "" {
+		t.Errorf("DiagnoseOOM of an alloc says %s: %s", kind, d)
+	}
 	if len(o.ServedBy) != 1 || o.ServedBy[0].Settings != "expandable_segments:True" || len(o.Replays) != 3 {
 		t.Errorf("served by %+v, replays %+v", o.ServedBy, o.Replays)
 	}

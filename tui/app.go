@@ -16,6 +16,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // Options say what the TUI shows.
@@ -228,7 +229,8 @@ func (m *Model) landOnTarget() {
 	switch {
 	case m.ix.oom >= 0:
 		m.moveTo(m.ix.oom)
-		m.setStatus("landed on the OOM: o jumps back here, p to the peak", false)
+		kind, _ := triage.DiagnoseOOM(m.ix.tl, m.ix.oom)
+		m.setStatus("landed on the OOM ("+kind+": 3 shows why); o jumps back here, p to the peak", false)
 	case m.ix.peak >= 0:
 		m.moveTo(m.ix.peak)
 		m.setStatus("landed on the peak: p jumps back here", false)

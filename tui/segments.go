@@ -12,6 +12,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // segmentsPane shows the caching allocator's state at the cursor: each segment (a cudaMalloc or a mapped
@@ -21,12 +22,14 @@ import (
 type segmentsPane struct {
 	segs   []snapshot.SegmentState
 	offset int
+	oom    string // at an OOM event: what its request met, as the report says it
 }
 
 // setData replays the allocator's segments at event at.
 func (p *segmentsPane) setData(ix *index, at int) {
 	p.segs = ix.tl.SegmentsAt(at)
 	p.offset = min(p.offset, max(len(p.segs)-1, 0))
+	_, p.oom = triage.DiagnoseOOM(ix.tl, at)
 }
 
 func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
@@ -44,7 +47,13 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		units.FormatSize(f.Reserved), units.FormatSize(f.Allocated), units.FormatSize(f.Reserved-f.Allocated), 100*f.Ratio())
 	frag := fmt.Sprintf("%d free blocks, largest %s; %s in segments empty_cache keeps",
 		f.FreeBlocks, units.FormatSize(f.Largest), units.FormatSize(f.Split))
-	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…")), s.Muted.Render(ansi.Truncate(frag, w, "…"))}
+	var lines []string
+	if p.oom != "" {
+		for _, l := range strings.Split(ansi.Wordwrap(sentence(p.oom)+".", w, " "), "\n") {
+			lines = append(lines, s.Error.Render(l))
+		}
+	}
+	lines = append(lines, s.Muted.Render(ansi.Truncate(head, w, "…")), s.Muted.Render(ansi.Truncate(frag, w, "…")))
 	// Each segment: address, size, share allocated, a map of its blocks (█ in use, · free) and its free
 	// blocks, largest first.
 	mapW := max(min(w-36-24, 48), 8)
@@ -70,6 +79,14 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		lines = append(lines, s.Muted.Render("no segment is reserved here"))
 	}
 	return strings.Join(lines, "\n")
+}
+
+// sentence starts s with a capital letter.
+func sentence(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // freeList names a segment's free blocks, largest first: "free 1.20 GiB, 20.00 MiB".
