@@ -43,7 +43,7 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 
 func (p *segmentsPane) view(s Styles, w, h int) string {
 	f := snapshot.FragmentationOf(p.segs, nil)
-	head := fmt.Sprintf("%d segments, %s reserved, %s allocated, %s unallocated (%.0f%%)", len(p.segs),
+	head := fmt.Sprintf("%d segments of %s: %s allocated, %s (%.0f%%) unallocated", len(p.segs),
 		units.FormatSize(f.Reserved), units.FormatSize(f.Allocated), units.FormatSize(f.Reserved-f.Allocated), 100*f.Ratio())
 	frag := fmt.Sprintf("%d free blocks, largest %s; %s in segments empty_cache keeps",
 		f.FreeBlocks, units.FormatSize(f.Largest), units.FormatSize(f.Split))
