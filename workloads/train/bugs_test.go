@@ -203,7 +203,7 @@ func TestModuleAttributeHoldsWhatPyTorchHolds(t *testing.T) {
 	}
 	err = r.rt.Catch(func() {
 		r.setup()
-		x, y := r.data.batch(r.rt, cfg.Batch, "batch")
+		x, y := r.data.batch(r.rt, r.nextBatch(), "batch")
 		r.setPhase(snapshot.PhaseForward)
 		r.mlp.Forward(x).Release()
 		x.Release()
