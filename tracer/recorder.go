@@ -7,9 +7,10 @@
 // what the next allocation is (category and label), autograd reports category changes, and heap dumps report
 // who retains each live tensor. Every event carries the tags current when it happened.
 //
-// Stacks are captured with runtime.Callers and interned by their program counters, so a call site seen before
-// costs one map lookup; symbolising and filtering frames (allocator and runtime internals are skipped) happens
-// once per distinct stack.
+// Stacks are the ones runtime.Callers gives. Where Go keeps frame pointers (amd64, arm64) they are captured by
+// walking them and cached by the chain of return addresses, so a call path seen before costs the walk and one
+// map lookup; runtime.Callers, symbolising and filtering frames (allocator and runtime internals are skipped)
+// happen once per distinct path.
 package tracer
 
 import (
@@ -132,7 +133,7 @@ func (r *Recorder) stack() snapshot.StackID {
 	if r.stacks == nil || r.err != nil {
 		return 0
 	}
-	return r.stacks.capture(2) // runtime.Callers and stackTable.capture
+	return r.stacks.capture()
 }
 
 // Err returns the first error the sink reported, or ErrClosed after Close. Recording stops at the first error.

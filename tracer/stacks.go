@@ -11,6 +11,10 @@ import (
 const (
 	defaultStackDepth = 48
 	modulePath        = "github.com/oomdbg/oomdbg/"
+
+	// chainSlack is how many frame pointers beyond the stack depth a walk follows: a chain longer than that is
+	// captured with runtime.Callers, since its tail could decide what runtime.Callers keeps.
+	chainSlack = 64
 )
 
 // defaultSkippedFrames are left out of every stack: the frames of the allocator model and of this package say
@@ -21,39 +25,104 @@ var defaultSkippedFrames = []string{
 	modulePath + "workloads/alloc.",
 }
 
-// stackTable captures Go stacks and interns them by their program counters.
+// stackTable captures Go stacks and interns them.
+//
+// The stack a Recorder records is the one runtime.Callers gives, symbolised and filtered. runtime.Callers
+// costs about a microsecond on a training loop's call paths, though: it looks every frame's size up in the
+// function's tables. Where Go keeps frame pointers (amd64, arm64) the hot path walks them instead, a couple
+// of loads per frame, and looks the chain of return addresses up in a cache. The chain decides what
+// runtime.Callers returns (the functions, their inlined calls, the wrappers it leaves out), so a chain seen
+// before has the stack it had then, and only a new chain, or one longer than the walk follows, pays for
+// runtime.Callers.
+//
+// The walk trusts that every frame on the chain is a Go frame. That holds for Go code called from Go; a
+// Recorder called from a cgo callback could follow a C frame's garbage and should record without stacks
+// (WithStackDepth(0)).
 type stackTable struct {
-	sink  Sink
-	skip  []string
-	pcs   []uintptr                   // scratch for runtime.Callers
-	ids   map[string]snapshot.StackID // key: the PCs' bytes
-	frame []snapshot.FrameID          // scratch for symbolising
+	sink   Sink
+	skip   []string
+	walk   bool                        // follow frame pointers: framePointers, unless a test turns it off
+	unwind int                         // runtime.Callers calls, for tests
+	pcs    []uintptr                   // scratch for runtime.Callers
+	chain  []uintptr                   // scratch for walkFrames
+	chains map[string]snapshot.StackID // key: the bytes of a whole chain of return addresses
+	ids    map[string]snapshot.StackID // key: the bytes of runtime.Callers' PCs
+	frame  []snapshot.FrameID          // scratch for symbolising
 }
 
 func newStackTable(sink Sink, depth int, skip []string) *stackTable {
 	return &stackTable{
-		sink: sink,
-		skip: skip,
-		pcs:  make([]uintptr, depth),
-		ids:  make(map[string]snapshot.StackID),
+		sink:   sink,
+		skip:   skip,
+		walk:   framePointers,
+		pcs:    make([]uintptr, depth),
+		chain:  make([]uintptr, depth+chainSlack),
+		chains: make(map[string]snapshot.StackID),
+		ids:    make(map[string]snapshot.StackID),
 	}
 }
 
-// capture returns the ID of the calling goroutine's stack, skipping skip frames as runtime.Callers does.
-// A stack seen before costs the walk and one map lookup; no allocation.
-func (t *stackTable) capture(skip int) snapshot.StackID {
-	n := runtime.Callers(skip, t.pcs)
+// capture returns the ID of its caller's stack. A chain of frames seen before costs the walk and one map
+// lookup; no allocation.
+//
+// capture is never inlined, so the walk starts in its own frame and the chain holds its return address,
+// which tells its call sites apart.
+//
+//go:noinline
+func (t *stackTable) capture() snapshot.StackID {
+	if t.walk {
+		if n, whole := walkFrames(framePointer(), t.chain); whole && n > 0 {
+			key := bytesOf(t.chain[:n])
+			if id, ok := t.chains[key]; ok {
+				return id
+			}
+			id := t.callers()
+			t.chains[strings.Clone(key)] = id
+			return id
+		}
+	}
+	return t.callers()
+}
+
+// walkFrames follows the frame-pointer chain from fp, storing each frame's return address (the word above
+// its frame pointer) in chain. It returns how many it stored and whether it reached the end of the chain: a
+// goroutine's first frame saved a nil frame pointer. The chain runs up the goroutine's stack, so a frame
+// pointer at or below the previous one is not followed and leaves the walk incomplete.
+func walkFrames(fp unsafe.Pointer, chain []uintptr) (int, bool) {
+	for i := range chain {
+		if fp == nil {
+			return i, true
+		}
+		chain[i] = *(*uintptr)(unsafe.Add(fp, unsafe.Sizeof(uintptr(0))))
+		next := *(*unsafe.Pointer)(fp)
+		if next != nil && uintptr(next) <= uintptr(fp) {
+			return i + 1, false
+		}
+		fp = next
+	}
+	return len(chain), fp == nil
+}
+
+// callers captures capture's caller's stack with runtime.Callers and returns its ID, symbolising it if its
+// PCs are new.
+func (t *stackTable) callers() snapshot.StackID {
+	t.unwind++
+	n := runtime.Callers(3, t.pcs) // runtime.Callers, callers, capture
 	if n == 0 {
 		return 0
 	}
-	// Key the map by the PCs' bytes: the conversion in the index expression does not allocate.
-	key := unsafe.String((*byte)(unsafe.Pointer(&t.pcs[0])), n*int(unsafe.Sizeof(uintptr(0))))
+	key := bytesOf(t.pcs[:n])
 	if id, ok := t.ids[key]; ok {
 		return id
 	}
 	id := t.intern(t.pcs[:n])
 	t.ids[strings.Clone(key)] = id
 	return id
+}
+
+// bytesOf views pcs as a string, for a map key: a lookup with it does not allocate.
+func bytesOf(pcs []uintptr) string {
+	return unsafe.String((*byte)(unsafe.Pointer(&pcs[0])), len(pcs)*int(unsafe.Sizeof(uintptr(0))))
 }
 
 // intern symbolises pcs, drops skipped frames and interns what is left with the sink.
