@@ -5,12 +5,36 @@ import "encoding/binary"
 // eventEncoder turns events into the three streams of an events chunk: ops (op byte and flags), fields (the
 // deltas) and times (time deltas). Time is the one field that never repeats, so it gets a stream of its own
 // and does not break zstd's matches in the others.
+//
+// It keeps the coder's state (docs/format.md §6) in its own form rather than the decoder's model: the
+// previous event of each action as the fields that predictions read, stored one by one, and the previous
+// event of any action as an index into them. The Writer's caller has just written the event field by field,
+// and copying whole Events, twice per event, was a fifth of the encoding time.
 type eventEncoder struct {
-	model
+	last    [NumActions]lastEvent // L[a]; last[ActionInvalid] stays zero
+	prev    Action                // P is last[prev]: all zero before the first event
+	ring    []blockRef            // R, allocated on the first alloc
+	allocs  uint64                // A
+	events  uint64
 	allocAt map[uint64]uint64 // address -> ordinal of the latest alloc at it, for modeRing
 	ops     []byte
 	fields  []byte
 	times   []byte
+}
+
+// lastEvent is what the encoder keeps of an event: its block fields, which an address mode's reference
+// predicts, and the fields predicted from P or L[a].
+type lastEvent struct {
+	blockRef
+	time       int64
+	stream     int64
+	deviceFree int64
+	holder     uint64
+	parent     uint64
+	iteration  int32
+	text       StringID
+	device     int16
+	phase      Phase
 }
 
 func newEventEncoder() *eventEncoder {
@@ -21,7 +45,7 @@ func newEventEncoder() *eventEncoder {
 type candidate struct {
 	mode    int
 	payload uint64 // ring distance or zig-zag address delta
-	ref     blockRef
+	ref     *blockRef
 	flags   uint32
 	cost    int
 }
@@ -29,54 +53,50 @@ type candidate struct {
 // encode appends e to the streams. e must be valid (Writer.Write checks).
 func (c *eventEncoder) encode(e *Event) {
 	a := e.Action
-	m := &c.model
-	last := &m.last[a]
+	prev := &c.last[c.prev]
+	last := &c.last[a]
 
 	// Fields predicted the same way whatever the mode.
 	var common uint32
-	if e.Device != m.prev.Device || e.Stream != m.prev.Stream {
+	if e.Device != prev.device || e.Stream != prev.stream {
 		common |= flagContext
 	}
-	if e.Phase != m.prev.Phase || e.Iteration != m.prev.Iteration {
+	if e.Phase != prev.phase || e.Iteration != prev.iteration {
 		common |= flagPhase
 	}
-	if e.Text != last.Text {
+	if e.Text != last.text {
 		common |= flagText
 	}
-	if e.DeviceFree != last.DeviceFree {
+	if e.DeviceFree != last.deviceFree {
 		common |= flagDeviceFree
 	}
-	if e.Holder != last.Holder+holderStep(a) {
+	if e.Holder != last.holder+holderStep(a) {
 		common |= flagHolder
 	}
-	if e.Parent != last.Parent {
+	if e.Parent != last.parent {
 		common |= flagParent
 	}
 
-	// Address modes: try each that applies and keep the cheapest. modeDelta always applies.
-	base := m.base(a)
-	own := refOf(last)
-	best := candidate{mode: modeDelta, payload: zigzag(int64(e.Addr - base)), ref: own}
-	c.score(e, &best, common, uvarintLen(best.payload))
-	if e.Addr == base {
-		cand := candidate{mode: modeBase, ref: own}
-		if c.score(e, &cand, common, 0); cand.cost <= best.cost {
-			best = cand
-		}
+	// Address modes: try each that applies and keep the cheapest, the first of equals in the order delta,
+	// base, prev, ring. modeDelta always applies.
+	base := last.addr + uint64(last.blockSize)
+	best := candidate{mode: modeDelta, payload: zigzag(int64(e.Addr - base)), ref: &last.blockRef}
+	best.flags, best.cost = score(e, modeDelta, best.ref, common, uvarintLen(best.payload))
+	if best.payload == 0 {
+		// Addr is the base: modeBase predicts the same fields as modeDelta without the payload's byte.
+		best.mode, best.cost = modeBase, best.cost-1
 	}
-	if m.events > 0 && e.Addr == m.prev.Addr {
-		cand := candidate{mode: modePrev, ref: refOf(&m.prev)}
-		if c.score(e, &cand, common, 0); cand.cost < best.cost {
-			best = cand
+	if c.events > 0 && e.Addr == prev.addr {
+		if flags, cost := score(e, modePrev, &prev.blockRef, common, 0); cost < best.cost {
+			best = candidate{mode: modePrev, ref: &prev.blockRef, flags: flags, cost: cost}
 		}
 	}
 	if blockAction(a) {
 		if ord, ok := c.allocAt[e.Addr]; ok {
-			if r, ok := m.ringRef(m.allocs - ord); ok {
-				d := m.allocs - ord
-				cand := candidate{mode: modeRing, payload: d, ref: *r}
-				if c.score(e, &cand, common, uvarintLen(d)); cand.cost < best.cost {
-					best = cand
+			if d := c.allocs - ord; d <= ringSize { // d >= 1: ord is an earlier alloc
+				r := &c.ring[ord&ringMask]
+				if flags, cost := score(e, modeRing, r, common, uvarintLen(d)); cost < best.cost {
+					best = candidate{mode: modeRing, payload: d, ref: r, flags: flags, cost: cost}
 				}
 			}
 		}
@@ -91,21 +111,21 @@ func (c *eventEncoder) encode(e *Event) {
 	if flags != 0 {
 		c.ops = binary.AppendUvarint(c.ops, uint64(flags))
 	}
-	c.times = binary.AppendUvarint(c.times, zigzag(e.Time-m.prev.Time))
+	c.times = binary.AppendUvarint(c.times, zigzag(e.Time-prev.time))
 
 	f := c.fields
 	if flags&flagContext != 0 {
-		f = binary.AppendUvarint(f, zigzag(int64(e.Device)-int64(m.prev.Device)))
-		f = binary.AppendUvarint(f, zigzag(int64(uint64(e.Stream)-uint64(m.prev.Stream))))
+		f = binary.AppendUvarint(f, zigzag(int64(e.Device)-int64(prev.device)))
+		f = binary.AppendUvarint(f, zigzag(int64(uint64(e.Stream)-uint64(prev.stream))))
 	}
 	if flags&flagPhase != 0 {
 		f = append(f, byte(e.Phase))
-		f = binary.AppendUvarint(f, zigzag(int64(e.Iteration)-int64(m.prev.Iteration)))
+		f = binary.AppendUvarint(f, zigzag(int64(e.Iteration)-int64(prev.iteration)))
 	}
 	if best.mode == modeRing || best.mode == modeDelta {
 		f = binary.AppendUvarint(f, best.payload)
 	}
-	r := &best.ref
+	r := best.ref
 	if flags&flagSize != 0 {
 		f = binary.AppendUvarint(f, zigzag(int64(uint64(e.Size)-uint64(r.size))))
 	}
@@ -125,33 +145,51 @@ func (c *eventEncoder) encode(e *Event) {
 		f = binary.AppendUvarint(f, zigzag(int64(e.Stack)-int64(r.stack)))
 	}
 	if flags&flagText != 0 {
-		f = binary.AppendUvarint(f, zigzag(int64(e.Text)-int64(last.Text)))
+		f = binary.AppendUvarint(f, zigzag(int64(e.Text)-int64(last.text)))
 	}
 	if flags&flagDeviceFree != 0 {
-		f = binary.AppendUvarint(f, zigzag(int64(uint64(e.DeviceFree)-uint64(last.DeviceFree))))
+		f = binary.AppendUvarint(f, zigzag(int64(uint64(e.DeviceFree)-uint64(last.deviceFree))))
 	}
 	if flags&flagHolder != 0 {
-		f = binary.AppendUvarint(f, zigzag(int64(e.Holder-(last.Holder+holderStep(a)))))
+		f = binary.AppendUvarint(f, zigzag(int64(e.Holder-(last.holder+holderStep(a)))))
 	}
 	if flags&flagParent != 0 {
-		f = binary.AppendUvarint(f, zigzag(int64(e.Parent-last.Parent)))
+		f = binary.AppendUvarint(f, zigzag(int64(e.Parent-last.parent)))
 	}
 	c.fields = f
 
+	// Push the event: field by field, since reading e whole right after the caller wrote it field by field
+	// stalls the CPU's store forwarding.
 	if a == ActionAlloc {
-		c.allocAt[e.Addr] = m.allocs
+		if c.ring == nil {
+			c.ring = make([]blockRef, ringSize)
+		}
+		setRef(&c.ring[c.allocs&ringMask], e)
+		c.allocAt[e.Addr] = c.allocs
+		c.allocs++
 		if len(c.allocAt) > 4*ringSize {
 			c.prune()
 		}
 	}
-	m.push(e)
+	setRef(&last.blockRef, e)
+	last.time, last.stream, last.device = e.Time, e.Stream, e.Device
+	last.phase, last.iteration = e.Phase, e.Iteration
+	last.text, last.deviceFree, last.holder, last.parent = e.Text, e.DeviceFree, e.Holder, e.Parent
+	c.prev = a
+	c.events++
+}
+
+// setRef sets r to e's block fields.
+func setRef(r *blockRef, e *Event) {
+	r.addr, r.size, r.blockSize = e.Addr, e.Size, e.BlockSize
+	r.scope, r.label, r.stack, r.category = e.Scope, e.Label, e.Stack, e.Category
 }
 
 // prune forgets addresses whose latest alloc has left the ring. At most ringSize entries are in the ring, so
 // pruning at 4*ringSize keeps the map bounded at an amortized constant cost per alloc.
 func (c *eventEncoder) prune() {
 	for addr, ord := range c.allocAt {
-		if c.allocs-ord >= ringSize {
+		if c.allocs-ord > ringSize {
 			delete(c.allocAt, addr)
 		}
 	}
@@ -175,17 +213,17 @@ func blockPrediction(a Action, mode int, r *blockRef, size int64) int64 {
 	return r.blockSize
 }
 
-// score fills cand.flags and cand.cost: the bytes the event takes in the ops and fields streams when coded with
-// cand's mode. Only block fields depend on the mode; the others come in as common flags.
-func (c *eventEncoder) score(e *Event, cand *candidate, common uint32, addrCost int) {
-	r := &cand.ref
+// score returns the flags and the cost of coding e with the given mode and reference: the bytes the event
+// takes in the ops and fields streams. Only block fields depend on the mode; the others come in as common
+// flags.
+func score(e *Event, mode int, r *blockRef, common uint32, addrCost int) (uint32, int) {
 	flags := uint32(0)
 	cost := addrCost
 	if e.Size != r.size {
 		flags |= flagSize
 		cost += uvarintLen(zigzag(int64(uint64(e.Size) - uint64(r.size))))
 	}
-	if bp := blockPrediction(e.Action, cand.mode, r, e.Size); e.BlockSize != bp {
+	if bp := blockPrediction(e.Action, mode, r, e.Size); e.BlockSize != bp {
 		flags |= flagBlockSize
 		cost += uvarintLen(zigzag(int64(uint64(e.BlockSize) - uint64(bp))))
 	}
@@ -208,8 +246,7 @@ func (c *eventEncoder) score(e *Event, cand *candidate, common uint32, addrCost 
 	if all := flags | common; all != 0 {
 		cost += uvarintLen(uint64(all))
 	}
-	cand.flags = flags
-	cand.cost = cost
+	return flags, cost
 }
 
 // reset empties the streams after a chunk was written; the model carries over to the next chunk.

@@ -67,7 +67,8 @@ func refOf(e *Event) blockRef {
 		stack: e.Stack, category: e.Category}
 }
 
-// model is the state encoder and decoder share. It depends only on events already coded.
+// model is the decoder's state. It depends only on events already decoded. The encoder keeps the same state
+// in a form of its own (eventEncoder).
 type model struct {
 	prev   Event             // the previous event, of any action
 	last   [NumActions]Event // the previous event of each action
@@ -76,33 +77,12 @@ type model struct {
 	events uint64            // events so far: the next Seq
 }
 
-// base is an action's address prediction for modeBase and modeDelta: just past the previous block of the
-// same action. For allocs carved one after another from a fresh segment this is exact.
-func (m *model) base(a Action) uint64 {
-	l := &m.last[a]
-	return l.Addr + uint64(l.BlockSize)
-}
-
 // ringRef returns the alloc d allocs back (1 is the latest), or false if the ring does not hold it.
 func (m *model) ringRef(d uint64) (*blockRef, bool) {
 	if d == 0 || d > m.allocs || d > ringSize {
 		return nil, false
 	}
 	return &m.ring[(m.allocs-d)&ringMask], true
-}
-
-// push records a coded event.
-func (m *model) push(e *Event) {
-	if e.Action == ActionAlloc {
-		if m.ring == nil {
-			m.ring = newRing()
-		}
-		m.ring[m.allocs&ringMask] = refOf(e)
-		m.allocs++
-	}
-	m.last[e.Action] = *e
-	m.prev = *e
-	m.events++
 }
 
 // rings reuses alloc rings across Readers, like decoders.
