@@ -86,14 +86,16 @@ func (c *eventEncoder) encode(e *Event) {
 		// Addr is the base: modeBase predicts the same fields as modeDelta without the payload's byte.
 		best.mode, best.cost = modeBase, best.cost-1
 	}
-	if c.events > 0 && e.Addr == prev.addr {
+	// A mode costs at least its payload, so one that cannot beat the best so far is not scored.
+	if best.cost > 0 && c.events > 0 && e.Addr == prev.addr {
 		if flags, cost := score(e, modePrev, &prev.blockRef, common, 0); cost < best.cost {
 			best = candidate{mode: modePrev, ref: &prev.blockRef, flags: flags, cost: cost}
 		}
 	}
-	if blockAction(a) {
+	if best.cost > 1 && blockAction(a) {
 		if ord, ok := c.allocAt.find(e.Addr); ok {
-			if d := c.allocs - ord; d <= ringSize { // d >= 1: ord is an earlier alloc
+			// d >= 1: ord is an earlier alloc.
+			if d := c.allocs - ord; d <= ringSize && uvarintLen(d) < best.cost {
 				r := &c.ring[ord&ringMask]
 				if flags, cost := score(e, modeRing, r, common, uvarintLen(d)); cost < best.cost {
 					best = candidate{mode: modeRing, payload: d, ref: r, flags: flags, cost: cost}

@@ -1,6 +1,9 @@
 package snapshot
 
-import "testing"
+import (
+	"encoding/binary"
+	"testing"
+)
 
 // TestEncoderMemory: the encoder's address index stays bounded however many distinct addresses it sees, and
 // still finds the blocks the ring holds.
@@ -18,5 +21,19 @@ func TestEncoderMemory(t *testing.T) {
 		if mode := c.ops[0] >> opModeShift & opModeMask; mode != modeRing {
 			t.Errorf("a free of the alloc %d back is coded in mode %d, want the ring", back, mode)
 		}
+	}
+}
+
+// TestUvarintLen: the length matches what encoding/binary writes, at every bit length and its edges.
+func TestUvarintLen(t *testing.T) {
+	for shift := range 64 {
+		for _, u := range []uint64{1<<shift - 1, 1 << shift, 1<<shift + 1} {
+			if got, want := uvarintLen(u), len(binary.AppendUvarint(nil, u)); got != want {
+				t.Errorf("uvarintLen(%#x) = %d, want %d", u, got, want)
+			}
+		}
+	}
+	if got := uvarintLen(^uint64(0)); got != binary.MaxVarintLen64 {
+		t.Errorf("uvarintLen(max) = %d, want %d", got, binary.MaxVarintLen64)
 	}
 }
