@@ -2,6 +2,7 @@ package tracer
 
 import (
 	"runtime"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -45,20 +46,19 @@ type stackTable struct {
 	unwind int                         // runtime.Callers calls, for tests
 	pcs    []uintptr                   // scratch for runtime.Callers
 	chain  []uintptr                   // scratch for walkFrames
-	chains map[string]snapshot.StackID // key: the bytes of a whole chain of return addresses
+	chains chainCache                  // whole chains of return addresses seen
 	ids    map[string]snapshot.StackID // key: the bytes of runtime.Callers' PCs
 	frame  []snapshot.FrameID          // scratch for symbolising
 }
 
 func newStackTable(sink Sink, depth int, skip []string) *stackTable {
 	return &stackTable{
-		sink:   sink,
-		skip:   skip,
-		walk:   framePointers,
-		pcs:    make([]uintptr, depth),
-		chain:  make([]uintptr, depth+chainSlack),
-		chains: make(map[string]snapshot.StackID),
-		ids:    make(map[string]snapshot.StackID),
+		sink:  sink,
+		skip:  skip,
+		walk:  framePointers,
+		pcs:   make([]uintptr, depth),
+		chain: make([]uintptr, depth+chainSlack),
+		ids:   make(map[string]snapshot.StackID),
 	}
 }
 
@@ -71,13 +71,13 @@ func newStackTable(sink Sink, depth int, skip []string) *stackTable {
 //go:noinline
 func (t *stackTable) capture() snapshot.StackID {
 	if t.walk {
-		if n, whole := walkFrames(framePointer(), t.chain); whole && n > 0 {
-			key := bytesOf(t.chain[:n])
-			if id, ok := t.chains[key]; ok {
+		if n, hash, whole := walkFrames(framePointer(), t.chain); whole && n > 0 {
+			chain := t.chain[:n]
+			if id, ok := t.chains.find(hash, chain); ok {
 				return id
 			}
 			id := t.callers()
-			t.chains[strings.Clone(key)] = id
+			t.chains.add(hash, chain, id)
 			return id
 		}
 	}
@@ -85,22 +85,86 @@ func (t *stackTable) capture() snapshot.StackID {
 }
 
 // walkFrames follows the frame-pointer chain from fp, storing each frame's return address (the word above
-// its frame pointer) in chain. It returns how many it stored and whether it reached the end of the chain: a
-// goroutine's first frame saved a nil frame pointer. The chain runs up the goroutine's stack, so a frame
-// pointer at or below the previous one is not followed and leaves the walk incomplete.
-func walkFrames(fp unsafe.Pointer, chain []uintptr) (int, bool) {
+// its frame pointer) in chain. It returns how many it stored, their hash, and whether it reached the end of
+// the chain: a goroutine's first frame saved a nil frame pointer. The chain runs up the goroutine's stack, so
+// a frame pointer at or below the previous one is not followed and leaves the walk incomplete.
+func walkFrames(fp unsafe.Pointer, chain []uintptr) (n int, hash uint64, whole bool) {
 	for i := range chain {
 		if fp == nil {
-			return i, true
+			return i, hash, true
 		}
-		chain[i] = *(*uintptr)(unsafe.Add(fp, unsafe.Sizeof(uintptr(0))))
+		pc := *(*uintptr)(unsafe.Add(fp, unsafe.Sizeof(uintptr(0))))
+		chain[i] = pc
+		hash = (hash ^ uint64(pc)) * 0x9E3779B97F4A7C15
 		next := *(*unsafe.Pointer)(fp)
 		if next != nil && uintptr(next) <= uintptr(fp) {
-			return i + 1, false
+			return i + 1, hash, false
 		}
 		fp = next
 	}
-	return len(chain), fp == nil
+	return len(chain), hash, fp == nil
+}
+
+// chainCache maps chains of return addresses to stack IDs: open addressing on the chains' hashes, with the
+// chains stored back to back to check a hit against. It replaced a map keyed by the chains' bytes, whose
+// hashing and probing cost as much again as the walk.
+type chainCache struct {
+	slots []chainSlot // a power of two of them, at most half used
+	used  int
+	flat  []uintptr
+}
+
+type chainSlot struct {
+	hash  uint64
+	start int // the chain is flat[start:start+n]
+	n     int // 0: an empty slot
+	stack snapshot.StackID
+}
+
+func (c *chainCache) find(hash uint64, chain []uintptr) (snapshot.StackID, bool) {
+	if len(c.slots) == 0 {
+		return 0, false
+	}
+	mask := uint64(len(c.slots) - 1)
+	for i := hash >> 32 & mask; ; i = (i + 1) & mask {
+		s := &c.slots[i]
+		if s.n == 0 {
+			return 0, false
+		}
+		if s.hash == hash && slices.Equal(c.flat[s.start:s.start+s.n], chain) {
+			return s.stack, true
+		}
+	}
+}
+
+// add records a chain that find did not find.
+func (c *chainCache) add(hash uint64, chain []uintptr, stack snapshot.StackID) {
+	if 2*(c.used+1) > len(c.slots) {
+		c.grow()
+	}
+	c.insert(chainSlot{hash: hash, start: len(c.flat), n: len(chain), stack: stack})
+	c.flat = append(c.flat, chain...)
+}
+
+func (c *chainCache) insert(slot chainSlot) {
+	mask := uint64(len(c.slots) - 1)
+	i := slot.hash >> 32 & mask
+	for c.slots[i].n != 0 {
+		i = (i + 1) & mask
+	}
+	c.slots[i] = slot
+	c.used++
+}
+
+func (c *chainCache) grow() {
+	old := c.slots
+	c.slots = make([]chainSlot, max(64, 2*len(old)))
+	c.used = 0
+	for _, s := range old {
+		if s.n != 0 {
+			c.insert(s)
+		}
+	}
 }
 
 // callers captures capture's caller's stack with runtime.Callers and returns its ID, symbolising it if its
