@@ -312,7 +312,7 @@ func score(e *Event, mode int, r *blockRef, common uint32, addrCost int) (uint32
 	return flags, cost
 }
 
-// reset empties the streams after a chunk was written; the model carries over to the next chunk.
+// reset empties the streams after a chunk was written; the coder's state carries over to the next chunk.
 func (c *eventEncoder) reset() {
 	c.ops = c.ops[:0]
 	c.fields = c.fields[:0]

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"encoding/binary"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -35,5 +36,37 @@ func TestUvarintLen(t *testing.T) {
 	}
 	if got := uvarintLen(^uint64(0)); got != binary.MaxVarintLen64 {
 		t.Errorf("uvarintLen(max) = %d, want %d", got, binary.MaxVarintLen64)
+	}
+}
+
+// TestAddrIndex: whatever the mix of reused and fresh addresses, the index finds the latest alloc at every
+// address the ring still holds, as a map of every alloc ever made says.
+func TestAddrIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var x addrIndex
+	latest := map[uint64]uint64{} // every address's latest alloc, never pruned
+	for ord := range uint64(200000) {
+		addr := uint64(rng.IntN(5000)) << 9 // reused: a training loop's blocks
+		if rng.IntN(3) == 0 {
+			addr = rng.Uint64() // fresh
+		}
+		x.set(addr, ord)
+		latest[addr] = ord
+		if ord%997 != 0 {
+			continue
+		}
+		allocs := ord + 1
+		for a, want := range latest {
+			got, ok := x.find(a)
+			if allocs-want <= ringSize && (!ok || got != want) {
+				t.Fatalf("after %d allocs: find(%#x) = %d, %v; want %d, %d back", allocs, a, got, ok, want, allocs-want)
+			}
+			if ok && got != want && allocs-got <= ringSize {
+				t.Fatalf("after %d allocs: find(%#x) = %d, an alloc in the ring that is not the latest (%d)", allocs, a, got, want)
+			}
+		}
+		if x.used > addrSlots/2 {
+			t.Fatalf("after %d allocs %d slots used", allocs, x.used)
+		}
 	}
 }
