@@ -189,6 +189,7 @@ func setRef(r *blockRef, e *Event) {
 // addresses when it is half full. It replaced a Go map, which cost a tenth of the encoding time.
 type addrIndex struct {
 	slots []addrSlot // a power of two of them, allocated on the first set
+	spare []addrSlot // the table a rebuild fills, kept so that rebuilding makes no garbage
 	used  int        // slots that hold an address
 }
 
@@ -249,7 +250,11 @@ func (x *addrIndex) set(addr, ord uint64) {
 // rebuild empties the table but for the addresses of allocs still in the ring once alloc ord is in it.
 func (x *addrIndex) rebuild(ord uint64) {
 	old := x.slots
-	x.slots = make([]addrSlot, addrSlots)
+	if x.spare == nil {
+		x.spare = make([]addrSlot, addrSlots)
+	}
+	x.slots, x.spare = x.spare, old
+	clear(x.slots)
 	x.used = 0
 	for _, s := range old {
 		if s.ord != 0 && ord-(s.ord-1) < ringSize {
