@@ -62,7 +62,7 @@ func newStackTable(sink Sink, depth int, skip []string) *stackTable {
 	}
 }
 
-// capture returns the ID of its caller's stack. A chain of frames seen before costs the walk and one map
+// capture returns the ID of its caller's stack. A chain of frames seen before costs the walk and one table
 // lookup; no allocation.
 //
 // capture is never inlined, so the walk starts in its own frame and the chain holds its return address,
