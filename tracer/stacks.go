@@ -36,9 +36,10 @@ var defaultSkippedFrames = []string{
 // before has the stack it had then, and only a new chain, or one longer than the walk follows, pays for
 // runtime.Callers.
 //
-// The walk trusts that every frame on the chain is a Go frame. That holds for Go code called from Go; a
-// Recorder called from a cgo callback could follow a C frame's garbage and should record without stacks
-// (WithStackDepth(0)).
+// The walk trusts that every frame on the chain is a Go frame. That holds for Go code called from Go. Under a
+// cgo callback the chain runs into C frames; the walk stops where a frame pointer leaves the goroutine's
+// stack, but a C frame compiled without frame pointers can leave anything in that register, so a Recorder
+// called from a cgo callback should record without stacks (WithStackDepth(0)).
 type stackTable struct {
 	sink   Sink
 	skip   []string
@@ -86,8 +87,9 @@ func (t *stackTable) capture() snapshot.StackID {
 
 // walkFrames follows the frame-pointer chain from fp, storing each frame's return address (the word above
 // its frame pointer) in chain. It returns how many it stored, their hash, and whether it reached the end of
-// the chain: a goroutine's first frame saved a nil frame pointer. The chain runs up the goroutine's stack, so
-// a frame pointer at or below the previous one is not followed and leaves the walk incomplete.
+// the chain: a goroutine's first frame saved a nil frame pointer. The chain runs up one goroutine's stack,
+// so a frame pointer at or below the previous one, or further above it than a goroutine's stack can reach
+// (a C frame's, under a cgo callback), is not followed and leaves the walk incomplete.
 func walkFrames(fp unsafe.Pointer, chain []uintptr) (n int, hash uint64, whole bool) {
 	for i := range chain {
 		if fp == nil {
@@ -97,13 +99,16 @@ func walkFrames(fp unsafe.Pointer, chain []uintptr) (n int, hash uint64, whole b
 		chain[i] = pc
 		hash = (hash ^ uint64(pc)) * 0x9E3779B97F4A7C15
 		next := *(*unsafe.Pointer)(fp)
-		if next != nil && uintptr(next) <= uintptr(fp) {
+		if next != nil && uintptr(next)-uintptr(fp)-1 >= maxGoroutineStack {
 			return i + 1, hash, false
 		}
 		fp = next
 	}
 	return len(chain), hash, fp == nil
 }
+
+// maxGoroutineStack bounds a goroutine's stack: the runtime's limit is 1 GB on 64-bit systems.
+const maxGoroutineStack = 1 << 30
 
 // chainCache maps chains of return addresses to stack IDs: open addressing on the chains' hashes, with the
 // chains stored back to back to check a hit against. It replaced a map keyed by the chains' bytes, whose

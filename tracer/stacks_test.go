@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -215,5 +216,34 @@ func TestFramePointerStacks(t *testing.T) {
 		!strings.Contains(frames[0], "twoTables).leaf") || !strings.Contains(frames[len(frames)-1], "tracer.nested") {
 		t.Errorf("a stack past the depth has %d frames, from %s to %s; want %d, from leaf to nested",
 			len(frames), frames[0], frames[len(frames)-1], defaultStackDepth)
+	}
+}
+
+// TestWalkFramesStopsOffTheStack: the walk follows a chain that ends in a nil frame pointer, and stops,
+// without following it, at one that points down the stack or further up than a goroutine's stack reaches.
+func TestWalkFramesStopsOffTheStack(t *testing.T) {
+	// A fake stack of three frames, each two words: the caller's frame pointer, then the return address.
+	mem := make([]uintptr, 6)
+	at := func(i int) uintptr { return uintptr(unsafe.Pointer(&mem[i])) }
+	cases := map[string]struct {
+		last      uintptr // the outermost frame's saved frame pointer
+		wantWhole bool
+	}{
+		"ends":           {0, true},
+		"points down":    {at(0), false},
+		"points at self": {at(4), false},
+		"leaves":         {at(4) + maxGoroutineStack + 64, false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			mem[0], mem[1] = at(2), 0x1001
+			mem[2], mem[3] = at(4), 0x1002
+			mem[4], mem[5] = c.last, 0x1003
+			chain := make([]uintptr, 8)
+			n, _, whole := walkFrames(unsafe.Pointer(&mem[0]), chain)
+			if n != 3 || whole != c.wantWhole || !slices.Equal(chain[:n], []uintptr{0x1001, 0x1002, 0x1003}) {
+				t.Errorf("walk = %#x, whole %v; want the three return addresses, whole %v", chain[:n], whole, c.wantWhole)
+			}
+		})
 	}
 }
