@@ -10,18 +10,22 @@ import (
 // than MaxDepth or hold more than MaxItems, and a dict's keys must be hashable. A Builder's Values belong to
 // the Doc it returns.
 type Builder struct {
-	d decoder
+	d   *decoder
+	err error // the ceiling allows not even an empty Doc: every call fails with it
 }
 
 // NewBuilder returns a Builder with the limits l (zero fields take their defaults).
 func (l Limits) NewBuilder() *Builder {
-	b := &Builder{d: decoder{lim: l.withDefaults(), doc: newDoc(0)}}
-	b.d.keys.budget = keyWorkBase
-	b.d.mat.doc = b.d.doc
-	return b
+	l = l.withDefaults()
+	d, err := newDecoder(l, 0, 0)
+	if err != nil {
+		d, _ = newDecoder(Limits{}.withDefaults(), 0, 0) // an empty Doc for Doc to return
+		return &Builder{d: d, err: err}
+	}
+	return &Builder{d: d}
 }
 
-// None, Bool, Int, BigInt and Float return scalars.
+// None and Bool return scalars.
 func (b *Builder) None() Value { return mk(tNone, 0) }
 
 func (b *Builder) Bool(x bool) Value {
@@ -31,42 +35,59 @@ func (b *Builder) Bool(x bool) Value {
 	return mk(tFalse, 0)
 }
 
-func (b *Builder) Int(i int64) Value { return b.d.int(i) }
-
-func (b *Builder) BigInt(x *big.Int) Value {
-	if x.IsInt64() {
-		return b.d.int(x.Int64())
-	}
-	return b.d.big(new(big.Int).Set(x))
+// Int, BigInt and Float return numbers. They fail only when the Doc would pass Limits.MaxMemory.
+func (b *Builder) Int(i int64) (Value, error) {
+	return b.build(func() (Value, error) { return b.d.int(i) })
 }
 
-func (b *Builder) Float(f float64) Value { return b.d.float(f) }
+func (b *Builder) BigInt(x *big.Int) (Value, error) {
+	if x.IsInt64() {
+		return b.Int(x.Int64())
+	}
+	return b.build(func() (Value, error) { return b.d.big(new(big.Int).Set(x)) })
+}
+
+func (b *Builder) Float(f float64) (Value, error) {
+	return b.build(func() (Value, error) { return b.d.float(f) })
+}
 
 // Str returns a str; s must be UTF-8.
 func (b *Builder) Str(s string) (Value, error) {
-	v, err := b.d.str([]byte(s))
-	if err != nil {
-		return 0, buildErr(err)
-	}
-	return v, nil
+	return b.build(func() (Value, error) { return b.d.str([]byte(s)) })
 }
 
 // List returns a list of elems.
 func (b *Builder) List(elems []Value) (Value, error) {
-	l := b.d.newCont(tList)
-	if err := b.d.extend(l, elems); err != nil {
-		return 0, buildErr(err)
-	}
-	return l, nil
+	return b.build(func() (Value, error) {
+		l, err := b.d.newCont(tList)
+		if err != nil {
+			return 0, err
+		}
+		return l, b.d.extend(l, elems)
+	})
 }
 
 // Dict returns a dict of the keys and values in pairs, alternating; a repeated key keeps its last value.
 func (b *Builder) Dict(pairs []Value) (Value, error) {
-	m := b.d.newCont(tDict)
-	if err := b.d.fill(m, pairs); err != nil {
+	return b.build(func() (Value, error) {
+		m, err := b.d.newCont(tDict)
+		if err != nil {
+			return 0, err
+		}
+		return m, b.d.fill(m, pairs)
+	})
+}
+
+// build runs one step of building, wrapping its error.
+func (b *Builder) build(step func() (Value, error)) (Value, error) {
+	if b.err != nil {
+		return 0, buildErr(b.err)
+	}
+	v, err := step()
+	if err != nil {
 		return 0, buildErr(err)
 	}
-	return m, nil
+	return v, nil
 }
 
 // Doc returns the Doc with root as its top-level value. The Builder must not be used after.

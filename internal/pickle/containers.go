@@ -2,62 +2,132 @@ package pickle
 
 import "fmt"
 
-// The opcodes that build or fill containers. A container's elements live in Doc.pool, at a region that grows
-// in place while it is the last one and moves to the end, with room to double, when it is not: a list being
-// filled in batches of APPENDS, with its elements built between the batches, moves O(log n) times.
+// The opcodes that build or fill containers. A container's elements live in a chunk of Doc.chunks (see
+// reserve).
 
 // newCont creates an empty container with the given tag.
-func (d *decoder) newCont(tag uint64) Value {
+func (d *decoder) newCont(tag uint64) (Value, error) {
 	doc := d.doc
-	id := doc.addCont(cont{off: uint32(len(doc.pool))})
+	k := doc.cur
+	off := len(doc.chunks[k])
+	if off == chunkMax {
+		off = 0 // past the chunk's end: empty, so the offset never matters, and its first reserve moves it
+	}
+	var err error
+	if d.meta, err = growSlice(&d.mem, d.meta, 1, 2); err != nil {
+		return 0, err
+	}
+	id, err := d.addCont(cont{off: uint32(k<<chunkShift | off)})
+	if err != nil {
+		return 0, err
+	}
 	d.meta = append(d.meta, 1) // depth 1, not shared
-	return mk(tag, id)
+	return mk(tag, id), nil
 }
 
-// errPool is the cause when a Doc would need more than maxPool Values.
-var errPool = fmt.Errorf("%w: more than %d container elements (32 GiB decoded)", ErrLimit, uint64(maxPool))
+// addCont adds a container and returns its number. The first block starts at a size fitted to the input
+// (docStart) and doubles, so a small pickle does not pay for a whole block.
+func (d *decoder) addCont(c cont) (uint64, error) {
+	doc := d.doc
+	n := len(doc.conts) // docStart made the first block
+	if len(doc.conts[n-1]) == contBlock {
+		if err := d.mem.add(contBlock * contBytes); err != nil {
+			return 0, err
+		}
+		doc.conts = append(doc.conts, make([]cont, 0, contBlock))
+		n++
+	}
+	b := &doc.conts[n-1]
+	if len(*b) == cap(*b) {
+		c := min(2*cap(*b), contBlock)
+		if err := d.mem.swap(int64(cap(*b))*contBytes, int64(c)*contBytes); err != nil {
+			return 0, err
+		}
+		*b = append(make([]cont, 0, c), *b...)
+	}
+	*b = append(*b, c)
+	return uint64((n-1)<<contShift + len(*b) - 1), nil
+}
 
-// reserve makes room for n more Values in container ci and returns where they go.
+// contBytes is the size of a cont.
+const contBytes = 16
+
+// errPool is the cause when a Doc would need more chunks than a container's offset can number.
+var errPool = fmt.Errorf("%w: more than %d chunks of container elements (32 GiB decoded)", ErrLimit, maxChunks)
+
+// reserve makes room for n more Values in container ci and returns where they go. A container grows in
+// place while it is the last in its chunk and the chunk has room; otherwise it moves to the end of the
+// current chunk, or to a new one, with room to double when it has grown before (a list filled in batches),
+// so a list whose elements are built between its batches moves O(log n) times.
 func (d *decoder) reserve(ci uint64, n int) ([]Value, error) {
 	doc := d.doc
 	c := doc.cont(ci)
 	used := int(c.n)
-	off := int(c.off)
+	k, off := int(c.off>>chunkShift), int(c.off&chunkMask)
+	ch := doc.chunks[k]
 	end := off + used
 	switch {
-	case end == len(doc.pool): // the last region: grow it in place
-		if end+n > maxPool {
-			return nil, errPool
-		}
-		doc.pool = growN(doc.pool, n)
+	case used+n <= int(c.cap): // room reserved earlier
+	case end == len(ch) && end+n <= cap(ch): // the chunk's last container: grow in place
+		doc.chunks[k] = ch[:end+n]
 		c.cap = uint32(used + n)
-	case used+n <= int(c.cap):
-	default: // move to the end, with room to double when it has grown before (a list filled in batches)
+	case end == len(ch) && cap(ch) > chunkMax: // alone in its chunk: a larger one replaces it
+		grown, err := growSlice(&d.mem, ch, n, 8)
+		if err != nil {
+			return nil, err
+		}
+		doc.chunks[k] = grown[:end+n]
+		c.cap = uint32(used + n)
+	default:
 		size := used + n
 		if used > 0 {
 			size = max(2*size, 8)
 		}
-		to := len(doc.pool)
-		if to+size > maxPool {
-			return nil, errPool
+		to, err := d.place(size)
+		if err != nil {
+			return nil, err
 		}
-		doc.pool = growN(doc.pool, size)
-		copy(doc.pool[to:], doc.pool[off:end])
-		off = to
+		k2, off2 := to>>chunkShift, to&chunkMask
+		copy(doc.chunks[k2][off2:], ch[off:end])
+		k, off = k2, off2
 		c.off, c.cap = uint32(to), uint32(size)
 	}
 	c.n = uint32(used + n)
-	return doc.pool[off+used : off+used+n], nil
+	return doc.chunks[k][off+used : off+used+n], nil
 }
 
-// growN returns s extended by n elements, doubling its capacity when it runs out (see grow).
-func growN[T any](s []T, n int) []T {
-	if len(s)+n <= cap(s) {
-		return s[:len(s)+n]
+// place finds room for size Values: at the end of the current chunk, in a new chunk that becomes current,
+// or, past chunkMax, in a chunk of their own. It returns where, as a cont.off, with the room counted in the
+// chunk's length.
+func (d *decoder) place(size int) (int, error) {
+	doc := d.doc
+	if size > chunkMax {
+		if len(doc.chunks) == maxChunks {
+			return 0, errPool
+		}
+		if err := d.mem.add(8 * int64(size)); err != nil {
+			return 0, err
+		}
+		doc.chunks = append(doc.chunks, make([]Value, size)) // a capacity over chunkMax marks a chunk of its own
+		return (len(doc.chunks) - 1) << chunkShift, nil
 	}
-	out := make([]T, len(s)+n, max(2*cap(s), len(s)+n, 16))
-	copy(out, s)
-	return out
+	cur := doc.chunks[doc.cur]
+	if len(cur)+size > cap(cur) {
+		if len(doc.chunks) == maxChunks {
+			return 0, errPool
+		}
+		// Chunks double from the first, which docStart fits to the input, up to chunkMax.
+		c := min(max(2*cap(cur), size), chunkMax)
+		if err := d.mem.add(8 * int64(c)); err != nil {
+			return 0, err
+		}
+		doc.chunks = append(doc.chunks, make([]Value, 0, c))
+		doc.cur = len(doc.chunks) - 1
+		cur = doc.chunks[doc.cur]
+	}
+	at := len(cur)
+	doc.chunks[doc.cur] = cur[:at+size]
+	return doc.cur<<chunkShift | at, nil
 }
 
 // Each container's nesting depth and whether it was shared are kept in decoder.meta, two bytes per container
@@ -94,7 +164,11 @@ func (d *decoder) adopt(parent Value, depth *uint16, v Value) error {
 func (d *decoder) newTuple(items []Value) error {
 	if len(items) == 0 {
 		if d.emptyTuple == 0 {
-			d.emptyTuple = d.newCont(tTuple) // the one empty tuple, as in Python
+			t, err := d.newCont(tTuple) // the one empty tuple, as in Python
+			if err != nil {
+				return err
+			}
+			d.emptyTuple = t
 		}
 		return d.pushNew(d.emptyTuple)
 	}
@@ -107,7 +181,10 @@ func (d *decoder) newTuple(items []Value) error {
 			return err
 		}
 	}
-	t := d.newCont(tTuple)
+	t, err := d.newCont(tTuple)
+	if err != nil {
+		return err
+	}
 	dst, err := d.reserve(t.payload(), len(items))
 	if err != nil {
 		return err
@@ -138,19 +215,28 @@ func (d *decoder) fromMark(op byte) error {
 	case opTuple:
 		return d.newTuple(items)
 	case opList:
-		l := d.newCont(tList)
+		l, err := d.newCont(tList)
+		if err != nil {
+			return err
+		}
 		if err := d.extend(l, items); err != nil {
 			return err
 		}
 		return d.pushNew(l)
 	case opDict:
-		m := d.newCont(tDict)
+		m, err := d.newCont(tDict)
+		if err != nil {
+			return err
+		}
 		if err := d.fill(m, items); err != nil {
 			return err
 		}
 		return d.pushNew(m)
 	default: // opFrozenSet
-		s := d.newCont(tFrozenSet)
+		s, err := d.newCont(tFrozenSet)
+		if err != nil {
+			return err
+		}
 		if err := d.addTo(s, items); err != nil {
 			return err
 		}
@@ -269,7 +355,7 @@ func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
 		return 0, err
 	}
 	c := doc.cont(ci)
-	p := doc.pool[c.off : int(c.off)+base+len(items)]
+	p := doc.elems(c)
 	w := base // Values written
 	i := 0
 	depth := d.meta[ci]
@@ -328,7 +414,7 @@ func (d *decoder) set(ci uint64, k, v Value) error {
 	doc := d.doc
 	c := doc.cont(ci)
 	if k.tag() == tStr && !c.indexed && doc.spans[k.payload()].n <= internMaxLen {
-		p := doc.pool[c.off : c.off+c.n]
+		p := doc.elems(c)
 		for j := 0; j < len(p); j += 2 {
 			if p[j] == k {
 				p[j+1] = v
@@ -349,14 +435,20 @@ func (d *decoder) set(ci uint64, k, v Value) error {
 		return err
 	}
 	if !c.indexed {
-		d.buildIndex(ci)
+		if err := d.buildIndex(ci); err != nil {
+			return err
+		}
 	}
 	idx := doc.index[uint32(ci)]
 	if i, ok := idx[hk]; ok {
-		doc.pool[int(c.off)+2*int(i)+1] = v
+		doc.elems(c)[2*int(i)+1] = v
 		return nil
 	}
+	if err := d.mem.add(mapEntryBytes); err != nil {
+		return err
+	}
 	idx[hk] = int32(c.n / 2)
+	doc.keys++
 	kv, err := d.reserve(ci, 2)
 	if err != nil {
 		return err
@@ -370,7 +462,12 @@ func (d *decoder) set(ci uint64, k, v Value) error {
 const longKey = 64
 
 // hashKey returns k's hash key: the string itself for a str, keyHasher's comparable form for anything else.
+// Hashing may take keyWorkPerByte bytes of work per input byte decoded so far.
 func (d *decoder) hashKey(k Value) (any, error) {
+	if at := d.base + int64(d.pos); at > d.credited {
+		d.keys.budget += keyWorkPerByte * (at - d.credited)
+		d.credited = at
+	}
 	if k.tag() == tStr {
 		s := d.doc.str(k)
 		if len(s) > longKey {
@@ -380,15 +477,23 @@ func (d *decoder) hashKey(k Value) (any, error) {
 		}
 		return s, nil
 	}
-	return d.keys.hashKey(d.mat.value(k))
+	x := d.mat.value(k)
+	if d.mat.err != nil {
+		return nil, d.mat.err
+	}
+	return d.keys.hashKey(x)
 }
 
 // buildIndex indexes the keys of dict or set ci, which until now held only short strs.
-func (d *decoder) buildIndex(ci uint64) {
+func (d *decoder) buildIndex(ci uint64) error {
 	doc := d.doc
 	c := doc.cont(ci)
+	if err := d.mem.add(int64(c.n/2) * mapEntryBytes); err != nil {
+		return err
+	}
+	doc.keys += int(c.n / 2)
 	idx := make(map[any]int32, c.n/2+1)
-	p := doc.pool[c.off : c.off+c.n]
+	p := doc.elems(c)
 	for j := 0; j < len(p); j += 2 {
 		idx[doc.str(p[j])] = int32(j / 2)
 	}
@@ -397,4 +502,5 @@ func (d *decoder) buildIndex(ci uint64) {
 	}
 	doc.index[uint32(ci)] = idx
 	c.indexed = true
+	return nil
 }

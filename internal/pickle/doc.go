@@ -40,7 +40,14 @@
 // inside another container (which only a self-referencing structure needs) is refused, and that is what keeps
 // results acyclic.
 //
-// Decode and DecodeDoc read from a byte slice, the fast path when the file is in memory; DecodeReader reads
-// all of an io.Reader first, up to Limits.MaxInput. Bytes after the STOP opcode are ignored, as Python's pickle.loads
-// ignores them.
+// Decode and DecodeDoc read from a byte slice, the fast path when the file is in memory. DecodeReader and
+// DecodeDocReader read an io.Reader (a file, a pipe, standard input) through a buffer of a few hundred KiB,
+// never the whole input at once: they stop at STOP, leaving what follows unread, or at the first bad opcode.
+// Both give the same result and the same errors for the same bytes. Bytes after the STOP opcode are ignored,
+// as Python's pickle.loads ignores them.
+//
+// # Memory
+//
+// Limits.MaxMemory sets a ceiling on what a decode holds at once, checked before each allocation: past it the
+// decode fails with ErrMemory instead of allocating. Doc.Footprint tells what a decoded Doc holds.
 package pickle

@@ -3,6 +3,7 @@ package pickle
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -13,8 +14,10 @@ var fuzzLimits = Limits{
 }
 
 // FuzzDecode checks that no input panics (TestMain lets a panic through), that every failure is a
-// *DecodeError, that a success is a well-formed tree within the limits, and that the io.Reader entry point
-// agrees with the []byte one. Seeds are in testdata/fuzz/FuzzDecode (written by testdata/gen.py).
+// *DecodeError, that a success is a well-formed tree within the limits, and that the stream entry points,
+// fed in one piece or a few bytes at a time, agree with the []byte ones. Under a memory ceiling, a decode
+// either fails with ErrMemory, never having held more than the ceiling, or does what it does without one.
+// Seeds are in testdata/fuzz/FuzzDecode (written by testdata/gen.py).
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte("\x80\x04\x95\x0c\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01a\x94K\x01s."))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -38,6 +41,37 @@ func FuzzDecode(f *testing.F) {
 		_, err2 := fuzzLimits.DecodeReader(bytes.NewReader(data))
 		if (err == nil) != (err2 == nil) || err != nil && err.Error() != err2.Error() {
 			t.Fatalf("Decode: %v; DecodeReader: %v", err, err2)
+		}
+		d, err3 := fuzzLimits.DecodeDocReader(&smallReads{data, rand.New(rand.NewPCG(uint64(len(data)), 7))})
+		if (err == nil) != (err3 == nil) || err != nil && err.Error() != err3.Error() {
+			t.Fatalf("Decode: %v; DecodeDocReader in small reads: %v", err, err3)
+		}
+		if err3 == nil {
+			checkDoc(t, d, d.Root(), v, 0)
+		}
+
+		// Under a ceiling that some inputs pass: the slice, then the stream, which also holds its buffer.
+		for _, extra := range []int64{0, 2 * window} {
+			lim := fuzzLimits
+			lim.MaxMemory = extra + 4<<10 + 12*int64(len(data))
+			dec, err3 := lim.withDefaults().slice(data)
+			if extra > 0 {
+				dec, err3 = lim.withDefaults().stream(&smallReads{data, rand.New(rand.NewPCG(3, 4))})
+			}
+			if err3 != nil {
+				t.Fatalf("a decoder within %d bytes: %v", lim.MaxMemory, err3)
+			}
+			d, err3 := dec.decode()
+			switch {
+			case dec.mem.peak > lim.MaxMemory:
+				t.Fatalf("held %d bytes under a ceiling of %d", dec.mem.peak, lim.MaxMemory)
+			case err3 == nil && err != nil:
+				t.Fatalf("under a ceiling: success; without: %v", err)
+			case err3 == nil:
+				checkDoc(t, d, d.Root(), v, 0)
+			case !errors.Is(err3, ErrMemory) && (err == nil || err.Error() != err3.Error()):
+				t.Fatalf("under a ceiling: %v; without: %v", err3, err)
+			}
 		}
 	})
 }

@@ -32,14 +32,20 @@ func (t *internTable) find(d *Doc, b string) (Value, int) {
 	}
 }
 
-// add puts v, a str not in the table, in slot i (from find), growing the table when it is half full.
-func (t *internTable) add(d *Doc, v Value, i int) {
+// add puts v, a str not in the table, in slot i (from find), growing the table when it is half full, as m
+// allows.
+func (t *internTable) add(d *Doc, v Value, i int, m *meter) error {
 	if i < 0 || 2*(t.n+1) > len(t.slots) {
-		t.rehash(d, max(2*len(t.slots), 16))
+		size := max(2*len(t.slots), 16)
+		if err := m.swap(8*int64(len(t.slots)), 8*int64(size)); err != nil {
+			return err
+		}
+		t.rehash(d, size)
 		_, i = t.find(d, d.str(v))
 	}
 	t.slots[i] = v
 	t.n++
+	return nil
 }
 
 func (t *internTable) rehash(d *Doc, size int) {

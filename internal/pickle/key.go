@@ -26,6 +26,7 @@ type (
 type keyHasher struct {
 	budget int64
 	seen   map[any]any // *any (a tuple's first element), *Set or *big.Int → its hash key
+	mem    *meter      // in a decode: the keys it makes and remembers are held, so counted
 }
 
 // hashKeyBudget bounds a hash key built outside a decode (Dict.Lookup), where no input size sets one.
@@ -46,6 +47,9 @@ func (h *keyHasher) charge(n int) error {
 	h.budget -= int64(n)
 	if h.budget < 0 {
 		return errKeyBudget
+	}
+	if h.mem != nil {
+		return h.mem.add(int64(n))
 	}
 	return nil
 }
@@ -114,6 +118,9 @@ func (h *keyHasher) hashKey(k any) (any, error) {
 func (h *keyHasher) remember(id, hk any) any {
 	if h.seen == nil {
 		h.seen = make(map[any]any)
+	}
+	if h.mem != nil && h.mem.add(mapEntryBytes) != nil {
+		return hk // not remembered: the next use encodes it again, charging the budget again
 	}
 	h.seen[id] = hk
 	return hk

@@ -5,17 +5,17 @@ import "math"
 // Limits bound the memory and work one decode may use. A zero field takes its default (see DefaultLimits), so
 // Limits{MaxInput: 64 << 20} tightens one bound and keeps the rest.
 //
-// The defaults admit snapshots of several GiB. A snapshot decodes into a Doc of about 4 to 7 times its file
-// size (BenchmarkDecode's B/op on the real snapshots); no input makes DecodeDoc allocate more than about 96 bytes per input byte, or Decode, which also
-// builds Go values, more than about 256. So MaxInput (and MaxObjects) are the limits to lower for input from
-// a network or a fuzzer.
+// The defaults admit snapshots of several GiB. A snapshot decodes into a Doc of about 4 to 5 times its file
+// size (Doc.Footprint of the real snapshots); no input makes DecodeDoc allocate more than about 96 bytes per
+// input byte, or Decode, which also builds Go values, more than about 256. So MaxMemory, or MaxInput and
+// MaxObjects, are the limits to set for input from a network or a fuzzer.
 //
 // Every other quantity is bounded by the input size: each opcode creates at most one value and pushes at most
 // one stack slot, and strings are copied from the input, never expanded. The one exception, hashing dict keys
 // and set elements that are not short strings (a memoized tuple of tuples can spell out an exponential key),
-// may do at most 16 bytes of work per input byte plus 1 MiB before failing with ErrLimit.
+// may do at most 16 bytes of work per input byte decoded so far, plus 1 MiB, before failing with ErrLimit.
 type Limits struct {
-	MaxInput   int64 // bytes of input (Decode rejects a longer slice; DecodeReader stops reading); default 8 GiB
+	MaxInput   int64 // bytes of input a decode may need, up to STOP (a stream is not read further); default 8 GiB
 	MaxString  int64 // bytes in one str, bytes or bytearray; default 1 GiB
 	MaxInt     int   // bytes of one LONG1/LONG4, digits of one text INT/LONG/FLOAT; default 4096
 	MaxMemo    int   // memo entries; default 1<<28
@@ -23,6 +23,11 @@ type Limits struct {
 	MaxItems   int   // items in one list, tuple, set or dict; default 1<<28, at most 2^31-1
 	MaxDepth   int   // nesting of lists, dicts, tuples and sets; default 1000, at most 32767
 	MaxObjects int64 // values created by the whole decode (BINGET and DUP create none); default 1<<28, at most 2^32-1
+	// MaxMemory is the most bytes a decode may hold at once: its read buffer, the Doc it builds (and, for
+	// Decode, the Go values), the stack and the memo, counted before each is allocated, with both the old
+	// and the new buffer while one is copied into a larger one. Past it a decode fails with ErrMemory.
+	// The default, 0, sets no ceiling beyond what the other limits imply.
+	MaxMemory int64
 }
 
 // DefaultLimits returns the limits a zero Limits field stands for.

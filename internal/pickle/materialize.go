@@ -1,12 +1,15 @@
 package pickle
 
-import "strings"
+import (
+	"math"
+	"strings"
+)
 
 // Any returns v as the Go values of Decode (see the package documentation): a container shared in the pickle
 // becomes one *List, *Dict, *Set or Tuple however often it appears. It copies: the result does not share the
 // Doc's storage.
 func (d *Doc) Any(v Value) any {
-	m := materializer{doc: d}
+	m := materializer{doc: d, mem: &meter{max: math.MaxInt64}}
 	return m.value(v)
 }
 
@@ -14,11 +17,30 @@ func (d *Doc) Any(v Value) any {
 // shared (and a tuple key hashed twice is one Tuple, which keyHasher remembers).
 type materializer struct {
 	doc  *Doc
-	made []any // by container number
+	made []any  // by container number
+	mem  *meter // counts what it makes; past the ceiling it stops with err
+	err  error
+}
+
+// Bytes counted for each Go value made: an interface's 16, and the object behind it.
+const (
+	goValueBytes = 16
+	goContBytes  = 64 // a List, Dict or Set struct
+)
+
+// count counts n bytes, and reports whether the ceiling allows them.
+func (m *materializer) count(n int64) bool {
+	if m.err == nil {
+		m.err = m.mem.add(n)
+	}
+	return m.err == nil
 }
 
 func (m *materializer) value(v Value) any {
 	d := m.doc
+	if m.err != nil {
+		return nil
+	}
 	switch t := v.tag(); t {
 	case tNone:
 		return nil
@@ -34,24 +56,37 @@ func (m *materializer) value(v Value) any {
 	case tFloat:
 		return d.floats[v.payload()]
 	case tStr:
+		if !m.count(goValueBytes + int64(d.spans[v.payload()].n)) {
+			return nil
+		}
 		return strings.Clone(d.str(v)) // not a view of the Doc's text
-	case tBytes:
+	case tBytes, tByteArray:
 		b, _ := d.Bytes(v)
+		if !m.count(goValueBytes + 24 + int64(len(b))) {
+			return nil
+		}
+		if t == tByteArray {
+			return ByteArray(append([]byte{}, b...))
+		}
 		return append([]byte{}, b...)
-	case tByteArray:
-		b, _ := d.Bytes(v)
-		return ByteArray(append([]byte{}, b...))
 	}
 	id := v.payload()
 	if id < uint64(len(m.made)) && m.made[id] != nil {
 		return m.made[id]
 	}
 	if id >= uint64(len(m.made)) {
-		m.made = growN(m.made, int(id)+1-len(m.made))
+		var err error
+		if m.made, err = growSlice(m.mem, m.made, int(id)+1-len(m.made), goValueBytes); err != nil {
+			m.err = err
+			return nil
+		}
 		m.made = m.made[:cap(m.made)]
 	}
 	c := *d.cont(id)
-	elems := d.pool[c.off : c.off+c.n]
+	elems := d.elems(&c)
+	if !m.count(goContBytes + goValueBytes*int64(len(elems))) {
+		return nil
+	}
 	switch v.tag() {
 	case tList:
 		l := &List{items: make([]any, len(elems)), id: uint32(id), onlyDicts: true}

@@ -19,10 +19,16 @@ func (d *decoder) long(n int64) error {
 		return err
 	}
 	i, x := decodeLong(b)
+	var v Value
 	if x != nil {
-		return d.pushNew(d.big(x))
+		v, err = d.big(x)
+	} else {
+		v, err = d.int(i)
 	}
-	return d.pushNew(d.int(i))
+	if err != nil {
+		return err
+	}
+	return d.pushNew(v)
 }
 
 // decodeLong decodes a little-endian two's-complement integer of any length: an int64, or a *big.Int when
@@ -72,38 +78,58 @@ func decodeLong(b []byte) (int64, *big.Int) {
 }
 
 // int stores an int: in the Value itself when it fits 60 bits (every snapshot address, size and time does).
-func (d *decoder) int(v int64) Value {
+func (d *decoder) int(v int64) (Value, error) {
 	if v >= -1<<(tagShift-1) && v < 1<<(tagShift-1) {
-		return mk(tInt, uint64(v)&payload)
+		return mk(tInt, uint64(v)&payload), nil
+	}
+	var err error
+	if d.doc.wides, err = growSlice(&d.mem, d.doc.wides, 1, 8); err != nil {
+		return 0, err
 	}
 	d.doc.wides = append(d.doc.wides, v)
-	return mk(tWide, uint64(len(d.doc.wides)-1))
+	return mk(tWide, uint64(len(d.doc.wides)-1)), nil
 }
 
 // big stores an int outside int64.
-func (d *decoder) big(x *big.Int) Value {
+func (d *decoder) big(x *big.Int) (Value, error) {
+	var err error
+	if d.doc.bigs, err = growSlice(&d.mem, d.doc.bigs, 1, 8); err != nil {
+		return 0, err
+	}
+	if err := d.mem.add(bigBytes(x)); err != nil {
+		return 0, err
+	}
 	d.doc.bigs = append(d.doc.bigs, x)
-	return mk(tBig, uint64(len(d.doc.bigs)-1))
+	return mk(tBig, uint64(len(d.doc.bigs)-1)), nil
 }
 
+// bigBytes is what a *big.Int holds: the struct and its words.
+func bigBytes(x *big.Int) int64 { return 32 + 8*int64(len(x.Bits())) }
+
 // float stores a float.
-func (d *decoder) float(f float64) Value {
+func (d *decoder) float(f float64) (Value, error) {
+	var err error
+	if d.doc.floats, err = growSlice(&d.mem, d.doc.floats, 1, 8); err != nil {
+		return 0, err
+	}
 	d.doc.floats = append(d.doc.floats, f)
-	return mk(tFloat, uint64(len(d.doc.floats)-1))
+	return mk(tFloat, uint64(len(d.doc.floats)-1)), nil
 }
 
 // line returns the text argument of a protocol 0 opcode, up to its newline, which it consumes. Text numbers
 // are capped at MaxInt characters so a missing newline is found without scanning the whole input.
 func (d *decoder) line() ([]byte, error) {
+	most := d.lim.MaxInt + 2 // digits, an 'L' suffix and the newline
+	ended := d.need(most)    // the input may well end sooner: only a line without a newline is an error
 	rest := d.data[d.pos:]
-	if len(rest) > d.lim.MaxInt+2 {
-		rest = rest[:d.lim.MaxInt+2] // digits, an 'L' suffix and the newline
+	if len(rest) > most {
+		rest = rest[:most]
 	}
 	i := bytes.IndexByte(rest, '\n')
 	if i < 0 {
-		if len(rest) == len(d.data)-d.pos {
+		if ended != nil {
 			d.pos = len(d.data)
-			return nil, fmt.Errorf("no newline: %w", errTruncated)
+			return nil, fmt.Errorf("no newline: %w", ended)
 		}
 		return nil, overLimit("length of text number", int64(len(rest)), "MaxInt", int64(d.lim.MaxInt))
 	}
@@ -127,7 +153,11 @@ func (d *decoder) textNumber(op byte) error {
 		if err != nil && !errors.Is(err, strconv.ErrRange) { // out of range is ±Inf or 0, as Python's float()
 			return malformed("FLOAT %q", s)
 		}
-		return d.pushNew(d.float(f))
+		v, err := d.float(f)
+		if err != nil {
+			return err
+		}
+		return d.pushNew(v)
 	case opInt:
 		// Protocol 0 writes bools as INT 01 and INT 00.
 		switch string(s) {
@@ -143,10 +173,16 @@ func (d *decoder) textNumber(op byte) error {
 	if err != nil {
 		return err
 	}
+	var val Value
 	if x, ok := v.(*big.Int); ok {
-		return d.pushNew(d.big(x))
+		val, err = d.big(x)
+	} else {
+		val, err = d.int(v.(int64))
 	}
-	return d.pushNew(d.int(v.(int64)))
+	if err != nil {
+		return err
+	}
+	return d.pushNew(val)
 }
 
 // parseDecimal parses an optionally signed decimal integer into an int64 or, beyond that, a *big.Int.

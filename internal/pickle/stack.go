@@ -8,7 +8,11 @@ func (d *decoder) push(v Value) error {
 	if len(d.stack)+len(d.marks) >= d.lim.MaxStack {
 		return overLimit("stack size", int64(len(d.stack)+len(d.marks))+1, "MaxStack", int64(d.lim.MaxStack))
 	}
-	d.stack = append(grow(d.stack), v)
+	var err error
+	if d.stack, err = growSlice(&d.mem, d.stack, 1, 8); err != nil {
+		return err
+	}
+	d.stack = append(d.stack, v)
 	return nil
 }
 
@@ -58,7 +62,11 @@ func (d *decoder) mark() error {
 	if len(d.stack)+len(d.marks) >= d.lim.MaxStack {
 		return overLimit("stack size", int64(len(d.stack)+len(d.marks))+1, "MaxStack", int64(d.lim.MaxStack))
 	}
-	d.marks = append(grow(d.marks), len(d.stack))
+	var err error
+	if d.marks, err = growSlice(&d.mem, d.marks, 1, 8); err != nil {
+		return err
+	}
+	d.marks = append(d.marks, len(d.stack))
 	d.fence = len(d.stack)
 	return nil
 }
@@ -80,18 +88,6 @@ func (d *decoder) popMark() ([]Value, error) {
 	items := d.stack[k:]
 	d.stack = d.stack[:k]
 	return items, nil
-}
-
-// grow returns s with room for one more element, doubling a full slice. append grows large slices by only a
-// quarter, which allocates five times the final size in all; doubling allocates twice, and the stack and the
-// memo are the decoder's largest slices.
-func grow[T any](s []T) []T {
-	if len(s) < cap(s) {
-		return s
-	}
-	n := make([]T, len(s), max(2*cap(s), 16))
-	copy(n, s)
-	return n
 }
 
 // The memo. Python's picklers number entries 0, 1, 2, … in order, so entries live in a dense slice; an
@@ -125,21 +121,33 @@ func (d *decoder) put(i uint64) error {
 		return overLimit("memo entries", int64(d.memoLen())+1, "MaxMemo", int64(d.lim.MaxMemo))
 	}
 	if i > uint64(len(d.memo)) {
+		if _, ok := d.sparse[i]; !ok {
+			if err := d.mem.add(mapEntryBytes); err != nil {
+				return err
+			}
+		}
 		if d.sparse == nil {
 			d.sparse = make(map[uint64]Value)
 		}
 		d.sparse[i] = v
 		return nil
 	}
-	d.memo = append(grow(d.memo), v)
+	if d.memo, err = growSlice(&d.mem, d.memo, 1, 8); err != nil {
+		return err
+	}
+	d.memo = append(d.memo, v)
 	// Entries put early may now continue the dense run.
 	for len(d.sparse) > 0 {
 		next, ok := d.sparse[uint64(len(d.memo))]
 		if !ok {
 			break
 		}
+		if d.memo, err = growSlice(&d.mem, d.memo, 1, 8); err != nil {
+			return err
+		}
 		delete(d.sparse, uint64(len(d.memo)))
-		d.memo = append(grow(d.memo), next)
+		d.mem.release(mapEntryBytes)
+		d.memo = append(d.memo, next)
 	}
 	return nil
 }

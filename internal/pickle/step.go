@@ -69,14 +69,20 @@ func (d *decoder) step(op byte) error {
 		}
 		return nil
 	case opFrame:
-		// Frames only group opcodes for buffered reading; the whole input is in memory, so check the frame
-		// is there and read on, as CPython's C unpickler does.
+		// Frames only group opcodes for buffered reading, and the decoder buffers as it likes, so it only
+		// checks the frame is all there, as CPython's C unpickler does by reading it whole.
 		n, err := d.u64()
 		if err != nil {
 			return err
 		}
+		if err := d.need(int(min(n, frameAhead))); err != nil {
+			return fmt.Errorf("frame of %d bytes: %w", n, err)
+		}
 		if n > uint64(len(d.data)-d.pos) {
-			return fmt.Errorf("frame of %d bytes: %w", n, errTruncated)
+			if d.eof {
+				return fmt.Errorf("frame of %d bytes: %w", n, d.short())
+			}
+			return fmt.Errorf("%w: frame of %d bytes read from a stream (at most %d are checked ahead)", ErrLimit, n, frameAhead)
 		}
 		return nil
 
@@ -104,7 +110,7 @@ func (d *decoder) step(op byte) error {
 		if err != nil {
 			return err
 		}
-		return d.pushNew(d.int(int64(int32(binary.LittleEndian.Uint32(b)))))
+		return d.pushNew(mk(tInt, uint64(int64(int32(binary.LittleEndian.Uint32(b))))&payload))
 	case opLong1:
 		n, err := d.u8()
 		if err != nil {
@@ -126,7 +132,11 @@ func (d *decoder) step(op byte) error {
 		if err != nil {
 			return err
 		}
-		return d.pushNew(d.float(math.Float64frombits(binary.BigEndian.Uint64(b))))
+		v, err := d.float(math.Float64frombits(binary.BigEndian.Uint64(b)))
+		if err != nil {
+			return err
+		}
+		return d.pushNew(v)
 	case opInt, opLong, opFloat:
 		return d.textNumber(op)
 
@@ -154,13 +164,13 @@ func (d *decoder) step(op byte) error {
 
 	// Containers.
 	case opEmptyDict:
-		return d.pushNew(d.newCont(tDict))
+		return d.pushNewCont(tDict)
 	case opEmptyList:
-		return d.pushNew(d.newCont(tList))
+		return d.pushNewCont(tList)
 	case opEmptyTuple:
 		return d.newTuple(nil)
 	case opEmptySet:
-		return d.pushNew(d.newCont(tSet))
+		return d.pushNewCont(tSet)
 	case opSetItems:
 		return d.intoBelowMark(tDict, "SETITEMS on", d.fill)
 	case opSetItem:
@@ -192,7 +202,9 @@ func (d *decoder) step(op byte) error {
 
 func (d *decoder) u8() (byte, error) {
 	if d.pos >= len(d.data) {
-		return 0, errTruncated
+		if err := d.need(1); err != nil {
+			return 0, err
+		}
 	}
 	b := d.data[d.pos]
 	d.pos++
@@ -215,25 +227,39 @@ func (d *decoder) u64() (uint64, error) {
 	return binary.LittleEndian.Uint64(b), nil
 }
 
-// take returns the next n bytes of input, without copying.
+// take returns the next n bytes of input, without copying. They stay valid until the next read.
 func (d *decoder) take(n int) ([]byte, error) {
 	if n > len(d.data)-d.pos {
-		d.pos = len(d.data)
-		return nil, errTruncated
+		if err := d.need(n); err != nil {
+			d.pos = len(d.data)
+			return nil, err
+		}
 	}
 	b := d.data[d.pos : d.pos+n]
 	d.pos += n
 	return b, nil
 }
 
-// takeDeclared returns the next n bytes for a length the input declared: it is checked against the limit and
-// the remaining input before anything is sliced or allocated.
+// takeDeclared returns the next n bytes for a length the input declared: it is checked against the limit
+// before anything is read, and a stream's window grows only as the bytes arrive.
 func (d *decoder) takeDeclared(n uint64, what string) ([]byte, error) {
 	if n > uint64(d.lim.MaxString) {
 		return nil, overLimit("length of "+what, int64(min(n, 1<<63-1)), "MaxString", d.lim.MaxString)
 	}
-	if n > uint64(len(d.data)-d.pos) {
-		return nil, fmt.Errorf("%s of %d bytes with %d left: %w", what, n, len(d.data)-d.pos, errTruncated)
+	if err := d.need(int(n)); err != nil {
+		if err == errTruncated {
+			return nil, fmt.Errorf("%s of %d bytes with %d left: %w", what, n, len(d.data)-d.pos, err)
+		}
+		return nil, fmt.Errorf("%s of %d bytes: %w", what, n, err)
 	}
 	return d.take(int(n))
+}
+
+// pushNewCont pushes a new empty container.
+func (d *decoder) pushNewCont(tag uint64) error {
+	v, err := d.newCont(tag)
+	if err != nil {
+		return err
+	}
+	return d.pushNew(v)
 }

@@ -34,7 +34,7 @@ func (d *decoder) str(b []byte) (Value, error) {
 		if !validUTF8(b) {
 			return 0, malformed("str is not valid UTF-8")
 		}
-		return d.addText(tStr, b), nil
+		return d.addText(tStr, b)
 	}
 	v, slot := doc.intern.find(doc, unsafe.String(unsafe.SliceData(b), len(b))) // b is not kept
 	if v != 0 {
@@ -43,18 +43,33 @@ func (d *decoder) str(b []byte) (Value, error) {
 	if !validUTF8(b) {
 		return 0, malformed("str is not valid UTF-8")
 	}
-	v = d.addText(tStr, b)
-	doc.intern.add(doc, v, slot)
+	v, err := d.addText(tStr, b)
+	if err != nil {
+		return 0, err
+	}
+	if err := doc.intern.add(doc, v, slot, &d.mem); err != nil {
+		return 0, err
+	}
 	return v, nil
 }
 
 // addText copies b into the Doc's text and returns it as a value with the given tag.
-func (d *decoder) addText(tag uint64, b []byte) Value {
+func (d *decoder) addText(tag uint64, b []byte) (Value, error) {
 	doc := d.doc
-	doc.spans = append(grow(doc.spans), span{off: len(doc.text), n: len(b)})
+	var err error
+	if doc.spans, err = growSlice(&d.mem, doc.spans, 1, spanBytes); err != nil {
+		return 0, err
+	}
+	if doc.text, err = growSlice(&d.mem, doc.text, len(b), 1); err != nil {
+		return 0, err
+	}
+	doc.spans = append(doc.spans, span{off: len(doc.text), n: len(b)})
 	doc.text = append(doc.text, b...)
-	return mk(tag, uint64(len(doc.spans)-1))
+	return mk(tag, uint64(len(doc.spans)-1)), nil
 }
+
+// spanBytes is the size of a span.
+const spanBytes = 16
 
 // validUTF8 reports whether b is UTF-8 as Python decodes pickled str: with "surrogatepass", so the 3-byte
 // encodings of U+D800..U+DFFF (which pickle.dump writes for lone surrogates) are accepted.
@@ -134,8 +149,14 @@ func (d *decoder) bytesOp(op byte) error {
 			return err
 		}
 		return d.pushNew(v)
-	case opByteArray8:
-		return d.pushNew(d.addText(tByteArray, b))
 	}
-	return d.pushNew(d.addText(tBytes, b))
+	tag := tBytes
+	if op == opByteArray8 {
+		tag = tByteArray
+	}
+	v, err := d.addText(tag, b)
+	if err != nil {
+		return err
+	}
+	return d.pushNew(v)
 }

@@ -18,16 +18,19 @@ import (
 type Doc struct {
 	root Value
 
-	pool   []Value  // elements of lists, tuples and sets, and key/value pairs of dicts, by container
-	conts  [][]cont // every list, tuple, dict and set, numbered in creation order, in blocks of contBlock
-	spans  []span   // str, bytes and bytearray payloads: where their bytes are in text
-	text   []byte   // the bytes of every str, bytes and bytearray, copied from the input
-	wides  []int64  // ints that do not fit a Value's 60-bit payload
+	chunks [][]Value // elements of lists, tuples and sets, and key/value pairs of dicts, by container
+	cur    int       // the chunk new containers start in
+	conts  [][]cont  // every list, tuple, dict and set, numbered in creation order, in blocks of contBlock
+	spans  []span    // str, bytes and bytearray payloads: where their bytes are in text
+	text   []byte    // the bytes of every str, bytes and bytearray, copied from the input
+	wides  []int64   // ints that do not fit a Value's 60-bit payload
 	floats []float64
 	bigs   []*big.Int
 
 	intern internTable // each distinct short str, once: equal short strs are equal Values
 	index  map[uint32]map[any]int32
+	keys   int   // entries of all the index maps
+	size   int64 // bytes of input decoded, up to and including STOP
 }
 
 // Value is one value of a Doc: a tag in the top 4 bits, and either the value itself (None, bools, ints of up
@@ -104,18 +107,34 @@ func (v Value) Bool() (b, ok bool) {
 	return false, false
 }
 
-// cont is one container: its elements (for a dict, its key/value pairs) are pool[off : off+n]. It takes 16
-// bytes: a snapshot has a container per 40 bytes of pickle. The decoder keeps its depth (decoder.meta).
+// cont is one container: its elements (for a dict, its key/value pairs) are n Values of a chunk, from an
+// offset, both in off (see chunkShift). It takes 16 bytes: a snapshot has a container per 40 bytes of pickle.
+// The decoder keeps its depth (decoder.meta).
 type cont struct {
-	off     uint32 // the pool holds at most maxPool Values
+	off     uint32 // chunk<<chunkShift | offset in the chunk
 	n       uint32 // Values used: elements, or twice the entries of a dict or set
 	cap     uint32 // Values reserved at off: appends fit in place up to cap
 	indexed bool   // dicts and sets: Doc.index holds a hash index of the keys
 }
 
-// maxPool is the most Values the pool of one Doc holds (32 GiB of them), which is what lets a container's
-// offset take 4 bytes. A snapshot needs about half a Value per byte of pickle.
-const maxPool = 1<<32 - 1
+// Container contents live in chunks of at most chunkMax Values that many containers share, so that a Doc
+// grows by adding a chunk rather than by copying all it holds into a buffer twice the size, which would need
+// three times the memory at that moment. A container too big for a chunk gets one of its own (a snapshot's
+// list of trace entries). A container's offset takes 4 bytes: 12 bits of chunk number and 20 of offset in
+// the chunk, 0 in a chunk of its own.
+const (
+	chunkShift = 20
+	chunkMax   = 1 << chunkShift // 8 MiB of Values
+	chunkMask  = chunkMax - 1
+	maxChunks  = 1 << (32 - chunkShift)
+)
+
+// elems returns container c's Values.
+func (d *Doc) elems(c *cont) []Value {
+	ch := d.chunks[c.off>>chunkShift]
+	o := c.off & chunkMask
+	return ch[o : o+c.n : o+c.n]
+}
 
 // contBlock is the number of containers per block of Doc.conts. Blocks never move, so the memory a decode
 // allocates for containers is what it holds plus at most one block, whatever the input.
@@ -127,26 +146,30 @@ const (
 // cont returns container id.
 func (d *Doc) cont(id uint64) *cont { return &d.conts[id>>contShift][id&(contBlock-1)] }
 
-// addCont adds a container and returns its number. The first block starts at a size fitted to the input
-// (newDoc) and doubles, so a small pickle does not pay for a whole block.
-func (d *Doc) addCont(c cont) uint64 {
-	n := len(d.conts) // newDoc made the first block
-	if len(d.conts[n-1]) == contBlock {
-		d.conts = append(d.conts, make([]cont, 0, contBlock))
-		n++
-	}
-	b := &d.conts[n-1]
-	if len(*b) == cap(*b) {
-		*b = append(make([]cont, 0, min(2*cap(*b), contBlock)), *b...)
-	}
-	*b = append(*b, c)
-	return uint64((n-1)<<contShift + len(*b) - 1)
-}
-
 // span is where a str's, bytes' or bytearray's bytes are in Doc.text.
 type span struct {
 	off, n int
 }
+
+// Footprint returns the bytes the Doc holds: the capacity of its slices, and for its hash indexes and big
+// ints an estimate (see Limits.MaxMemory, which counts the same way).
+func (d *Doc) Footprint() int64 {
+	n := 8*int64(len(d.intern.slots)) + 16*int64(cap(d.spans)) + int64(cap(d.text)) +
+		8*int64(cap(d.wides)+cap(d.floats)+cap(d.bigs)) + int64(d.keys)*mapEntryBytes
+	for _, ch := range d.chunks {
+		n += 8 * int64(cap(ch))
+	}
+	for _, b := range d.conts {
+		n += contBytes * int64(cap(b))
+	}
+	for _, x := range d.bigs {
+		n += bigBytes(x)
+	}
+	return n
+}
+
+// InputSize returns the bytes of pickle decoded into the Doc, up to and including its STOP opcode.
+func (d *Doc) InputSize() int64 { return d.size }
 
 // Root returns the pickle's top-level value.
 func (d *Doc) Root() Value { return d.root }
@@ -231,8 +254,7 @@ func (d *Doc) Elems(v Value) []Value {
 	if t := v.tag(); t != tList && t != tTuple {
 		return nil
 	}
-	c := d.cont(v.payload())
-	return d.pool[c.off : c.off+c.n : c.off+c.n]
+	return d.elems(d.cont(v.payload()))
 }
 
 // Pairs returns the entries of a dict as keys and values alternating, in insertion order, and nil for anything
@@ -241,8 +263,7 @@ func (d *Doc) Pairs(v Value) []Value {
 	if t := v.tag(); t < tDict || t > tFrozenSet {
 		return nil
 	}
-	c := d.cont(v.payload())
-	return d.pool[c.off : c.off+c.n : c.off+c.n]
+	return d.elems(d.cont(v.payload()))
 }
 
 // ID numbers the containers (lists, tuples, dicts, sets) of one Doc densely from 0 in the order they were
@@ -308,7 +329,7 @@ func (d *Doc) lookup(m Value, k Value) (Value, bool) {
 	if c.indexed {
 		return d.indexed(m, d.str(k))
 	}
-	p := d.pool[c.off : c.off+c.n]
+	p := d.elems(c)
 	for i := 0; i < len(p); i += 2 {
 		if p[i] == k {
 			return p[i+1], true
@@ -320,7 +341,7 @@ func (d *Doc) lookup(m Value, k Value) (Value, bool) {
 // indexed finds the str key in dict m through its hash index.
 func (d *Doc) indexed(m Value, key string) (Value, bool) {
 	if i, ok := d.index[uint32(m.payload())][key]; ok {
-		return d.pool[int(d.cont(m.payload()).off)+2*int(i)+1], true
+		return d.elems(d.cont(m.payload()))[2*i+1], true
 	}
 	return 0, false
 }
@@ -342,7 +363,7 @@ func (d *Doc) Pick(m Value, keys []Value, vals []Value) uint32 {
 		}
 		return found
 	}
-	p := d.pool[c.off : c.off+c.n]
+	p := d.elems(c)
 	for j := 0; j < len(p); j += 2 {
 		k := p[j]
 		for i, want := range keys {

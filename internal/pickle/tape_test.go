@@ -217,12 +217,12 @@ func TestBuilder(t *testing.T) {
 	b := Limits{MaxDepth: 3}.NewBuilder()
 	k, _ := b.Str("size")
 	k2, _ := b.Str("size") // another "size": the same key
-	f := b.Float(1.5)
-	m, err := b.Dict([]Value{k, b.Int(1), mustStr(t, b, "name"), f, k2, b.Int(1 << 62)})
+	f := must(b.Float(1.5))
+	m, err := b.Dict([]Value{k, must(b.Int(1)), mustStr(t, b, "name"), f, k2, must(b.Int(1 << 62))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := b.List([]Value{m, b.None(), b.Bool(true), b.BigInt(new(big.Int).Lsh(big.NewInt(1), 70))})
+	l, err := b.List([]Value{m, b.None(), b.Bool(true), must(b.BigInt(new(big.Int).Lsh(big.NewInt(1), 70)))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,6 +258,14 @@ func mustStr(t *testing.T, b *Builder, s string) Value {
 	v, err := b.Str(s)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return v
+}
+
+// must returns v, panicking on err: for Builder calls that cannot fail without a memory ceiling.
+func must(v Value, err error) Value {
+	if err != nil {
+		panic(err)
 	}
 	return v
 }

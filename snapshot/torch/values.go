@@ -109,16 +109,16 @@ func jsonValue(b *pickle.Builder, v any, depth int) (pickle.Value, error) {
 		return b.Str(x)
 	case json.Number:
 		if n, err := x.Int64(); err == nil {
-			return b.Int(n), nil
+			return b.Int(n)
 		}
 		if n, ok := new(big.Int).SetString(string(x), 10); ok {
-			return b.BigInt(n), nil
+			return b.BigInt(n)
 		}
 		f, err := x.Float64()
 		if err != nil {
 			return 0, fmt.Errorf("%w: JSON number %s: %w", ErrMalformed, truncate(string(x), 64), err)
 		}
-		return b.Float(f), nil
+		return b.Float(f)
 	case []any:
 		elems := make([]pickle.Value, len(x))
 		for i, e := range x {
