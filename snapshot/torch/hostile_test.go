@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -43,6 +44,14 @@ func pickleOf(t *testing.T, v any) []byte {
 				n[i] = byte(uint32(int32(x)) >> (8 * i))
 			}
 			b.Write(n[:])
+		case *big.Int: // LONG1, two's complement little-endian, for a non-negative x
+			mag := x.Bytes()
+			le := make([]byte, len(mag)+1) // a zero top byte keeps it positive
+			for i, c := range mag {
+				le[len(mag)-1-i] = c
+			}
+			b.Write([]byte{0x8a, byte(len(le))})
+			b.Write(le)
 		case float64:
 			b.WriteByte('G')
 			bits := make([]byte, 8)
@@ -117,8 +126,16 @@ func TestHostile(t *testing.T) {
 		"truncated":      {[]byte("\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments"), ErrTruncated, ""},
 		"huge string":    {[]byte("\x80\x02X\xff\xff\xff\xff."), ErrLimit, "MaxString"},
 		"huge long4":     {[]byte("\x80\x04\x8b\xff\xff\xff\x7f."), ErrLimit, ""},
-		"json garbage":   {[]byte(`{"segments": [1,`), ErrTruncated, ""},
-		"json trailing":  {[]byte(`{"segments": []} x`), ErrMalformed, ""},
+		"pickled size past 2^64": {pickleOf(t, traces(entry("size", new(big.Int).Lsh(big.NewInt(1), 64)))), ErrSchema,
+			"device_traces[0][0].size: unexpected snapshot structure: int 18446744073709551616 out of range"},
+		"size past 2^64": {[]byte(`{"device_traces": [[{"action": "alloc", "addr": 4096, "size": 18446744073709551616}]]}`), ErrSchema,
+			"device_traces[0][0].size: unexpected snapshot structure: int 18446744073709551616 out of range (a snapshot's ints lie in -2^63 to 2^64-1)"},
+		"addr below -2^63": {[]byte(`{"device_traces": [[{"action": "alloc", "addr": -9223372036854775809, "size": 1}]]}`), ErrSchema,
+			"device_traces[0][0].addr: unexpected snapshot structure: int -9223372036854775809 out of range"},
+		"time of 100 digits": {[]byte(`{"device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "time_us": 1` + strings.Repeat("0", 99) + `}]]}`), ErrSchema,
+			"device_traces[0][0].time_us: unexpected snapshot structure: int of 100 digits out of range"},
+		"json garbage":  {[]byte(`{"segments": [1,`), ErrTruncated, ""},
+		"json trailing": {[]byte(`{"segments": []} x`), ErrMalformed, ""},
 		"size is str": {pickleOf(t, traces(entry("size", "big"))), ErrSchema,
 			"device_traces[0][0].size: unexpected snapshot structure: want int, got str"},
 		"negative size": {pickleOf(t, traces(entry("size", -5))), ErrSchema, "device_traces[0][0].size"},

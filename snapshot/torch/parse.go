@@ -59,6 +59,13 @@ func (f field) String() string { return f.path() + "." + f.key }
 func (im *importer) toInt(v pickle.Value, f field) (int64, error) {
 	n, ok := im.asInt(v)
 	if !ok {
+		if x, isInt := im.doc.BigInt(v); isInt {
+			digits := x.String()
+			if len(digits) > 40 {
+				digits = "of " + itoa(len(digits)) + " digits"
+			}
+			return 0, schemaErr(f.String(), "int %s out of range (a snapshot's ints lie in -2^63 to 2^64-1)", digits)
+		}
 		return 0, wantErr(f.String(), "int", v)
 	}
 	return n, nil
