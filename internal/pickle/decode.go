@@ -84,7 +84,7 @@ func (l Limits) slice(data []byte) (*decoder, error) {
 
 // stream returns a decoder of what r streams.
 func (l Limits) stream(r io.Reader) (*decoder, error) {
-	d, err := newDecoder(l, 4*firstWindow, firstWindow) // a stream's size is unknown: start small, the Doc's slices double
+	d, err := newDecoder(l, firstWindow, firstWindow) // a stream's size is unknown: start small, the Doc's slices double
 	if err != nil {
 		return nil, err
 	}

@@ -45,7 +45,7 @@ func benchmarkModel(b *testing.B, name string) {
 	c.lim = c.lim.withDefaults()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := importDoc(doc, Origin{Format: "pickle"}, c, len(data)); err != nil {
+		if _, err := importDoc(doc, Origin{Format: "pickle"}, c, int64(len(data))); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -26,9 +27,12 @@ type aliveRef struct {
 	requested bool  // its free was requested
 }
 
-// analyze finds, for one device, what was alive before the trace began, and sizes every block.
-func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
+// analyze finds, for one device, what was alive before the trace began, and sizes every block. Its maps and
+// the blocks it finds are counted against the budget as they grow.
+func (im *importer) analyze(dev int, segs segmentOrder) (devicePlan, error) {
 	p := devicePlan{dev: dev}
+	var mm mapMeter
+	const what = "following the trace"
 	var entries []entry
 	if dev < len(im.traces) {
 		entries = im.traces[dev]
@@ -45,6 +49,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			}
 		}
 	}
+	if err := im.mem.add(int64(active)*int64(unsafe.Sizeof(preBlock{})), what); err != nil {
+		return p, err
+	}
 	p.blocks = make([]preBlock, 0, active)
 	alive := make(map[uint64]aliveRef)
 	seen := make(map[uint64]struct{})
@@ -57,6 +64,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			}
 			alive[e.addr] = aliveRef{idx: int32(i)}
 			seen[e.addr] = struct{}{}
+			if err := mm.grew(&im.mem, len(alive)+len(seen)+len(p.blocks), what); err != nil {
+				return p, err
+			}
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
 			done := e.act == snapshot.ActionFreeCompleted
 			if r, ok := alive[e.addr]; ok {
@@ -76,6 +86,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			p.blocks = append(p.blocks, preBlock{addr: e.addr, requested: e.size, stream: e.stream, stack: e.stack, pending: done})
 			if !done {
 				alive[e.addr] = aliveRef{idx: int32(-len(p.blocks)), requested: true}
+			}
+			if err := mm.grew(&im.mem, len(alive)+len(seen)+len(p.blocks), what); err != nil {
+				return p, err
 			}
 		}
 	}
@@ -100,6 +113,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 				found++
 				if r.idx >= 0 {
 					fixed[r.idx] = b.Size
+					if err := mm.grew(&im.mem, len(alive)+len(seen)+len(p.blocks)+len(fixed), what); err != nil {
+						return p, err
+					}
 				} else {
 					pb := &p.blocks[-r.idx-1]
 					pb.size, pb.sizeKnown = b.Size, true
@@ -142,6 +158,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			} else {
 				created[e.addr] = true
 			}
+			if err := mm.grew(&im.mem, len(alive)+len(seen)+len(p.blocks)+len(fixed)+len(created)+len(freed), what); err != nil {
+				return p, err
+			}
 		case snapshot.ActionSegmentFree:
 			if _, ok := freed[e.addr]; ok {
 				im.origin.Inconsistencies++ // freed twice without an alloc between
@@ -149,6 +168,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			}
 			// The stack of a segment_free is the releasing caller's (empty_cache), not the creator's: none.
 			freed[e.addr] = preSeg{addr: e.addr, size: e.size, stream: e.stream, small: e.size <= smallBuffer}
+			if err := mm.grew(&im.mem, len(alive)+len(seen)+len(p.blocks)+len(fixed)+len(created)+len(freed), what); err != nil {
+				return p, err
+			}
 		case snapshot.ActionSegmentMap:
 			if !exp.remove(e.addr, end) && im.haveState {
 				im.origin.Inconsistencies++
@@ -188,7 +210,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 	im.startLayout(p.segs, p.blocks)
 
 	if len(entries) > 0 {
-		im.sizeBlocks(entries, &p, fixed)
+		if err := im.sizeBlocks(entries, &p, fixed, &mm, len(alive)+len(seen)+len(p.blocks)+len(fixed)+len(created)+len(freed)); err != nil {
+			return p, err
+		}
 	}
 	im.origin.PreExistingSegments += len(p.segs)
 	im.origin.PreExistingBlocks += len(p.blocks)
@@ -199,7 +223,9 @@ func (im *importer) analyze(dev int, segs segmentOrder) devicePlan {
 			im.origin.BlockSizesEstimated++
 		}
 	}
-	return p
+	// The maps are garbage now; of what mm counted, the blocks found beyond the active ones stay.
+	im.mem.release(int64(mm.charged) * mapEntryBytes)
+	return p, im.mem.add(int64(max(cap(p.blocks)-active, 0))*int64(unsafe.Sizeof(preBlock{}))+int64(cap(p.segs))*int64(unsafe.Sizeof(preSeg{})), what)
 }
 
 // segmentOrder is the final state's segments by address (then device), as indices of im.segs, and where
@@ -224,7 +250,8 @@ func (im *importer) segmentOrder() segmentOrder {
 }
 
 // sizeBlocks runs forward through the trace, following the layout of the segments, to size every block.
-func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]int64) {
+// Its map and the layout's blocks are counted in mm, on top of the base entries of analyze's maps.
+func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]int64, mm *mapMeter, base int) error {
 	lay := layout{pre: p.blocks} // sorted by address
 	backing := make([]lseg, 0, len(p.segs))
 	for i := range p.segs {
@@ -249,6 +276,7 @@ func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]i
 	}
 	// A segment_alloc is recorded immediately before the alloc it serves, at the same address.
 	fresh := false
+	allocs := 0
 	for i := range entries {
 		e := &entries[i]
 		switch e.act {
@@ -267,6 +295,10 @@ func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]i
 		case snapshot.ActionAlloc:
 			e.block = im.blockSize(e, &lay, fixed, int32(i), fresh)
 			sizes[e.addr] = e.block
+			allocs++
+			if err := mm.grew(&im.mem, base+len(sizes)+allocs/4, "following the trace"); err != nil { // a layout block is a quarter of a map entry
+				return err
+			}
 		case snapshot.ActionFreeRequested:
 			e.block = sizeOf(e.addr)
 		case snapshot.ActionFreeCompleted:
@@ -282,6 +314,7 @@ func (im *importer) sizeBlocks(entries []entry, p *devicePlan, fixed map[int32]i
 		}
 		fresh = false
 	}
+	return nil
 }
 
 // blockSize returns the size of the block an alloc entry got, and records it in the layout.
@@ -340,9 +373,15 @@ func (im *importer) blockSize(e *entry, lay *layout, fixed map[int32]int64, idx 
 func (im *importer) build() (*snapshot.Snapshot, error) {
 	plans := make([]devicePlan, 0, len(im.devices))
 	nsynth := 0
+	if err := im.mem.add(8*int64(len(im.segs)), "ordering the segments"); err != nil {
+		return nil, err
+	}
 	order := im.segmentOrder()
 	for _, d := range im.devices {
-		p := im.analyze(d, order)
+		p, err := im.analyze(d, order)
+		if err != nil {
+			return nil, err
+		}
 		nsynth += len(p.segs) + len(p.blocks)
 		for i := range p.blocks {
 			if p.blocks[i].pending {
@@ -359,7 +398,11 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 		return nil, limitErr("", "%d events > Limits.MaxEvents (%d)", nsynth+ntrace+len(im.annots), im.lim.MaxEvents)
 	}
 	em := emitter{im: im, iteration: -1}
-	em.events = make([]snapshot.Event, 0, nsynth+ntrace+len(im.annots)+16)
+	// Room for the phase and iteration markers too: growing the events by copying them would need them twice.
+	n := nsynth + ntrace + len(im.annots)
+	if err := em.reserve(n + n/64 + 16); err != nil {
+		return nil, err
+	}
 	pre := im.tab.str(PreExistingLabel)
 	for _, p := range plans {
 		for _, s := range p.segs {
@@ -381,6 +424,9 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 		}
 	}
 	em.trace()
+	if em.err != nil {
+		return nil, em.err
+	}
 	if im.tab.err != nil {
 		return nil, im.tab.err
 	}
@@ -420,6 +466,7 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 type emitter struct {
 	im     *importer
 	events []snapshot.Event
+	err    error // the budget ran out: no more events
 	t0     int64 // time_us of the first entry: Event.Time counts from it
 
 	iteration int32
@@ -435,8 +482,28 @@ type region struct {
 }
 
 func (em *emitter) add(e snapshot.Event) {
+	if len(em.events) == cap(em.events) && em.reserve(2*cap(em.events)) != nil {
+		return
+	}
 	em.events = append(em.events, e)
 	em.events[len(em.events)-1].Seq = uint64(len(em.events) - 1)
+}
+
+// eventBytes is the size of an event in memory.
+const eventBytes = int64(unsafe.Sizeof(snapshot.Event{}))
+
+// reserve makes room for n events, counted in the budget; the old slice, if any, is alive while it is copied.
+func (em *emitter) reserve(n int) error {
+	if em.err == nil {
+		em.err = em.im.mem.add(int64(n)*eventBytes, "building the events")
+	}
+	if em.err != nil {
+		return em.err
+	}
+	old := cap(em.events)
+	em.events = append(make([]snapshot.Event, 0, n), em.events...)
+	em.im.mem.release(int64(old) * eventBytes)
+	return nil
 }
 
 // setPhase writes a phase marker when the phase the next events carry changes.
@@ -485,7 +552,7 @@ func (em *emitter) trace() {
 	heap.Init(&next)
 	ai := 0
 	index := int64(0)
-	for {
+	for em.err == nil {
 		dev, t := -1, int64(0)
 		if len(next) > 0 {
 			dev, t = next[0].dev, next[0].time

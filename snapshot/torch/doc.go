@@ -86,4 +86,14 @@
 // the number of entries; every failure is an *ImportError naming where in the structure it happened
 // ("device_traces[0][1234].size: want int, got str"), and no input makes Import panic. The result is a pure
 // function of the input, so an import can be compared with the import of its export.
+//
+// # Memory
+//
+// ImportReader and ImportFile decode a pickle as they read it, through a small buffer, and stop at the
+// first bad opcode: a 2 GiB file that is not a pickle past its first bytes costs a few KiB. The decoded
+// pickle (pickle.Doc, 3 to 5 bytes per byte of pickle) is dropped, and
+// collected, once its trace entries are read into 64-byte records, before the events are built, so an
+// import holds at most the larger of the Doc and the records together, and the records and the events
+// together. Limits.MaxMemory is a ceiling on all of it, counted before each allocation (decoding included):
+// past it an import fails with ErrMemory, an ErrLimit, instead of allocating.
 package torch

@@ -25,7 +25,15 @@ var (
 	ErrLimit = errors.New("limit exceeded")
 	// ErrMalformed means the bytes do not decode: a damaged pickle or invalid JSON.
 	ErrMalformed = errors.New("malformed input")
+	// ErrMemory means the import would hold more memory than Limits.MaxMemory allows. It also matches
+	// ErrLimit.
+	ErrMemory error = memoryCeiling{}
 )
+
+type memoryCeiling struct{}
+
+func (memoryCeiling) Error() string        { return "memory ceiling reached" }
+func (memoryCeiling) Is(target error) bool { return target == ErrLimit }
 
 // ImportError describes why a snapshot could not be imported and where in its structure.
 type ImportError struct {
@@ -35,7 +43,8 @@ type ImportError struct {
 	Path string
 	// Offset is the byte offset of the failure in the input, when known (decode failures), else -1.
 	Offset int64
-	// Err is the cause; it wraps one of the sentinel errors of this package.
+	// Err is the cause; it wraps one of the sentinel errors of this package, or is the error of the reader
+	// the input came from.
 	Err error
 }
 
@@ -66,8 +75,8 @@ func limitErr(path, format string, args ...any) error {
 }
 
 // decodeErr turns a pickle decoder failure into an ImportError wrapping both this package's sentinel and the
-// decoder's own error.
-func decodeErr(err error) error {
+// decoder's own error. max is the memory ceiling the decode ran under.
+func decodeErr(err error, max int64) error {
 	var de *pickle.DecodeError
 	off := int64(-1)
 	if errors.As(err, &de) {
@@ -75,18 +84,26 @@ func decodeErr(err error) error {
 	}
 	kind := ErrMalformed
 	switch {
+	case errors.Is(err, pickle.ErrMemory):
+		return &ImportError{Offset: off, Err: fmt.Errorf("%w: decoding the pickle would hold more than Limits.MaxMemory (%d bytes) at offset %d",
+			ErrMemory, max, off)}
 	case errors.Is(err, pickle.ErrRefused):
 		kind = ErrUnsafe
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		kind = ErrTruncated
 	case errors.Is(err, pickle.ErrLimit):
 		kind = ErrLimit
+	case !errors.Is(err, pickle.ErrMalformed) && !errors.Is(err, pickle.ErrUnsupported):
+		return &ImportError{Offset: off, Err: err} // reading failed: the reader's error, as the decoder wrapped it
 	}
 	return &ImportError{Offset: off, Err: fmt.Errorf("%w: %w", kind, err)}
 }
 
 // buildErr turns a failure to convert a JSON snapshot into an ImportError.
 func buildErr(err error) error {
+	if errors.Is(err, pickle.ErrMemory) {
+		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: %w", ErrMemory, err)}
+	}
 	kind := ErrMalformed
 	if errors.Is(err, pickle.ErrLimit) || errors.Is(err, ErrLimit) {
 		kind = ErrLimit

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"testing/iotest"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -15,20 +16,35 @@ var fuzzLimits = Limits{MaxInput: 1 << 20, MaxEvents: 1 << 14}
 // FuzzImport checks that no input panics (TestMain lets a panic through), that every failure is an
 // *ImportError wrapping one of the package's sentinels, and that every success is a well-formed snapshot:
 // dense sequence numbers, defined table IDs, valid actions, phases and categories, devices listed in the
-// metadata, writable in oomdbg's format, and the same when imported again. Seeds are in
-// testdata/fuzz/FuzzImport (written by testdata/gen.py): a valid snapshot of each generation, truncated and
-// corrupted ones, JSON, GLOBAL and STACK_GLOBAL opcodes, huge declared lengths.
+// metadata, writable in oomdbg's format, and the same when imported again. ImportReader, fed a few bytes at
+// a time, must do what Import does; under a memory ceiling, an import fails with ErrMemory or does what it
+// does without one. Seeds are in testdata/fuzz/FuzzImport (written by testdata/gen.py): a valid snapshot
+// of each generation, truncated and corrupted ones, JSON, GLOBAL and STACK_GLOBAL opcodes, huge declared
+// lengths.
 func FuzzImport(f *testing.F) {
 	f.Add([]byte(`{"segments": [], "device_traces": [[{"action": "alloc", "addr": 512, "size": 100}]]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Import(data, WithLimits(fuzzLimits))
+		s2, err2 := ImportReader(iotest.HalfReader(bytes.NewReader(data)), WithLimits(fuzzLimits))
+		if (err == nil) != (err2 == nil) || err != nil && err.Error() != err2.Error() || err == nil && !reflect.DeepEqual(s, s2) {
+			t.Fatalf("Import: %v; ImportReader: %v", err, err2)
+		}
+		lim := fuzzLimits
+		lim.MaxMemory = 40<<10 + 40*int64(len(data))
+		s3, err3 := ImportReader(bytes.NewReader(data), WithLimits(lim))
+		switch {
+		case err3 == nil && (err != nil || !reflect.DeepEqual(s, s3)):
+			t.Fatalf("under a ceiling: a snapshot; without: %v", err)
+		case err3 != nil && !errors.Is(err3, ErrMemory) && (err == nil || err.Error() != err3.Error()):
+			t.Fatalf("under a ceiling: %v; without: %v", err3, err)
+		}
 		if err != nil {
 			var ie *ImportError
 			if !errors.As(err, &ie) {
 				t.Fatalf("%T %v is not an *ImportError", err, err)
 			}
 			known := false
-			for _, s := range []error{ErrNotSnapshot, ErrSchema, ErrUnsafe, ErrTruncated, ErrLimit, ErrMalformed} {
+			for _, s := range []error{ErrNotSnapshot, ErrSchema, ErrUnsafe, ErrTruncated, ErrLimit, ErrMalformed, ErrMemory} {
 				known = known || errors.Is(err, s)
 			}
 			if !known {

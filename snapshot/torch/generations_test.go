@@ -393,7 +393,10 @@ func TestPhaseEvidence(t *testing.T) {
 		{"zero_grad", stack(fr{"zero_grad", module}, train), snapshot.PhaseZeroGrad},
 		{"moving the model", stack(fr{"convert", module}, fr{"_apply", module}, fr{"to", module}, train), snapshot.PhaseNone},
 	}
-	tab := newTables(true, 0)
+	tab, err := newTables(true, 0, &budget{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tab.scratch = tab.scratch[:0]

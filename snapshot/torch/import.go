@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"slices"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -22,6 +24,12 @@ type Limits struct {
 	// (default snapshot.DefaultLimits().Events, what snapshot.Read holds). Whatever it is, an input may not
 	// hold more of them than it has bytes: a pickle that repeats one list through its memo cannot expand.
 	MaxEvents int
+	// MaxMemory is the most bytes an import may hold at once, counted before each allocation: the decoded
+	// pickle and the decoder's buffer, the records read from it, the tables and the snapshot's events (for
+	// JSON, the input and an estimate of encoding/json's values). Past it the import fails with ErrMemory.
+	// The default, 0, sets no ceiling. The count is of what the import holds; the Go runtime needs room
+	// for garbage besides, which debug.SetMemoryLimit set to the same figure keeps within it.
+	MaxMemory int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -112,28 +120,71 @@ const Source = "pytorch"
 // that must tell recorded history from reconstructed state compares Event.Label with this string.
 const PreExistingLabel = "pre-existing (allocated before the trace)"
 
-// ImportFile imports the PyTorch memory snapshot at path.
+// ImportFile imports the PyTorch memory snapshot at path, reading it as ImportReader does.
 func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
-	var c config
-	for _, o := range opts {
-		o(&c)
-	}
-	lim := c.lim.withDefaults()
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	// Read one byte past the limit to tell "at the limit" from "over it" without trusting the file's size.
-	data, err := io.ReadAll(io.LimitReader(f, lim.MaxInput+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	s, err := Import(data, opts...)
+	s, err := ImportReader(f, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return s, nil
+}
+
+// ImportReader imports the PyTorch memory snapshot r streams: a file, a pipe, standard input. A pickle is
+// decoded as it is read, never held whole: reading stops at its STOP opcode, or at the first bad opcode,
+// so a file that is not a snapshot fails after a few KiB. JSON is read whole, as encoding/json needs.
+// Errors are those of Import for the same bytes, or the reader's own error.
+func ImportReader(r io.Reader, opts ...Option) (*snapshot.Snapshot, error) {
+	c := newConfig(opts)
+	var head [2]byte
+	n, err := io.ReadFull(r, head[:])
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return nil, &ImportError{Offset: int64(n), Err: err}
+	}
+	rest := io.MultiReader(bytes.NewReader(head[:n]), r)
+	if n == 2 && head[0] == 0x80 {
+		lim := pickle.Limits{MaxInput: c.lim.MaxInput, MaxMemory: c.lim.MaxMemory}
+		doc, err := lim.DecodeDocReader(rest)
+		if err != nil {
+			return nil, decodeErr(err, c.lim.MaxMemory)
+		}
+		return importDoc(doc, Origin{Format: "pickle", Protocol: int(head[1])}, c, doc.InputSize())
+	}
+	data, err := readAll(rest, c.lim)
+	if err != nil {
+		return nil, err
+	}
+	return importData(data, c)
+}
+
+// readAll reads all of r, up to lim.MaxInput bytes and one more to tell an input over the limit, counting
+// the buffer against lim.MaxMemory.
+func readAll(r io.Reader, lim Limits) ([]byte, error) {
+	mem := budget{max: lim.MaxMemory}
+	r = io.LimitReader(r, lim.MaxInput+1)
+	var data []byte
+	for {
+		if len(data) == cap(data) {
+			old, c := cap(data), max(2*cap(data), 64<<10)
+			if err := mem.add(int64(c), "reading the input"); err != nil {
+				return nil, err
+			}
+			data = append(make([]byte, 0, c), data...)
+			mem.release(int64(old))
+		}
+		n, err := r.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if err == io.EOF {
+			return data, nil
+		}
+		if err != nil {
+			return nil, &ImportError{Offset: int64(len(data)), Err: err}
+		}
+	}
 }
 
 // Import turns a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes, protocols 2 to 5,
@@ -141,43 +192,60 @@ func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
 // Every error is an *ImportError; hostile input gives an error, never a panic, within Limits. The result is a
 // pure function of the input: importing the same bytes twice gives equal snapshots.
 func Import(data []byte, opts ...Option) (*snapshot.Snapshot, error) {
+	return importData(data, newConfig(opts))
+}
+
+func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
 		o(&c)
 	}
 	c.lim = c.lim.withDefaults()
+	return c
+}
+
+// importData imports an input held in memory.
+func importData(data []byte, c config) (*snapshot.Snapshot, error) {
 	if int64(len(data)) > c.lim.MaxInput {
 		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: input of %d bytes > Limits.MaxInput (%d)", ErrLimit, len(data), c.lim.MaxInput)}
 	}
-	var origin Origin
-	var doc *pickle.Doc
-	var err error
 	switch {
 	case len(data) >= 2 && data[0] == 0x80:
-		origin.Format, origin.Protocol = "pickle", int(data[1])
-		doc, err = pickle.Limits{MaxInput: c.lim.MaxInput}.DecodeDoc(data)
+		doc, err := pickle.Limits{MaxInput: c.lim.MaxInput, MaxMemory: c.lim.MaxMemory}.DecodeDoc(data)
 		if err != nil {
-			return nil, decodeErr(err)
+			return nil, decodeErr(err, c.lim.MaxMemory)
 		}
+		return importDoc(doc, Origin{Format: "pickle", Protocol: int(data[1])}, c, doc.InputSize())
 	case jsonStart(data) >= 0:
-		origin.Format = "json"
+		mem := budget{max: c.lim.MaxMemory, held: int64(cap(data))}
+		if err := mem.add(jsonBytesPerByte*int64(len(data)), "decoding the JSON"); err != nil {
+			return nil, err
+		}
 		v, err := decodeJSON(data)
 		if err != nil {
 			return nil, err
 		}
-		if doc, err = jsonDoc(v); err != nil {
+		doc, err := jsonDoc(v, mem.left())
+		if err != nil {
 			return nil, buildErr(err)
 		}
-	default:
-		return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: neither a pickle (no PROTO opcode) nor JSON", ErrNotSnapshot)}
+		return importDoc(doc, Origin{Format: "json"}, c, int64(len(data)))
 	}
-	return importDoc(doc, origin, c, len(data))
+	return nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: neither a pickle (no PROTO opcode) nor JSON", ErrNotSnapshot)}
 }
 
 // importDoc builds the snapshot of a decoded input of n bytes.
-func importDoc(doc *pickle.Doc, origin Origin, c config, n int) (s *snapshot.Snapshot, err error) {
-	im := &importer{doc: doc, keys: resolveKeys(doc), origin: origin, lim: c.lim, tab: newTables(c.keepAll, doc.Containers()),
-		rules: defaultRules(), inputLen: n}
+func importDoc(doc *pickle.Doc, origin Origin, c config, n int64) (*snapshot.Snapshot, error) {
+	return newImporter(doc, origin, c, n).run()
+}
+
+func newImporter(doc *pickle.Doc, origin Origin, c config, n int64) *importer {
+	return &importer{doc: doc, keys: resolveKeys(doc), origin: origin, lim: c.lim, keepAll: c.keepAll, rules: defaultRules(),
+		inputLen: n, mem: budget{max: c.lim.MaxMemory, held: doc.Footprint()}}
+}
+
+// run reads the decoded input into records and builds the snapshot from them.
+func (im *importer) run() (s *snapshot.Snapshot, err error) {
 	defer func() {
 		// The decoded input is acyclic and every access is checked, so nothing here should panic; if a bug
 		// makes something do so anyway, the user gets an error naming it, not a crash.
@@ -188,14 +256,44 @@ func importDoc(doc *pickle.Doc, origin Origin, c config, n int) (s *snapshot.Sna
 			s, err = nil, &ImportError{Offset: -1, Err: fmt.Errorf("%w: internal error: %v", ErrMalformed, r)}
 		}
 	}()
+	doc := im.doc
+	if im.tab, err = newTables(im.keepAll, doc.Containers(), &im.mem); err != nil {
+		return nil, err
+	}
 	if err := im.read(doc.Root()); err != nil {
 		return nil, err
 	}
-	return im.build()
+	// Everything the snapshot needs is in the records and tables now: let the decoded pickle go before the
+	// events are built, so that they take its place rather than add to it.
+	fp := doc.Footprint()
+	im.mem.release(fp)
+	doc, im.doc, im.keys = nil, nil, pickKeys{}
+	im.tab.endParse()
+	collect(fp)
+	s, err = im.build()
+	// The records the events were built from are garbage too.
+	im.traces = nil
+	collect(int64(im.origin.TraceEntries) * int64(unsafe.Sizeof(entry{})))
+	return s, err
+}
+
+// collect runs the garbage collector when what was just dropped is large, so that what is allocated next
+// takes its place instead of adding to the heap: left to its pacing, the collector lets the heap grow to
+// twice what was alive at the last collection, which for a large import was the decoded pickle, or the
+// records the events were built from.
+func collect(dropped int64) {
+	if dropped > 64<<20 {
+		debug.FreeOSMemory()
+	}
 }
 
 // recoverPanics turns a panic of the importer into an error; tests turn it off to see the panic.
 var recoverPanics = true
+
+// jsonBytesPerByte bounds what decodeJSON allocates per byte of input: its copy of the input, the values it
+// makes (2 to 5 bytes per byte on the test snapshots and a 23 MB export, TestJSONEstimate) and the garbage of
+// growing them, 7.5 to 9 in all.
+const jsonBytesPerByte = 10
 
 // decodeJSON decodes JSON keeping integers exact (addresses and times exceed float64's 2^53 in principle).
 func decodeJSON(data []byte) (any, error) {
@@ -226,7 +324,9 @@ func decodeJSON(data []byte) (any, error) {
 // importer holds the state of one import.
 type importer struct {
 	lim      Limits
-	inputLen int         // bytes of input
+	keepAll  bool // no frame filter
+	mem      budget
+	inputLen int64       // bytes of input
 	records  int         // records admitted so far (see admit)
 	doc      *pickle.Doc // the decoded snapshot
 	keys     pickKeys    // the keys picked from each kind of dict, as Values of doc

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/internal/torchrules"
@@ -110,7 +111,7 @@ func toBool(v pickle.Value, f field) (bool, error) {
 // expanding into more records than it has bytes.
 func (im *importer) admit(path string, n int) error {
 	im.records += n
-	if limit := min(im.lim.MaxEvents, im.inputLen); im.records > limit {
+	if limit := min(int64(im.lim.MaxEvents), im.inputLen); int64(im.records) > limit {
 		return limitErr(path, "%d records > %d (Limits.MaxEvents %d, input bytes %d)", im.records, limit, im.lim.MaxEvents, im.inputLen)
 	}
 	return nil
@@ -142,6 +143,9 @@ func (im *importer) parseSegments(v pickle.Value, name string) error {
 		}
 	}
 	if err := im.admit(name, n+total); err != nil {
+		return err
+	}
+	if err := im.mem.add(int64(n)*(int64(unsafe.Sizeof(snapshot.Segment{}))+4)+int64(total)*(int64(unsafe.Sizeof(snapshot.Block{}))+4), "reading "+name); err != nil {
 		return err
 	}
 	// One backing array for every block: the footer's segments slice into it.
@@ -392,6 +396,9 @@ func (im *importer) parseTraces(v pickle.Value) error {
 	if err := im.admit("device_traces", total); err != nil {
 		return err
 	}
+	if err := im.mem.add(int64(total)*int64(unsafe.Sizeof(entry{}))+48*int64(len(l)), "reading device_traces"); err != nil {
+		return err
+	}
 	im.traces = make([][]entry, len(l))
 	backing := make([]entry, 0, total)
 	im.timeKnown = total > 0
@@ -549,6 +556,9 @@ func (im *importer) parseAnnotations(v pickle.Value) error {
 	if err := im.admit("external_annotations", len(l)); err != nil {
 		return err
 	}
+	if err := im.mem.add(int64(len(l))*int64(unsafe.Sizeof(annotation{})), "reading external_annotations"); err != nil {
+		return err
+	}
 	im.annots = make([]annotation, 0, len(l))
 	for i, d := range l {
 		path := func() string { return "external_annotations[" + itoa(i) + "]" }
@@ -568,6 +578,9 @@ func (im *importer) parseAnnotations(v pickle.Value) error {
 			return schemaErr(path()+".stage", "want START or END, got %q", truncate(stage, 64))
 		}
 		if a.name, err = im.optString(d, "name", path); err != nil {
+			return err
+		}
+		if err := im.mem.add(int64(len(a.name)), "reading external_annotations"); err != nil {
 			return err
 		}
 		a.name = strings.Clone(a.name)

@@ -38,9 +38,11 @@ type tables struct {
 	scratch   []snapshot.FrameID
 	key       []byte
 
-	keepAll bool  // no frame filter
-	bytes   int64 // table memory, counted as snapshot.Limits.TableBytes counts it
-	err     error // the first table over a limit
+	keepAll  bool    // no frame filter
+	bytes    int64   // table memory, counted as snapshot.Limits.TableBytes counts it
+	err      error   // the first table over a limit
+	mem      *budget // the import's
+	parseMem int64   // bytes counted for what endParse drops
 }
 
 const dropFrame = ^uint32(0) // byID: the frame is filtered out
@@ -48,8 +50,11 @@ const dropFrame = ^uint32(0) // byID: the frame is filtered out
 // writeLimits are the limits snapshot.Writer keeps to; the importer keeps to them too.
 var writeLimits = snapshot.DefaultLimits()
 
-// newTables returns empty tables for a Doc of n containers.
-func newTables(keepAll bool, n int) *tables {
+// newTables returns empty tables for a Doc of n containers, counted in mem.
+func newTables(keepAll bool, n int, mem *budget) (*tables, error) {
+	if err := mem.add(4*int64(n), "indexing the tracebacks"); err != nil {
+		return nil, err
+	}
 	return &tables{
 		strings:       []string{""},
 		frames:        []snapshot.Frame{{}},
@@ -65,19 +70,38 @@ func newTables(keepAll bool, n int) *tables {
 		byHash:        make(map[uint64]snapshot.StackID),
 		byID:          make([]uint32, n),
 		keepAll:       keepAll,
-	}
+		mem:           mem,
+		parseMem:      4 * int64(n),
+	}, nil
 }
 
-// full records a table overflow and reports whether one happened.
-func (t *tables) full(count, limit int, size int64, what string) bool {
-	if count < limit && t.bytes+size <= writeLimits.TableBytes {
-		t.bytes += size
-		return false
+// endParse drops what only reading the decoded input needs: the indexes by Doc container and by Values,
+// which refer to the Doc, and those of frames and stacks, which only interning uses. Strings may still be
+// interned after.
+func (t *tables) endParse() {
+	t.mem.release(t.parseMem)
+	t.parseMem = 0
+	t.byID, t.byContent, t.byValues, t.byRaw, t.byHash = nil, nil, nil, nil, nil
+	t.frameID, t.stackID, t.scratch, t.key = nil, nil, nil, nil
+}
+
+// full records a table overflow and reports whether one happened. An entry of size bytes, in maps maps
+// (parseMaps of them dropped by endParse), is counted against the limits and the import's budget.
+func (t *tables) full(count, limit int, size int64, maps, parseMaps int, what string) bool {
+	if t.err != nil {
+		return true
 	}
-	if t.err == nil {
+	if count >= limit || t.bytes+size > writeLimits.TableBytes {
 		t.err = limitErr("", "more %s than a snapshot holds (%d entries, %d table bytes)", what, count, t.bytes)
+		return true
 	}
-	return true
+	if err := t.mem.add(size+int64(maps)*mapEntryBytes, "interning "+what); err != nil {
+		t.err = err
+		return true
+	}
+	t.bytes += size
+	t.parseMem += int64(parseMaps) * mapEntryBytes
+	return false
 }
 
 func (t *tables) str(s string) snapshot.StringID {
@@ -100,7 +124,7 @@ func (t *tables) str(s string) snapshot.StringID {
 	if len(key) == len(s) {
 		key = s
 	}
-	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, "strings") {
+	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, 1, 0, "strings") {
 		return 0
 	}
 	id := snapshot.StringID(len(t.strings))
@@ -132,7 +156,7 @@ func (t *tables) frame(name, file string, line int64) snapshot.FrameID {
 	f := snapshot.Frame{Function: t.str(name), File: t.str(file), Line: int32(max(-1<<31, min(1<<31-1, line)))}
 	id, ok := t.frameID[f]
 	if !ok {
-		if t.full(len(t.frames), writeLimits.Frames, 12, "frames") {
+		if t.full(len(t.frames), writeLimits.Frames, 12, 3, 3, "frames") { // frameID, byContent, byValues
 			return 0
 		}
 		id = snapshot.FrameID(len(t.frames))
@@ -178,7 +202,7 @@ func (t *tables) stack(h uint64) snapshot.StackID {
 	}
 	id, ok := t.stackID[string(t.key)]
 	if !ok {
-		if t.full(len(t.stacks), writeLimits.Stacks, 4*int64(len(frames))+4, "stacks") {
+		if t.full(len(t.stacks), writeLimits.Stacks, 4*int64(len(frames))+4, 3, 3, "stacks") { // stackID, byHash, byRaw
 			return 0
 		}
 		id = snapshot.StackID(len(t.stacks))

@@ -86,9 +86,10 @@ func (im *importer) asFloat(v pickle.Value) (float64, bool) {
 // maxJSONDepth bounds the nesting of a JSON snapshot, as pickle.Limits.MaxDepth bounds a pickle's.
 const maxJSONDepth = 1000
 
-// jsonDoc converts a value decoded by encoding/json (with UseNumber) into a Doc.
-func jsonDoc(v any) (*pickle.Doc, error) {
-	b := pickle.Limits{}.NewBuilder()
+// jsonDoc converts a value decoded by encoding/json (with UseNumber) into a Doc of at most maxMemory bytes
+// (0: no ceiling).
+func jsonDoc(v any, maxMemory int64) (*pickle.Doc, error) {
+	b := pickle.Limits{MaxMemory: maxMemory}.NewBuilder()
 	root, err := jsonValue(b, v, 0)
 	if err != nil {
 		return nil, err
