@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/bits"
 )
 
@@ -53,11 +54,11 @@ func (l Limits) DecodeDoc(data []byte) (*Doc, error) {
 }
 
 // DecodeDocReader decodes the pickle r streams within the limits l into a Doc. It reads r through a buffer of
-// a few hundred KiB, never the whole input at once, and stops reading at STOP (what follows is left unread)
-// or at the first error, so a file that is not a pickle fails after one buffer. The result, and the error
-// for a bad input, are those DecodeDoc gives for the same bytes, with one exception no pickler's output
-// meets: a FRAME that claims more than 1 MiB is refused when the stream has more than 1 MiB left, since
-// checking it would mean holding it all.
+// 4 to 128 KiB (more only while a long string is read), never the whole input at once, and stops reading at
+// STOP (what follows is left unread) or at the first error, so a file that is not a pickle fails after one
+// buffer. The result, and the error for a bad input, are those DecodeDoc gives for the same bytes, with one
+// exception no pickler's output meets: a FRAME that claims more than 1 MiB is refused when the stream has
+// more than 1 MiB left, since checking it would mean holding it all.
 func (l Limits) DecodeDocReader(r io.Reader) (*Doc, error) {
 	l = l.withDefaults()
 	d, err := l.stream(r)
@@ -74,7 +75,6 @@ func (l Limits) slice(data []byte) (*decoder, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.eof = true
 	if int64(len(data)) > l.MaxInput {
 		data, d.over = data[:l.MaxInput], true
 	}
@@ -82,21 +82,54 @@ func (l Limits) slice(data []byte) (*decoder, error) {
 	return d, nil
 }
 
-// stream returns a decoder of what r streams.
+// stream returns a decoder of what r streams. It starts sized for what r has left when r can tell (a
+// regular file, a bytes.Reader), up to maxHint, and small otherwise: the Doc's slices double as they fill.
 func (l Limits) stream(r io.Reader) (*decoder, error) {
-	d, err := newDecoder(l, firstWindow, firstWindow) // a stream's size is unknown: start small, the Doc's slices double
+	hint, win := firstWindow, firstWindow
+	if n := sizeOf(r); n >= 0 {
+		hint = int(min(n, maxHint))
+		win = min(max(hint+1, 512), window) // +1: the read that finds the end
+	}
+	d, err := newDecoder(l, hint, int64(win))
 	if err != nil {
 		return nil, err
 	}
-	d.r = r
-	d.data = make([]byte, 0, firstWindow)
+	d.r, d.eof = r, false
+	d.data = make([]byte, 0, win)
 	return d, nil
+}
+
+// maxHint bounds the size a stream decoder starts with: a file's length is only a claim (a sparse file
+// has any length), so the Doc starts with what a snapshot of 256 KiB needs, about 1 MiB, and grows from
+// there.
+const maxHint = 256 << 10
+
+// sizeOf returns the bytes r has left to read when it can tell, else -1.
+func sizeOf(r io.Reader) int64 {
+	switch x := r.(type) {
+	case interface{ Len() int }: // bytes.Reader, strings.Reader, bytes.Buffer
+		return int64(x.Len())
+	case interface {
+		Stat() (fs.FileInfo, error)
+		io.Seeker
+	}:
+		fi, err := x.Stat()
+		if err != nil || !fi.Mode().IsRegular() {
+			return -1
+		}
+		at, err := x.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return -1
+		}
+		return max(fi.Size()-at, 0)
+	}
+	return -1
 }
 
 // newDecoder returns a decoder sized for an input of about n bytes, and holding extra bytes besides (a
 // stream's buffer), or an error when the ceiling allows not even that.
 func newDecoder(l Limits, n int, extra int64) (*decoder, error) {
-	d := &decoder{lim: l, mem: newMeter(l.MaxMemory)}
+	d := &decoder{lim: l, mem: newMeter(l.MaxMemory), eof: true} // no more input than data, until stream says
 	memo, stack, meta := min(n/32+64, l.MaxMemo, 1<<16), min(n/32+16, 256), min(n/32+16, 1<<16)
 	const marks = 16
 	start := docStart(n).bytes() + 8*int64(memo+stack+marks) + 2*int64(meta) + extra

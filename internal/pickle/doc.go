@@ -41,7 +41,7 @@
 // results acyclic.
 //
 // Decode and DecodeDoc read from a byte slice, the fast path when the file is in memory. DecodeReader and
-// DecodeDocReader read an io.Reader (a file, a pipe, standard input) through a buffer of a few hundred KiB,
+// DecodeDocReader read an io.Reader (a file, a pipe, standard input) through a buffer of 4 to 128 KiB,
 // never the whole input at once: they stop at STOP, leaving what follows unread, or at the first bad opcode.
 // Both give the same result and the same errors for the same bytes. Bytes after the STOP opcode are ignored,
 // as Python's pickle.loads ignores them.

@@ -46,7 +46,7 @@ func (d *decoder) need(n int) error {
 func (d *decoder) short() error {
 	switch {
 	case d.over:
-		return fmt.Errorf("%w: the input is longer than Limits.MaxInput (%d bytes)", ErrLimit, d.lim.MaxInput)
+		return fmt.Errorf("%w: the pickle goes on past Limits.MaxInput (%d bytes)", ErrLimit, d.lim.MaxInput)
 	case d.rerr != nil:
 		return fmt.Errorf("reading input: %w", d.rerr)
 	}
