@@ -34,6 +34,25 @@ func benchmarkImport(b *testing.B, name string) {
 	b.ReportMetric(float64(buf.Len())/float64(max(len(s.Events), 1)), "native-B/event")
 }
 
+// benchmarkImportReader measures ImportReader on a real snapshot held in memory: the stream path ImportFile
+// and the commands take, decoding through the decoder's buffer.
+func benchmarkImportReader(b *testing.B, name string) {
+	data := torchtest.ReadFixture(b, name)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ImportReader(bytes.NewReader(data)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkImportReaderF1(b *testing.B) { benchmarkImportReader(b, torchtest.F1) }
+func BenchmarkImportReaderF2(b *testing.B) { benchmarkImportReader(b, torchtest.F2) }
+func BenchmarkImportReaderF3(b *testing.B) { benchmarkImportReader(b, torchtest.F3) }
+func BenchmarkImportReaderF4(b *testing.B) { benchmarkImportReader(b, torchtest.F4) }
+func BenchmarkImportReaderF7(b *testing.B) { benchmarkImportReader(b, torchtest.F7) }
+
 // benchmarkModel measures building the snapshot from a decoded pickle, the part of Import after the decode.
 func benchmarkModel(b *testing.B, name string) {
 	data := torchtest.ReadFixture(b, name)

@@ -1,6 +1,7 @@
 package torch
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -140,13 +141,11 @@ func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
 // Errors are those of Import for the same bytes, or the reader's own error.
 func ImportReader(r io.Reader, opts ...Option) (*snapshot.Snapshot, error) {
 	c := newConfig(opts)
-	var head [2]byte
-	n, err := io.ReadFull(r, head[:])
-	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
-		return nil, &ImportError{Offset: int64(n), Err: err}
+	head, rest, err := peek(r)
+	if err != nil {
+		return nil, err
 	}
-	rest := io.MultiReader(bytes.NewReader(head[:n]), r)
-	if n == 2 && head[0] == 0x80 {
+	if len(head) == 2 && head[0] == 0x80 {
 		lim := pickle.Limits{MaxInput: c.lim.MaxInput, MaxMemory: c.lim.MaxMemory}
 		doc, err := lim.DecodeDocReader(rest)
 		if err != nil {
@@ -159,6 +158,37 @@ func ImportReader(r io.Reader, opts ...Option) (*snapshot.Snapshot, error) {
 		return nil, err
 	}
 	return importData(data, c)
+}
+
+// peek returns the first two bytes of r (fewer if it has fewer) and a reader of all of r. A file, a
+// bytes.Reader or a bufio.Reader is read without consuming them, and given back as it is, so that the
+// decoder can see what it is (a file's length sizes the decoder).
+func peek(r io.Reader) ([]byte, io.Reader, error) {
+	var head [2]byte
+	switch x := r.(type) {
+	case *bufio.Reader:
+		b, err := x.Peek(2)
+		if err != nil && err != io.EOF {
+			return nil, nil, &ImportError{Offset: int64(len(b)), Err: err}
+		}
+		return append(head[:0], b...), r, nil
+	case interface {
+		io.ReaderAt
+		io.Seeker
+	}:
+		if at, err := x.Seek(0, io.SeekCurrent); err == nil { // not a pipe
+			n, err := x.ReadAt(head[:], at)
+			if err != nil && err != io.EOF {
+				return nil, nil, &ImportError{Offset: int64(n), Err: err}
+			}
+			return head[:n], r, nil
+		}
+	}
+	n, err := io.ReadFull(r, head[:])
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return nil, nil, &ImportError{Offset: int64(n), Err: err}
+	}
+	return head[:n], io.MultiReader(bytes.NewReader(head[:n]), r), nil
 }
 
 // readAll reads all of r, up to lim.MaxInput bytes and one more to tell an input over the limit, counting
