@@ -17,7 +17,11 @@ func (d *decoder) newCont(tag uint64) (Value, error) {
 	if d.meta, err = growSlice(&d.mem, d.meta, 1, 2); err != nil {
 		return 0, err
 	}
-	id, err := d.addCont(cont{off: uint32(k<<chunkShift | off)})
+	c := cont{off: uint32(k<<chunkShift | off)}
+	if tag == tDict {
+		c.shape = emptyShape
+	}
+	id, err := d.addCont(c)
 	if err != nil {
 		return 0, err
 	}
@@ -304,7 +308,8 @@ func (d *decoder) extend(l Value, items []Value) error {
 	return nil
 }
 
-// fill stores the key/value pairs in items into dict m.
+// fill stores the key/value pairs in items into dict m: in its shape while it has one (fillShaped), and as
+// pairs from the first key that does not fit a shape on.
 func (d *decoder) fill(m Value, items []Value) error {
 	if len(items)%2 != 0 {
 		return malformed("odd number of items (%d) for a dict", len(items))
@@ -314,15 +319,18 @@ func (d *decoder) fill(m Value, items []Value) error {
 	if d.meta[ci]&sharedBit != 0 {
 		return errCycle
 	}
-	if int(c.n)/2+len(items)/2 > d.lim.MaxItems {
-		return overLimit("dict entries", int64(int(c.n)/2+len(items)/2), "MaxItems", int64(d.lim.MaxItems))
+	if n := d.doc.entries(c) + len(items)/2; n > d.lim.MaxItems {
+		return overLimit("dict entries", int64(n), "MaxItems", int64(d.lim.MaxItems))
 	}
-	if !c.indexed && int(c.n)+len(items) <= 2*smallDict {
-		n, err := d.fillSmall(m, items)
+	if c.shape != pairsForm {
+		n, err := d.fillShaped(m, items)
 		if err != nil || n == len(items) {
 			return err
 		}
 		items = items[n:]
+		if err := d.unshape(ci); err != nil {
+			return err
+		}
 	}
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
@@ -341,46 +349,6 @@ func (d *decoder) fill(m Value, items []Value) error {
 		}
 	}
 	return nil
-}
-
-// fillSmall is fill's fast path for a snapshot's dicts: a few short str keys, written in place after one
-// reserve. Equal short strs are equal Values, so a repeated key is found by comparing the Values before it. It
-// stops at the first pair it cannot take (a key that is not a short str), and returns how many items it
-// stored; the caller goes on from there.
-func (d *decoder) fillSmall(m Value, items []Value) (int, error) {
-	doc := d.doc
-	ci := m.payload()
-	base := int(doc.cont(ci).n)
-	if _, err := d.reserve(ci, len(items)); err != nil {
-		return 0, err
-	}
-	c := doc.cont(ci)
-	p := doc.elems(c)
-	w := base // Values written
-	i := 0
-	depth := d.meta[ci]
-outer:
-	for ; i < len(items); i += 2 {
-		k, v := items[i], items[i+1]
-		if k.tag() != tStr || doc.spans[k.payload()].n > internMaxLen {
-			break
-		}
-		if err := d.adopt(m, &depth, v); err != nil {
-			c.n = uint32(w)
-			return 0, err // the decode fails: depth need not be kept
-		}
-		for j := 0; j < w; j += 2 {
-			if p[j] == k {
-				p[j+1] = v // a repeated key: the new value, in the first one's place
-				continue outer
-			}
-		}
-		p[w], p[w+1] = k, v
-		w += 2
-	}
-	c.n = uint32(w)
-	d.meta[ci] = depth
-	return i, nil
 }
 
 // addTo adds items to the set s.
@@ -448,7 +416,7 @@ func (d *decoder) set(ci uint64, k, v Value) error {
 		return err
 	}
 	idx[hk] = int32(c.n / 2)
-	doc.keys++
+	doc.indexKeys++
 	kv, err := d.reserve(ci, 2)
 	if err != nil {
 		return err
@@ -491,7 +459,7 @@ func (d *decoder) buildIndex(ci uint64) error {
 	if err := d.mem.add(int64(c.n/2) * mapEntryBytes); err != nil {
 		return err
 	}
-	doc.keys += int(c.n / 2)
+	doc.indexKeys += int(c.n / 2)
 	idx := make(map[any]int32, c.n/2+1)
 	p := doc.elems(c)
 	for j := 0; j < len(p); j += 2 {

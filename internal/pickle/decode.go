@@ -186,12 +186,14 @@ func (n docStart) conts() int  { return min(int(n)/32+8, contBlock) }
 func (n docStart) intern() int { return 1 << bits.Len(uint(min(max(int(n)/16, 32), 1024))) }
 
 func (n docStart) bytes() int64 {
-	return 8*int64(n.chunk()) + spanBytes*int64(n.spans()) + int64(n.text()) + contBytes*int64(n.conts()) + 8*int64(n.intern())
+	return 8*int64(n.chunk()) + spanBytes*int64(n.spans()) + int64(n.text()) + contBytes*int64(n.conts()) + 8*int64(n.intern()) +
+		shapeBytes*2
 }
 
 func (n docStart) doc() *Doc {
 	d := &Doc{
 		chunks: [][]Value{make([]Value, 0, n.chunk())},
+		shapes: newShapes(),
 		spans:  make([]span, 0, n.spans()),
 		text:   make([]byte, 0, n.text()),
 	}

@@ -12,7 +12,9 @@
 //
 // DecodeDoc decodes into a Doc, the form for large input: every value is a 64-bit Value, and strings and
 // container contents live in a few flat slices without pointers, so a snapshot of millions of dicts, lists and
-// ints costs a few dozen allocations and nothing for the garbage collector to scan. A Doc is read through its
+// ints costs a few dozen allocations and nothing for the garbage collector to scan. Dicts with the same short
+// str keys in the same order (a snapshot's million trace entries) share one list of the keys and hold only
+// their values. A Doc is read through its
 // methods (Int, Str, Elems, Pairs, Get, and Key with Pick to look up several keys of many dicts at once).
 // Short strs are interned, so equal keys are equal Values. A Builder makes a Doc from values that were never
 // pickled (a JSON snapshot), so that a reader handles one form.

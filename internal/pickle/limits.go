@@ -5,8 +5,9 @@ import "math"
 // Limits bound the memory and work one decode may use. A zero field takes its default (see DefaultLimits), so
 // Limits{MaxInput: 64 << 20} tightens one bound and keeps the rest.
 //
-// The defaults admit snapshots of several GiB. A snapshot decodes into a Doc of about 4 to 5 times its file
-// size (Doc.Footprint of the real snapshots); no input makes DecodeDoc allocate more than about 96 bytes per
+// The defaults admit snapshots of several GiB. A snapshot decodes into a Doc of about twice its file size, up
+// to 5 times for a small one, whose Doc is sized for the file at the start (Doc.Footprint of the real
+// snapshots and an 87 MB one); no input makes DecodeDoc allocate more than about 96 bytes per
 // input byte, or Decode, which also builds Go values, more than about 256. So MaxMemory, or MaxInput and
 // MaxObjects, are the limits to set for input from a network or a fuzzer.
 //

@@ -106,7 +106,7 @@ func (m *materializer) value(v Value) any {
 	case tDict:
 		x := &Dict{id: uint32(id)}
 		m.made[id] = x
-		x.fillFrom(m, elems)
+		x.fillFrom(m, d.Pairs(v))
 		return x
 	default: // tSet, tFrozenSet
 		s := &Set{Frozen: v.tag() == tFrozenSet}

@@ -115,8 +115,9 @@ func sameDoc(t *testing.T, got, want *Doc) {
 	}
 	for id := range want.Containers() {
 		g, w := got.cont(uint64(id)), want.cont(uint64(id))
-		if !slices.Equal(got.elems(g), want.elems(w)) || g.indexed != w.indexed {
-			t.Fatalf("container %d: %v; want %v", id, got.elems(g), want.elems(w))
+		if !slices.Equal(got.elems(g), want.elems(w)) || g.indexed != w.indexed || g.shape != w.shape ||
+			!slices.Equal(got.shapeKeys(g), want.shapeKeys(w)) {
+			t.Fatalf("container %d: %v (shape %d); want %v (shape %d)", id, got.elems(g), g.shape, want.elems(w), w.shape)
 		}
 	}
 	if len(got.spans) != len(want.spans) {

@@ -18,8 +18,9 @@ import (
 type Doc struct {
 	root Value
 
-	chunks [][]Value // elements of lists, tuples and sets, and key/value pairs of dicts, by container
+	chunks [][]Value // elements of lists, tuples and sets, values (and keys) of dicts, by container
 	cur    int       // the chunk new containers start in
+	shapes []shape   // the key sequences of dicts (shapes.go)
 	conts  [][]cont  // every list, tuple, dict and set, numbered in creation order, in blocks of contBlock
 	spans  []span    // str, bytes and bytearray payloads: where their bytes are in text
 	text   []byte    // the bytes of every str, bytes and bytearray, copied from the input
@@ -27,10 +28,10 @@ type Doc struct {
 	floats []float64
 	bigs   []*big.Int
 
-	intern internTable // each distinct short str, once: equal short strs are equal Values
-	index  map[uint32]map[any]int32
-	keys   int   // entries of all the index maps
-	size   int64 // bytes of input decoded, up to and including STOP
+	intern    internTable // each distinct short str, once: equal short strs are equal Values
+	index     map[uint32]map[any]int32
+	indexKeys int   // entries of all the index maps
+	size      int64 // bytes of input decoded, up to and including STOP
 }
 
 // Value is one value of a Doc: a tag in the top 4 bits, and either the value itself (None, bools, ints of up
@@ -112,9 +113,18 @@ func (v Value) Bool() (b, ok bool) {
 // The decoder keeps its depth (decoder.meta).
 type cont struct {
 	off     uint32 // chunk<<chunkShift | offset in the chunk
-	n       uint32 // Values used: elements, or twice the entries of a dict or set
+	n       uint32 // Values used: elements, the values of a shaped dict, twice the entries of another or a set
 	cap     uint32 // Values reserved at off: appends fit in place up to cap
 	indexed bool   // dicts and sets: Doc.index holds a hash index of the keys
+	shape   uint16 // dicts: the shape of their keys (shapes.go), or pairsForm
+}
+
+// entries returns the entries of a dict or set.
+func (d *Doc) entries(c *cont) int {
+	if c.shape != pairsForm {
+		return int(c.n)
+	}
+	return int(c.n) / 2
 }
 
 // Container contents live in chunks of at most chunkMax Values that many containers share, so that a Doc
@@ -155,7 +165,7 @@ type span struct {
 // ints an estimate (see Limits.MaxMemory, which counts the same way).
 func (d *Doc) Footprint() int64 {
 	n := 8*int64(len(d.intern.slots)) + 16*int64(cap(d.spans)) + int64(cap(d.text)) +
-		8*int64(cap(d.wides)+cap(d.floats)+cap(d.bigs)) + int64(d.keys)*mapEntryBytes
+		8*int64(cap(d.wides)+cap(d.floats)+cap(d.bigs)) + int64(d.indexKeys)*mapEntryBytes
 	for _, ch := range d.chunks {
 		n += 8 * int64(cap(ch))
 	}
@@ -165,7 +175,7 @@ func (d *Doc) Footprint() int64 {
 	for _, x := range d.bigs {
 		n += bigBytes(x)
 	}
-	return n
+	return n + shapeBytes*int64(cap(d.shapes))
 }
 
 // InputSize returns the bytes of pickle decoded into the Doc, up to and including its STOP opcode.
@@ -241,11 +251,11 @@ func (d *Doc) Len(v Value) int {
 	if !isCont(t) {
 		return 0
 	}
-	n := int(d.cont(v.payload()).n)
+	c := d.cont(v.payload())
 	if t >= tDict {
-		n /= 2
+		return d.entries(c)
 	}
-	return n
+	return int(c.n)
 }
 
 // Elems returns the elements of a list or tuple, and nil for anything else. The slice is the Doc's storage: do
@@ -258,12 +268,22 @@ func (d *Doc) Elems(v Value) []Value {
 }
 
 // Pairs returns the entries of a dict as keys and values alternating, in insertion order, and nil for anything
-// else. A set's elements are its keys, with None values. The slice is the Doc's storage: do not modify it.
+// else. A set's elements are its keys, with None values. The slice may be the Doc's storage: do not modify
+// it. For the usual dict, whose keys are short strs, it is made on each call: Pick and Get read it in place.
 func (d *Doc) Pairs(v Value) []Value {
 	if t := v.tag(); t < tDict || t > tFrozenSet {
 		return nil
 	}
-	return d.elems(d.cont(v.payload()))
+	c := d.cont(v.payload())
+	if c.shape == pairsForm {
+		return d.elems(c)
+	}
+	keys, vals := d.shapeKeys(c), d.elems(c)
+	p := make([]Value, 2*len(vals))
+	for j, v := range vals {
+		p[2*j], p[2*j+1] = keys[j], v
+	}
+	return p
 }
 
 // ID numbers the containers (lists, tuples, dicts, sets) of one Doc densely from 0 in the order they were
@@ -308,10 +328,14 @@ func (d *Doc) Get(m Value, key string) (Value, bool) {
 		}
 		return d.lookup(m, k)
 	}
-	if d.cont(m.payload()).indexed {
+	c := d.cont(m.payload())
+	if c.indexed {
 		return d.indexed(m, key)
 	}
-	p := d.Pairs(m)
+	if c.shape != pairsForm {
+		return 0, false // a shaped dict's keys are short
+	}
+	p := d.elems(c)
 	for i := 0; i < len(p); i += 2 {
 		if p[i].tag() == tStr && d.str(p[i]) == key {
 			return p[i+1], true
@@ -328,6 +352,12 @@ func (d *Doc) lookup(m Value, k Value) (Value, bool) {
 	c := d.cont(m.payload())
 	if c.indexed {
 		return d.indexed(m, d.str(k))
+	}
+	if c.shape != pairsForm {
+		if j := d.keyAt(c.shape, k); j >= 0 {
+			return d.elems(c)[j], true
+		}
+		return 0, false
 	}
 	p := d.elems(c)
 	for i := 0; i < len(p); i += 2 {
@@ -359,6 +389,20 @@ func (d *Doc) Pick(m Value, keys []Value, vals []Value) uint32 {
 		for i, k := range keys {
 			if v, ok := d.lookup(m, k); ok {
 				vals[i], found = v, found|1<<i
+			}
+		}
+		return found
+	}
+	if c.shape != pairsForm {
+		dv := d.elems(c)
+		for s := c.shape; s > emptyShape; s = d.shapes[s].parent {
+			sh := &d.shapes[s]
+			for i, want := range keys {
+				if sh.key == want {
+					vals[i] = dv[sh.n-1]
+					found |= 1 << i
+					break
+				}
 			}
 		}
 		return found
