@@ -13,9 +13,11 @@ func (d *decoder) newCont(tag uint64) (Value, error) {
 	if off == chunkMax {
 		off = 0 // past the chunk's end: empty, so the offset never matters, and its first reserve moves it
 	}
-	var err error
-	if d.meta, err = growSlice(&d.mem, d.meta, 1, 2); err != nil {
-		return 0, err
+	if len(d.meta) == cap(d.meta) {
+		var err error
+		if d.meta, err = growSlice(&d.mem, d.meta, 1, 2); err != nil {
+			return 0, err
+		}
 	}
 	c := cont{off: uint32(k<<chunkShift | off)}
 	if tag == tDict {

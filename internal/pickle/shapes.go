@@ -50,15 +50,29 @@ func (d *Doc) shapeKeys(c *cont) []Value {
 	return keys
 }
 
-// extendShape returns the shape of shape s's keys followed by k, making it if it is new; 0 when no more
-// shapes may be made, so the dict must take the pairs form.
-func (d *decoder) extendShape(s uint16, k Value) (uint16, error) {
-	doc := d.doc
-	for c := doc.shapes[s].child; c != 0; c = doc.shapes[c].sibling {
-		if doc.shapes[c].key == k {
-			return c, nil
+// child returns the shape of shape s's keys followed by k if there is one, else 0. A key with a child of s
+// is never one of s's: a child is made only for a key its parent lacks. The child found moves to the front
+// of its siblings, so the dicts of a long run with the same keys find theirs first.
+func (d *decoder) child(s uint16, k Value) uint16 {
+	sh := d.doc.shapes
+	c := sh[s].child
+	if c == 0 || sh[c].key == k {
+		return c
+	}
+	prev := c
+	for c = sh[c].sibling; c != 0; prev, c = c, sh[c].sibling {
+		if sh[c].key == k {
+			sh[prev].sibling, sh[c].sibling, sh[s].child = sh[c].sibling, sh[s].child, c
+			return c
 		}
 	}
+	return 0
+}
+
+// newShape makes the shape of shape s's keys followed by k, which it lacks; 0 when no more shapes may be
+// made, so the dict must take the pairs form.
+func (d *decoder) newShape(s uint16, k Value) (uint16, error) {
+	doc := d.doc
 	if len(doc.shapes) == maxShapes {
 		return 0, nil
 	}
@@ -74,16 +88,21 @@ func (d *decoder) extendShape(s uint16, k Value) (uint16, error) {
 
 // fillShaped stores the pairs of items into the shaped dict m for as long as they keep it shaped: keys that
 // are short strs, at most smallDict of them. It returns how many items it stored; the caller turns the dict
-// into the pairs form for the rest.
+// into the pairs form for the rest. Room for every pair is reserved at once (a dict is usually pickled in
+// one SETITEMS), and what a repeated key leaves over stays reserved.
 func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 	doc := d.doc
 	ci := m.payload()
+	have := int(doc.cont(ci).n)
+	room := have + min(len(items)/2, smallDict-have)
+	if room > have {
+		if _, err := d.reserve(ci, room-have); err != nil {
+			return 0, err
+		}
+	}
 	c := doc.cont(ci)
-	s := c.shape
-	have := int(c.n)
-	var vals [smallDict]Value // the dict's values, in its shape's order
-	copy(vals[:], doc.elems(c))
-	n := have
+	vals := doc.elems(c)
+	s, n := c.shape, have
 	depth := d.meta[ci]
 	i := 0
 	for ; i < len(items); i += 2 {
@@ -91,17 +110,23 @@ func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 		if k.tag() != tStr || doc.spans[k.payload()].n > internMaxLen {
 			break
 		}
-		j := doc.keyAt(s, k)
+		j := -1
+		next := d.child(s, k)
+		if next == 0 {
+			j = doc.keyAt(s, k)
+		}
 		if j < 0 {
-			if n == smallDict {
+			if n == room {
 				break
 			}
-			next, err := d.extendShape(s, k)
-			if err != nil {
-				return 0, err
-			}
-			if next == pairsForm {
-				break
+			if next == 0 {
+				var err error
+				if next, err = d.newShape(s, k); err != nil {
+					return 0, err
+				}
+				if next == pairsForm {
+					break
+				}
 			}
 			s, j = next, n
 			n++
@@ -111,13 +136,7 @@ func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 		}
 		vals[j] = v
 	}
-	if n > have {
-		if _, err := d.reserve(ci, n-have); err != nil {
-			return 0, err
-		}
-	}
-	copy(doc.elems(c), vals[:n])
-	c.shape = s
+	c.n, c.shape = uint32(n), s
 	d.meta[ci] = depth
 	return i, nil
 }

@@ -8,9 +8,11 @@ func (d *decoder) push(v Value) error {
 	if len(d.stack)+len(d.marks) >= d.lim.MaxStack {
 		return overLimit("stack size", int64(len(d.stack)+len(d.marks))+1, "MaxStack", int64(d.lim.MaxStack))
 	}
-	var err error
-	if d.stack, err = growSlice(&d.mem, d.stack, 1, 8); err != nil {
-		return err
+	if len(d.stack) == cap(d.stack) {
+		var err error
+		if d.stack, err = growSlice(&d.mem, d.stack, 1, 8); err != nil {
+			return err
+		}
 	}
 	d.stack = append(d.stack, v)
 	return nil

@@ -56,12 +56,14 @@ func (d *decoder) str(b []byte) (Value, error) {
 // addText copies b into the Doc's text and returns it as a value with the given tag.
 func (d *decoder) addText(tag uint64, b []byte) (Value, error) {
 	doc := d.doc
-	var err error
-	if doc.spans, err = growSlice(&d.mem, doc.spans, 1, spanBytes); err != nil {
-		return 0, err
-	}
-	if doc.text, err = growSlice(&d.mem, doc.text, len(b), 1); err != nil {
-		return 0, err
+	if len(doc.spans) == cap(doc.spans) || len(doc.text)+len(b) > cap(doc.text) {
+		var err error
+		if doc.spans, err = growSlice(&d.mem, doc.spans, 1, spanBytes); err != nil {
+			return 0, err
+		}
+		if doc.text, err = growSlice(&d.mem, doc.text, len(b), 1); err != nil {
+			return 0, err
+		}
 	}
 	doc.spans = append(doc.spans, span{off: len(doc.text), n: len(b)})
 	doc.text = append(doc.text, b...)
