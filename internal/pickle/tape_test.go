@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -99,6 +100,22 @@ func checkDoc(t *testing.T, d *Doc, v Value, x any, depth int) {
 		}
 		if _, ok := d.Get(v, "\x00 not a key"); ok {
 			t.Fatal("Get found a key the dict does not have")
+		}
+		// A Picker of every short str key, in reverse, and one the Doc lacks, finds what Pick finds.
+		var keys []Value
+		for i := len(pairs) - 2; i >= 0; i -= 2 {
+			if pairs[i].tag() == tStr && len(d.str(pairs[i])) <= internMaxLen && len(keys) < 31 {
+				keys = append(keys, pairs[i])
+			}
+		}
+		keys = append(keys, noValue)
+		byPick, byPicker := make([]Value, len(keys)), make([]Value, len(keys))
+		p := d.Picker(keys...)
+		for range 2 { // the second Pick of a shape uses its plan
+			wf, gf := d.Pick(v, keys, byPick), p.Pick(v, byPicker)
+			if wf != gf || !slices.Equal(byPick, byPicker) || gf != 1<<(len(keys)-1)-1 {
+				t.Fatalf("Picker: %b %v; Pick: %b %v", gf, byPicker, wf, byPick)
+			}
 		}
 	case *Set:
 		kind := KindSet

@@ -167,12 +167,12 @@ func (im *importer) parseSegments(v pickle.Value, name string) error {
 }
 
 // The keys of a segment dict the importer reads, in pick order.
-var segmentKeys = []string{"device", "address", "total_size", "stream", "segment_type", "is_expandable", "frames", "blocks"}
+var segmentKeys = [...]string{"device", "address", "total_size", "stream", "segment_type", "is_expandable", "frames", "blocks"}
 
 func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[]snapshot.Block) (snapshot.Segment, snapshot.StackID, error) {
 	var s snapshot.Segment
-	var v [8]pickle.Value
-	found := im.doc.Pick(seg, im.keys.segment[:], v[:])
+	var v [len(segmentKeys)]pickle.Value
+	found := im.keys.segment.Pick(seg, v[:])
 	for _, req := range [...]int{0, 1, 2, 7} { // device, address, total_size, blocks
 		if found&(1<<req) == 0 {
 			return s, 0, schemaErr(path(), "missing %q", segmentKeys[req])
@@ -248,12 +248,12 @@ func (im *importer) parseSegment(seg pickle.Value, path func() string, blocks *[
 }
 
 // The keys of a block dict the importer reads, in pick order.
-var blockKeys = []string{"size", "address", "state", "requested_size", "frames", "history"}
+var blockKeys = [...]string{"size", "address", "state", "requested_size", "frames", "history"}
 
 func (im *importer) parseBlock(bd pickle.Value, path func() string, next uint64) (snapshot.Block, snapshot.StackID, error) {
 	var b snapshot.Block
-	var v [6]pickle.Value
-	found := im.doc.Pick(bd, im.keys.block[:], v[:])
+	var v [len(blockKeys)]pickle.Value
+	found := im.keys.block.Pick(bd, v[:])
 	if found&1 == 0 {
 		return b, 0, schemaErr(path(), `missing "size"`)
 	}
@@ -428,13 +428,13 @@ func (im *importer) parseTraces(v pickle.Value) error {
 }
 
 // The keys of a trace entry the importer reads, in pick order.
-var entryKeys = []string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
+var entryKeys = [...]string{"action", "addr", "size", "stream", "time_us", "frames", "device_free", "category",
 	"user_metadata", "compile_context", "pool_id", "internal_metadata", "forward_frames"}
 
 func (im *importer) parseEntry(d pickle.Value, path func() string) (entry, bool, error) {
 	var e entry
-	var v [13]pickle.Value
-	found := im.doc.Pick(d, im.keys.entry[:], v[:])
+	var v [len(entryKeys)]pickle.Value
+	found := im.keys.entry.Pick(d, v[:])
 	if found&1 == 0 {
 		return e, false, schemaErr(path(), `missing "action"`)
 	}

@@ -411,12 +411,12 @@ func (im *importer) resolveFrame(d pickle.Value, path func() string, i int) (uin
 }
 
 // The keys of a frame dict the importer reads, in pick order.
-var frameKeys = []string{"name", "filename", "line"}
+var frameKeys = [...]string{"name", "filename", "line"}
 
 // frameDict reads one frame {filename, line, name}; FX annotations are ignored.
 func (im *importer) frameDict(d pickle.Value, path func() string) (snapshot.FrameID, error) {
-	var v [3]pickle.Value
-	found := im.doc.Pick(d, im.keys.frame[:], v[:])
+	var v [len(frameKeys)]pickle.Value
+	found := im.keys.frame.Pick(d, v[:])
 	// Old snapshots repeat equal frames in distinct dicts; their strs are shared or interned, so the Values
 	// of the fields find a frame seen before without reading its strings.
 	cache := found == 7

@@ -42,30 +42,22 @@ func (im *importer) has(d pickle.Value, key string) bool {
 	return ok
 }
 
-// pickKeys are the keys the importer picks from each kind of dict, as Values of its Doc (pickle.Doc.Pick), in
-// the order of segmentKeys, blockKeys, entryKeys and frameKeys.
+// pickKeys picks the keys the importer reads from each kind of dict, in the order of segmentKeys, blockKeys,
+// entryKeys and frameKeys (pickle.Picker).
 type pickKeys struct {
-	segment [8]pickle.Value
-	block   [6]pickle.Value
-	entry   [13]pickle.Value
-	frame   [3]pickle.Value
+	segment, block, entry, frame *pickle.Picker
 }
 
 // resolveKeys looks the key names up in doc once per import.
 func resolveKeys(doc *pickle.Doc) pickKeys {
-	var k pickKeys
-	for _, kind := range []struct {
-		names []string
-		out   []pickle.Value
-	}{{segmentKeys, k.segment[:]}, {blockKeys, k.block[:]}, {entryKeys, k.entry[:]}, {frameKeys, k.frame[:]}} {
-		if len(kind.names) != len(kind.out) {
-			panic("torch: a key list and its pickKeys array differ in length")
+	picker := func(names []string) *pickle.Picker {
+		keys := make([]pickle.Value, len(names))
+		for i, n := range names {
+			keys[i] = doc.Key(n)
 		}
-		for i, n := range kind.names {
-			kind.out[i] = doc.Key(n)
-		}
+		return doc.Picker(keys...)
 	}
-	return k
+	return pickKeys{segment: picker(segmentKeys[:]), block: picker(blockKeys[:]), entry: picker(entryKeys[:]), frame: picker(frameKeys[:])}
 }
 
 // asInt returns an integer. Like pickle.AsInt64, it maps PyTorch's unsigned 2^64-1 (a size_t "unlimited" or a
