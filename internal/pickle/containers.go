@@ -6,20 +6,15 @@ import "fmt"
 // reserve).
 
 // newCont creates an empty container with the given tag.
+// Its contents have no place until the first reserve finds them one (place).
 func (d *decoder) newCont(tag uint64) (Value, error) {
-	doc := d.doc
-	k := doc.cur
-	off := len(doc.chunks[k])
-	if off == chunkMax {
-		off = 0 // past the chunk's end: empty, so the offset never matters, and its first reserve moves it
-	}
 	if len(d.meta) == cap(d.meta) {
 		var err error
 		if d.meta, err = growSlice(&d.mem, d.meta, 1, 2); err != nil {
 			return 0, err
 		}
 	}
-	c := cont{off: uint32(k<<chunkShift | off)}
+	var c cont
 	if tag == tDict {
 		c.shape = emptyShape
 	}
@@ -74,6 +69,18 @@ func (d *decoder) reserve(ci uint64, n int) ([]Value, error) {
 	end := off + used
 	switch {
 	case used+n <= int(c.cap): // room reserved earlier
+	case used == 0: // the first elements: placed where the current chunk ends
+		if cur := doc.chunks[doc.cur]; len(cur)+n <= cap(cur) {
+			k, off = doc.cur, len(cur)
+			doc.chunks[k] = cur[:off+n]
+		} else {
+			to, err := d.place(n)
+			if err != nil {
+				return nil, err
+			}
+			k, off = to>>chunkShift, to&chunkMask
+		}
+		c.off, c.cap = uint32(k<<chunkShift|off), uint32(n)
 	case end == len(ch) && end+n <= cap(ch): // the chunk's last container: grow in place
 		doc.chunks[k] = ch[:end+n]
 		c.cap = uint32(used + n)

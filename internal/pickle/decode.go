@@ -245,6 +245,7 @@ type decoder struct {
 	credited   int64        // input bytes whose key work has been added to keys.budget
 	mat        materializer // Go forms of non-str keys, for hashing
 	emptyTuple Value        // the one empty tuple, once made
+	recent     [4]uint16    // the shapes the last dicts filled in one go took, latest first
 }
 
 // fail wraps a cause with the offset and name of the opcode being decoded.

@@ -94,6 +94,11 @@ func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 	doc := d.doc
 	ci := m.payload()
 	have := int(doc.cont(ci).n)
+	if have == 0 {
+		if s := d.recentShape(items); s != 0 {
+			return len(items), d.fillAs(m, s, items)
+		}
+	}
 	room := have + min(len(items)/2, smallDict-have)
 	if room > have {
 		if _, err := d.reserve(ci, room-have); err != nil {
@@ -111,9 +116,11 @@ func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 			break
 		}
 		j := -1
-		next := d.child(s, k)
-		if next == 0 {
-			j = doc.keyAt(s, k)
+		next := doc.shapes[s].child // the first child is the usual one
+		if next == 0 || doc.shapes[next].key != k {
+			if next = d.child(s, k); next == 0 {
+				j = doc.keyAt(s, k)
+			}
 		}
 		if j < 0 {
 			if n == room {
@@ -138,7 +145,50 @@ func (d *decoder) fillShaped(m Value, items []Value) (int, error) {
 	}
 	c.n, c.shape = uint32(n), s
 	d.meta[ci] = depth
+	if have == 0 && i == len(items) {
+		d.recent = [len(d.recent)]uint16{s, d.recent[0], d.recent[1], d.recent[2]}
+	}
 	return i, nil
+}
+
+// recentShape returns the shape of the keys in items if it is one of the last few a dict was filled with in
+// one go, else 0. A snapshot's dicts come in a few kinds, each pickled with all its keys at once.
+func (d *decoder) recentShape(items []Value) uint16 {
+	sh := d.doc.shapes
+	n := len(items) / 2
+next:
+	for _, s := range d.recent {
+		if s == 0 || int(sh[s].n) != n {
+			continue
+		}
+		for t, j := s, 2*n-2; t > emptyShape; t, j = sh[t].parent, j-2 {
+			if sh[t].key != items[j] {
+				continue next
+			}
+		}
+		return s
+	}
+	return 0
+}
+
+// fillAs fills the empty dict m with the pairs of items, whose keys are those of shape s in order.
+func (d *decoder) fillAs(m Value, s uint16, items []Value) error {
+	ci := m.payload()
+	vals, err := d.reserve(ci, len(items)/2)
+	if err != nil {
+		return err
+	}
+	depth := d.meta[ci]
+	for j := range vals {
+		v := items[2*j+1]
+		if err := d.adopt(m, &depth, v); err != nil {
+			return err
+		}
+		vals[j] = v
+	}
+	d.doc.cont(ci).shape = s
+	d.meta[ci] = depth
+	return nil
 }
 
 // unshape turns the shaped dict ci into the pairs form, with room for one more pair.

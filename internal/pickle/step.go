@@ -202,9 +202,17 @@ func (d *decoder) step(op byte) error {
 
 func (d *decoder) u8() (byte, error) {
 	if d.pos >= len(d.data) {
-		if err := d.need(1); err != nil {
-			return 0, err
-		}
+		return d.u8Slow()
+	}
+	b := d.data[d.pos]
+	d.pos++
+	return b, nil
+}
+
+// u8Slow is u8 at the end of the window: small enough to inline, u8 leaves reading to it.
+func (d *decoder) u8Slow() (byte, error) {
+	if err := d.need(1); err != nil {
+		return 0, err
 	}
 	b := d.data[d.pos]
 	d.pos++
@@ -230,10 +238,18 @@ func (d *decoder) u64() (uint64, error) {
 // take returns the next n bytes of input, without copying. They stay valid until the next read.
 func (d *decoder) take(n int) ([]byte, error) {
 	if n > len(d.data)-d.pos {
-		if err := d.need(n); err != nil {
-			d.pos = len(d.data)
-			return nil, err
-		}
+		return d.takeSlow(n)
+	}
+	b := d.data[d.pos : d.pos+n]
+	d.pos += n
+	return b, nil
+}
+
+// takeSlow is take past the end of the window.
+func (d *decoder) takeSlow(n int) ([]byte, error) {
+	if err := d.need(n); err != nil {
+		d.pos = len(d.data)
+		return nil, err
 	}
 	b := d.data[d.pos : d.pos+n]
 	d.pos += n

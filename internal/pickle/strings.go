@@ -57,17 +57,24 @@ func (d *decoder) str(b []byte) (Value, error) {
 func (d *decoder) addText(tag uint64, b []byte) (Value, error) {
 	doc := d.doc
 	if len(doc.spans) == cap(doc.spans) || len(doc.text)+len(b) > cap(doc.text) {
-		var err error
-		if doc.spans, err = growSlice(&d.mem, doc.spans, 1, spanBytes); err != nil {
-			return 0, err
-		}
-		if doc.text, err = growSlice(&d.mem, doc.text, len(b), 1); err != nil {
+		if err := d.growText(len(b)); err != nil {
 			return 0, err
 		}
 	}
 	doc.spans = append(doc.spans, span{off: len(doc.text), n: len(b)})
 	doc.text = append(doc.text, b...)
 	return mk(tag, uint64(len(doc.spans)-1)), nil
+}
+
+// growText makes room for one more span and n more bytes of text.
+func (d *decoder) growText(n int) error {
+	doc := d.doc
+	var err error
+	if doc.spans, err = growSlice(&d.mem, doc.spans, 1, spanBytes); err != nil {
+		return err
+	}
+	doc.text, err = growSlice(&d.mem, doc.text, n, 1)
+	return err
 }
 
 // spanBytes is the size of a span.
