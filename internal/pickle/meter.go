@@ -47,10 +47,21 @@ func (m *meter) add(n int64) error { return m.swap(0, n) }
 // release accounts for n bytes no longer held.
 func (m *meter) release(n int64) { m.held -= n }
 
-func (m *meter) over(more int64) error {
-	return fmt.Errorf("%w: %w: decoding needs more than Limits.MaxMemory (%d bytes): %d held, %d more asked for",
-		ErrLimit, ErrMemory, m.max, m.held, more)
+func (m *meter) over(more int64) error { return &MemoryError{Held: m.held, More: more, Max: m.max} }
+
+// MemoryError is the cause of a decode that would pass Limits.MaxMemory: it held Held bytes and needed More.
+// It matches ErrMemory and ErrLimit.
+type MemoryError struct {
+	Held, More, Max int64
 }
+
+func (e *MemoryError) Error() string {
+	return fmt.Sprintf("%v: %v: decoding needs more than Limits.MaxMemory (%d bytes): %d held, %d more asked for",
+		ErrLimit, ErrMemory, e.Max, e.Held, e.More)
+}
+
+// Is reports whether target is ErrMemory or ErrLimit.
+func (e *MemoryError) Is(target error) bool { return target == ErrMemory || target == ErrLimit }
 
 // growSlice returns s with room for n more elements, doubling its capacity when it runs out, as the meter
 // allows. append grows large slices by only a quarter, which allocates five times the final size in all;

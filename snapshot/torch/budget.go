@@ -1,7 +1,5 @@
 package torch
 
-import "fmt"
-
 // budget counts the bytes an import holds at once against Limits.MaxMemory, before they are allocated: the
 // decoded pickle (its Footprint), the records read from it, the tables, and the events. Slices count their
 // capacity; maps, which hide theirs, count mapEntryBytes per entry.
@@ -16,8 +14,7 @@ const mapEntryBytes = 64
 // ceiling.
 func (b *budget) add(n int64, what string) error {
 	if b.max > 0 && n > b.max-b.held {
-		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: %s would need %d more bytes with %d held, past Limits.MaxMemory (%d bytes)",
-			ErrMemory, what, n, b.held, b.max)}
+		return &ImportError{Offset: -1, Err: &MemoryError{What: what, Held: b.held, More: n, Max: b.max}}
 	}
 	b.held += n
 	b.peak = max(b.peak, b.held)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 )
@@ -25,8 +26,8 @@ var (
 	ErrLimit = errors.New("limit exceeded")
 	// ErrMalformed means the bytes do not decode: a damaged pickle or invalid JSON.
 	ErrMalformed = errors.New("malformed input")
-	// ErrMemory means the import would hold more memory than Limits.MaxMemory allows. It also matches
-	// ErrLimit.
+	// ErrMemory means the import would hold more memory than Limits.MaxMemory allows; the cause is a
+	// *MemoryError. It also matches ErrLimit.
 	ErrMemory error = memoryCeiling{}
 )
 
@@ -34,6 +35,22 @@ type memoryCeiling struct{}
 
 func (memoryCeiling) Error() string        { return "memory ceiling reached" }
 func (memoryCeiling) Is(target error) bool { return target == ErrLimit }
+
+// MemoryError is the cause of an import that would pass Limits.MaxMemory: what it was doing, the bytes it
+// held and the bytes it needed more. Held+More is what the import needs at least. It matches ErrMemory and
+// ErrLimit.
+type MemoryError struct {
+	What            string // "decoding the pickle", "building the events", ...
+	Held, More, Max int64
+}
+
+func (e *MemoryError) Error() string {
+	return fmt.Sprintf("%v: %s would need %d more bytes with %d held, past Limits.MaxMemory (%d bytes)",
+		ErrMemory, e.What, e.More, e.Held, e.Max)
+}
+
+// Is reports whether target is ErrMemory or ErrLimit.
+func (e *MemoryError) Is(target error) bool { return target == ErrMemory || target == ErrLimit }
 
 // ImportError describes why a snapshot could not be imported and where in its structure.
 type ImportError struct {
@@ -78,15 +95,16 @@ func limitErr(path, format string, args ...any) error {
 // decoder's own error. max is the memory ceiling the decode ran under.
 func decodeErr(err error, max int64) error {
 	var de *pickle.DecodeError
+	var pme *pickle.MemoryError
 	off := int64(-1)
 	if errors.As(err, &de) {
 		off = de.Offset
 	}
 	kind := ErrMalformed
 	switch {
-	case errors.Is(err, pickle.ErrMemory):
-		return &ImportError{Offset: off, Err: fmt.Errorf("%w: decoding the pickle would hold more than Limits.MaxMemory (%d bytes) at offset %d",
-			ErrMemory, max, off)}
+	case errors.As(err, &pme):
+		return &ImportError{Offset: off, Err: &MemoryError{What: "decoding the pickle at offset " + strconv.FormatInt(off, 10),
+			Held: pme.Held, More: pme.More, Max: max}}
 	case errors.Is(err, pickle.ErrRefused):
 		kind = ErrUnsafe
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -101,8 +119,8 @@ func decodeErr(err error, max int64) error {
 
 // buildErr turns a failure to convert a JSON snapshot into an ImportError.
 func buildErr(err error) error {
-	if errors.Is(err, pickle.ErrMemory) {
-		return &ImportError{Offset: -1, Err: fmt.Errorf("%w: %w", ErrMemory, err)}
+	if pme := (*pickle.MemoryError)(nil); errors.As(err, &pme) {
+		return &ImportError{Offset: -1, Err: &MemoryError{What: "building the JSON's values", Held: pme.Held, More: pme.More, Max: pme.Max}}
 	}
 	kind := ErrMalformed
 	if errors.Is(err, pickle.ErrLimit) || errors.Is(err, ErrLimit) {

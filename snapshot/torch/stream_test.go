@@ -198,8 +198,10 @@ func TestMaxMemory(t *testing.T) {
 				t.Errorf("MaxMemory %d, the peak: %v", p, err)
 			}
 			_, err = peak(p - 1)
-			if !errors.Is(err, ErrMemory) || !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "Limits.MaxMemory") {
-				t.Errorf("MaxMemory a byte under the peak: %v; want ErrMemory", err)
+			var me *MemoryError
+			if !errors.Is(err, ErrMemory) || !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "Limits.MaxMemory") ||
+				!errors.As(err, &me) || me.Held+me.More != p || me.Max != p-1 {
+				t.Errorf("MaxMemory a byte under the peak %d: %v; want ErrMemory, needing the peak", p, err)
 			}
 			t.Logf("peak %d bytes for %d of pickle", p, len(data))
 		})
@@ -209,8 +211,9 @@ func TestMaxMemory(t *testing.T) {
 	for _, max := range []int64{1 << 10, 1 << 20, 4 << 20} {
 		_, err := ImportReader(bytes.NewReader(data), WithLimits(Limits{MaxMemory: max}))
 		var ie *ImportError
-		if !errors.Is(err, ErrMemory) || !errors.As(err, &ie) {
-			t.Errorf("f3 (2.4 MB) within %d bytes: %v; want ErrMemory", max, err)
+		var me *MemoryError
+		if !errors.Is(err, ErrMemory) || !errors.As(err, &ie) || !errors.As(err, &me) || me.Held+me.More <= max || me.Max != max {
+			t.Errorf("f3 (2.4 MB) within %d bytes: %v; want a *MemoryError over it", max, err)
 		}
 	}
 	if _, err := ImportReader(bytes.NewReader(data), WithLimits(Limits{MaxMemory: 64 << 20})); err != nil {
