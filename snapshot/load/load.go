@@ -215,8 +215,8 @@ func (in *Input) Close() error {
 
 // Load reads the whole snapshot. An oomdbg snapshot cut short returns its readable prefix with
 // Snapshot.Warning set, as snapshot.Read does; a damaged one returns what came before the damage together
-// with the error. A PyTorch snapshot is imported whole (torch.Import) or not at all. Errors name the path; a
-// snapshot over the Budget is a *MemoryError.
+// with the error. A PyTorch snapshot is imported whole or not at all, a pickle decoded as it is read
+// (torch.ImportReader). Errors name the path; a snapshot over the Budget is a *MemoryError.
 func (in *Input) Load() (*snapshot.Snapshot, error) {
 	b := in.cfg.budget
 	switch in.Format {
