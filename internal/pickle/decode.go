@@ -187,7 +187,7 @@ func (n docStart) intern() int { return 1 << bits.Len(uint(min(max(int(n)/16, 32
 
 func (n docStart) bytes() int64 {
 	return 8*int64(n.chunk()) + spanBytes*int64(n.spans()) + int64(n.text()) + contBytes*int64(n.conts()) + 8*int64(n.intern()) +
-		shapeBytes*2
+		shapeBytes*initialShapes
 }
 
 func (n docStart) doc() *Doc {

@@ -28,8 +28,11 @@ const (
 	shapeBytes = 16
 )
 
-// newShapes returns the shapes every Doc starts with: none, and the empty one.
-func newShapes() []shape { return make([]shape, 2) }
+// newShapes returns the shapes every Doc starts with: none, and the empty one, with room for a snapshot's
+// few dozen.
+func newShapes() []shape { return make([]shape, 2, initialShapes) }
+
+const initialShapes = 32
 
 // keyAt returns the position of key k in shape s, or -1.
 func (d *Doc) keyAt(s uint16, k Value) int {

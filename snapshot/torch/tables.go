@@ -95,7 +95,7 @@ func (t *tables) full(count, limit int, size int64, maps, parseMaps int, what st
 		t.err = limitErr("", "more %s than a snapshot holds (%d entries, %d table bytes)", what, count, t.bytes)
 		return true
 	}
-	if err := t.mem.add(size+int64(maps)*mapEntryBytes, "interning "+what); err != nil {
+	if err := t.mem.add(size+int64(maps)*mapEntryBytes, what); err != nil {
 		t.err = err
 		return true
 	}
@@ -124,7 +124,7 @@ func (t *tables) str(s string) snapshot.StringID {
 	if len(key) == len(s) {
 		key = s
 	}
-	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, 1, 0, "strings") {
+	if t.full(len(t.strings), writeLimits.Strings, int64(len(s))+20, 1, 0, "interned strings") {
 		return 0
 	}
 	id := snapshot.StringID(len(t.strings))
@@ -156,7 +156,7 @@ func (t *tables) frame(name, file string, line int64) snapshot.FrameID {
 	f := snapshot.Frame{Function: t.str(name), File: t.str(file), Line: int32(max(-1<<31, min(1<<31-1, line)))}
 	id, ok := t.frameID[f]
 	if !ok {
-		if t.full(len(t.frames), writeLimits.Frames, 12, 3, 3, "frames") { // frameID, byContent, byValues
+		if t.full(len(t.frames), writeLimits.Frames, 12, 3, 3, "interned frames") { // frameID, byContent, byValues
 			return 0
 		}
 		id = snapshot.FrameID(len(t.frames))
@@ -202,7 +202,7 @@ func (t *tables) stack(h uint64) snapshot.StackID {
 	}
 	id, ok := t.stackID[string(t.key)]
 	if !ok {
-		if t.full(len(t.stacks), writeLimits.Stacks, 4*int64(len(frames))+4, 3, 3, "stacks") { // stackID, byHash, byRaw
+		if t.full(len(t.stacks), writeLimits.Stacks, 4*int64(len(frames))+4, 3, 3, "interned stacks") { // stackID, byHash, byRaw
 			return 0
 		}
 		id = snapshot.StackID(len(t.stacks))

@@ -50,12 +50,14 @@ type pickKeys struct {
 
 // resolveKeys looks the key names up in doc once per import.
 func resolveKeys(doc *pickle.Doc) pickKeys {
+	var keys [len(segmentKeys) + len(blockKeys) + len(entryKeys) + len(frameKeys)]pickle.Value
+	used := keys[:0]
 	picker := func(names []string) *pickle.Picker {
-		keys := make([]pickle.Value, len(names))
-		for i, n := range names {
-			keys[i] = doc.Key(n)
+		from := len(used)
+		for _, n := range names {
+			used = append(used, doc.Key(n))
 		}
-		return doc.Picker(keys...)
+		return doc.Picker(used[from:len(used):len(used)]...)
 	}
 	return pickKeys{segment: picker(segmentKeys[:]), block: picker(blockKeys[:]), entry: picker(entryKeys[:]), frame: picker(frameKeys[:])}
 }
