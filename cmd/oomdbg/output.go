@@ -92,7 +92,10 @@ func checkOutput(path string, force, streams bool) (output, error) {
 		o.kind = outputRegular
 		return o, nil
 	case streams && (mode&fs.ModeNamedPipe != 0 || mode&fs.ModeCharDevice != 0):
-		if isTerminalPath(o.target) {
+		// Only a character device can be a terminal. A FIFO is never probed: opening it, even without
+		// blocking, would pair with a reader already waiting, and closing the probe would hand that reader
+		// an end of file before the recording starts.
+		if mode&fs.ModeCharDevice != 0 && isTerminalPath(o.target) {
 			return o, fmt.Errorf("refusing to write a binary snapshot to the terminal %s", path)
 		}
 		o.kind = outputStream
