@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/words"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
@@ -196,32 +197,9 @@ func (a *AllocConf) UnmarshalText(text []byte) error { return parseInto(a, Parse
 // IsZero reports whether a is PyTorch's default configuration, given as nothing (so that JSON omits it).
 func (a AllocConf) IsZero() bool { return a.String() == "" }
 
-// parseWord returns the index of s in names, the first being the default ("" too).
-func parseWord(names []string, what, s string) (int, error) {
-	if s == "" {
-		return 0, nil
-	}
-	for i, n := range names {
-		if n == s {
-			return i, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown %s %q (want %s or %s)", what, s, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
-}
-
-func nameOf(names []string, i int, what string) string {
-	if i >= 0 && i < len(names) {
-		return names[i]
-	}
-	return what + "(" + strconv.Itoa(i) + ")"
-}
-
-// parseInto sets *v to parse(text).
+// parseWord, nameOf and parseInto are internal/words' rules for settings spelled as words.
+func parseWord(names []string, what, s string) (int, error) { return words.Parse(names, what, s) }
+func nameOf(names []string, i int, what string) string      { return words.Name(names, i, what) }
 func parseInto[T any](v *T, parse func(string) (T, error), text []byte) error {
-	p, err := parse(string(text))
-	if err != nil {
-		return err
-	}
-	*v = p
-	return nil
+	return words.Into(v, parse, text)
 }
