@@ -107,3 +107,15 @@ func ShouldSplit(block, rounded uint64, small bool, maxSplit uint64) bool {
 	}
 	return rounded < maxSplit && remaining > SmallSize
 }
+
+// HostBlockSize is the size of the block the caching host allocator (page-locked memory: pin_memory(), the
+// CPU side of non_blocking copies) serves a request of size bytes with: the next power of two,
+// c10::llvm::PowerOf2Ceil in CachingHostAllocatorImpl::allocate (aten/src/ATen/core/CachingHostAllocator.h),
+// which also indexes its free lists. It does not split blocks. 0 stays 0 (no allocation); sizes past 2^63 are
+// returned as they are.
+func HostBlockSize(size uint64) uint64 {
+	if size == 0 || size > 1<<63 {
+		return size
+	}
+	return 1 << bits.Len64(size-1)
+}

@@ -155,3 +155,24 @@ func TestNoOverflow(t *testing.T) {
 		}
 	}
 }
+
+func TestHostBlockSizeIsThePowerOfTwoCeiling(t *testing.T) {
+	t.Parallel()
+	cases := map[uint64]uint64{0: 0, 1: 1, 2: 2, 3: 4, 512: 512, 513: 1024, 1 << 30: 1 << 30, 1<<30 + 1: 1 << 31,
+		3 << 29: 1 << 31, 1 << 63: 1 << 63, 1<<63 + 1: 1<<63 + 1}
+	for size, want := range cases {
+		if got := HostBlockSize(size); got != want {
+			t.Errorf("HostBlockSize(%d) = %d, want %d", size, got, want)
+		}
+		// Independently: the least power of two not below size.
+		if size > 0 && size <= 1<<63 {
+			p := uint64(1)
+			for p < size {
+				p <<= 1
+			}
+			if p != want {
+				t.Fatalf("case %d: table says %d, loop says %d", size, want, p)
+			}
+		}
+	}
+}

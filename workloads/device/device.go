@@ -74,7 +74,21 @@ type Device struct {
 	kind  Kind
 	mem   alloc.Device
 	alloc *alloc.Allocator
+	host  *alloc.HostAllocator // a host device's memory (NewHost); nil on a GPU
 }
+
+// HostIndex is the device index of host memory in a recording: PyTorch's CPU device has no ordinal (-1).
+const HostIndex = -1
+
+// NewHost returns the host memory of a process whose GPU is of kind k (meta or cpu: whether ops on host
+// tensors compute), allocated through h: where CPU offload keeps optimizer state, master weights and
+// gradients. It has no caching allocator (Allocator returns nil) and no unified memory.
+func NewHost(kind Kind, h *alloc.HostAllocator) *Device {
+	return &Device{kind: kind, host: h}
+}
+
+// Host returns a host device's allocator, or nil for a GPU.
+func (d *Device) Host() *alloc.HostAllocator { return d.host }
 
 // New returns a device of kind whose segments come from mem, allocated through a caching allocator with
 // settings cfg.
@@ -100,13 +114,18 @@ func Open(kind Kind, ordinal int, capacity, contextReserve uint64, cfg alloc.Con
 // Kind returns the device's kind.
 func (d *Device) Kind() Kind { return d.kind }
 
-// Index returns the device ordinal.
-func (d *Device) Index() int { return d.mem.Index() }
+// Index returns the device ordinal (HostIndex for host memory).
+func (d *Device) Index() int {
+	if d.host != nil {
+		return HostIndex
+	}
+	return d.mem.Index()
+}
 
 // Computes reports whether ops compute values on this device (cpu), or only shapes and memory.
 func (d *Device) Computes() bool { return d.kind == CPU }
 
-// Allocator returns the device's caching allocator.
+// Allocator returns the device's caching allocator (nil for host memory).
 func (d *Device) Allocator() *alloc.Allocator { return d.alloc }
 
 // Memory returns where the allocator's segments come from.
@@ -121,11 +140,29 @@ func (d *Device) Managed() (alloc.ManagedMemory, bool) {
 
 // Malloc allocates bytes on the default stream through the caching allocator. The error of a failed
 // allocation is the allocator's *alloc.OutOfMemoryError, whose text is PyTorch's OOM message.
-func (d *Device) Malloc(bytes uint64) (uint64, error) { return d.alloc.Malloc(bytes, 0) }
+func (d *Device) Malloc(bytes uint64) (uint64, error) {
+	if d.host != nil {
+		return d.host.Malloc(bytes, false)
+	}
+	return d.alloc.Malloc(bytes, 0)
+}
+
+// MallocPinned allocates page-locked memory on a host device (through the caching host allocator); on a GPU
+// it is Malloc.
+func (d *Device) MallocPinned(bytes uint64) (uint64, error) {
+	if d.host != nil {
+		return d.host.Malloc(bytes, true)
+	}
+	return d.Malloc(bytes)
+}
 
 // Free returns a block to the caching allocator. Freeing what was not allocated is a bug in the runtime.
 func (d *Device) Free(addr uint64) {
-	if err := d.alloc.Free(addr); err != nil {
+	free := d.alloc.Free
+	if d.host != nil {
+		free = d.host.Free
+	}
+	if err := free(addr); err != nil {
 		panic(fmt.Sprintf("device: %v", err))
 	}
 }
