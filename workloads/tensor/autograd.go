@@ -347,6 +347,9 @@ func accumulateGrad(n *Node, grads []*Tensor, _ []bool) []*Tensor {
 	default:
 		addInPlace(leaf.grad, g)
 	}
+	for _, h := range leaf.gradHooks {
+		h()
+	}
 	return nil
 }
 

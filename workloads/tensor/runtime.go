@@ -52,6 +52,9 @@ type Runtime struct {
 	handles map[*Tensor]struct{} // every live tensor reference
 	nextRef uint64
 	onOOM   func(*OOMError)
+
+	scopeHook func(path string, enter bool) // SetScopeHook
+	pinned    bool                          // new allocations page-locked (Pinned)
 }
 
 // NewRuntime returns a runtime on dev. tr may be nil (nothing traced). seed makes dropout and initialisation
@@ -121,7 +124,13 @@ func (rt *Runtime) Scope(path string) (leave func()) {
 	if rt.tr != nil {
 		rt.tr.PushScope(path)
 	}
+	if rt.scopeHook != nil {
+		rt.scopeHook(path, true)
+	}
 	return func() {
+		if rt.scopeHook != nil {
+			rt.scopeHook(path, false)
+		}
 		rt.scopes = rt.scopes[:len(rt.scopes)-1]
 		if rt.tr != nil {
 			rt.tr.PopScope()

@@ -19,6 +19,7 @@ type storage struct {
 	category snapshot.Category
 	label    string
 	managed  bool // unified memory outside the caching allocator (EmptyManaged)
+	freed    bool // the memory was given back while the tensor lives on (FreeStorage)
 }
 
 // newStorage allocates bytes of device memory for a tensor described by dtype, shape and role, tagged with
@@ -33,7 +34,7 @@ func (rt *Runtime) newStorage(dtype DType, shape []int, role string, category sn
 	if rt.tr != nil {
 		rt.tr.TagNextAlloc(category, st.label)
 	}
-	addr, err := rt.dev.Malloc(st.bytes)
+	addr, err := rt.malloc(st.bytes)
 	if err != nil {
 		oom := &OOMError{Bytes: st.bytes, Label: st.label, Err: err}
 		if rt.onOOM != nil {
@@ -52,6 +53,10 @@ func (rt *Runtime) newStorage(dtype DType, shape []int, role string, category sn
 func (st *storage) release() {
 	st.refs--
 	if st.refs > 0 || st.bytes == 0 {
+		return
+	}
+	if st.freed { // its memory went back already (FreeStorage)
+		st.data = nil
 		return
 	}
 	if st.managed {

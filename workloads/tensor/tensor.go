@@ -32,7 +32,8 @@ type object struct {
 	grad         *Tensor // accumulated gradient of a leaf
 	accumulate   *Node   // the AccumulateGrad node of a leaf that requires grad
 	refs         int
-	name         string // the first name a reference gave it (e.g. a parameter's), for describing its gradient
+	name         string   // the first name a reference gave it (e.g. a parameter's), for describing its gradient
+	gradHooks    []func() // run after a gradient is accumulated into grad (OnGradAccumulated)
 }
 
 // owner says who holds a reference, for heap dumps.
