@@ -21,6 +21,9 @@ type GPTConfig struct {
 	// (F.scaled_dot_product_attention's memory-efficient kernels).
 	Attention string
 	DType     tensor.DType
+	// Built, when set, is called with each transformer block as soon as its parameters exist (a data-parallel
+	// strategy shards it at once, so the whole model is never on the device).
+	Built func(b Module)
 }
 
 // GPT is nanoGPT's model, module for module: token and position embeddings, dropout, Layers pre-LayerNorm
@@ -138,6 +141,9 @@ func NewGPT(rt *tensor.Runtime, cfg GPTConfig) (*GPT, error) {
 		b.MLP.CProj = linear(join(mn, "c_proj"), 4*d, d, projStd)
 		b.MLP.Drop = NewDropout(rt, join(mn, "dropout"), cfg.Dropout, &g.Training)
 		g.Blocks = append(g.Blocks, b)
+		if cfg.Built != nil {
+			cfg.Built(b)
+		}
 	}
 	g.LNF = NewLayerNorm(rt, "transformer.ln_f", d, cfg.Bias, cfg.DType)
 	g.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: g.WTE.Weight} // weight tying

@@ -38,6 +38,9 @@ type LlamaConfig struct {
 	// linear layers in 4 bits.
 	Adapter *LoRAConfig
 	QLoRA   bool
+	// Built, when set, is called with each decoder layer as soon as its parameters exist (a data-parallel
+	// strategy shards it at once, so the whole model is never on the device).
+	Built func(l Module)
 }
 
 // LlamaProjections names the linear layers of a decoder layer, in the order peft's target_modules uses.
@@ -171,6 +174,9 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		l.InputNorm = newRMSNorm(rt, join(name, "input_layernorm"), d, cfg.NormEps, cfg.DType)
 		l.PostNorm = newRMSNorm(rt, join(name, "post_attention_layernorm"), d, cfg.NormEps, cfg.DType)
 		m.Layers = append(m.Layers, l)
+		if cfg.Built != nil {
+			cfg.Built(l)
+		}
 	}
 	m.Norm = newRMSNorm(rt, "model.norm", d, cfg.NormEps, cfg.DType)
 	m.InvFreq = ropeInvFreq(rt, hd, cfg.RopeTheta)

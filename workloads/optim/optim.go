@@ -122,30 +122,41 @@ type Optimizer interface {
 	Release()
 }
 
+// Defaults returns c with PyTorch's defaults for what is zero: lr 1e-3; momentum 0.9 for Momentum; betas
+// (0.9, 0.999), eps 1e-8 and, for AdamW and bitsandbytes' AdamW, weight decay 0.01.
+func (c Config) Defaults() Config {
+	if c.LR == 0 {
+		c.LR = 1e-3
+	}
+	switch c.Kind {
+	case Momentum:
+		if c.Momentum == 0 {
+			c.Momentum = 0.9
+		}
+	case Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit:
+		if c.Beta1 == 0 {
+			c.Beta1 = 0.9
+		}
+		if c.Beta2 == 0 {
+			c.Beta2 = 0.999
+		}
+		if c.Eps == 0 {
+			c.Eps = 1e-8
+		}
+		if c.Kind != Adam && c.WeightDecay == 0 {
+			c.WeightDecay = 0.01
+		}
+	}
+	return c
+}
+
 // New returns the optimizer cfg names for params.
 func New(rt *tensor.Runtime, params []*nn.Parameter, cfg Config) (Optimizer, error) {
-	if cfg.LR == 0 {
-		cfg.LR = 1e-3
-	}
+	cfg = cfg.Defaults()
 	switch cfg.Kind {
 	case SGD, Momentum:
-		if cfg.Kind == Momentum && cfg.Momentum == 0 {
-			cfg.Momentum = 0.9
-		}
 		return &sgd{base: base{rt: rt, params: params}, cfg: cfg}, nil
 	case Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit:
-		if cfg.Beta1 == 0 {
-			cfg.Beta1 = 0.9
-		}
-		if cfg.Beta2 == 0 {
-			cfg.Beta2 = 0.999
-		}
-		if cfg.Eps == 0 {
-			cfg.Eps = 1e-8
-		}
-		if cfg.Kind != Adam && cfg.WeightDecay == 0 {
-			cfg.WeightDecay = 0.01
-		}
 		if cfg.Kind != Adam && cfg.Kind != AdamW {
 			return newBNB(rt, params, cfg), nil
 		}
