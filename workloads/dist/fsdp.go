@@ -1,0 +1,414 @@
+package dist
+
+import (
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/nn"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// fsdp is PyTorch's FullyShardedDataParallel with use_orig_params=False (torch/distributed/fsdp/
+// _flat_param.py, _runtime_utils.py, _limiter_utils.py), its defaults (limit_all_gathers=True,
+// backward_prefetch=BACKWARD_PRE, forward_prefetch=False) and, under bf16 or fp16, MixedPrecision with
+// param_dtype and reduce_dtype the half dtype (what accelerate and HF Trainer set for FSDP with --bf16):
+//
+//   - Each unit (a repeated block under --fsdp-wrap block, the rest of the model as the root unit; or the
+//     whole model) flattens its parameters into one FlatParameter. Each rank keeps its shard, ceil(numel/N)
+//     elements (torch.chunk, the last shards padded), as _local_shard; the parameters become views of
+//     _full_param_padded, N shards long, whose memory is freed while the unit is sharded (_free_storage).
+//   - A unit is unsharded (its padded buffer allocated and all-gathered, through a low-precision shard
+//     _mp_shard under mixed precision) in its pre-forward and pre-backward. Its post-forward reshards it
+//     (FULL_SHARD, HYBRID_SHARD) or keeps it to backward (SHARD_GRAD_OP); the root unit is never resharded
+//     after forward. With limit_all_gathers the CPU runs at most two all-gathers ahead, so memory holds the
+//     unit computing and the next one: a pre-forward gathers the next unit too, and BACKWARD_PRE prefetching
+//     gathers the previous one in each pre-backward.
+//   - A unit's post-backward (its parameters' gradients all in) concatenates them into an unsharded flat
+//     gradient, reduce-scatters it into a new sharded gradient (cast to the parameters' dtype under mixed
+//     precision), frees the unsharded one, reshards the unit, and accumulates the shard into the
+//     FlatParameter's gradient. HYBRID_SHARD all-reduces the shard across nodes.
+//   - The optimizer (torch.optim, as the loop asked) steps the shards: 16 bytes a parameter over N ranks with
+//     Adam.
+//   - With CPUOffload(offload_params=True) the shards live in pinned host memory with a pinned gradient
+//     shard (_cpu_grad) each; a shard is copied to the GPU for every all-gather, every reduced gradient to the
+//     host, and the optimizer steps on the host.
+type fsdp struct {
+	base
+	n        int          // ranks sharing a unit: the world, or one node's for HYBRID_SHARD
+	dtype    tensor.DType // the unsharded parameters' dtype: the half dtype under mixed precision
+	units    []*fsdpUnit  // the block units in forward order
+	root     *fsdpUnit
+	prefixes []string
+	unitOf   map[string]*fsdpUnit
+	shards   []*nn.Parameter // the FlatParameters' shards, as the optimizer sees them
+	opt      optim.Optimizer
+	host     *tensor.Runtime
+}
+
+// fsdpUnit is one FlatParamHandle.
+type fsdpUnit struct {
+	name      string // its module's path; "" for the root
+	index     int    // its place in forward order (-1: the root)
+	params    []*nn.Parameter
+	numel     int
+	shard     int            // elements of each rank's shard
+	local     *tensor.Tensor // _local_shard (GPU, or pinned host memory when offloaded)
+	flat      *nn.Parameter  // the FlatParameter as the optimizer steps it: its tensor is the local shard
+	full      *tensor.Tensor // _full_param_padded: the all-gather's destination, freed while sharded
+	cpuGrad   *tensor.Tensor // offload: _cpu_grad
+	unsharded bool
+	pending   int            // trainable parameters whose gradients this backward still owes
+	pre       bool           // its pre-backward ran in this backward
+	noSync    *tensor.Tensor // the unsharded gradient accumulated over no_sync micro-batches
+	trainable bool
+}
+
+func (f *fsdp) ParamDType(requested tensor.DType) tensor.DType { return requested }
+func (f *fsdp) Autocast() bool                                 { return true }
+func (f *fsdp) offloaded() bool                                { return f.s.Offload != OffloadNone }
+
+// reshardAfterForward is RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES: FULL_SHARD and HYBRID_SHARD.
+func (f *fsdp) reshardAfterForward() bool { return f.s.Strategy != FSDPGradOp }
+
+func (f *fsdp) init() {
+	if f.unitOf != nil {
+		return
+	}
+	f.n = f.s.ShardGroup()
+	f.dtype = halfOf(f.env.AMP)
+	f.unitOf = map[string]*fsdpUnit{}
+	f.host = f.env.Host
+}
+
+// BuiltBlock makes the block a unit at once: FSDP's auto-wrap moves and shards one unit at a time.
+func (f *fsdp) BuiltBlock(block nn.Module) {
+	f.init()
+	if f.s.Wrap != WrapBlock {
+		return
+	}
+	f.addUnit(block.Name(), block.Parameters())
+}
+
+func (f *fsdp) Wrap(model nn.Module) {
+	f.init()
+	if f.s.Wrap == WrapBlock && len(f.units) == 0 { // a model built without a hook (the MLP)
+		for _, b := range nn.RepeatedBlocks(model) {
+			f.addUnit(b.Name(), b.Parameters())
+		}
+	}
+	inUnit := map[*nn.Parameter]bool{}
+	for _, u := range f.units {
+		for _, p := range u.params {
+			inUnit[p] = true
+		}
+	}
+	var rest []*nn.Parameter
+	for _, p := range model.Parameters() {
+		if !inUnit[p] {
+			rest = append(rest, p)
+		}
+	}
+	if len(rest) > 0 {
+		f.root = f.makeUnit("", -1, rest)
+	}
+	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
+		if u == nil {
+			continue
+		}
+		for _, p := range u.params {
+			if p.Tensor.RequiresGrad() {
+				p.Tensor.OnGradAccumulated(func() { f.gradReady(u) })
+			}
+		}
+		if u.trainable {
+			f.shards = append(f.shards, u.flat)
+		}
+	}
+	rt := f.rt
+	if f.offloaded() {
+		rt = f.host
+	}
+	cfg := f.env.Optimizer
+	if f.offloaded() && (cfg.Kind == optim.Adam || cfg.Kind == optim.AdamW) && cfg.Impl == "" {
+		cfg.Impl = optim.ForLoop // torch.optim's default on CPU tensors: neither foreach nor fused
+	}
+	opt, err := optim.New(rt, f.shards, cfg)
+	if err != nil {
+		panic(err) // validated
+	}
+	f.opt = opt
+	f.rt.SetScopeHook(f.scope)
+}
+
+func (f *fsdp) addUnit(name string, params []*nn.Parameter) {
+	u := f.makeUnit(name, len(f.units), params)
+	f.units = append(f.units, u)
+	f.prefixes = append(f.prefixes, name)
+	f.unitOf[name] = u
+}
+
+// makeUnit is FlatParamHandle's construction, shard() and _init_flat_param_attributes for params.
+func (f *fsdp) makeUnit(name string, index int, params []*nn.Parameter) *fsdpUnit {
+	u := &fsdpUnit{name: name, index: index, params: params}
+	label := name
+	if label == "" {
+		label = "root"
+	}
+	for _, p := range params {
+		u.numel += p.Tensor.Numel()
+		u.trainable = u.trainable || p.Tensor.RequiresGrad()
+	}
+	u.shard = int(ceilDiv(int64(u.numel), int64(f.n)))
+	dtype := params[0].Tensor.DType()
+	unsharded := dtype
+	if f.dtype != tensor.F32 {
+		unsharded = f.dtype
+	}
+	f.allocating(snapshot.CategoryParameter, "fsdp", func() {
+		// flatten_tensors: the parameters concatenated (and viewed from the flat tensor), then the rank's
+		// chunk cloned and padded (_get_shard); the flat tensor and the original storages go.
+		flat := f.rt.Empty(dtype, []int{u.numel}, "fsdp.flat_param["+label+"]")
+		off := 0
+		for _, p := range params {
+			v := flatView(flat, off, p.Tensor.Numel(), p.Tensor.Shape())
+			tensor.Copy_(v, p.Tensor)
+			p.Tensor.SetData(v)
+			v.Release()
+			off += p.Tensor.Numel()
+		}
+		if f.offloaded() {
+			hostAllocating(f.host, snapshot.CategoryParameter, func() {
+				f.host.Pinned(func() { // _local_shard.pin_memory()
+					u.local = f.host.Zeros(dtype, []int{u.shard}, "fsdp.local_shard["+label+"]", snapshot.CategoryParameter)
+				})
+				f.host.Pinned(func() {
+					u.cpuGrad = f.host.Zeros(dtype, []int{u.shard}, "fsdp.cpu_grad["+label+"]", snapshot.CategoryGradient)
+				})
+			})
+			f.comm.record(DeviceToHost, int64(u.shard*dtype.Size()), 0, "fsdp shard "+label+" to host")
+		} else {
+			u.local = f.rt.Zeros(dtype, []int{u.shard}, "fsdp.local_shard["+label+"]", snapshot.CategoryParameter)
+		}
+		u.local.SetRequiresGrad(u.trainable)
+		u.flat = &nn.Parameter{Name: label + ".flat_param", Tensor: u.local.SetName(label + ".flat_param")}
+		// _full_param_padded: allocated and its storage freed at once; the parameters become its views.
+		u.full = f.rt.Empty(unsharded, []int{f.n * u.shard}, "fsdp.unsharded["+label+"]")
+		off = 0
+		for _, p := range params {
+			v := flatView(u.full, off, p.Tensor.Numel(), p.Tensor.Shape())
+			p.Tensor.SetData(v)
+			v.Release()
+			off += p.Tensor.Numel()
+		}
+		u.full.FreeStorage()
+		flat.Release()
+	})
+	return u
+}
+
+// unshard is _unshard: the unit's padded buffer allocated and all-gathered into, from a shard on the GPU
+// (its low-precision copy under mixed precision, or the host shard copied over when offloaded).
+func (f *fsdp) unshard(u *fsdpUnit) {
+	if u == nil || u.unsharded {
+		return
+	}
+	label := u.label()
+	f.allocating(snapshot.CategoryParameter, "fsdp", func() {
+		var staged *tensor.Tensor
+		if f.offloaded() || f.dtype != tensor.F32 {
+			staged = f.rt.Empty(u.full.DType(), []int{u.shard}, "fsdp.mp_shard["+label+"]")
+			if f.offloaded() {
+				f.comm.record(HostToDevice, int64(u.shard*u.local.DType().Size()), 0, "fsdp shard "+label+" to the GPU")
+			}
+		}
+		u.full.AllocStorage()
+		f.comm.record(AllGather, int64(f.n*u.shard*u.full.DType().Size()), f.n, "fsdp unit "+label)
+		staged.Release() // _free_low_precision_sharded_param
+	})
+	u.unsharded = true
+}
+
+// reshard frees the unit's padded buffer.
+func (f *fsdp) reshard(u *fsdpUnit) {
+	if u == nil || !u.unsharded {
+		return
+	}
+	u.full.FreeStorage()
+	u.unsharded = false
+}
+
+func (u *fsdpUnit) label() string {
+	if u.name == "" {
+		return "root"
+	}
+	return u.name
+}
+
+// next returns the unit after u in forward order, or nil.
+func (f *fsdp) next(u *fsdpUnit, step int) *fsdpUnit {
+	i := u.index + step
+	if i < 0 || i >= len(f.units) {
+		return nil
+	}
+	return f.units[i]
+}
+
+func (f *fsdp) BeginForward(iteration int, sync bool) {
+	f.iteration, f.sync = iteration, sync
+	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
+		if u == nil {
+			continue
+		}
+		u.pre = false
+		u.pending = 0
+		for _, p := range u.params {
+			if p.Tensor.RequiresGrad() {
+				u.pending++
+			}
+		}
+	}
+	f.unshard(f.root) // the root's pre-forward
+}
+
+// scope is FSDP's module hooks, seen through the runtime's scopes: a unit's pre- and post-forward around its
+// block's forward, its pre-backward when backward first reaches it (through a recomputed forward under
+// checkpointing).
+func (f *fsdp) scope(path string, enter bool) {
+	phase := f.rt.Phase()
+	if phase == snapshot.PhaseSetup || len(f.units) == 0 {
+		return
+	}
+	u := f.unitOf[unitOf(path, f.prefixes)]
+	if u == nil {
+		return
+	}
+	switch phase {
+	case snapshot.PhaseBackward, snapshot.PhaseRecompute:
+		if enter && !u.pre {
+			f.preBackward(u)
+		}
+	default: // forward, eval
+		if path != u.name {
+			return
+		}
+		if enter {
+			f.unshard(u)
+			f.unshard(f.next(u, 1)) // limit_all_gathers: the next unit's all-gather runs ahead
+		} else if f.reshardAfterForward() {
+			f.reshard(u)
+		}
+	}
+}
+
+// preBackward is _pre_backward_hook: the unit unsharded, and BACKWARD_PRE prefetching of the unit backward
+// reaches next.
+func (f *fsdp) preBackward(u *fsdpUnit) {
+	u.pre = true
+	f.unshard(u)
+	f.unshard(f.next(u, -1))
+}
+
+// gradReady counts a unit's gradients in; the last one runs its post-backward.
+func (f *fsdp) gradReady(u *fsdpUnit) {
+	if u.pending--; u.pending == 0 {
+		f.postBackward(u)
+	}
+}
+
+// postBackward is _post_backward_hook and _reduce_grad.
+func (f *fsdp) postBackward(u *fsdpUnit) {
+	label := u.label()
+	f.allocating(snapshot.CategoryGradient, "fsdp", func() {
+		// The parameters' gradients are one flat unsharded gradient (SplitWithSizesBackward's cat), padded.
+		flat := u.noSync
+		if flat == nil {
+			flat = f.rt.Zeros(u.full.DType(), []int{f.n * u.shard}, "fsdp.unsharded_grad["+label+"]", snapshot.CategoryGradient)
+		}
+		off := 0
+		for _, p := range u.params {
+			if g := p.Tensor.Grad(); g != nil {
+				v := flatView(flat, off, p.Tensor.Numel(), p.Tensor.Shape())
+				if u.noSync != nil {
+					tensor.AddScaled_(v, g, 1)
+				} else {
+					tensor.Copy_(v, g)
+				}
+				v.Release()
+				p.Tensor.SetGrad(nil)
+			}
+			off += p.Tensor.Numel()
+		}
+		u.noSync = nil
+		if !f.sync { // no_sync: the unsharded gradient is kept, unreduced, to the last micro-batch
+			u.noSync = flat
+			return
+		}
+		shard := f.rt.Empty(u.full.DType(), []int{u.shard}, "fsdp.sharded_grad["+label+"]")
+		f.comm.record(ReduceScatter, int64(f.n*u.shard*u.full.DType().Size()), f.n, "fsdp unit "+label)
+		flat.Release()
+		if f.s.Strategy == HSDP {
+			f.comm.record(AllReduce, int64(u.shard*shard.DType().Size()), f.s.NodeCount(), "hsdp shard "+label+" across nodes")
+		}
+		if shard.DType() != u.local.DType() { // _cast_grad_to_param_dtype
+			c := tensor.ToDType(shard, u.local.DType())
+			shard.Release()
+			shard = c
+		}
+		if f.offloaded() {
+			tensor.Copy_(u.cpuGrad, shard) // _offload_grad
+			f.comm.record(DeviceToHost, int64(u.shard*u.local.DType().Size()), 0, "fsdp gradient shard "+label+" to host")
+			shard.Release()
+			if u.flat.Tensor.Grad() == nil {
+				u.flat.Tensor.SetGrad(u.cpuGrad.Ref())
+			}
+		} else if g := u.flat.Tensor.Grad(); g != nil { // _accumulate_sharded_grad
+			tensor.AddScaled_(g, shard, 1)
+			shard.Release()
+		} else {
+			u.flat.Tensor.SetGrad(shard)
+		}
+	})
+	if f.reshardAfterForward() || f.sync {
+		f.reshard(u)
+	}
+}
+
+func (f *fsdp) EndBackward() {
+	// _post_backward_final_callback: a unit whose gradients did not all come (a parameter unused) still
+	// reshards.
+	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
+		if u != nil && u.pending > 0 && f.sync {
+			u.pending = 0
+			f.postBackward(u)
+		}
+	}
+}
+
+func (f *fsdp) Step(scaler *optim.GradScaler) {
+	if scaler != nil {
+		scaler.Step(f.opt, f.shards)
+		scaler.Update()
+	} else {
+		f.opt.Step()
+	}
+	f.endStep()
+}
+
+func (f *fsdp) ZeroGrad(setToNone bool) {
+	if f.offloaded() {
+		// The gradient is _cpu_grad itself: set to None it is dropped, the buffer stays.
+		for _, p := range f.shards {
+			if setToNone {
+				p.Tensor.SetGrad(nil)
+			} else if g := p.Tensor.Grad(); g != nil {
+				tensor.Zero_(g)
+			}
+		}
+		return
+	}
+	f.opt.ZeroGrad(setToNone)
+}
+
+// String names the unit for messages.
+func (u *fsdpUnit) String() string { return fmt.Sprintf("%s (%d parameters)", u.label(), u.numel) }
