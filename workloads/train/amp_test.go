@@ -158,7 +158,7 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 		cfg := base
 		cfg.Checkpoint = checkpoint
 		r, p := probedRun(t, cfg)
-		if err := r.rt.Catch(func() { r.microStep() }); err != nil {
+		if err := r.rt.Catch(func() { r.microStep(true) }); err != nil {
 			t.Fatal(err)
 		}
 		grads := map[string][]float32{}

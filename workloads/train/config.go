@@ -15,6 +15,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -97,6 +98,10 @@ type Config struct {
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
+
+	// Parallel is the data-parallel job the run is one rank of (the zero value: one GPU): the GPUs and
+	// nodes, the strategy (DDP, ZeRO-1/2/3, FSDP), the rank simulated, CPU offload and each strategy's knobs.
+	Parallel dist.Settings `json:"parallel,omitzero"`
 }
 
 // validateLlama checks how the Llama-family shape and the adapters combine (validateNumbers has checked each
@@ -285,6 +290,29 @@ func (c *Config) Validate() error {
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))
+	}
+	return c.validateParallel()
+}
+
+// validateParallel checks how the data-parallel settings combine with the rest (validateNumbers has checked
+// their numbers).
+func (c *Config) validateParallel() error {
+	p := c.Parallel
+	if !p.Parallel() {
+		return nil
+	}
+	s := p.Strategy
+	switch {
+	case c.Device == device.CPU && s != dist.DDP:
+		return fmt.Errorf("%s runs on the meta (or cuda) device: one rank's shard cannot update the model's values on the cpu device (--dp ddp can)", s)
+	case s.ZeRO() && c.Optimizer != optim.Adam && c.Optimizer != optim.AdamW:
+		return fmt.Errorf("%s steps with DeepSpeed's Adam on its fp32 partition: choose --optimizer adam or adamw, not %s", s, c.Optimizer)
+	case s != dist.DDP && (c.Optimizer == optim.PagedAdamW || c.Optimizer == optim.PagedAdamW8bit || c.Optimizer == optim.AdamW8bit):
+		return fmt.Errorf("%s with bitsandbytes' optimizers is not modelled (--dp ddp is)", s)
+	case c.QLoRA && s != dist.DDP:
+		return fmt.Errorf("qlora with %s is not modelled: its 4-bit base is not sharded here (--dp ddp is)", s)
+	case c.LoRA > 0 && s.FSDP():
+		return fmt.Errorf("fsdp with lora needs use_orig_params=True (frozen and trained parameters in one unit), which is not modelled")
 	}
 	return nil
 }

@@ -1,9 +1,12 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/oomdbg/oomdbg/workloads/dist"
 )
 
 // Bounds on a Config's numbers: what a model, a device and a run can physically be, so that every size the
@@ -82,6 +85,13 @@ func (c *Config) validateNumbers() error {
 		return &FieldError{"gpu_memory", c.GPUMemory, fmt.Sprintf("is more than the %d bytes (1 PiB) a run may simulate", uint64(MaxGPUMemory))}
 	case c.GPUMemory <= c.ContextReserve:
 		return &FieldError{"context_reserve", c.ContextReserve, fmt.Sprintf("must be less than the gpu memory %d", c.GPUMemory)}
+	}
+	if err := c.Parallel.Validate(); err != nil {
+		var se *dist.SettingError
+		if errors.As(err, &se) {
+			return &FieldError{"parallel." + se.Field, se.Value, se.Reason}
+		}
+		return err
 	}
 	if field, n := c.largestTensor(); n > MaxTensorElements {
 		return &FieldError{field, c.value(field), fmt.Sprintf("makes a tensor of more than %d elements (at most 2^46)", uint64(MaxTensorElements))}

@@ -11,6 +11,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 )
 
 // RecordOptions tune Record.
@@ -110,6 +111,21 @@ func Meta(cfg Config, toolVersion string) snapshot.Meta {
 	workload, _ := json.Marshal(cfg)
 	host, _ := os.Hostname()
 	params, trainable, _ := ModelParameters(cfg) // 0 for a configuration that cannot run, which Record refuses
+	name := fmt.Sprintf("simulated GPU (%s)", cfg.Device)
+	if p := cfg.Parallel; p.Parallel() {
+		name = fmt.Sprintf("simulated GPU (%s), rank %d of %d, %s", cfg.Device, p.Rank, p.World(), p.Strategy)
+	}
+	devices := []snapshot.DeviceInfo{{
+		Index:          0,
+		Name:           name,
+		Kind:           string(cfg.Device),
+		Capacity:       int64(cfg.GPUMemory),
+		ContextReserve: int64(cfg.ContextReserve),
+	}}
+	if cfg.Parallel.Offload != dist.OffloadNone {
+		devices = append(devices, snapshot.DeviceInfo{Index: device.HostIndex, Kind: HostDeviceKind,
+			Name: "host memory (pinned blocks from the caching host allocator), read as " + SampleHostAllocated + " and " + SampleHostReserved})
+	}
 	return snapshot.Meta{
 		Parameters:          int64(params),
 		TrainableParameters: int64(trainable),
@@ -119,15 +135,9 @@ func Meta(cfg Config, toolVersion string) snapshot.Meta {
 		Host:                host,
 		Source:              "oomdbg",
 		TimeUnit:            "ns",
-		Devices: []snapshot.DeviceInfo{{
-			Index:          0,
-			Name:           fmt.Sprintf("simulated GPU (%s)", cfg.Device),
-			Kind:           string(cfg.Device),
-			Capacity:       int64(cfg.GPUMemory),
-			ContextReserve: int64(cfg.ContextReserve),
-		}},
-		AllocatorSettings: cfg.AllocConf.Config.String(),
-		Workload:          workload,
+		Devices:             devices,
+		AllocatorSettings:   cfg.AllocConf.Config.String(),
+		Workload:            workload,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -37,6 +38,11 @@ type Result struct {
 	Phases            []PhaseStat
 	// StepStats is what each step (the last one cut short by an OOM included) asked of the device.
 	StepStats []StepStat
+
+	// Traffic is what the rank moved in each optimizer step (a data-parallel run), and Host its host
+	// memory (CPU offload).
+	Traffic []dist.Traffic
+	Host    alloc.HostStats
 
 	OOM         *OOM // the out-of-memory error that stopped the run, if any
 	Interrupted bool // the context was cancelled
@@ -84,6 +90,8 @@ type run struct {
 	model   model
 	mlp     *nn.MLP // the model, when it is the MLP
 	opt     optim.Optimizer
+	rank    dist.Rank         // the data-parallel strategy, when the run is one rank of a job
+	host    *tensor.Runtime   // host memory, when a rank offloads
 	scaler  *optim.GradScaler // fp16 only
 	amp     tensor.DType
 	data    dataset
@@ -154,6 +162,12 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 	if r.scaler != nil {
 		r.res.SkippedSteps = r.scaler.Skipped
 	}
+	if r.rank != nil {
+		r.res.Traffic = r.rank.Traffic()
+	}
+	if r.host != nil {
+		r.res.Host = r.host.Device().Host().Stats()
+	}
 	return r.res, r.dev, nil
 }
 
@@ -176,7 +190,41 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
 	}
+	if cfg.Parallel.Parallel() {
+		if err := r.newRank(); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// newRank makes the data-parallel rank the run is, and its host memory when it offloads.
+func (r *run) newRank() error {
+	cfg := r.cfg
+	if cfg.Parallel.Offload != dist.OffloadNone {
+		h := alloc.NewHostAllocator()
+		var tr tensor.Tracer
+		if r.rec != nil {
+			ht := newHostTracker(r.rec)
+			h.SetObserver(ht.observe)
+			tr = ht
+		}
+		r.host = tensor.NewRuntime(device.NewHost(cfg.Device, h), tr, cfg.Seed)
+	}
+	var annotate func(string)
+	if r.rec != nil {
+		annotate = r.rec.Annotate
+	}
+	rank, err := dist.New(cfg.Parallel, dist.Env{RT: r.rt, Host: r.host, Annotate: annotate, AMP: r.amp,
+		Optimizer: optim.Config{Kind: cfg.Optimizer, LR: cfg.LR, WeightDecay: cfg.WeightDecay, Impl: cfg.OptimizerImpl}})
+	if err != nil {
+		return err
+	}
+	r.rank = rank
+	if !rank.Autocast() {
+		r.amp = tensor.F32 // DeepSpeed's bf16 and fp16 modes: the model is half itself, nothing to autocast
+	}
+	return nil
 }
 
 // onManaged records what unified memory (a paged optimizer's state) does: its resident bytes as a device
@@ -235,6 +283,7 @@ func ModelParameters(cfg Config) (all, trainable int, err error) {
 		return 0, 0, err
 	}
 	cfg.Device, cfg.GPUMemory, cfg.ContextReserve = device.Meta, MaxGPUMemory, 0
+	cfg.Parallel = dist.Settings{} // the whole model, not a rank's share of it
 	r, err := newRun(context.Background(), cfg, nil)
 	if err != nil {
 		return 0, 0, err
@@ -249,14 +298,18 @@ func ModelParameters(cfg Config) (all, trainable int, err error) {
 func (r *run) setup() {
 	r.setPhase(snapshot.PhaseSetup)
 	r.build()
-	// The optimizer gets what requires grad, as Trainer.create_optimizer does (all parameters but a frozen
-	// base's).
-	opt, err := optim.New(r.rt, nn.Trainable(r.model), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR,
-		WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl})
-	if err != nil {
-		panic(err) // Validate accepted the kind
+	if r.rank != nil {
+		r.rank.Wrap(r.model) // the strategy wraps the model and makes the optimizer
+	} else {
+		// The optimizer gets what requires grad, as Trainer.create_optimizer does (all parameters but a
+		// frozen base's).
+		opt, err := optim.New(r.rt, nn.Trainable(r.model), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR,
+			WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl})
+		if err != nil {
+			panic(err) // Validate accepted the kind
+		}
+		r.opt = opt
 	}
-	r.opt = opt
 	if r.amp == tensor.F16 {
 		r.scaler = optim.NewGradScaler(r.rt)
 	}
@@ -280,7 +333,8 @@ func (r *run) build() {
 		r.data = newBlobs(cfg.InFeatures, cfg.Classes, cfg.Seed)
 	case "gpt":
 		g, err := nn.NewGPT(r.rt, nn.GPTConfig{BlockSize: cfg.Seq, Vocab: cfg.Vocab, Layers: cfg.Layers, Heads: cfg.Heads,
-			DModel: cfg.DModel, Dropout: cfg.Dropout, Bias: cfg.Bias, Attention: cfg.Attention.String(), DType: tensor.F32})
+			DModel: cfg.DModel, Dropout: cfg.Dropout, Bias: cfg.Bias, Attention: cfg.Attention.String(),
+			DType: r.paramDType(tensor.F32), Built: r.builtBlock()})
 		if err != nil {
 			panic(err) // Validate checked the shape
 		}
@@ -293,7 +347,9 @@ func (r *run) build() {
 		r.model = g
 		r.data = newTokens(cfg.Vocab, cfg.Seed)
 	case "llama":
-		m, err := nn.NewLlama(r.rt, cfg.llamaConfig())
+		lc := cfg.llamaConfig()
+		lc.DType, lc.Built = r.paramDType(lc.DType), r.builtBlock()
+		m, err := nn.NewLlama(r.rt, lc)
 		if err != nil {
 			panic(err) // Validate checked the shape
 		}
@@ -313,23 +369,45 @@ func (r *run) build() {
 	}
 	r.res.Parameters = nn.CountParameters(r.model)
 	r.res.Trainable = nn.CountTrainable(r.model)
+	if r.rank != nil { // the strategy sharded the model as it was built: count the whole model
+		r.res.Parameters, r.res.Trainable, _ = ModelParameters(cfg)
+	}
+}
+
+// paramDType is the dtype the model's parameters are built in: requested, or the strategy's.
+func (r *run) paramDType(requested tensor.DType) tensor.DType {
+	if r.rank == nil {
+		return requested
+	}
+	return r.rank.ParamDType(requested)
+}
+
+// builtBlock returns the hook a model calls with each block it builds: the strategy's, or nil.
+func (r *run) builtBlock() func(nn.Module) {
+	if r.rank == nil {
+		return nil
+	}
+	return r.rank.BuiltBlock
 }
 
 // step is one training iteration: for each micro-batch data, forward and backward; then the optimizer and
 // zero_grad.
 func (r *run) step() {
 	var lossSum float32
-	for range r.cfg.Accum {
-		lossSum += r.microStep()
+	for micro := range r.cfg.Accum {
+		lossSum += r.microStep(micro == r.cfg.Accum-1)
 	}
 	r.res.Losses = append(r.res.Losses, lossSum)
 
 	r.checkInterrupt()
 	r.setPhase(snapshot.PhaseOptimizer)
-	if r.scaler != nil {
+	switch {
+	case r.rank != nil:
+		r.rank.Step(r.scaler)
+	case r.scaler != nil:
 		r.scaler.Step(r.opt, nn.Trainable(r.model))
 		r.scaler.Update()
-	} else {
+	default:
 		r.opt.Step()
 	}
 
@@ -337,17 +415,25 @@ func (r *run) step() {
 		return
 	}
 	r.setPhase(snapshot.PhaseZeroGrad)
-	r.opt.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
+	if r.rank != nil {
+		r.rank.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
+	} else {
+		r.opt.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
+	}
 }
 
 // microStep loads one micro-batch, runs forward (under autocast when mixed precision is on) and backward,
-// and returns its share of the loss.
-func (r *run) microStep() float32 {
+// and returns its share of the loss. last says it is the step's last micro-batch, whose gradients a
+// data-parallel strategy reduces.
+func (r *run) microStep(last bool) float32 {
 	r.setPhase(snapshot.PhaseData)
 	x, y := r.data.batch(r.rt, r.nextBatch(), "batch")
 	defer x.Release()
 	defer y.Release()
 
+	if r.rank != nil {
+		r.rank.BeginForward(r.iteration, last)
+	}
 	loss := r.forward(x, y)
 	defer loss.Release()
 	r.checkInterrupt()
@@ -359,6 +445,9 @@ func (r *run) microStep() float32 {
 		scaled.Release()
 	} else {
 		loss.Backward(retain)
+	}
+	if r.rank != nil {
+		r.rank.EndBackward()
 	}
 	r.keepLoss(loss)
 	return loss.Item()

@@ -1,0 +1,448 @@
+package train
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/dist"
+)
+
+// What a data-parallel rank holds, checked against the ZeRO paper's formulas (Rajbhandari et al.,
+// arXiv 1910.02054, section 5: with mixed-precision Adam, 16 bytes a parameter for DDP, 4 + 12/N for stage
+// 1, 2 + 14/N for stage 2, 16/N for stage 3 and FSDP) and against each implementation's layout rules, with
+// every expected byte count derived here from the parameter count and the rules, not from the runtime.
+
+// distGPT is a small nanoGPT whose large matrices are past ZeRO-3's persistence threshold (1e5 elements).
+func distGPT() Config {
+	c := gpt(4, 4, 256, 32, 500, 2)
+	c.Bias = true
+	c.AMP, c.Attention, c.Optimizer, c.Steps = AMPBF16, AttentionFlash, "adamw", 2
+	c.GPUMemory = 1 << 40
+	return c
+}
+
+// gptParams are the parameter counts of distGPT, in registration order (nanoGPT's): wte, wpe, then per
+// block ln_1 (weight, bias), c_attn, attn c_proj, ln_2, c_fc, mlp c_proj (weight, bias each), then ln_f.
+func gptParams(c Config) []int64 {
+	d, v, t := int64(c.DModel), int64(c.Vocab), int64(c.Seq)
+	ps := []int64{v * d, t * d}
+	for range c.Layers {
+		ps = append(ps, d, d, 3*d*d, 3*d, d*d, d, d, d, 4*d*d, 4*d, 4*d*d, d)
+	}
+	return append(ps, d, d)
+}
+
+func sum(xs []int64) int64 {
+	var s int64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+// liveBlock is a block alive in a replay of a snapshot's events.
+type liveBlock struct {
+	cat       snapshot.Category
+	label     string
+	requested int64
+}
+
+// replay walks s's events, keeping the live blocks of device 0 with their categories and labels, and calls
+// at after each event.
+func replay(s *snapshot.Snapshot, at func(seq int, e *snapshot.Event, live map[uint64]*liveBlock)) {
+	live := map[uint64]*liveBlock{}
+	for i := range s.Events {
+		e := &s.Events[i]
+		if e.Device == 0 {
+			switch e.Action {
+			case snapshot.ActionAlloc:
+				live[e.Addr] = &liveBlock{e.Category, s.String(e.Label), e.Size}
+			case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+				delete(live, e.Addr)
+			case snapshot.ActionCategory:
+				if b := live[e.Addr]; b != nil {
+					b.cat = e.Category
+				}
+			}
+		}
+		at(i, e, live)
+	}
+}
+
+// modelStates sums the requested bytes of parameters, gradients and optimizer state, leaving out the
+// communication buffers (DeepSpeed's reduce buckets), which the paper counts apart, as residual memory.
+func modelStates(live map[uint64]*liveBlock) (total int64, by map[string]int64) {
+	by = map[string]int64{}
+	for _, b := range live {
+		switch b.cat {
+		case snapshot.CategoryParameter, snapshot.CategoryGradient, snapshot.CategoryOptimizerState:
+			if strings.Contains(b.label, "ipg_bucket") {
+				continue
+			}
+			total += b.requested
+			by[b.cat.String()] += b.requested
+		}
+	}
+	return total, by
+}
+
+// atStep returns the model states when the optimizer phase of iteration 1 begins: every gradient reduced,
+// the optimizer's state made in iteration 0.
+func atStep(t *testing.T, s *snapshot.Snapshot) (int64, map[string]int64) {
+	t.Helper()
+	var total int64
+	var by map[string]int64
+	found := false
+	replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+		if !found && e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseOptimizer && e.Iteration == 1 {
+			total, by = modelStates(live)
+			found = true
+		}
+	})
+	if !found {
+		t.Fatal("no optimizer phase in iteration 1")
+	}
+	return total, by
+}
+
+// zeroLayout is DeepSpeed stage 1/2's partition, derived here: the flat group padded to a multiple of
+// 2N, N equal partitions, and rank 0's grads_in_partition holding every parameter that reaches into the
+// first partition, whole.
+func zeroLayout(ps []int64, n int) (aligned, part, gradsRank0 int64) {
+	total := sum(ps)
+	aligned = (total + int64(2*n) - 1) / int64(2*n) * int64(2*n)
+	part = aligned / int64(n)
+	var off int64
+	for _, p := range ps {
+		if off < part {
+			gradsRank0 += p
+		}
+		off += p
+	}
+	return aligned, part, gradsRank0
+}
+
+func ceil(a, b int64) int64 { return (a + b - 1) / b }
+
+func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
+	t.Parallel()
+	base := distGPT()
+	ps := gptParams(base)
+	psi := sum(ps)
+	if all, _, err := ModelParameters(base); err != nil || int64(all) != psi {
+		t.Fatalf("the model has %d parameters, the formula says %d (%v)", all, psi, err)
+	}
+	// FSDP's units: each block, and the root (wte, wpe, ln_f).
+	perBlock := sum(ps[2:14])
+	root := ps[0] + ps[1] + ps[len(ps)-2] + ps[len(ps)-1]
+
+	for _, n := range []int{2, 4, 8} {
+		aligned, part, grads0 := zeroLayout(ps, n)
+		var z3parts, persisted int64
+		for _, p := range ps {
+			z3parts += ceil(p, int64(n))
+			if p <= dist.DefaultParamPersistenceThreshold {
+				persisted += p // gathered once, kept whole: 2 bytes each
+			}
+		}
+		fsdpShards := ceil(root, int64(n)) + int64(base.Layers)*ceil(perBlock, int64(n))
+		paper := map[dist.Strategy]float64{ // bytes per rank
+			dist.DDP:      16 * float64(psi),
+			dist.ZeRO1:    4*float64(psi) + 12*float64(psi)/float64(n),
+			dist.ZeRO2:    2*float64(psi) + 14*float64(psi)/float64(n),
+			dist.ZeRO3:    16 * float64(psi) / float64(n),
+			dist.FSDPFull: 16 * float64(psi) / float64(n),
+		}
+		cases := []struct {
+			name string
+			s    dist.Settings
+			want int64 // at the step, from the implementation's layout
+			// slack is how far the implementation's layout may be from the paper's formula, and why.
+			slack int64
+		}{
+			// gradient_as_bucket_view: the gradients are the buckets, 4 + 4 + 8 bytes a parameter.
+			{"ddp gradient_as_bucket_view", dist.Settings{GPUs: n, Strategy: dist.DDP, GradientAsBucketView: true}, 16 * psi, 0},
+			// DDP's default copies gradients into the buckets: 4 more bytes a parameter than the paper's.
+			{"ddp", dist.Settings{GPUs: n, Strategy: dist.DDP}, 20 * psi, 4 * psi},
+			// At the step stage 1 has reduced its gradients to its partition, as stage 2 has all along;
+			// what it holds during backward is checked below.
+			{"zero1", dist.Settings{GPUs: n, Strategy: dist.ZeRO1}, 2*aligned + 2*grads0 + 12*part, 2*psi + 2*(grads0-part) + 14*(aligned-psi)},
+			// Rank 0's gradient buffer holds whole the parameters reaching into its partition.
+			{"zero2", dist.Settings{GPUs: n, Strategy: dist.ZeRO2}, 2*aligned + 2*grads0 + 12*part, 2*(grads0-part) + 14*(aligned-psi)},
+			// Each partition padded to ceil(numel/N); parameters under the persistence threshold stay whole.
+			{"zero3", dist.Settings{GPUs: n, Strategy: dist.ZeRO3}, 16*z3parts + 2*persisted, 16*(z3parts-ceil(psi, int64(n))) + 2*persisted},
+			// Each unit's shard padded to ceil(numel/N).
+			{"fsdp-full", dist.Settings{GPUs: n, Strategy: dist.FSDPFull}, 16 * fsdpShards, 16 * (fsdpShards - ceil(psi, int64(n)))},
+		}
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%s/N=%d", c.name, n), func(t *testing.T) {
+				t.Parallel()
+				cfg := base
+				cfg.Parallel = c.s
+				_, s := record(t, cfg)
+				got, by := atStep(t, s)
+				if got != c.want {
+					t.Errorf("model states at the step: %d bytes (%v), want %d", got, by, c.want)
+				}
+				formula := paper[c.s.Strategy]
+				if d := float64(got) - formula; d < -float64(c.slack)-1 || d > float64(c.slack)+1 {
+					t.Errorf("%d bytes is %+.0f from the paper's %.0f; the layout explains at most %d", got, d, formula, c.slack)
+				}
+			})
+		}
+		// Stage 1 keeps every 16-bit gradient until the backward ends: the paper's 4 + 12/N.
+		t.Run(fmt.Sprintf("zero1 in backward/N=%d", n), func(t *testing.T) {
+			t.Parallel()
+			cfg := base
+			cfg.Parallel = dist.Settings{GPUs: n, Strategy: dist.ZeRO1}
+			_, s := record(t, cfg)
+			var peak int64
+			phase := snapshot.PhaseNone
+			var iter int32
+			replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+				if e.Action == snapshot.ActionPhase {
+					phase, iter = e.Phase, e.Iteration
+				}
+				if phase == snapshot.PhaseBackward && iter == 1 {
+					total, _ := modelStates(live)
+					peak = max(peak, total)
+				}
+			})
+			want := 2*aligned + 2*psi + 12*part // the flat half parameters, every gradient, the fp32 partition's 12 bytes
+			if peak != want {
+				t.Errorf("model states peak in backward at %d bytes, want %d", peak, want)
+			}
+			if d := float64(peak) - paper[dist.ZeRO1]; d < 0 || d > float64(14*(aligned-psi)) {
+				t.Errorf("%d bytes is %+.0f from the paper's 4+12/N; the alignment padding explains %d", peak, d, 14*(aligned-psi))
+			}
+		})
+	}
+}
+
+// FSDP's docs and its rate limiter (_limiter_utils.py: two all-gathers in flight) say memory holds the unit
+// computing and the next one: at every point of forward and backward no more than two block units are
+// unsharded, and at the peak of each exactly two, with the root unit gathered from its forward to the end
+// of backward. SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
+func TestFSDPHoldsTwoUnshardedUnits(t *testing.T) {
+	t.Parallel()
+	for _, ckpt := range []Checkpoint{CheckpointOff, CheckpointAll} {
+		for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
+			t.Run(fmt.Sprintf("%s/checkpoint %s", strategy, ckpt), func(t *testing.T) {
+				t.Parallel()
+				cfg := distGPT()
+				cfg.Checkpoint = ckpt
+				cfg.Parallel = dist.Settings{GPUs: 4, Strategy: strategy}
+				_, s := record(t, cfg)
+				type peak struct {
+					bytes        int64
+					units        int
+					root         bool
+					maxUnitsSeen int
+				}
+				peaks := map[snapshot.Phase]*peak{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
+				var allocated int64
+				phase, iter := snapshot.PhaseNone, int32(-1)
+				replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+					if e.Action == snapshot.ActionPhase {
+						phase, iter = e.Phase, e.Iteration
+					}
+					allocated = 0
+					units, root := 0, false
+					for _, b := range live {
+						allocated += b.requested
+						if strings.HasPrefix(b.label, "f32[") || strings.HasPrefix(b.label, "bf16[") {
+							if strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
+								units++
+							}
+							root = root || strings.Contains(b.label, "fsdp.unsharded[root]")
+						}
+					}
+					if phase == snapshot.PhaseRecompute {
+						phase = snapshot.PhaseBackward
+					}
+					p := peaks[phase]
+					if p == nil || iter != 1 {
+						return
+					}
+					p.maxUnitsSeen = max(p.maxUnitsSeen, units)
+					if allocated > p.bytes {
+						p.bytes, p.units, p.root = allocated, units, root
+					}
+				})
+				for ph, p := range peaks {
+					if strategy == dist.FSDPGradOp {
+						if ph == snapshot.PhaseBackward && p.maxUnitsSeen != cfg.Layers {
+							t.Errorf("%s: SHARD_GRAD_OP held at most %d units, want all %d", ph, p.maxUnitsSeen, cfg.Layers)
+						}
+						continue
+					}
+					if p.units != 2 || p.maxUnitsSeen != 2 || !p.root {
+						t.Errorf("%s: %d block units unsharded at the peak (root: %v), at most %d anywhere; want 2, 2 and the root",
+							ph, p.units, p.root, p.maxUnitsSeen)
+					}
+				}
+			})
+		}
+	}
+}
+
+// DDP's buckets are what the reducer's compute_bucket_assignment_by_size makes of the gradients in the order
+// autograd made them in the first iteration: the rule is applied here to that order, read from the
+// snapshot (a gradient is a block whose category became gradient), and compared with the buckets the
+// second iteration allocates.
+func TestDDPBucketsFollowBucketCapMB(t *testing.T) {
+	t.Parallel()
+	for _, capMB := range []float64{0, 0.5, 2} {
+		t.Run(fmt.Sprintf("bucket_cap_mb %g", capMB), func(t *testing.T) {
+			t.Parallel()
+			cfg := distGPT()
+			cfg.Parallel = dist.Settings{GPUs: 2, Strategy: dist.DDP, BucketCapMB: capMB}
+			_, s := record(t, cfg)
+			var ready []int64 // gradient bytes in the order they became gradients, iteration 0
+			var buckets [2][]int64
+			sizes := map[uint64]int64{}
+			for _, e := range s.Events {
+				switch {
+				case e.Action == snapshot.ActionAlloc:
+					sizes[e.Addr] = e.Size
+					if e.Category == snapshot.CategoryGradient && e.Iteration == 0 && e.Phase == snapshot.PhaseBackward {
+						ready = append(ready, e.Size)
+					}
+					if strings.Contains(s.String(e.Label), "ddp.bucket[") {
+						it := max(e.Iteration, 0)
+						buckets[it] = append(buckets[it], e.Size)
+					}
+				case e.Action == snapshot.ActionCategory && e.Category == snapshot.CategoryGradient && e.Iteration == 0:
+					ready = append(ready, sizes[e.Addr])
+				}
+			}
+			total := 4 * sum(gptParams(cfg))
+			if len(ready) != len(gptParams(cfg))-0 || sum(ready) != total {
+				t.Fatalf("%d gradients of %d bytes in iteration 0, want %d of %d", len(ready), sum(ready), len(gptParams(cfg)), total)
+			}
+			if len(buckets[0]) != 1 || buckets[0][0] != total {
+				t.Errorf("first iteration's buckets %v, want one of %d bytes (find_unused_parameters=False)", buckets[0], total)
+			}
+			limits := []int64{1 << 20, 25 << 20}
+			if capMB != 0 {
+				limits = []int64{int64(capMB * (1 << 20))}
+			}
+			var want []int64
+			var open int64
+			for _, g := range ready {
+				open += g
+				if open >= limits[0] {
+					want = append(want, open)
+					open = 0
+					if len(limits) > 1 {
+						limits = limits[1:]
+					}
+				}
+			}
+			if open > 0 {
+				want = append(want, open)
+			}
+			if fmt.Sprint(buckets[1]) != fmt.Sprint(want) {
+				t.Errorf("rebuilt buckets %v, want %v", buckets[1], want)
+			}
+		})
+	}
+}
+
+// A rank runs the same micro-batch through the same model: its activations are the single-GPU run's, byte for
+// byte, whatever it does to parameters, gradients and optimizer state, when the single GPU computes in the
+// same precision. DDP runs fp32 weights under bf16 autocast; FSDP's MixedPrecision gathers bf16 weights and
+// autocast runs over them; ZeRO's model is bf16 itself, without autocast. A Llama, whose weights a single GPU
+// can hold in either dtype.
+func TestActivationsPerRankAreTheSingleGPUs(t *testing.T) {
+	t.Parallel()
+	base, err := PresetConfig("smollm2-135m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Layers, base.Seq, base.Batch, base.Steps, base.GPUMemory = 4, 256, 2, 2, 1<<40
+	base.Optimizer, base.Checkpoint = "adamw", CheckpointOff
+	activations := func(cfg Config) (atBackward int64) {
+		_, s := record(t, cfg)
+		found := false
+		replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+			if found || e.Action != snapshot.ActionPhase || e.Phase != snapshot.PhaseBackward || e.Iteration != 1 {
+				return
+			}
+			found = true
+			for _, b := range live {
+				if b.cat == snapshot.CategoryActivation {
+					atBackward += b.requested
+				}
+			}
+		})
+		if !found || atBackward == 0 {
+			t.Fatalf("no activations at iteration 1's backward")
+		}
+		return atBackward
+	}
+	autocast := base
+	autocast.Weights, autocast.AMP = WeightsF32, AMPBF16
+	half := base
+	half.Weights, half.AMP = WeightsBF16, AMPOff
+	halfAutocast := base
+	halfAutocast.Weights, halfAutocast.AMP = WeightsBF16, AMPBF16
+	single := map[string]int64{"fp32 weights, autocast": activations(autocast), "bf16 weights": activations(half),
+		"bf16 weights, autocast": activations(halfAutocast)}
+	for _, c := range []struct {
+		s    dist.Strategy
+		like string
+	}{{dist.DDP, "fp32 weights, autocast"}, {dist.FSDPFull, "bf16 weights, autocast"}, {dist.FSDPGradOp, "bf16 weights, autocast"},
+		{dist.HSDP, "bf16 weights, autocast"}, {dist.ZeRO1, "bf16 weights"}, {dist.ZeRO2, "bf16 weights"}, {dist.ZeRO3, "bf16 weights"}} {
+		t.Run(c.s.String(), func(t *testing.T) {
+			t.Parallel()
+			cfg := autocast
+			cfg.Parallel = dist.Settings{GPUs: 8, Nodes: 2, Strategy: c.s}
+			if got := activations(cfg); got != single[c.like] {
+				t.Errorf("%d bytes of activations at the backward, a single GPU's with %s %d", got, c.like, single[c.like])
+			}
+		})
+	}
+}
+
+// The data-parallel settings are part of the configuration a snapshot stores: they read back as written, and
+// a snapshot written before they existed reads as one GPU.
+func TestParallelSettingsRoundTrip(t *testing.T) {
+	t.Parallel()
+	cfg := distGPT()
+	cfg.Parallel = dist.Settings{GPUs: 8, Nodes: 2, Strategy: dist.ZeRO3, Offload: dist.OffloadOptimizerParams, PrefetchBucketSize: 1e7}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, cfg) {
+		t.Fatalf("round trip: %v\n%+v\n%+v", err, back.Parallel, cfg.Parallel)
+	}
+	old := DefaultMLP()
+	b, _ = json.Marshal(old)
+	if strings.Contains(string(b), "parallel") {
+		t.Errorf("a one-GPU configuration writes %s", b)
+	}
+	var fresh Config
+	if err := json.Unmarshal(b, &fresh); err != nil || fresh.Parallel.Parallel() || fresh.Validate() != nil {
+		t.Errorf("a configuration without parallel settings: %+v, %v", fresh.Parallel, err)
+	}
+	bad := strings.Replace(string(mustJSON(t, cfg)), `"zero3"`, `"zero5"`, 1)
+	if err := json.Unmarshal([]byte(bad), &back); err == nil {
+		t.Error("an unknown strategy in a snapshot's configuration read back")
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
