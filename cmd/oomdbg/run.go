@@ -23,6 +23,7 @@ import (
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -142,6 +143,7 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.Var(textFlag{&cfg.ZeroGrad}, "zero-grad", "zero_grad: none (set_to_none) or zero (in place)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")
 	fs.StringVar(&cfg.Bug, "bug", cfg.Bug, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
+	addParallelFlags(fs, &cfg.Parallel)
 }
 
 // presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.
@@ -197,6 +199,9 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 		}
 		err = replay.Set(f.Name, f.Value.String())
 	})
+	if p := &base.Parallel; p.GPUs > 1 && p.Strategy == dist.Single {
+		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
+	}
 	return base, err
 }
 
