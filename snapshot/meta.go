@@ -75,3 +75,17 @@ type Block struct {
 	// State is "active_allocated", "active_pending_free" or "inactive", as in PyTorch snapshots.
 	State string `json:"state"`
 }
+
+// Host memory in a recording (the CPU offload of a data-parallel rank): a device of kind DeviceKindHost at
+// index HostDeviceIndex, whose memory is recorded as readings (ActionSample events on that device), not as
+// allocations, so that the allocated and reserved curves, the peak and the OOM stay the GPU's.
+const (
+	DeviceKindHost  = "host"
+	HostDeviceIndex = -1 // PyTorch's CPU device has no ordinal
+	// SampleHostAllocated reads the bytes of live host blocks (pinned ones at their power-of-two size) and
+	// SampleHostReserved adds the pinned blocks the caching host allocator keeps for reuse.
+	SampleHostAllocated = "host.allocated"
+	SampleHostReserved  = "host.reserved"
+	// SampleHostCategory prefixes a category's live host bytes: "host.optimizer_state".
+	SampleHostCategory = "host."
+)

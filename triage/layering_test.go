@@ -19,6 +19,7 @@ var layers = map[string][]string{
 	"internal/torchrules":        nil,
 	"internal/torchtest":         nil,
 	"internal/units":             nil,
+	"internal/words":             nil,
 	"snapshot":                   {"internal/torchrules"},
 	"snapshot/torch":             {"snapshot", "internal/pickle", "internal/torchrules"},
 	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/torchrules", "internal/units"},
@@ -35,10 +36,12 @@ var layers = map[string][]string{
 	"workloads/tensor": {"workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
 	"workloads/nn":     {"workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
 	"workloads/optim":  {"workloads/nn", "workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
-	"workloads/train":  {"workloads/", "tracer", "snapshot", "internal/"},
-	"leaks/leakstest":  {"leaks", "workloads/", "tracer", "snapshot", "internal/"},
-	"tui":              {"snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/"},
-	"cmd/oomdbg":       {""},
+	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
+	"workloads/dist":  {"workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/"},
+	"workloads/train": {"workloads/", "tracer", "snapshot", "internal/"},
+	"leaks/leakstest": {"leaks", "workloads/", "tracer", "snapshot", "internal/"},
+	"tui":             {"snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/"},
+	"cmd/oomdbg":      {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,
 }

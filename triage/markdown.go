@@ -10,7 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// WriteJSON writes the report as JSON in the "oomdbg-report/3" schema (docs/report-json.md), indented.
+// WriteJSON writes the report as JSON in the "oomdbg-report/4" schema (docs/report-json.md), indented.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -110,6 +110,12 @@ func (r *Report) writeMarkdown(w io.Writer) {
 
 	fmt.Fprintf(w, "\n### Peak: %s allocated\n\n", units.FormatSize(r.Peak.Allocated))
 	writeAliveMarkdown(w, r.Peak.Alive, r.Peak.Allocated)
+	if line := r.rankLine(); line != "" {
+		fmt.Fprintf(w, "\n### Rank\n\n%s.\n", upperFirst(line))
+		if r.Host != nil {
+			fmt.Fprintf(w, "\nHost memory: %s.\n", r.hostLine())
+		}
+	}
 
 	fmt.Fprintf(w, "\n### Phases\n\nPeak inside each phase, allocated at its end, and the change by category.\n\n")
 	shown, hidden := r.shownIterations()

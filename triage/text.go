@@ -51,6 +51,12 @@ func (r *Report) writeText(w io.Writer) {
 	fmt.Fprintf(w, "\nPEAK  %s allocated at event %d (%s); reserved peaked at %s\n",
 		units.FormatSize(r.Peak.Allocated), r.Peak.Event, where(r.Peak.Iteration, r.Peak.Phase), units.FormatSize(r.Peak.Reserved))
 	writeAliveText(w, r.Peak.Alive, r.Peak.Allocated)
+	if line := r.rankLine(); line != "" {
+		fmt.Fprintf(w, "\nRANK  %s\n", line)
+		if r.Host != nil {
+			fmt.Fprintf(w, "  host: %s\n", r.hostLine())
+		}
+	}
 
 	if o := r.OOM; o != nil {
 		fmt.Fprintf(w, "\nOUT OF MEMORY at event %d (%s)", o.Event, where(o.Iteration, o.Phase))

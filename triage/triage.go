@@ -20,7 +20,7 @@ import (
 )
 
 // Format is the value of a JSON report's "format" field.
-const Format = "oomdbg-report/3"
+const Format = "oomdbg-report/4"
 
 // Options tune Analyze.
 type Options struct {
@@ -36,17 +36,21 @@ type Options struct {
 	Top int
 }
 
-// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/3" schema.
+// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/4" schema.
 type Report struct {
-	Format     string      `json:"format"`
-	Source     Source      `json:"source"`
-	Devices    []Device    `json:"devices"`
-	Peak       Peak        `json:"peak"`
-	OOM        *OOM        `json:"oom"`
-	Gaps       Gaps        `json:"gaps"`
-	Iterations []Iteration `json:"iterations"`
-	Leaks      Leaks       `json:"leaks"`
-	Advice     []Advice    `json:"advice"`
+	Format  string   `json:"format"`
+	Source  Source   `json:"source"`
+	Devices []Device `json:"devices"`
+	Peak    Peak     `json:"peak"`
+	OOM     *OOM     `json:"oom"`
+	Gaps    Gaps     `json:"gaps"`
+	// ModelStates are the parameters, gradients and optimizer state where they sum highest between phases;
+	// Host is the host memory of a rank that offloads (null without a host device).
+	ModelStates ModelStates `json:"model_states"`
+	Host        *Host       `json:"host"`
+	Iterations  []Iteration `json:"iterations"`
+	Leaks       Leaks       `json:"leaks"`
+	Advice      []Advice    `json:"advice"`
 	// AdviceNote says how the savings were found: measured (and how), or estimated (and why).
 	AdviceNote string `json:"advice_note"`
 	// FragmentationRule holds the rule "above 20% fragmentation, call empty_cache" against the measured
@@ -310,6 +314,8 @@ func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
 		replayOOM(ctx, s, r.OOM, opts.Replayer)
 	}
 	r.Gaps = gaps(tl, r)
+	r.ModelStates = modelStates(tl)
+	r.Host = host(s)
 	r.Iterations = iterations(tl)
 	r.Leaks = LeakReport(leaks.Analyze(tl, opts.Leaks...))
 	r.Advice, r.AdviceNote = advise(ctx, tl, r, opts.Measurer)

@@ -62,18 +62,6 @@ var fixtures = map[string]func() ([]byte, error){
 		return buf.Bytes(), err
 	},
 	"imported": imported,
-	// The leak patterns courses teach that hold memory without growing it, and a leak under nanoGPT's
-	// loop, whose logits hold the newest iteration's graph too.
-	"no-zero-grad":     recorded(mlp(train.BugNoZeroGrad)),
-	"module-attribute": recorded(mlp(train.BugModuleAttribute)),
-	"gpt-retain-graph": recorded(gptMeta(train.BugRetainGraph)),
-}
-
-// gptMeta is the tiny GPT on the meta device for 4 steps, with nanoGPT's loop (the logits kept).
-func gptMeta(bug string) train.Config {
-	cfg := preset("tiny", 4)
-	cfg.Bug = bug
-	return cfg
 }
 
 // updating reports whether the golden files are being rewritten (the golden package's -update flag).
@@ -168,13 +156,10 @@ var gptSweep = sweep{m: &triage.Measurements{Note: "re-run on the meta device, 2
 
 // reports are the golden reports: each fixture, with a measurer where the workload could be re-run.
 var reports = map[string]triage.Measurer{
-	"retain-graph":     nil,
-	"no-zero-grad":     nil,
-	"module-attribute": nil,
-	"gpt-retain-graph": nil,
-	"oom":              gptSweep,
-	"fragmentation":    nil,
-	"imported":         sweep{err: fmt.Errorf("%w: it was imported from PyTorch", triage.ErrNotMeasurable)},
+	"retain-graph":  nil,
+	"oom":           gptSweep,
+	"fragmentation": nil,
+	"imported":      sweep{err: fmt.Errorf("%w: it was imported from PyTorch", triage.ErrNotMeasurable)},
 }
 
 func report(t *testing.T, name string, m triage.Measurer) *triage.Report {
@@ -252,9 +237,6 @@ func TestSchema(t *testing.T) {
 		"oom":              func(t *testing.T) *snapshot.Snapshot { return fixture(t, "oom") },
 		"fragmentation":    func(t *testing.T) *snapshot.Snapshot { return fixture(t, "fragmentation") },
 		"imported":         func(t *testing.T) *snapshot.Snapshot { return fixture(t, "imported") },
-		"no-zero-grad":     func(t *testing.T) *snapshot.Snapshot { return fixture(t, "no-zero-grad") },
-		"module-attribute": func(t *testing.T) *snapshot.Snapshot { return fixture(t, "module-attribute") },
-		"gpt-retain-graph": func(t *testing.T) *snapshot.Snapshot { return fixture(t, "gpt-retain-graph") },
 		"eval":             func(t *testing.T) *snapshot.Snapshot { return leakstest.Record(t, evalEvery) },
 		"tiny accumulated": func(t *testing.T) *snapshot.Snapshot { return leakstest.Record(t, accum) },
 		"stash":            func(t *testing.T) *snapshot.Snapshot { return leakstest.Record(t, mlp(train.BugStashActivations)) },
@@ -576,94 +558,4 @@ func TestTorchSizeInMessage(t *testing.T) {
 	if !strings.HasPrefix(r.OOM.Message, want) {
 		t.Errorf("message\n%q\nwant it to start\n%q", r.OOM.Message, want)
 	}
-}
-
-// TestLeakWordsAgree: the text, markdown and JSON reports say the same thing about leaks, in the words of
-// the leak analysis: its verdict line, the finding on gradients, and each group held across iterations
-// with its retainer.
-func TestLeakWordsAgree(t *testing.T) {
-	for _, name := range []string{"no-zero-grad", "module-attribute", "gpt-retain-graph"} {
-		t.Run(name, func(t *testing.T) {
-			r := report(t, name, nil)
-			var text, md, js bytes.Buffer
-			if err := errors.Join(r.WriteText(&text), r.WriteMarkdown(&md), r.WriteJSON(&js)); err != nil {
-				t.Fatal(err)
-			}
-			var back triage.Report
-			if err := json.Unmarshal(js.Bytes(), &back); err != nil {
-				t.Fatal(err)
-			}
-			l := back.Leaks
-			if l.Reason != r.Leaks.Reason || len(l.Held) == 0 {
-				t.Fatalf("JSON reason %q, %d held groups; report %q", l.Reason, len(l.Held), r.Leaks.Reason)
-			}
-			want := []string{l.Reason, "held across iterations"}
-			if g := l.GradientsNeverCleared; g != nil {
-				want = append(want, g.Reason)
-			}
-			for _, h := range l.Held {
-				if h.RetainedBy != nil {
-					want = append(want, h.RetainedBy.Root)
-				}
-			}
-			for format, out := range map[string]string{"text": text.String(), "markdown": strings.ToLower(md.String())} {
-				for _, w := range want {
-					if !strings.Contains(out, w) && !strings.Contains(out, strings.ToLower(w)) {
-						t.Errorf("the %s report lacks %q", format, w)
-					}
-				}
-			}
-		})
-	}
-}
-
-// TestSchemasDefineEachKeyOnce: a JSON object naming a key twice keeps the last one in every decoder
-// oomdbg's users have, so a schema that defines a type twice silently means the second; each schema file
-// names every key of every object once.
-func TestSchemasDefineEachKeyOnce(t *testing.T) {
-	for _, name := range []string{"report-json.schema.json", "report-json-check.schema.json"} {
-		data, err := os.ReadFile(filepath.Join("..", "docs", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := keysOnce(json.NewDecoder(bytes.NewReader(data)), ""); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
-}
-
-// keysOnce reads the value at path from d, failing on an object that names a key twice.
-func keysOnce(d *json.Decoder, path string) error {
-	tok, err := d.Token()
-	if err != nil {
-		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for d.More() {
-			k, err := d.Token()
-			if err != nil {
-				return err
-			}
-			key := k.(string)
-			if seen[key] {
-				return fmt.Errorf("%s/%s is defined twice", path, key)
-			}
-			seen[key] = true
-			if err := keysOnce(d, path+"/"+key); err != nil {
-				return err
-			}
-		}
-	case json.Delim('['):
-		for i := 0; d.More(); i++ {
-			if err := keysOnce(d, fmt.Sprintf("%s/%d", path, i)); err != nil {
-				return err
-			}
-		}
-	default:
-		return nil
-	}
-	_, err = d.Token() // the closing delimiter
-	return err
 }

@@ -21,7 +21,7 @@ func newReportCmd() *cobra.Command {
 	var warmup int
 	var mem memory
 	cmd := &cobra.Command{
-		Use:   "report FILE",
+		Use:   "report FILE...",
 		Short: "Explain a snapshot: the peak, the OOM, every phase, leaks and fixes",
 		Long: `Explain a snapshot file (oomdbg's own, or a PyTorch memory snapshot pickle): the exact peak and what
 was alive at it, the out-of-memory error with PyTorch's message, every phase of every iteration (peak
@@ -38,18 +38,42 @@ max_split_size_mb, garbage_collection_threshold) to say which would have served 
 to the file.
 
 --format text is for a terminal, markdown for an issue or a pull request, json for scripts (the schema is
-docs/report-json.md).`,
+docs/report-json.md).
+
+With several files, the snapshots of a data-parallel job's ranks (oomdbg's, or PyTorch's per-rank dumps),
+it reports every rank side by side instead: peak and where it came, model states, activations, host
+memory, the OOM; names the rank that ran out of memory or peaks highest, and what differs there from the
+median rank. The files are read in parallel, one per core (docs/distributed.md: gathering a job's
+snapshots, and thousands of ranks).`,
 		Example: `  oomdbg report run.oomdbg
   oomdbg report run.oomdbg --measure-fixes --format markdown > report.md
-  oomdbg report dump_snapshot.pickle --format json | jq .peak`,
-		Args: cobra.ExactArgs(1),
+  oomdbg report dump_snapshot.pickle --format json | jq .peak
+  oomdbg report snapshots/rank*.pickle`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			}
+			if len(args) > 1 {
+				if measure || measureOld {
+					return fmt.Errorf("--measure-fixes measures one snapshot's workload; give one file")
+				}
+				write, err := rankWriter(format)
+				if err != nil {
+					return err
+				}
+				t := reportRanks(cmd.Context(), args, &mem, warmup)
+				if err := write(t, cmd.OutOrStdout()); err != nil {
+					return err
+				}
+				if bad := t.Unreadable(); bad > 0 {
+					return fmt.Errorf("%d of the %d files could not be read (their rows say why)", bad, len(args))
+				}
+				return nil
+			}
 			write, err := reportWriter(format)
 			if err != nil {
 				return err
-			}
-			if warmup < 0 {
-				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
 			if measureTimeout <= 0 {
 				return fmt.Errorf("--measure-timeout %v: must be positive", measureTimeout)

@@ -189,7 +189,7 @@ func TestReportCommand(t *testing.T) {
 			stderr: `oomdbg: unknown format "yaml" (want text, markdown or json)`},
 		"missing":      {args: []string{f("nothere.oomdbg")}, code: exitUsage, stderr: "oomdbg: open " + f("nothere.oomdbg") + ": no such file or directory"},
 		"not snapshot": {args: []string{f("text.txt")}, code: exitUsage, stderr: "oomdbg: " + f("text.txt") + " is neither an oomdbg snapshot nor a PyTorch memory snapshot (pickle or JSON)"},
-		"no file":      {args: nil, code: exitUsage, stderr: "oomdbg: accepts 1 arg(s), received 0"},
+		"no file":      {args: nil, code: exitUsage, stderr: "oomdbg: requires at least 1 arg(s), only received 0"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

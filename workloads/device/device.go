@@ -77,7 +77,8 @@ type Device struct {
 	host  *alloc.HostAllocator // a host device's memory (NewHost); nil on a GPU
 }
 
-// HostIndex is the device index of host memory in a recording: PyTorch's CPU device has no ordinal (-1).
+// HostIndex is the device index of host memory: PyTorch's CPU device has no ordinal. It is the index
+// recordings give the host device (snapshot.HostDeviceIndex, which this package is below).
 const HostIndex = -1
 
 // NewHost returns the host memory of a process whose GPU is of kind k (meta or cpu: whether ops on host

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 )
 
@@ -445,4 +446,11 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// The runtime's host device and the recording's name the same index.
+func TestHostDeviceIndex(t *testing.T) {
+	if device.HostIndex != snapshot.HostDeviceIndex {
+		t.Fatalf("device.HostIndex %d, snapshot.HostDeviceIndex %d", device.HostIndex, snapshot.HostDeviceIndex)
+	}
 }

@@ -4,25 +4,12 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
-	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
-// Host memory is recorded as a device of its own (device.HostIndex): readings of the host allocator's
+// Host memory is recorded as a device of its own (snapshot.HostDeviceIndex): readings of the host allocator's
 // allocated and reserved bytes, and of each category's bytes, after every allocation and free. Readings, not
 // allocation events: the timeline's allocated and reserved curves, the peak and the OOM are the GPU's, and
 // host memory must not add to them.
-
-// The readings' sources, and the kind of the host device in a snapshot's metadata.
-const (
-	// HostDeviceKind is the host device's DeviceInfo.Kind.
-	HostDeviceKind = "host"
-	// SampleHostAllocated is the bytes of live host blocks (pinned ones at their power-of-two size).
-	SampleHostAllocated = "host.allocated"
-	// SampleHostReserved adds the pinned blocks the caching host allocator keeps for reuse.
-	SampleHostReserved = "host.reserved"
-	// SampleHostCategory prefixes a category's live host bytes: "host.optimizer_state".
-	SampleHostCategory = "host."
-)
 
 // hostTracker is the host runtime's tracer: it learns what each host allocation holds from the tag the
 // runtime gives just before allocating, and records the host allocator's totals and the changed category's
@@ -53,8 +40,8 @@ func (h *hostTracker) SetCategory(_ int, addr uint64, c snapshot.Category, _ str
 	h.totals[old] -= int64(h.size[addr])
 	h.totals[c] += int64(h.size[addr])
 	h.cats[addr] = c
-	h.rec.Sample(device.HostIndex, SampleHostCategory+old.String(), h.totals[old])
-	h.rec.Sample(device.HostIndex, SampleHostCategory+c.String(), h.totals[c])
+	h.rec.Sample(snapshot.HostDeviceIndex, snapshot.SampleHostCategory+old.String(), h.totals[old])
+	h.rec.Sample(snapshot.HostDeviceIndex, snapshot.SampleHostCategory+c.String(), h.totals[c])
 }
 
 // observe is the host allocator's observer.
@@ -69,7 +56,8 @@ func (h *hostTracker) observe(e alloc.HostEvent) {
 		delete(h.cats, e.Addr)
 		delete(h.size, e.Addr)
 	}
-	h.rec.Sample(device.HostIndex, SampleHostAllocated, int64(e.Stats.Allocated))
-	h.rec.Sample(device.HostIndex, SampleHostReserved, int64(e.Stats.Reserved))
-	h.rec.Sample(device.HostIndex, SampleHostCategory+c.String(), h.totals[c])
+	// The category first: a reader takes the categories as they stand when the allocated bytes are read.
+	h.rec.Sample(snapshot.HostDeviceIndex, snapshot.SampleHostCategory+c.String(), h.totals[c])
+	h.rec.Sample(snapshot.HostDeviceIndex, snapshot.SampleHostAllocated, int64(e.Stats.Allocated))
+	h.rec.Sample(snapshot.HostDeviceIndex, snapshot.SampleHostReserved, int64(e.Stats.Reserved))
 }

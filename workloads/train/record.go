@@ -123,8 +123,8 @@ func Meta(cfg Config, toolVersion string) snapshot.Meta {
 		ContextReserve: int64(cfg.ContextReserve),
 	}}
 	if cfg.Parallel.Offload != dist.OffloadNone {
-		devices = append(devices, snapshot.DeviceInfo{Index: device.HostIndex, Kind: HostDeviceKind,
-			Name: "host memory (pinned blocks from the caching host allocator), read as " + SampleHostAllocated + " and " + SampleHostReserved})
+		devices = append(devices, snapshot.DeviceInfo{Index: snapshot.HostDeviceIndex, Kind: snapshot.DeviceKindHost,
+			Name: "host memory (pinned blocks from the caching host allocator)"})
 	}
 	return snapshot.Meta{
 		Parameters:          int64(params),
