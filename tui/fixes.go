@@ -43,10 +43,28 @@ const (
 	rowOptimizer
 	rowZeroGrad
 	rowBug
+	rowParallel // a data-parallel rank's rows, shown for one only
+	rowOffload
 	numFixRows
 )
 
-var fixRowNames = [numFixRows]string{"mixed precision", "weights", "adapter", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug"}
+var fixRowNames = [numFixRows]string{"mixed precision", "weights", "adapter", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug", "data parallel", "offload"}
+
+// parallelChoices are the data-parallel row's choices: DDP, DeepSpeed's stages and FSDP's strategies.
+var parallelChoices = []string{"ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp"}
+
+// rows lists the rows the pane shows: the data-parallel ones for a rank of a job only.
+func (p *fixesPane) rows() []int {
+	n := rowParallel
+	if p.base.GPUs > 1 {
+		n = numFixRows
+	}
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
 
 // adapterRank is the rank of the LoRA and QLoRA choices, on allProjections, as oomdbg fixes chooses them.
 const adapterRank = 16
@@ -114,6 +132,10 @@ func (p *fixesPane) offered(row int) []string {
 			return []string{"none"}
 		}
 		return []string{c.Bug, "fixed"}
+	case rowParallel:
+		return parallelChoices
+	case rowOffload:
+		return []string{"none", "optimizer", "optimizer+params"}
 	}
 	return nil
 }
@@ -153,6 +175,13 @@ func (p *fixesPane) current(row int) string {
 			return "none"
 		}
 		return c.Bug
+	case rowParallel:
+		return c.Parallel
+	case rowOffload:
+		if c.Offload == "" {
+			return "none"
+		}
+		return c.Offload
 	}
 	return ""
 }
@@ -238,6 +267,9 @@ func (p *fixesPane) config() Workload {
 	if pick(rowBug) == "fixed" {
 		c.Bug = ""
 	}
+	if p.base.GPUs > 1 {
+		c.Parallel, c.Offload = pick(rowParallel), pick(rowOffload)
+	}
 	w.Device = "meta"
 	return w
 }
@@ -251,7 +283,7 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Up):
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, numFixRows-1)
+		p.selected = min(p.selected+1, len(p.rows())-1)
 	case key.Matches(msg, k.Toggle, k.Detail):
 		p.choice[p.selected] = (p.choice[p.selected] + 1) % len(p.choices(p.selected))
 	case key.Matches(msg, k.Back):
@@ -311,6 +343,12 @@ func (p *fixesPane) describe() string {
 	}
 	if c.Bug != b.Bug {
 		parts = append(parts, "the leak fixed")
+	}
+	if c.Parallel != b.Parallel {
+		parts = append(parts, c.Parallel)
+	}
+	if c.Offload != b.Offload && (c.Offload != "none" || b.Offload != "") {
+		parts = append(parts, "offload "+c.Offload)
 	}
 	if len(parts) == 0 {
 		return "no change"
@@ -425,7 +463,7 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 		return s.Muted.Render(ansi.Truncate("fixes re-run oomdbg's own workloads; this snapshot did not come from one", w, "…"))
 	}
 	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)", w, "…"))}
-	for r := range numFixRows {
+	for _, r := range p.rows() {
 		line := fmt.Sprintf("%-21s %s", fixRowNames[r], choiceCells(p.choices(r), p.choice[r], w-22))
 		line = ansi.Truncate(line, w, "…")
 		if r == p.selected {

@@ -421,3 +421,29 @@ func TestLeaksPaneReachesHeldGroups(t *testing.T) {
 		t.Errorf("enter on a held row: pane %v, status %q", m.pane, m.status)
 	}
 }
+
+// TestFixesPaneChoosesAStrategy checks that a rank of a data-parallel job gets the strategy and offload rows,
+// and that a single GPU does not.
+func TestFixesPaneChoosesAStrategy(t *testing.T) {
+	w := *workload(t, "smollm-ft")
+	single := newFixesPane(&w, playback{})
+	if n := len(single.rows()); n != rowParallel {
+		t.Errorf("a single GPU shows %d rows, want %d", n, rowParallel)
+	}
+	w.GPUs, w.Fixes.Parallel, w.Fixes.Offload = 8, "ddp", "none"
+	p := newFixesPane(&w, playback{})
+	if n := len(p.rows()); n != numFixRows {
+		t.Fatalf("a rank shows %d rows, want %d", n, numFixRows)
+	}
+	if got := p.choices(rowParallel); got[p.choice[rowParallel]] != "ddp" || len(got) != len(parallelChoices) {
+		t.Fatalf("strategy row %q chooses %d", got, p.choice[rowParallel])
+	}
+	p.choice[rowParallel] = indexOf(p.choices(rowParallel), "zero3")
+	p.choice[rowOffload] = indexOf(p.choices(rowOffload), "optimizer+params")
+	if c := p.config().Fixes; c.Parallel != "zero3" || c.Offload != "optimizer+params" {
+		t.Errorf("chosen %+v", c)
+	}
+	if d := p.describe(); d != "zero3, offload optimizer+params" {
+		t.Errorf("describe %q", d)
+	}
+}

@@ -24,7 +24,10 @@ type Workload struct {
 	GPT bool
 	// Llama says the model is a Llama-family decoder, to which the attention, layer checkpointing, weights
 	// and adapter fixes apply.
-	Llama  bool
+	Llama bool
+	// GPUs is the job's GPUs when the workload is one rank of a data-parallel job (0 or 1: one GPU); the
+	// data-parallel fixes apply to it.
+	GPUs   int
 	Device string // "meta", "cpu" or "cuda"
 	Fixes  Fixes
 	// Spec is the whole configuration as a snapshot's metadata stores it; Record applies Device and Fixes
@@ -50,4 +53,8 @@ type Fixes struct {
 	LoRA        int    // --lora: the adapters' rank (0: a full fine-tune)
 	QLoRA       bool   // --qlora
 	LoRATargets string // --lora-targets: "" for peft's default
+
+	// A data-parallel rank's: its strategy and what it offloads.
+	Parallel string // --dp: "ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp"
+	Offload  string // --offload: "none", "optimizer", "optimizer+params"
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -95,6 +96,10 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 	name := cfg.Preset
 	if name == "" {
 		name = cfg.Model
+	}
+	if cfg.Parallel.World() > 1 {
+		printDistFixes(w, cfg, name, rows, markdown)
+		return
 	}
 	fmt.Fprintf(w, "%s, batch %d, on %s (%s taken by the CUDA context), meta device, 2 steps:\n\n",
 		name, cfg.Batch, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
@@ -228,4 +233,38 @@ func printTable(w io.Writer, header []string, rows [][]string, markdown bool, le
 		}
 		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
 	}
+}
+
+// printDistFixes prints a sweep of a data-parallel job's strategies: each rank's peak and what it is made of
+// at the peak, its host memory and what it sends per step.
+func printDistFixes(w io.Writer, cfg train.Config, name string, rows []train.SweepRow, markdown bool) {
+	p := cfg.Parallel
+	nodes := ""
+	if p.NodeCount() > 1 {
+		nodes = fmt.Sprintf(" on %d nodes", p.NodeCount())
+	}
+	fmt.Fprintf(w, "%s, micro-batch %d per rank, %d x %s%s (%s taken by the CUDA context), meta device, 2 steps, rank %d:\n",
+		name, cfg.Batch, p.World(), units.FormatSize(int64(cfg.GPUMemory)), nodes, units.FormatSize(int64(cfg.ContextReserve)), p.Rank)
+	fmt.Fprintf(w, "mixed-precision AdamW (bf16), checkpoint %s, attention %s; the peak's parts are those of the run with unlimited memory where the rank ran out\n\n",
+		cfg.Checkpoint, cfg.Attention)
+	header := []string{"strategy", "peak per rank", "fits", "parameters", "gradients", "optimizer state", "activations", "other", "host", "sent per step"}
+	var table [][]string
+	for _, r := range rows {
+		fits := "yes"
+		if r.OOM != nil {
+			fits = fmt.Sprintf("OOM in %s (needs %s)", r.OOM.Phase, units.FormatSize(r.NeedsAllocated))
+		}
+		c := r.Composition
+		other := c[snapshot.CategoryTemporary] + c[snapshot.CategoryAutogradDetail] + c[snapshot.CategoryAMPCache] +
+			c[snapshot.CategoryInput] + c[snapshot.CategoryUnknown]
+		host := "-"
+		if r.Host.PeakAllocated > 0 {
+			host = units.FormatSize(int64(r.Host.PeakAllocated))
+		}
+		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), fits,
+			units.FormatSize(c[snapshot.CategoryParameter]), units.FormatSize(c[snapshot.CategoryGradient]),
+			units.FormatSize(c[snapshot.CategoryOptimizerState]), units.FormatSize(c[snapshot.CategoryActivation]),
+			units.FormatSize(other), host, units.FormatSize(r.Traffic.Sent)})
+	}
+	printTable(w, header, table, markdown, 1)
 }

@@ -41,7 +41,8 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 		text string
 	}{{&cfg.Device, w.Device}, {&cfg.AMP, f.AMP}, {&cfg.Attention, f.Attention}, {&cfg.Checkpoint, f.Checkpoint},
 		{&cfg.Optimizer, f.Optimizer}, {&cfg.OptimizerImpl, f.OptimizerImpl}, {&cfg.ZeroGrad, f.ZeroGrad},
-		{&cfg.Weights, f.Weights}, {&cfg.LoRATargets, f.LoRATargets}} {
+		{&cfg.Weights, f.Weights}, {&cfg.LoRATargets, f.LoRATargets}, {&cfg.Parallel.Strategy, f.Parallel},
+		{&cfg.Parallel.Offload, f.Offload}} {
 		if err := set.v.UnmarshalText([]byte(set.text)); err != nil {
 			return err
 		}
@@ -68,11 +69,13 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 		Name:   name + " on " + string(cfg.Device),
 		GPT:    cfg.Model == "gpt",
 		Llama:  cfg.Model == "llama",
+		GPUs:   cfg.Parallel.World(),
 		Device: string(cfg.Device),
 		Fixes: tui.Fixes{AMP: cfg.AMP.String(), Attention: cfg.Attention.String(), Checkpoint: cfg.Checkpoint.String(),
 			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: string(cfg.Optimizer), OptimizerImpl: string(cfg.OptimizerImpl),
 			ZeroGrad: cfg.ZeroGrad.String(), Bug: cfg.Bug,
-			Weights: cfg.Weights.String(), LoRA: cfg.LoRA, QLoRA: cfg.QLoRA, LoRATargets: cfg.LoRATargets.String()},
+			Weights: cfg.Weights.String(), LoRA: cfg.LoRA, QLoRA: cfg.QLoRA, LoRATargets: cfg.LoRATargets.String(),
+			Parallel: cfg.Parallel.Strategy.String(), Offload: cfg.Parallel.Offload.String()},
 		Spec: spec,
 	}, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tui"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -101,4 +102,29 @@ func recordThrough(t *testing.T, r tuiRunner, w tui.Workload) (*snapshot.Snapsho
 		t.Fatal(err)
 	}
 	return s, ran
+}
+
+// TestTUIRunnerAppliesTheStrategy turns a DDP rank into a ZeRO-3 rank that offloads through the TUI's runner.
+func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
+	cfg, err := train.PresetConfig("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.Device, cfg.Optimizer = 1, "meta", optim.AdamW
+	cfg.Parallel = dist.Settings{GPUs: 8, Strategy: dist.DDP}
+	w, err := tuiWorkload(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GPUs != 8 || w.Fixes.Parallel != "ddp" || w.Fixes.Offload != "none" {
+		t.Fatalf("workload %+v does not describe a ddp rank of 8", w)
+	}
+	w.Fixes.Parallel, w.Fixes.Offload = "zero3", "optimizer+params"
+	s, ran := recordThrough(t, tuiRunner{}, w)
+	if ran.Parallel.Strategy != dist.ZeRO3 || ran.Parallel.Offload != dist.OffloadOptimizerParams || ran.Parallel.GPUs != 8 {
+		t.Errorf("ran %+v", ran.Parallel)
+	}
+	if len(s.Meta.Devices) != 2 || s.Meta.Devices[1].Kind != snapshot.DeviceKindHost {
+		t.Errorf("devices %+v, want the GPU and host memory", s.Meta.Devices)
+	}
 }

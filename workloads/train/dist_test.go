@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -452,5 +453,39 @@ func mustJSON(t *testing.T, v any) []byte {
 func TestHostDeviceIndex(t *testing.T) {
 	if device.HostIndex != snapshot.HostDeviceIndex {
 		t.Fatalf("device.HostIndex %d, snapshot.HostDeviceIndex %d", device.HostIndex, snapshot.HostDeviceIndex)
+	}
+}
+
+// A sweep of a job tries every strategy and offload; what each rank's peak is made of adds up to the
+// allocator's own peak.
+func TestSweepOfAJob(t *testing.T) {
+	t.Parallel()
+	cfg := distGPT()
+	cfg.Parallel = dist.Settings{GPUs: 4, Nodes: 2, Strategy: dist.DDP}
+	rows, err := Sweep(context.Background(), cfg, FixesFor(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(DistFixes) {
+		t.Fatalf("%d rows for %d strategies", len(rows), len(DistFixes))
+	}
+	for _, r := range rows {
+		var sum int64
+		for _, b := range r.Composition {
+			sum += b
+		}
+		peak := r.PeakAllocated
+		if r.OOM != nil {
+			peak = r.NeedsAllocated
+		}
+		if sum != peak {
+			t.Errorf("%s: the peak's parts add up to %d, the allocator's peak is %d", r.Fix, sum, peak)
+		}
+		if r.Traffic.Sent == 0 {
+			t.Errorf("%s: nothing sent per step", r.Fix)
+		}
+		if off := r.Config.Parallel.Offload != dist.OffloadNone; off != (r.Host.PeakAllocated > 0) {
+			t.Errorf("%s: host memory %d", r.Fix, r.Host.PeakAllocated)
+		}
 	}
 }

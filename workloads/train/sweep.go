@@ -6,8 +6,11 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -72,9 +75,49 @@ func lora(c *Config, weights Weights) {
 	}
 }
 
-// FixesFor returns the fixes a sweep of cfg tries: LlamaFixes for a llama, Fixes otherwise.
+// DistFixes are the strategies a sweep of a data-parallel job tries, each with mixed-precision AdamW as the
+// ZeRO paper counts it (bf16; DDP and FSDP keep fp32 weights, ZeRO's model is bf16 with fp32 master
+// weights), and with its offloads. The job's GPUs, nodes and the rest of its configuration are kept.
+var DistFixes = []Fix{
+	{"ddp", parallel(dist.DDP, dist.OffloadNone)},
+	{"ddp, gradient_as_bucket_view", func(c *Config) {
+		parallel(dist.DDP, dist.OffloadNone)(c)
+		c.Parallel.GradientAsBucketView = true
+	}},
+	{"zero1", parallel(dist.ZeRO1, dist.OffloadNone)},
+	{"zero2", parallel(dist.ZeRO2, dist.OffloadNone)},
+	{"zero3", parallel(dist.ZeRO3, dist.OffloadNone)},
+	{"fsdp full shard", parallel(dist.FSDPFull, dist.OffloadNone)},
+	{"fsdp shard grad op", parallel(dist.FSDPGradOp, dist.OffloadNone)},
+	{"hsdp", parallel(dist.HSDP, dist.OffloadNone)},
+	{"zero2, offload optimizer", parallel(dist.ZeRO2, dist.OffloadOptimizer)},
+	{"zero3, offload optimizer", parallel(dist.ZeRO3, dist.OffloadOptimizer)},
+	{"zero3, offload optimizer+params", parallel(dist.ZeRO3, dist.OffloadOptimizerParams)},
+	{"fsdp full shard, offload params", parallel(dist.FSDPFull, dist.OffloadOptimizerParams)},
+}
+
+// parallel returns the fix that runs a job with strategy s and offload o in mixed precision.
+func parallel(s dist.Strategy, o dist.Offload) func(*Config) {
+	return func(c *Config) {
+		p := c.Parallel
+		c.Parallel = dist.Settings{GPUs: p.GPUs, Nodes: p.Nodes, Rank: p.Rank, Strategy: s, Offload: o, Wrap: p.Wrap}
+		c.AMP, c.LoRA, c.QLoRA, c.LoRATargets, c.LoRAAlpha, c.LoRADropout = AMPBF16, 0, false, 0, 0, 0
+		if c.Model == "llama" {
+			c.Weights = WeightsF32 // fp32 weights under autocast; ZeRO casts the model to bf16 itself
+		}
+		if c.Optimizer != optim.Adam {
+			c.Optimizer, c.OptimizerImpl = optim.AdamW, ""
+		}
+	}
+}
+
+// FixesFor returns the fixes a sweep of cfg tries: DistFixes for a job of several GPUs, LlamaFixes for a
+// llama, Fixes otherwise.
 func FixesFor(cfg Config) []Fix {
-	if cfg.Model == "llama" {
+	switch {
+	case cfg.Parallel.World() > 1:
+		return DistFixes
+	case cfg.Model == "llama":
 		return LlamaFixes
 	}
 	return Fixes
@@ -103,6 +146,13 @@ type SweepRow struct {
 	Paged, PagedEvicted uint64
 	// Result is the run on the configured device: its steps, each with what it asked of the device.
 	Result *Result
+	// Composition is the allocated bytes by category at the peak: the configured run's, or, when it ran out
+	// of memory, the peak of the run with unlimited memory.
+	Composition [snapshot.NumCategories]int64
+	// Host is a data-parallel rank's host memory, and Traffic what it moved in its last step (of the same
+	// run as Composition).
+	Host    alloc.HostStats
+	Traffic dist.Traffic
 }
 
 // Fragmentation returns (reserved - allocated) / reserved when reserved memory peaked on the configured device.
@@ -141,7 +191,7 @@ func sweep(ctx context.Context, cfg Config, fixes []Fix, steps int) ([]SweepRow,
 			continue // the configuration already is the fix (e.g. bf16 weights on a bf16 preset)
 		}
 		seen = append(seen, c)
-		res, _, err := Run(ctx, c, nil)
+		res, comp, err := measure(ctx, c)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
@@ -149,13 +199,21 @@ func sweep(ctx context.Context, cfg Config, fixes []Fix, steps int) ([]SweepRow,
 		// simulated device reserves expandable segments in (they reserve 9/8 of the device's memory).
 		unlimited := c
 		unlimited.GPUMemory = max(c.GPUMemory, 16<<40)
-		need, _, err := Run(ctx, unlimited, nil)
+		need, needComp, err := measure(ctx, unlimited)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
-		rows = append(rows, SweepRow{Fix: f.Name, Config: c, PeakAllocated: res.PeakAllocated, PeakReserved: res.PeakReserved,
+		row := SweepRow{Fix: f.Name, Config: c, PeakAllocated: res.PeakAllocated, PeakReserved: res.PeakReserved,
 			OOM: res.OOM, NeedsAllocated: need.PeakAllocated, NeedsReserved: need.PeakReserved, MeasuredOnSteps: c.Steps,
-			Paged: max(res.Paged, need.Paged), PagedEvicted: res.PagedEvicted, Result: res})
+			Paged: max(res.Paged, need.Paged), PagedEvicted: res.PagedEvicted, Result: res, Composition: comp, Host: res.Host}
+		last := res
+		if res.OOM != nil {
+			row.Composition, row.Host, last = needComp, need.Host, need
+		}
+		if n := len(last.Traffic); n > 0 {
+			row.Traffic = last.Traffic[n-1]
+		}
+		rows = append(rows, row)
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
 		}
@@ -206,4 +264,64 @@ func allocSetting(set func(a *alloc.Config, c *Config)) func(*Config) {
 		a.Source = "" // the settings are no longer the string they were parsed from
 		c.AllocConf = AllocConf{a}
 	}
+}
+
+// measure runs cfg with a recorder that keeps no events, only the bytes by category at the peak.
+func measure(ctx context.Context, cfg Config) (*Result, [snapshot.NumCategories]int64, error) {
+	m := &peakMeter{live: map[uint64]meterBlock{}}
+	rec := tracer.New(m, tracer.WithStackDepth(0))
+	res, _, err := Run(ctx, cfg, rec)
+	rec.Close(nil)
+	return res, m.atPeak, err
+}
+
+// peakMeter is a tracer.Sink that follows the GPU's allocated bytes by category and keeps them at their
+// highest total: what a sweep's peak is made of, without writing a snapshot.
+type peakMeter struct {
+	live        map[uint64]meterBlock
+	cur, atPeak [snapshot.NumCategories]int64
+	total, peak int64
+}
+
+type meterBlock struct {
+	size int64
+	cat  snapshot.Category
+}
+
+func (m *peakMeter) InternString(string) snapshot.StringID            { return 0 }
+func (m *peakMeter) InternFrame(string, string, int) snapshot.FrameID { return 0 }
+func (m *peakMeter) InternStack([]snapshot.FrameID) snapshot.StackID  { return 0 }
+func (m *peakMeter) Flush() error                                     { return nil }
+func (m *peakMeter) Close(*snapshot.Footer) error                     { return nil }
+
+func (m *peakMeter) Write(e *snapshot.Event) error {
+	if e.Device != 0 {
+		return nil
+	}
+	switch e.Action {
+	case snapshot.ActionAlloc:
+		c := e.Category
+		if !c.Valid() {
+			c = snapshot.CategoryUnknown
+		}
+		m.live[e.Addr] = meterBlock{e.BlockSize, c}
+		m.cur[c] += e.BlockSize
+		m.total += e.BlockSize
+		if m.total > m.peak {
+			m.peak, m.atPeak = m.total, m.cur
+		}
+	case snapshot.ActionFreeRequested:
+		if b, ok := m.live[e.Addr]; ok {
+			delete(m.live, e.Addr)
+			m.cur[b.cat] -= b.size
+			m.total -= b.size
+		}
+	case snapshot.ActionCategory:
+		if b, ok := m.live[e.Addr]; ok && e.Category.Valid() && e.Category != b.cat {
+			m.cur[b.cat] -= b.size
+			m.cur[e.Category] += b.size
+			m.live[e.Addr] = meterBlock{b.size, e.Category}
+		}
+	}
+	return nil
 }
