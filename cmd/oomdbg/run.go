@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,7 +208,7 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 
 func newRunCmd() *cobra.Command {
 	cfg := train.DefaultMLP()
-	var out, preset string
+	var out, preset, ranks string
 	var force bool
 	var mem memory
 	cmd := &cobra.Command{
@@ -239,6 +240,8 @@ meta device and refuses to start when that is more than --max-memory.`,
   oomdbg run --hf-config config.json --batch 2 --seq 4096 --optimizer paged-adamw8bit
   oomdbg run --hidden 4096 --layers 8 --batch 4096 --gpu-mem 8GiB -o big.oomdbg
   oomdbg run --bug retain-graph --steps 20 -o leak.oomdbg
+  oomdbg run --preset llama-3.1-8b --gpus 8 --dp zero3 --offload optimizer --checkpoint all --gpu-mem 80GiB
+  oomdbg run --preset buildalong --gpus 4 --dp zero2 --ranks uneven -o job.oomdbg && oomdbg report job.rank*.oomdbg
   oomdbg run --preset tiny --steps 2000 -o - | oomdbg view -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -249,10 +252,16 @@ meta device and refuses to start when that is more than --max-memory.`,
 			if err := cfg.Validate(); err != nil {
 				return flagError(err)
 			}
+			if ranks == "uneven" {
+				return recordRanks(cmd, cfg, recordTarget{path: out, force: force, mem: &mem})
+			} else if ranks != "" {
+				return fmt.Errorf("--ranks %q: the only choice is uneven (--rank N records one rank)", ranks)
+			}
 			return runRecord(cmd.Context(), cfg, recordTarget{path: out, force: force, mem: &mem}, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	addConfigFlags(cmd.Flags(), &cfg)
+	cmd.Flags().StringVar(&ranks, "ranks", "", "uneven: record rank 0 and every rank whose memory differs, each into -o's name with .rankN before its extension")
 	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().StringVarP(&out, "output", "o", "run.oomdbg", "snapshot file to write ('-' for standard output)")
 	cmd.Flags().BoolVar(&force, "force", false, "write through a symbolic link, or replace a read-only file")
@@ -273,7 +282,9 @@ func flagError(err error) error {
 	if !errors.As(err, &fe) {
 		return err
 	}
-	name := strings.ReplaceAll(fe.Field, "_", "-")
+	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
+	field = strings.TrimPrefix(field, "stage3_")
+	name := strings.ReplaceAll(field, "_", "-")
 	switch fe.Field {
 	case "gpu_memory":
 		name = "gpu-mem"
@@ -573,4 +584,32 @@ func printSteps(w io.Writer, cfg train.Config, res *train.Result) {
 		}
 	}
 	fmt.Fprintln(w)
+}
+
+// recordRanks records rank 0 and every rank of the job whose memory differs (train.DistinctRanks), each into
+// the output's name with .rankN before its extension. The exit code is that of the last rank to fail.
+func recordRanks(cmd *cobra.Command, cfg train.Config, to recordTarget) error {
+	if to.path == "-" || to.path == "/dev/stdout" {
+		return fmt.Errorf("--ranks uneven writes one file per rank: give -o a file name")
+	}
+	ranks, err := train.DistinctRanks(cfg)
+	if err != nil {
+		return err
+	}
+	ext := filepath.Ext(to.path)
+	var last error
+	for _, r := range ranks {
+		c := cfg
+		c.Parallel.Rank = r
+		t := to
+		t.path = fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(to.path, ext), r, ext)
+		if err := runRecord(cmd.Context(), c, t, cmd.OutOrStdout(), cmd.ErrOrStderr()); err != nil {
+			var pe *problemError
+			if !errors.As(err, &pe) {
+				return err
+			}
+			last = err
+		}
+	}
+	return last
 }

@@ -196,6 +196,34 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 				}
 			})
 		}
+		// Stage 2's step: the partition's gradients flattened (2 bytes), converted to fp32 (4 bytes), both
+		// alive for a moment with the gradient buffer, the master copy and Adam's moments: 2 + 20/N, above
+		// DeepSpeed's own estimate of 2 + 18/N (estimate_zero2_model_states_mem_needs), which leaves out the
+		// flat 16-bit copy.
+		t.Run(fmt.Sprintf("zero2 in the step/N=%d", n), func(t *testing.T) {
+			t.Parallel()
+			cfg := base
+			cfg.Parallel = dist.Settings{GPUs: n, Strategy: dist.ZeRO2}
+			_, s := record(t, cfg)
+			var peak int64
+			phase, iter := snapshot.PhaseNone, int32(-1)
+			replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+				if e.Action == snapshot.ActionPhase {
+					phase, iter = e.Phase, e.Iteration
+				}
+				if phase == snapshot.PhaseOptimizer && iter == 1 {
+					total, _ := modelStates(live)
+					peak = max(peak, total)
+				}
+			})
+			if want := 2*aligned + 2*grads0 + 2*part + 4*part + 12*part; peak != want {
+				t.Errorf("model states peak in the step at %d bytes, want %d", peak, want)
+			}
+			estimate := 2*float64(psi) + 18*float64(psi)/float64(n)
+			if float64(peak) <= estimate {
+				t.Errorf("the step's %d bytes are within DeepSpeed's estimate %.0f", peak, estimate)
+			}
+		})
 		// Stage 1 keeps every 16-bit gradient until the backward ends: the paper's 4 + 12/N.
 		t.Run(fmt.Sprintf("zero1 in backward/N=%d", n), func(t *testing.T) {
 			t.Parallel()

@@ -294,6 +294,32 @@ func ModelParameters(cfg Config) (all, trainable int, err error) {
 	return r.res.Parameters, r.res.Trainable, nil
 }
 
+// DistinctRanks returns the ranks of cfg's job whose memory differs from every lower rank's, rank 0 first
+// (dist.DistinctRanks): the ranks worth simulating. For a single GPU it is rank 0 alone.
+func DistinctRanks(cfg Config) ([]int, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !cfg.Parallel.Parallel() {
+		return []int{0}, nil
+	}
+	cfg.Device, cfg.GPUMemory, cfg.ContextReserve = device.Meta, MaxGPUMemory, 0
+	p := cfg.Parallel
+	cfg.Parallel = dist.Settings{}
+	r, err := newRun(context.Background(), cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.rt.Catch(r.build); err != nil {
+		return nil, err
+	}
+	var numels []int64
+	for _, prm := range nn.Trainable(r.model) {
+		numels = append(numels, int64(prm.Tensor.Numel()))
+	}
+	return dist.DistinctRanks(p, numels), nil
+}
+
 // setup is the setup phase: the model on the device, the optimizer and, for fp16, the grad scaler.
 func (r *run) setup() {
 	r.setPhase(snapshot.PhaseSetup)
