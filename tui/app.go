@@ -40,6 +40,10 @@ type Options struct {
 	Profile colorprofile.Profile
 	// Devices reads the GPUs for the device pane; nil shows that no reader is configured.
 	Devices DeviceReader
+	// Ranks, when set, are a data-parallel job's ranks side by side (oomdbg view with several files), File
+	// one of them; the Ranks pane shows them and Load reads the one chosen.
+	Ranks *triage.RankTable
+	Load  func(path string) (*snapshot.Snapshot, error)
 }
 
 // pane names the panes under the timeline.
@@ -52,10 +56,19 @@ const (
 	paneLeaks
 	paneFixes
 	paneDevice
+	paneRanks // shown only for a job's ranks (Options.Ranks)
 	numPanes
 )
 
-var paneNames = [numPanes]string{"Live", "Categories", "Segments", "Leaks", "Fixes", "Device"}
+var paneNames = [numPanes]string{"Live", "Categories", "Segments", "Leaks", "Fixes", "Device", "Ranks"}
+
+// panes returns how many panes the tabs show: the Ranks pane only for a job's ranks.
+func (m *Model) panes() pane {
+	if m.ranks.table == nil {
+		return paneRanks
+	}
+	return numPanes
+}
 
 // Model is the TUI's one root model.
 type Model struct {
@@ -90,6 +103,7 @@ type Model struct {
 	leaks    leaksPane
 	fixes    fixesPane
 	device   devicePane
+	ranks    ranksPane
 }
 
 // New returns the model for opts.
@@ -103,6 +117,15 @@ func New(ctx context.Context, opts Options) *Model {
 	m.live.filter = newFilterInput()
 	m.fixes = newFixesPane(opts.Workload, opts.Runner)
 	m.device = newDevicePane(opts.Devices)
+	if opts.Ranks != nil {
+		open := 0
+		for i, r := range opts.Ranks.Ranks {
+			if r.File == opts.File {
+				open = i
+			}
+		}
+		m.ranks = newRanksPane(opts.Ranks, opts.Load, open)
+	}
 	switch {
 	case opts.Snapshot != nil:
 		m.setSnapshot(opts.Snapshot)
@@ -161,6 +184,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case deviceMsg:
 		m.device.onReading(msg)
 		return m, m.device.tick()
+	case rankMsg:
+		return m, m.openRank(msg)
 	case tea.KeyPressMsg:
 		return m, m.onKey(msg)
 	}
@@ -256,13 +281,16 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.showHelp = false
 		return nil
 	case key.Matches(msg, k.NextPane):
-		m.pane = (m.pane + 1) % numPanes
+		m.pane = (m.pane + 1) % m.panes()
 		return nil
 	case key.Matches(msg, k.PrevPane):
-		m.pane = (m.pane + numPanes - 1) % numPanes
+		m.pane = (m.pane + m.panes() - 1) % m.panes()
 		return nil
 	case key.Matches(msg, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device):
 		m.pane = pane(msg.String()[0] - '1')
+		return nil
+	case key.Matches(msg, k.Ranks) && m.ranks.table != nil:
+		m.pane = paneRanks
 		return nil
 	}
 	if m.ix == nil || m.ix.len() == 0 {
@@ -285,6 +313,8 @@ func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
 		return m.leaks.onKey(msg, m)
 	case paneFixes:
 		return m.fixes.onKey(msg, m)
+	case paneRanks:
+		return m.ranks.onKey(msg, m)
 	}
 	return nil
 }

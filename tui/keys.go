@@ -18,6 +18,7 @@ type KeyMap struct {
 	Live, Categories         key.Binding
 	Segments, Leaks          key.Binding
 	Fixes, Device            key.Binding
+	Ranks                    key.Binding
 	Detail, Back             key.Binding
 	Filter, Sort             key.Binding
 	Toggle, Rerun            key.Binding
@@ -57,6 +58,7 @@ func DefaultKeyMap() KeyMap {
 		Leaks:       b("4", "leaks", "4"),
 		Fixes:       b("5", "fixes", "5"),
 		Device:      b("6", "device", "6"),
+		Ranks:       b("7", "ranks", "7"),
 		Detail:      b("enter", "detail", "enter"),
 		Back:        b("esc", "back", "esc"),
 		Filter:      b("/", "filter", "/"),
@@ -78,7 +80,7 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
-		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device},
+		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
 		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Help, k.Quit},
 	}
 }

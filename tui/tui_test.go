@@ -15,6 +15,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 func noDriver() nvml.Report {
@@ -445,5 +446,41 @@ func TestFixesPaneChoosesAStrategy(t *testing.T) {
 	}
 	if d := p.describe(); d != "zero3, offload optimizer+params" {
 		t.Errorf("describe %q", d)
+	}
+}
+
+// TestRanksPane opens a job's ranks: the Ranks pane lists them side by side, marks the one shown, and enter
+// on another loads and shows it.
+func TestRanksPane(t *testing.T) {
+	files := []string{"rank0.oomdbg", "rank1.oomdbg"}
+	snaps := map[string]*snapshot.Snapshot{files[0]: fixture(t, "tiny-oom"), files[1]: fixture(t, "tiny-oom-fixed")}
+	var reports []*triage.Report
+	for _, f := range files {
+		reports = append(reports, triage.Analyze(context.Background(), snapshot.NewTimeline(snaps[f]), triage.Options{File: f}))
+	}
+	table := triage.CompareRanks(files, reports, make([]error, 2))
+	load := func(path string) (*snapshot.Snapshot, error) { return snaps[path], nil }
+	m := New(context.Background(), Options{File: files[table.Worst], Snapshot: snaps[files[table.Worst]], Ranks: table, Load: load,
+		Profile: colorprofile.Ascii, Devices: noDriver})
+	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
+	press(m, "7")
+	got := screen(m)
+	if m.Pane() != "Ranks" || !strings.Contains(got, "7 Ranks") || !strings.Contains(got, "▸ 0") || !strings.Contains(got, "ran out of memory") {
+		t.Fatalf("ranks pane:\n%s", got)
+	}
+	press(m, "down")
+	cmd := m.ranks.onKey(keyPress("enter"), m)
+	if cmd == nil {
+		t.Fatal("enter on another rank loads nothing")
+	}
+	m.Update(cmd())
+	if m.opts.File != files[1] || m.snap != snaps[files[1]] || !strings.Contains(screen(m), "▸ 1") {
+		t.Fatalf("after enter: file %s\n%s", m.opts.File, screen(m))
+	}
+	// Without ranks, the tabs stop at Device and 7 does nothing.
+	single := newTestModel(t, snaps[files[0]], 100, 30)
+	press(single, "7")
+	if single.Pane() == "Ranks" || strings.Contains(screen(single), "Ranks") {
+		t.Error("a single snapshot shows the Ranks pane")
 	}
 }

@@ -104,7 +104,7 @@ func (m *Model) loadingView() string {
 
 func (m *Model) tabsView() string {
 	var b strings.Builder
-	for i, name := range paneNames {
+	for i, name := range paneNames[:m.panes()] {
 		label := fmt.Sprintf(" %d %s ", i+1, name)
 		if pane(i) == m.pane {
 			b.WriteString(m.styles.ActiveTab.Render(label))
@@ -130,6 +130,8 @@ func (m *Model) paneView() string {
 		return m.fixes.view(m.styles, w, h)
 	case paneDevice:
 		return m.device.view(m.styles, w, h)
+	case paneRanks:
+		return m.ranks.view(m.styles, w, h)
 	}
 	return ""
 }

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/spf13/cobra"
+
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -46,6 +48,14 @@ func reportRanks(ctx context.Context, files []string, mem *memory, warmup int) *
 	close(next)
 	wg.Wait()
 	return triage.CompareRanks(files, reports, errs)
+}
+
+// snapshotArgs accepts one snapshot file or several (a job's ranks).
+func snapshotArgs(_ *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("give a snapshot file, or several: the ranks of a job")
+	}
+	return nil
 }
 
 // rankWriter returns the writer of a rank table in a report format.

@@ -49,7 +49,7 @@ snapshots, and thousands of ranks).`,
   oomdbg report run.oomdbg --measure-fixes --format markdown > report.md
   oomdbg report dump_snapshot.pickle --format json | jq .peak
   oomdbg report snapshots/rank*.pickle`,
-		Args: cobra.MinimumNArgs(1),
+		Args: snapshotArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
@@ -189,7 +190,7 @@ func TestReportCommand(t *testing.T) {
 			stderr: `oomdbg: unknown format "yaml" (want text, markdown or json)`},
 		"missing":      {args: []string{f("nothere.oomdbg")}, code: exitUsage, stderr: "oomdbg: open " + f("nothere.oomdbg") + ": no such file or directory"},
 		"not snapshot": {args: []string{f("text.txt")}, code: exitUsage, stderr: "oomdbg: " + f("text.txt") + " is neither an oomdbg snapshot nor a PyTorch memory snapshot (pickle or JSON)"},
-		"no file":      {args: nil, code: exitUsage, stderr: "oomdbg: requires at least 1 arg(s), only received 0"},
+		"no file":      {args: nil, code: exitUsage, stderr: "oomdbg: give a snapshot file, or several: the ranks of a job"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -383,5 +384,49 @@ func TestReportRunsNothingUnasked(t *testing.T) {
 				t.Fatal("report is still running after a minute")
 			}
 		})
+	}
+}
+
+// TestReportRanks reports a job's ranks side by side: two ranks recorded by oomdbg, one of them on a card too
+// small for it, a real PyTorch snapshot, and a file that is not there.
+func TestReportRanks(t *testing.T) {
+	dir := t.TempDir()
+	record := func(name string, rank int, gpuMem string) string {
+		path := filepath.Join(dir, name)
+		code, _, stderr := runCmd("run", "--preset", "tiny", "--steps", "2", "--gpus", "2", "--dp", "zero2", "--optimizer", "adamw",
+			"--rank", fmt.Sprint(rank), "--gpu-mem", gpuMem, "--context-reserve", "1MiB", "-o", path)
+		if code != exitOK && code != exitProblem {
+			t.Fatalf("run rank %d: exit %d, %s", rank, code, stderr)
+		}
+		return path
+	}
+	r0, r1 := record("job_0.oomdbg", 0, "24GiB"), record("job_1.oomdbg", 1, "30MiB")
+	missing := filepath.Join(dir, "job_2.oomdbg")
+	pickle := torchtest.FixturePath(t, "f4_2024_time_us_no_settings_2dev.pickle")
+	code, stdout, stderr := runCmd("report", r0, r1, pickle, missing)
+	if code != exitUsage || !strings.Contains(stderr, "1 of the 4 files could not be read") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	for _, want := range []string{"\n   0 ", "\n  *1 ", "f4_2024_time_us_no_settings_2dev.pickle", "unreadable",
+		"* rank 1 ran out of memory in iteration 0", "; 1 of 3 ranks did"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	code, stdout, _ = runCmd("report", r0, r1, "--format", "json")
+	var tab struct {
+		Format string
+		Worst  int
+		Ranks  []struct {
+			Rank int
+			OOM  bool
+		}
+	}
+	if code != exitOK || json.Unmarshal([]byte(stdout), &tab) != nil || tab.Format != "oomdbg-ranks/1" || tab.Worst != 1 ||
+		len(tab.Ranks) != 2 || tab.Ranks[1].Rank != 1 || !tab.Ranks[1].OOM {
+		t.Errorf("json (exit %d): %s", code, stdout)
+	}
+	if code, _, stderr := runCmd("report", r0, r1, "--measure-fixes"); code != exitUsage || !strings.Contains(stderr, "give one file") {
+		t.Errorf("--measure-fixes with two files: exit %d, %q", code, stderr)
 	}
 }

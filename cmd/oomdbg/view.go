@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
@@ -21,7 +23,7 @@ func newViewCmd() *cobra.Command {
 	var follow bool
 	var mem memory
 	cmd := &cobra.Command{
-		Use:   "view FILE",
+		Use:   "view FILE...",
 		Short: "Open a snapshot in the TUI",
 		Long: `Open a snapshot file in the terminal UI: the memory timeline with phase bands, stepping by event,
 phase and iteration, the peak and the OOM, the live set with stacks and retainers, bytes by category,
@@ -30,9 +32,16 @@ the allocator's segments, leaks, and fixes that re-run the workload (for oomdbg'
 --follow keeps reading a snapshot that is still being written (oomdbg run -o FILE in another shell).
 FILE may be a pipe or '-' for standard input (oomdbg run -o - | oomdbg view -); keys are then read
 from the terminal. view needs a terminal: without one it says so and exits 2 (oomdbg report prints
-the same analysis as text).`,
-		Args: cobra.ExactArgs(1),
+the same analysis as text).
+
+With several files, the snapshots of a data-parallel job's ranks, it reads them all in parallel (as report
+does), opens the rank that ran out of memory or peaks highest, and adds a Ranks pane (7) with every rank's
+peak and phase side by side, from which enter opens another.`,
+		Args: snapshotArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return viewRanks(cmd, args, follow, &mem)
+			}
 			path := args[0]
 			keys, closeKeys, err := viewTerminal(cmd, path)
 			if err != nil {
@@ -112,3 +121,37 @@ func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 // isTerminal reports whether f is a terminal, where the TUI can run (not merely a character device such as
 // /dev/null).
 func isTerminal(f *os.File) bool { return term.IsTerminal(f.Fd()) }
+
+// viewRanks opens a job's ranks: all read and reported in parallel, the worst shown, the others a Ranks
+// pane away.
+func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) error {
+	if follow {
+		return fmt.Errorf("--follow follows one file: give one")
+	}
+	for _, f := range files {
+		if f == "-" {
+			return fmt.Errorf("a job's ranks are files: '-' (standard input) cannot be one of several")
+		}
+	}
+	keys, closeKeys, err := viewTerminal(cmd, files[0])
+	if err != nil {
+		return err
+	}
+	defer closeKeys()
+	t := reportRanks(cmd.Context(), files, mem, leaks.DefaultWarmup)
+	if t.Worst < 0 {
+		return fmt.Errorf("none of the %d files could be read", len(files))
+	}
+	load := func(path string) (*snapshot.Snapshot, error) {
+		s, err := openSnapshot(path, mem, costView)
+		if err != nil && (s == nil || len(s.Events) == 0) {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := load(files[t.Worst])
+	if err != nil {
+		return err
+	}
+	return runTUI(cmd, keys, tui.Options{File: files[t.Worst], Snapshot: s, Ranks: t, Load: load})
+}
