@@ -60,13 +60,5 @@ func snapshotArgs(_ *cobra.Command, args []string) error {
 
 // rankWriter returns the writer of a rank table in a report format.
 func rankWriter(format string) (func(*triage.RankTable, io.Writer) error, error) {
-	switch format {
-	case "text":
-		return (*triage.RankTable).WriteText, nil
-	case "markdown", "md":
-		return (*triage.RankTable).WriteMarkdown, nil
-	case "json":
-		return (*triage.RankTable).WriteJSON, nil
-	}
-	return nil, fmt.Errorf("unknown format %q (want text, markdown or json)", format)
+	return formatWriter(format, (*triage.RankTable).WriteText, (*triage.RankTable).WriteMarkdown, (*triage.RankTable).WriteJSON)
 }

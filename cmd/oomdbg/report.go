@@ -101,13 +101,18 @@ snapshots, and thousands of ranks).`,
 
 // reportWriter returns the writer of a report format.
 func reportWriter(format string) (func(*triage.Report, io.Writer) error, error) {
+	return formatWriter(format, (*triage.Report).WriteText, (*triage.Report).WriteMarkdown, (*triage.Report).WriteJSON)
+}
+
+// formatWriter returns the writer of --format's text, markdown (or md) or json.
+func formatWriter[T any](format string, text, markdown, json func(T, io.Writer) error) (func(T, io.Writer) error, error) {
 	switch format {
 	case "text":
-		return (*triage.Report).WriteText, nil
+		return text, nil
 	case "markdown", "md":
-		return (*triage.Report).WriteMarkdown, nil
+		return markdown, nil
 	case "json":
-		return (*triage.Report).WriteJSON, nil
+		return json, nil
 	}
 	return nil, fmt.Errorf("unknown format %q (want text, markdown or json)", format)
 }

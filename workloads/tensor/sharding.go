@@ -70,19 +70,7 @@ func (t *Tensor) AllocStorage() {
 	if !st.freed {
 		return
 	}
-	rt := st.rt
-	if rt.tr != nil {
-		rt.tr.TagNextAlloc(st.category, st.label)
-	}
-	addr, err := rt.malloc(st.bytes)
-	if err != nil {
-		oom := &OOMError{Bytes: st.bytes, Label: st.label, Err: err}
-		if rt.onOOM != nil {
-			rt.onOOM(oom)
-		}
-		panic(oom)
-	}
-	st.addr, st.freed = addr, false
+	st.addr, st.freed = st.rt.allocate(st.bytes, st.category, st.label), false
 }
 
 // StorageFreed reports whether the tensor's memory is given back (FreeStorage) and not yet allocated again.

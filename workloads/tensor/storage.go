@@ -31,22 +31,28 @@ func (rt *Runtime) newStorage(dtype DType, shape []int, role string, category sn
 		return st // PyTorch does not allocate for empty tensors
 	}
 	st.label = label(dtype, shape, role)
-	if rt.tr != nil {
-		rt.tr.TagNextAlloc(category, st.label)
+	st.addr = rt.allocate(st.bytes, category, st.label)
+	if rt.dev.Computes() {
+		st.data = make([]float32, n)
 	}
-	addr, err := rt.malloc(st.bytes)
+	return st
+}
+
+// allocate gets bytes of device memory for a tensor of category and label, telling the tracer first. On
+// failure it calls the runtime's OOM hook and panics with an *OOMError.
+func (rt *Runtime) allocate(bytes uint64, category snapshot.Category, label string) uint64 {
+	if rt.tr != nil {
+		rt.tr.TagNextAlloc(category, label)
+	}
+	addr, err := rt.malloc(bytes)
 	if err != nil {
-		oom := &OOMError{Bytes: st.bytes, Label: st.label, Err: err}
+		oom := &OOMError{Bytes: bytes, Label: label, Err: err}
 		if rt.onOOM != nil {
 			rt.onOOM(oom)
 		}
 		panic(oom)
 	}
-	st.addr = addr
-	if rt.dev.Computes() {
-		st.data = make([]float32, n)
-	}
-	return st
+	return addr
 }
 
 // release drops one reference and frees the block when none is left.
