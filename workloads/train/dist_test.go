@@ -517,3 +517,33 @@ func TestSweepOfAJob(t *testing.T) {
 		}
 	}
 }
+
+// DDP averages gradients that every rank computed from the same micro-batch, so a rank trains exactly as one
+// GPU does: the same losses, step for step, on the cpu device where the math runs, whether its gradients are
+// copied into the buckets or are the buckets' views.
+func TestDDPTrainsAsOneGPU(t *testing.T) {
+	t.Parallel()
+	cfg, err := PresetConfig("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Device, cfg.Steps, cfg.Batch, cfg.Optimizer = "cpu", 12, 4, "adamw"
+	single, _, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mean(single.Losses[9:]) > mean(single.Losses[:3])*0.95 {
+		t.Fatalf("one GPU does not learn: %v", single.Losses)
+	}
+	for _, view := range []bool{false, true} {
+		c := cfg
+		c.Parallel = dist.Settings{GPUs: 4, Strategy: dist.DDP, GradientAsBucketView: view}
+		ddp, _, err := Run(context.Background(), c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(ddp.Losses) != fmt.Sprint(single.Losses) {
+			t.Errorf("gradient_as_bucket_view %v: losses %v, one GPU's %v", view, ddp.Losses, single.Losses)
+		}
+	}
+}
