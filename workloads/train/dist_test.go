@@ -547,3 +547,64 @@ func TestDDPTrainsAsOneGPU(t *testing.T) {
 		}
 	}
 }
+
+// What a rank sends per step (its second, when every buffer is set up), derived from Ψ and each
+// implementation's layout, and held to the ZeRO paper's volumes (section 7: 2Ψ elements for DDP and stages 1
+// and 2, 3Ψ for stage 3), with (n-1)/n of each collective's data on the wire under ring algorithms.
+func TestTrafficPerStep(t *testing.T) {
+	t.Parallel()
+	base := distGPT()
+	ps := gptParams(base)
+	psi := sum(ps)
+	const n = 4
+	wire := func(bytes int64) int64 { return bytes * (n - 1) / n }
+	aligned, _, _ := zeroLayout(ps, n)
+	var gathered int64 // ZeRO-3: every parameter past the persistence threshold, padded to N
+	for _, p := range ps {
+		if p > dist.DefaultParamPersistenceThreshold {
+			gathered += ceil(p, n) * n
+		}
+	}
+	perBlock := sum(ps[2:14])
+	root := ps[0] + ps[1] + ps[len(ps)-2] + ps[len(ps)-1]
+	blocks := int64(base.Layers) * ceil(perBlock, n) * n
+	cases := []struct {
+		s     dist.Settings
+		sent  int64 // bytes on the wire, from the layout
+		paper int64 // elements, the paper's
+		bytes int64 // bytes an element takes on the wire
+	}{
+		// fp32 gradients all-reduced: 2(n-1)/n of 4Ψ bytes.
+		{dist.Settings{GPUs: n, Strategy: dist.DDP}, 2 * wire(4*psi), 2 * psi, 4},
+		// bf16 gradients reduce-scattered, the padded bf16 flat buffer all-gathered.
+		{dist.Settings{GPUs: n, Strategy: dist.ZeRO1}, wire(2*psi) + wire(2*aligned), 2 * psi, 2},
+		{dist.Settings{GPUs: n, Strategy: dist.ZeRO2}, wire(2*psi) + wire(2*aligned), 2 * psi, 2},
+		// Gathered in forward and again in backward (a reuse distance of one element keeps only what the very
+		// next module uses), the persisted parameters in the first step only; gradients reduce-scattered. The
+		// tied embedding is gathered for each module that uses it: the embedding's forward, the LM head's
+		// (kept to the LM head's backward, the next module), the embedding's backward: once more.
+		{dist.Settings{GPUs: n, Strategy: dist.ZeRO3, MaxReuseDistance: 1}, 2*wire(2*gathered) + wire(2*ceil(ps[0], n)*n) + wire(2*psi), 3 * psi, 2},
+		// Each block unit gathered in forward and in backward, the root once; every unit reduce-scattered.
+		{dist.Settings{GPUs: n, Strategy: dist.FSDPFull}, 2*wire(2*blocks) + wire(2*ceil(root, n)*n) + wire(2*(blocks+ceil(root, n)*n)), 3 * psi, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.s.Strategy.String(), func(t *testing.T) {
+			t.Parallel()
+			cfg := base
+			cfg.Parallel = c.s
+			res, _, err := Run(context.Background(), cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			step := res.Traffic[1]
+			if step.Sent != c.sent {
+				t.Errorf("sent %d bytes in the second step (%s), want %d", step.Sent, step, c.sent)
+			}
+			// The paper's volume, in bytes per rank on the wire, and what the layout adds to it.
+			paper := wire(c.paper * c.bytes)
+			if d := step.Sent - paper; d < -paper/10 || d > paper/10 {
+				t.Errorf("sent %d bytes, the paper's %d elements are %d bytes: %+.1f%%", step.Sent, c.paper, paper, 100*float64(d)/float64(paper))
+			}
+		})
+	}
+}
