@@ -41,9 +41,11 @@ type fsdp struct {
 	root     *fsdpUnit
 	prefixes []string
 	unitOf   map[string]*fsdpUnit
-	shards   []*nn.Parameter // the FlatParameters' shards, as the optimizer sees them
-	opt      optim.Optimizer
-	host     *tensor.Runtime
+	// scopeUnit caches the unit of every module scope seen (nil: the root's or none).
+	scopeUnit map[string]*fsdpUnit
+	shards    []*nn.Parameter // the FlatParameters' shards, as the optimizer sees them
+	opt       optim.Optimizer
+	host      *tensor.Runtime
 }
 
 // fsdpUnit is one FlatParamHandle.
@@ -77,7 +79,7 @@ func (f *fsdp) init() {
 	}
 	f.n = f.s.ShardGroup()
 	f.dtype = halfOf(f.env.AMP)
-	f.unitOf = map[string]*fsdpUnit{}
+	f.unitOf, f.scopeUnit = map[string]*fsdpUnit{}, map[string]*fsdpUnit{}
 	f.host = f.env.Host
 }
 
@@ -279,7 +281,11 @@ func (f *fsdp) scope(path string, enter bool) {
 	if phase == snapshot.PhaseSetup || len(f.units) == 0 {
 		return
 	}
-	u := f.unitOf[unitOf(path, f.prefixes)]
+	u, seen := f.scopeUnit[path]
+	if !seen { // scopes repeat every step: find each one's unit once
+		u = f.unitOf[unitPrefix(path, f.prefixes)]
+		f.scopeUnit[path] = u
+	}
 	if u == nil {
 		return
 	}

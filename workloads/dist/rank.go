@@ -124,15 +124,6 @@ func flatView(flat *tensor.Tensor, off, numel int, shape []int) *tensor.Tensor {
 	return n.View(shape...)
 }
 
-// numel returns the elements of a shape.
-func numel(shape []int) int {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	return n
-}
-
 // ceilDiv is ceil(a/b) for positive b.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
@@ -144,20 +135,13 @@ func halfOf(amp tensor.DType) tensor.DType {
 	return tensor.F32
 }
 
-// unitOf returns the unit a module path belongs to: the longest unit prefix of path, or "" (the root).
-func unitOf(path string, prefixes []string) string {
+// unitPrefix returns the unit a module path belongs to: the unit whose path is path or a prefix of it (units
+// do not nest), or "" (the root).
+func unitPrefix(path string, prefixes []string) string {
 	for _, p := range prefixes {
 		if path == p || strings.HasPrefix(path, p+".") {
 			return p
 		}
 	}
 	return ""
-}
-
-// checkOptimizer refuses optimizers a strategy does not run.
-func checkAdam(s Strategy, k optim.Kind) error {
-	if k != optim.Adam && k != optim.AdamW {
-		return fmt.Errorf("%s runs DeepSpeed's Adam on its fp32 partition: choose --optimizer adam or adamw (not %s)", s, k)
-	}
-	return nil
 }

@@ -56,7 +56,6 @@ type zero12 struct {
 	accum      []*tensor.Tensor // all_grad_tensors: this rank's gradients, across micro-batches
 	averaged   []*tensor.Tensor // averaged_gradients: views of this rank's part of its gradients
 	index      map[*nn.Parameter]int
-	micro      int
 	reduced    []bool
 	gradsReady bool
 }
@@ -72,15 +71,6 @@ func (z *zero12) Autocast() bool       { return halfOf(z.env.AMP) == tensor.F32 
 func (z *zero12) BuiltBlock(nn.Module) {}
 
 func (z *zero12) offloaded() bool { return z.s.Offload != OffloadNone }
-
-// hostPinned runs f in host memory, pinned unless the settings ask for pageable buffers.
-func (z *zero12) hostPinned(f func()) {
-	if z.s.OffloadPageable {
-		f()
-		return
-	}
-	z.env.Host.Pinned(f)
-}
 
 func (z *zero12) Wrap(model nn.Module) {
 	z.stage2 = z.s.Strategy == ZeRO2
