@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -104,4 +105,25 @@ func BenchmarkRecordGPT(b *testing.B) {
 			b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
+}
+
+// BenchmarkMetaStepRank measures one training step of a data-parallel rank of Llama-3.1-8B on 8 GPUs (mixed
+// precision, checkpointing, batch 4 of 2048 tokens), recorded as BenchmarkMetaStepBuildalong records: what
+// each strategy adds to the single GPU's step (DDP's buckets, ZeRO-3's module-by-module gathering and its
+// notes, FSDP's units).
+func BenchmarkMetaStepRank(b *testing.B) {
+	cfg, err := PresetConfig("llama-3.1-8b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Weights, cfg.AMP, cfg.Checkpoint, cfg.Optimizer = WeightsF32, AMPBF16, CheckpointAll, optim.AdamW
+	var fixes []benchFix
+	for _, s := range []dist.Strategy{dist.Single, dist.DDP, dist.ZeRO3, dist.FSDPFull} {
+		fixes = append(fixes, benchFix{s.String(), func(c *Config) {
+			if s != dist.Single {
+				c.Parallel = dist.Settings{GPUs: 8, Strategy: s}
+			}
+		}})
+	}
+	benchmarkMetaStep(b, cfg, fixes)
 }
