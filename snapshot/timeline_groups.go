@@ -156,6 +156,47 @@ func nativeFrame(fn, file string) bool {
 	return file == "" || file == "??" || strings.Contains(fn, "::")
 }
 
+// NativeFrame reports whether frame id is compiled code under a Python program (C or C++, or a frame without
+// a file): the frames memory_viz's frame filter folds away.
+func (s *Snapshot) NativeFrame(id FrameID) bool {
+	f := s.Frame(id)
+	return nativeFrame(s.String(f.Function), s.String(f.File))
+}
+
+// Site returns the innermost frame of stack id that is the program's own code, 0 when it has none: in a Python
+// program's stack its innermost Python frame outside the torch package (a module's forward that called
+// nn.Linear, not nn.Linear's), else its innermost Python frame; in a Go program's stack the first frame that
+// is not memory plumbing (UserFrames).
+func (s *Snapshot) Site(id StackID) FrameID {
+	var python FrameID
+	for _, f := range s.Stack(id) {
+		file := s.String(s.Frame(f).File)
+		if !strings.HasSuffix(file, ".py") {
+			continue
+		}
+		if !TorchFile(file) {
+			return f
+		}
+		if python == 0 {
+			python = f
+		}
+	}
+	if python != 0 {
+		return python
+	}
+	if fs := s.UserFrames(id, 1); len(fs) > 0 {
+		return fs[0]
+	}
+	return 0
+}
+
+// TorchFile reports whether a Python file is part of the torch package (an installed PyTorch's
+// site-packages/torch/ or dist-packages/torch/, or a path relative to it).
+func TorchFile(file string) bool {
+	file = strings.ReplaceAll(file, `\`, "/")
+	return strings.HasPrefix(file, "torch/") || strings.Contains(file, "-packages/torch/")
+}
+
 // UserFrames returns the frames of stack id, innermost first, that show the code that wanted the memory:
 // from the first frame that is not memory plumbing (the allocator, tensor ops), and, in a Python program's
 // stack, its Python frames only (as PyTorch's memory_viz shows them). A stack of plumbing only is returned

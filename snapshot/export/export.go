@@ -198,70 +198,12 @@ func thousands(n int) string {
 	return b.String()
 }
 
-// selectDevice returns the events of one device, with the markers that belong to every device, renumbered,
-// and the original seq of each; s itself (and nil) for no device or a snapshot of that device alone.
+// selectDevice returns the view of one device (Snapshot.DeviceView), s itself (and nil seqs) for none.
 func selectDevice(s *snapshot.Snapshot, only *int) (*snapshot.Snapshot, []int, error) {
 	if only == nil {
 		return s, nil, nil
 	}
-	device := *only
-	found, others := false, false
-	for _, d := range s.Meta.Devices {
-		found = found || d.Index == device
-	}
-	for i := range s.Events {
-		e := &s.Events[i]
-		if !keepsDevice(e) {
-			found = found || int(e.Device) == device
-			others = others || int(e.Device) != device
-		}
-	}
-	if !found {
-		var have []string
-		for _, d := range s.Meta.Devices {
-			have = append(have, strconv.Itoa(d.Index))
-		}
-		return nil, nil, fmt.Errorf("the snapshot has no device %d (it has %s)", device, cmpOr(strings.Join(have, ", "), "none"))
-	}
-	if !others {
-		return s, nil, nil
-	}
-	view := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks, Warning: s.Warning}
-	view.Meta.Devices = nil
-	for _, d := range s.Meta.Devices {
-		if d.Index == device {
-			view.Meta.Devices = append(view.Meta.Devices, d)
-		}
-	}
-	var seqs []int
-	for i := range s.Events {
-		e := s.Events[i]
-		if keepsDevice(&e) || int(e.Device) == device {
-			e.Seq = uint64(len(view.Events))
-			view.Events = append(view.Events, e)
-			seqs = append(seqs, i)
-		}
-	}
-	if f := s.Footer; f != nil {
-		vf := &snapshot.Footer{Summary: snapshot.Summary{Events: uint64(len(view.Events)), EndTime: f.Summary.EndTime}}
-		for _, sg := range f.Segments {
-			if sg.Device == device {
-				vf.Segments = append(vf.Segments, sg)
-			}
-		}
-		view.Footer = vf
-	}
-	return view, seqs, nil
-}
-
-// keepsDevice reports whether e is a marker of the whole run (phase, iteration, annotation, heap dump) that a
-// one-device view keeps whatever its Device.
-func keepsDevice(e *snapshot.Event) bool {
-	switch e.Action {
-	case snapshot.ActionPhase, snapshot.ActionIteration, snapshot.ActionAnnotation, snapshot.ActionHeapDump:
-		return true
-	}
-	return false
+	return s.DeviceView(*only)
 }
 
 // origSeq maps a seq of a device view back to the snapshot's numbering.

@@ -117,9 +117,9 @@ const Source = "pytorch"
 // PreExistingLabel is the Label of the events Import adds, at time 0, for segments and blocks that were
 // alive before the trace began: a free with no alloc before it, an active block of the final state that
 // the trace never allocated (PyTorch's trace is a ring buffer that keeps the newest entries), a segment
-// freed but never allocated in the trace, a segment of the final state the trace never created. Analysis
-// that must tell recorded history from reconstructed state compares Event.Label with this string.
-const PreExistingLabel = "pre-existing (allocated before the trace)"
+// freed but never allocated in the trace, a segment of the final state the trace never created. It is
+// snapshot.PreExistingLabel, which analysis compares Event.Label with.
+const PreExistingLabel = snapshot.PreExistingLabel
 
 // ImportFile imports the PyTorch memory snapshot at path, reading it as ImportReader does.
 func ImportFile(path string, opts ...Option) (*snapshot.Snapshot, error) {
