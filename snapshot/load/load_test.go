@@ -58,7 +58,7 @@ func TestFile(t *testing.T) {
 	}{
 		"oomdbg snapshot":  {data: native, format: FormatNative, source: "oomdbg", events: 2},
 		"oomdbg cut short": {data: native[:len(native)-10], format: FormatNative, source: "oomdbg", events: 2},
-		"pytorch pickle":   {data: pickled, format: FormatPyTorch, source: torch.Source, events: 18},
+		"pytorch pickle":   {data: pickled, format: FormatPyTorch, source: torch.Source, events: 19}, // with the iteration the optimizer's frames end
 		"pytorch json":     {data: jsoned, format: FormatPyTorch, source: torch.Source, events: 26},
 		"text":             {data: []byte("step,loss\n1,2.5\n"), format: FormatUnknown, wantErr: ErrUnknownFormat},
 		"empty":            {data: []byte{}, format: FormatUnknown, wantErr: ErrEmpty},

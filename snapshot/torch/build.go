@@ -423,12 +423,11 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 			}
 		}
 	}
+	// What each stack says of its phase, read once before the trace is written.
+	em.stacks = readStacks(&snapshot.Snapshot{Strings: im.tab.strings, Frames: im.tab.frames, Stacks: im.tab.stacks})
 	em.trace()
 	if em.err != nil {
 		return nil, em.err
-	}
-	if im.tab.err != nil {
-		return nil, im.tab.err
 	}
 
 	meta := snapshot.Meta{Tool: Source, Source: Source, TimeUnit: "index", AllocatorSettings: im.settings}
@@ -443,23 +442,123 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	for _, d := range im.devices {
 		meta.Devices = append(meta.Devices, snapshot.DeviceInfo{Index: d, Name: "cuda:" + strconv.Itoa(d), Kind: "unknown"})
 	}
+	s := &snapshot.Snapshot{Meta: meta, Events: em.events, Strings: im.tab.strings, Frames: im.tab.frames, Stacks: im.tab.stacks}
+	if err := em.infer(s); err != nil {
+		return nil, err
+	}
+	if im.tab.err != nil {
+		return nil, im.tab.err
+	}
 	origin, err := json.Marshal(im.origin)
 	if err != nil {
 		return nil, &ImportError{Offset: -1, Err: err}
 	}
-	meta.Workload = origin
+	s.Meta.Workload = origin
 	segs := im.segs
 	if segs == nil {
 		segs = []snapshot.Segment{}
 	}
-	return &snapshot.Snapshot{
-		Meta:    meta,
-		Events:  em.events,
-		Strings: im.tab.strings,
-		Frames:  im.tab.frames,
-		Stacks:  im.tab.stacks,
-		Footer:  &snapshot.Footer{Summary: summarize(em.events), Segments: segs},
-	}, nil
+	s.Events, s.Strings = em.events, im.tab.strings
+	s.Footer = &snapshot.Footer{Summary: summarize(em.events), Segments: segs}
+	return s, nil
+}
+
+// infer applies what Infer finds in the trace written so far (s, whose events are em.events): iteration
+// boundaries where no ProfilerStep#N marked them, with an iteration event before each; the category of
+// every block the file left without one; the module whose forward allocated it as its scope where the file
+// gave none. Tags of a block go on its frees too, as the runtime's do.
+func (em *emitter) infer(s *snapshot.Snapshot) error {
+	im := em.im
+	// Infer reads the Origin for what the file recorded.
+	origin, err := json.Marshal(im.origin)
+	if err != nil {
+		return &ImportError{Offset: -1, Err: err}
+	}
+	s.Meta.Workload = origin
+	inf := Infer(s)
+	im.origin.Iterations = inf.Iterations.String()
+
+	type key struct {
+		dev  int16
+		addr uint64
+	}
+	type tag struct {
+		cat   snapshot.Category
+		scope snapshot.StringID
+	}
+	live := map[key]tag{}
+	scopes := map[snapshot.FrameID]snapshot.StringID{}
+	bi := 0
+	for i := range em.events {
+		e := &em.events[i]
+		k := key{e.Device, e.Addr}
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			if bi < len(inf.Blocks) && inf.Blocks[bi].Seq == i {
+				b := inf.Blocks[bi]
+				bi++
+				e.Category = b.Category
+				if e.Scope == 0 && b.Module != 0 {
+					id, ok := scopes[b.Module]
+					if !ok {
+						id = im.tab.str(s.FrameString(b.Module))
+						scopes[b.Module] = id
+					}
+					e.Scope = id
+				}
+			}
+			live[k] = tag{e.Category, e.Scope}
+		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+			if t, ok := live[k]; ok {
+				e.Category, e.Scope = t.cat, t.scope
+				if e.Action == snapshot.ActionFreeCompleted {
+					delete(live, k)
+				}
+			}
+		}
+	}
+	if inf.Iterations == IterationsProfilerStep || len(inf.Boundaries) == 0 {
+		return nil
+	}
+	// Number the iterations, then make room for their markers and move the events up from the back.
+	b := inf.Boundaries
+	for k := len(b) - 1; k >= 0; k-- {
+		end := len(em.events)
+		if k+1 < len(b) {
+			end = b[k+1].Seq
+		}
+		for i := b[k].Seq; i < end; i++ {
+			if !s.Reconstructed(&em.events[i]) {
+				em.events[i].Iteration = b[k].Iteration
+			}
+		}
+	}
+	n := len(em.events)
+	if need := n + len(b); need > cap(em.events) {
+		if err := em.reserve(need); err != nil {
+			return err
+		}
+	}
+	em.events = em.events[:n+len(b)]
+	src := n - 1
+	for k := len(b) - 1; k >= 0; k-- {
+		for ; src >= b[k].Seq; src-- {
+			em.events[src+k+1] = em.events[src]
+		}
+		at := b[k].Seq + k
+		next := em.events[at+1]
+		prev := snapshot.PhaseNone
+		if b[k].Seq > 0 {
+			prev = em.events[b[k].Seq-1].Phase // not moved: it is before the boundary
+		}
+		// An iteration event carries the new iteration but still the phase before it, as the runtime writes it.
+		em.events[at] = snapshot.Event{Time: next.Time, Action: snapshot.ActionIteration, Device: next.Device,
+			Phase: prev, Iteration: b[k].Iteration}
+	}
+	for i := range em.events {
+		em.events[i].Seq = uint64(i)
+	}
+	return nil
 }
 
 // emitter writes the events in order, inferring phases and iterations as it goes.
@@ -473,6 +572,7 @@ type emitter struct {
 	inferred  snapshot.Phase // from the stacks of the latest allocations
 	phase     snapshot.Phase // the phase of the events being written
 	regions   []region       // record_function regions that set the phase (Optimizer.step#...)
+	stacks    []stackFacts   // by StackID
 }
 
 // region is an open record_function region that names a phase.
@@ -633,7 +733,7 @@ func (em *emitter) entry(e *entry, dev int16, t int64) {
 	switch e.act {
 	case snapshot.ActionAlloc, snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap, snapshot.ActionOOM:
 		// Allocation stacks tell the phase; a free's stack is often its allocation's, so it does not.
-		if p, ok := em.im.tab.evidence[e.stack].phase(); ok {
+		if p, ok := em.stacks[e.stack].phase.phase(); ok {
 			em.inferred = p
 		}
 		em.setPhase(t, dev)

@@ -64,13 +64,26 @@
 // the phase, and frees, whose stacks are often their allocation's, never change it. A phase event
 // precedes the first event of each new phase. Events before the first ProfilerStep are iteration -1.
 //
+// # Inference
+//
+// What a trace does not mark, Infer finds and the import applies (docs/pytorch-snapshots.md, "Iterations
+// and categories"). Iterations without ProfilerStep#N: each optimizer step (an Optimizer.step#... region,
+// else a run of allocations with torch/optim on their stacks) ends one; an iteration begins at its first
+// forward or backward allocation, moved back over the allocations just before it that nothing places (the
+// batch); else each forward after a backward begins one. An iteration event precedes each, and
+// Origin.Iterations says where they came from. Categories, where the file records none: frames that say
+// what a block is (autocast's cast, the optimizer's _init_group, AccumulateGrad, Module._apply and
+// weight loading), then, in a training trace, the phases of its allocation and free (CategoryRule lists
+// the rules). A block's scope, where the file gives none, is the innermost forward of a module the program
+// wrote, as "forward lora.py:430".
+//
 // # Stacks and tags
 //
 // Frames are filtered as memory_viz's frameFilter filters them (the unwinder, the interpreter loop, dispatcher
 // plumbing; WithAllFrames keeps them) and interned innermost first. PyTorch shares each distinct traceback
 // list and frame dict between the entries that have them, and the pickle keeps that sharing: a traceback
-// seen before costs one lookup. The category is CategoryUnknown unless an entry carries "category"
-// (_memory_viz._profile_to_snapshot writes the memory profiler's). Stacks deeper than the file format holds
+// seen before costs one lookup. The category is the entries' "category" where the file has one
+// (_memory_viz._profile_to_snapshot writes the memory profiler's), else inferred (Inference). Stacks deeper than the file format holds
 // keep their innermost frames; longer strings are cut at 64 KiB.
 //
 // # Final state

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
@@ -97,6 +98,14 @@ type Origin struct {
 	// is alive but the state does not hold, ...). Real snapshots have none.
 	Inconsistencies int `json:"inconsistencies,omitempty"`
 	Annotations     int `json:"annotations,omitempty"` // external_annotations entries
+	// OptimizerSteps counts the Optimizer.step#... regions among the annotations: torch.optim records one
+	// around every step (PyTorch 2.x).
+	OptimizerSteps int `json:"optimizer_steps,omitempty"`
+	// CategoriesRecorded says that trace entries carry the memory profiler's category (_profile_to_snapshot,
+	// or oomdbg's export): those are kept, and Infer decides only the others.
+	CategoriesRecorded bool `json:"categories_recorded,omitempty"`
+	// Iterations says where the iteration boundaries come from (IterationSource.String).
+	Iterations string `json:"iterations,omitempty"`
 }
 
 // OriginOf returns the Origin of a snapshot made by Import, and false for any other snapshot.
@@ -426,6 +435,9 @@ func (im *importer) read(root pickle.Value) error {
 		im.origin.Annotations = len(im.annots)
 		for _, a := range im.annots {
 			im.seeDevice(int(a.device))
+			if a.start && strings.HasPrefix(a.name, "Optimizer.step#") {
+				im.origin.OptimizerSteps++
+			}
 		}
 	}
 	for _, k := range []string{"host_segments", "host_traces"} {

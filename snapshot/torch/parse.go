@@ -503,6 +503,7 @@ func (im *importer) parseEntry(d pickle.Value, path func() string) (entry, bool,
 			return e, false, wantErr(path()+".category", "str", v[7])
 		}
 		e.cat, _ = snapshot.ParseCategory(strings.ToLower(cs))
+		im.origin.CategoriesRecorded = true
 	}
 	// user_metadata (_set_memory_metadata) and the compile context name the region an allocation belongs to,
 	// which is what the scope tag is for.

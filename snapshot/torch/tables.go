@@ -19,14 +19,12 @@ import (
 // pickle decoder keeps that sharing: a traceback seen before is found by its list's ID in a slice, so a
 // repeated traceback costs one lookup. JSON has no sharing; its frames are interned by content.
 type tables struct {
-	strings       []string
-	frames        []snapshot.Frame
-	stacks        [][]snapshot.FrameID
-	stringID      map[string]snapshot.StringID
-	frameID       map[snapshot.Frame]snapshot.FrameID
-	stackID       map[string]snapshot.StackID
-	evidence      []phaseEvidence // by StackID
-	frameEvidence []phaseEvidence // by FrameID
+	strings  []string
+	frames   []snapshot.Frame
+	stacks   [][]snapshot.FrameID
+	stringID map[string]snapshot.StringID
+	frameID  map[snapshot.Frame]snapshot.FrameID
+	stackID  map[string]snapshot.StackID
 
 	// byID is indexed by Doc.ID, which numbers lists and dicts apart: a traceback list's StackID+1, a frame
 	// dict's FrameID+1 or dropFrame, 0 while not seen.
@@ -56,22 +54,20 @@ func newTables(keepAll bool, n int, mem *budget) (*tables, error) {
 		return nil, err
 	}
 	return &tables{
-		strings:       []string{""},
-		frames:        []snapshot.Frame{{}},
-		stacks:        [][]snapshot.FrameID{nil},
-		evidence:      []phaseEvidence{evidenceNone},
-		frameEvidence: []phaseEvidence{evidenceNone},
-		stringID:      make(map[string]snapshot.StringID),
-		frameID:       make(map[snapshot.Frame]snapshot.FrameID),
-		stackID:       make(map[string]snapshot.StackID),
-		byContent:     make(map[frameKey]uint32),
-		byValues:      make(map[[3]pickle.Value]uint32),
-		byRaw:         make(map[uint64]rawStack),
-		byHash:        make(map[uint64]snapshot.StackID),
-		byID:          make([]uint32, n),
-		keepAll:       keepAll,
-		mem:           mem,
-		parseMem:      4 * int64(n),
+		strings:   []string{""},
+		frames:    []snapshot.Frame{{}},
+		stacks:    [][]snapshot.FrameID{nil},
+		stringID:  make(map[string]snapshot.StringID),
+		frameID:   make(map[snapshot.Frame]snapshot.FrameID),
+		stackID:   make(map[string]snapshot.StackID),
+		byContent: make(map[frameKey]uint32),
+		byValues:  make(map[[3]pickle.Value]uint32),
+		byRaw:     make(map[uint64]rawStack),
+		byHash:    make(map[uint64]snapshot.StackID),
+		byID:      make([]uint32, n),
+		keepAll:   keepAll,
+		mem:       mem,
+		parseMem:  4 * int64(n),
 	}, nil
 }
 
@@ -161,7 +157,6 @@ func (t *tables) frame(name, file string, line int64) snapshot.FrameID {
 		}
 		id = snapshot.FrameID(len(t.frames))
 		t.frames = append(t.frames, f)
-		t.frameEvidence = append(t.frameEvidence, frameClass(name, file))
 		t.frameID[f] = id
 	}
 	// Cloned: the key must not keep a slice of a large decoded buffer alive (a no-op for short strings).
@@ -207,7 +202,6 @@ func (t *tables) stack(h uint64) snapshot.StackID {
 		}
 		id = snapshot.StackID(len(t.stacks))
 		t.stacks = append(t.stacks, append([]snapshot.FrameID(nil), frames...))
-		t.evidence = append(t.evidence, t.classify(frames))
 		t.stackID[string(t.key)] = id
 	}
 	if _, ok := t.byHash[h]; !ok {
@@ -239,85 +233,6 @@ func hiddenFrame(name, file string) bool {
 		}
 	}
 	return false
-}
-
-// phaseEvidence is what a stack says about the training phase it was captured in.
-type phaseEvidence uint8
-
-const (
-	evidenceNone      phaseEvidence = iota // no frames: says nothing (autograd threads have no Python frames)
-	evidenceOther                          // frames, none that name a phase
-	evidenceForward                        // a module's __call__ (nn.Module._call_impl) is on the stack
-	evidenceBackward                       // the autograd engine is on the stack
-	evidenceRecompute                      // torch.utils.checkpoint is recomputing a forward inside backward
-	evidenceOptimizer                      // torch/optim code is on the stack
-	evidenceZeroGrad                       // zero_grad of an optimizer or module
-)
-
-// classify reads a stack innermost first; the first frame that names a phase other than forward decides, so
-// an optimizer's closure that calls backward() counts as backward. A module call names forward only when
-// nothing else on the stack names a phase: a checkpoint recomputes modules inside backward, an optimizer may
-// call one.
-func (t *tables) classify(frames []snapshot.FrameID) phaseEvidence {
-	forward := false
-	for _, id := range frames {
-		switch e := t.frameEvidence[id]; e {
-		case evidenceNone:
-		case evidenceForward:
-			forward = true
-		default:
-			return e
-		}
-	}
-	if forward {
-		return evidenceForward
-	}
-	return evidenceOther
-}
-
-// frameClass is what one frame says about the phase: evidenceNone when it says nothing.
-func frameClass(name, file string) phaseEvidence {
-	switch {
-	case strings.Contains(name, "torch::autograd::Engine::"),
-		strings.Contains(name, "torch::autograd::python::PythonEngine::"),
-		strings.Contains(name, "torch::autograd::AccumulateGrad::"),
-		strings.Contains(name, "torch::autograd::generated::") && strings.Contains(name, "Backward"),
-		strings.HasSuffix(file, "torch/autograd/__init__.py") && (name == "backward" || name == "grad"),
-		strings.HasSuffix(file, "torch/autograd/graph.py") && name == "_engine_run_backward",
-		strings.HasSuffix(file, "torch/_tensor.py") && name == "backward":
-		return evidenceBackward
-	case strings.HasSuffix(file, "torch/utils/checkpoint.py") &&
-		(name == "backward" || name == "unpack" || name == "unpack_hook" || name == "recompute_fn"):
-		// CheckpointFunction.backward (reentrant), unpack (1.13's non-reentrant), unpack_hook and recompute_fn
-		// (2.x): a checkpointed segment's forward running again to rebuild its activations.
-		return evidenceRecompute
-	case name == "zero_grad" && (strings.Contains(file, "/torch/optim/") || strings.HasSuffix(file, "torch/nn/modules/module.py")):
-		return evidenceZeroGrad
-	case strings.HasSuffix(file, "torch/nn/modules/module.py") && (name == "_call_impl" || name == "_wrapped_call_impl"):
-		return evidenceForward
-	case strings.Contains(file, "/torch/optim/") && !strings.Contains(file, "lr_scheduler"):
-		return evidenceOptimizer
-	}
-	return evidenceNone
-}
-
-// phase returns the phase a stack's evidence names, and false when it names none.
-func (e phaseEvidence) phase() (snapshot.Phase, bool) {
-	switch e {
-	case evidenceOther:
-		return snapshot.PhaseNone, true
-	case evidenceForward:
-		return snapshot.PhaseForward, true
-	case evidenceBackward:
-		return snapshot.PhaseBackward, true
-	case evidenceRecompute:
-		return snapshot.PhaseRecompute, true
-	case evidenceOptimizer:
-		return snapshot.PhaseOptimizer, true
-	case evidenceZeroGrad:
-		return snapshot.PhaseZeroGrad, true
-	}
-	return snapshot.PhaseNone, false
 }
 
 // framesOf interns the traceback v (a list of frame dicts, innermost first) at path, returning its stack.

@@ -1,0 +1,189 @@
+package torch
+
+import (
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// IterationSource says where a trace's iteration boundaries come from, most certain first.
+type IterationSource uint8
+
+const (
+	// IterationsNone: nothing in the trace repeats as training does (an inference run, a trace too short).
+	IterationsNone IterationSource = iota
+	// IterationsProfilerStep: torch.profiler's ProfilerStep#N regions: iteration N begins at its START.
+	IterationsProfilerStep
+	// IterationsOptimizerRegions: the Optimizer.step#... regions torch.optim records around every step
+	// (PyTorch 2.x): each step ends an iteration.
+	IterationsOptimizerRegions
+	// IterationsOptimizerFrames: allocations with torch.optim on their stacks: each run of them is a step,
+	// and ends an iteration.
+	IterationsOptimizerFrames
+	// IterationsForwardBackward: each forward that follows a backward begins an iteration (with gradient
+	// accumulation, each micro-batch counts as one).
+	IterationsForwardBackward
+)
+
+var iterationSourceNames = [...]string{
+	IterationsNone:             "none: nothing in the trace repeats as training does",
+	IterationsProfilerStep:     "from ProfilerStep#N regions",
+	IterationsOptimizerRegions: "from Optimizer.step regions",
+	IterationsOptimizerFrames:  "from the optimizer's frames",
+	IterationsForwardBackward:  "from forward following backward",
+}
+
+// String says where the iterations come from, e.g. "from Optimizer.step regions".
+func (s IterationSource) String() string {
+	if int(s) < len(iterationSourceNames) {
+		return iterationSourceNames[s]
+	}
+	return "from an unknown source"
+}
+
+// iterations finds the iteration boundaries from the most certain source the trace has.
+func (t *trace) iterations() (IterationSource, []Boundary) {
+	if b := t.marked(); len(b) > 0 {
+		return IterationsProfilerStep, b
+	}
+	if ends := t.stepEnds(); len(ends) > 0 {
+		src := IterationsOptimizerFrames
+		if t.origin.OptimizerSteps > 0 {
+			src = IterationsOptimizerRegions
+		}
+		return src, t.boundaries(ends)
+	}
+	if starts := t.forwardAfterBackward(); len(starts) > 1 {
+		b := make([]Boundary, len(starts))
+		for k, s := range starts {
+			b[k] = Boundary{Seq: t.scanBack(s, 0), Iteration: int32(k)}
+		}
+		return IterationsForwardBackward, b
+	}
+	return IterationsNone, nil
+}
+
+// marked returns the iterations the snapshot's iteration markers begin (the import's ProfilerStep#N).
+func (t *trace) marked() []Boundary {
+	var b []Boundary
+	for i := range t.len() {
+		if e := t.at(i); e.Action == snapshot.ActionIteration && e.Iteration >= 0 {
+			b = append(b, Boundary{Seq: i, Iteration: e.Iteration})
+		}
+	}
+	return b
+}
+
+// stepEnds returns, for each optimizer step, the first event after it: a step is a run of events in the
+// optimizer or zero_grad phase (an Optimizer.step region, or allocations with torch.optim on their stacks,
+// and the frees among them). Steps with no training allocation between them (two optimizers, a GAN's
+// generator and discriminator) end one iteration; a step that no training came before is not a training
+// step.
+func (t *trace) stepEnds() []int {
+	var ends []int
+	last := 0     // where the previous step ended
+	in := false   // inside a step
+	seen := false // a training allocation since the previous step
+	for i := range t.len() {
+		e := t.at(i)
+		if marker(e.Action) || t.s.Reconstructed(e) {
+			continue
+		}
+		switch {
+		case stepping(e):
+			in = true
+		case in:
+			in = false
+			if seen {
+				ends = append(ends, i)
+			} else if n := len(ends); n > 0 {
+				ends[n-1] = i // no training since the previous step: the same iteration's
+			}
+			seen, last = false, i
+		}
+		seen = seen || t.training(e)
+	}
+	if in && seen {
+		ends = append(ends, t.len())
+	} else if in && len(ends) > 0 && last == ends[len(ends)-1] {
+		ends[len(ends)-1] = t.len()
+	}
+	return ends
+}
+
+// forwardAfterBackward returns the first forward allocation, then each forward allocation that follows a
+// backward one; nil for forward passes only (inference, not training).
+func (t *trace) forwardAfterBackward() []int {
+	var starts []int
+	backward, any := true, false
+	for i := range t.len() {
+		e := t.at(i)
+		if !t.allocation(e) {
+			continue
+		}
+		switch e.Phase {
+		case snapshot.PhaseBackward, snapshot.PhaseRecompute:
+			backward, any = true, true
+		case snapshot.PhaseForward:
+			if backward {
+				starts = append(starts, i)
+			}
+			backward = false
+		}
+	}
+	if !any {
+		return nil
+	}
+	return starts
+}
+
+// boundaries turns the ends of the steps into the starts of the iterations: each iteration begins at its
+// first training allocation, moved back over the allocations just before it that nothing places (the batch
+// copied to the device, scanBack), but never before the previous step ended. Events after the last step
+// begin one more iteration when they train.
+func (t *trace) boundaries(ends []int) []Boundary {
+	var b []Boundary
+	floor := 0
+	for k := 0; k <= len(ends); k++ {
+		limit := t.len()
+		if k < len(ends) {
+			limit = ends[k]
+		}
+		first := -1
+		for i := floor; i < limit; i++ {
+			if t.training(t.at(i)) {
+				first = i
+				break
+			}
+		}
+		if first < 0 {
+			break // the events after the last step do not train
+		}
+		b = append(b, Boundary{Seq: t.scanBack(first, floor), Iteration: int32(k)})
+		if k < len(ends) {
+			floor = ends[k]
+		}
+	}
+	return b
+}
+
+// scanBack moves a boundary at event i back over the allocations before it that no frames or phase place,
+// as far as floor: they are the batch of the iteration that begins there. Markers and annotations just
+// before the boundary move with it.
+func (t *trace) scanBack(i, floor int) int {
+	for i > floor {
+		e := t.at(i - 1)
+		if marker(e.Action) {
+			i--
+			continue
+		}
+		switch e.Action {
+		case snapshot.ActionAlloc, snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
+		default:
+			return i
+		}
+		if t.s.Reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) {
+			return i
+		}
+		i--
+	}
+	return i
+}
