@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -296,6 +297,129 @@ func TestGradientsThroughPyTorchExport(t *testing.T) {
 			}
 			if r.Verdict != leaks.Held || r.HeldBytes != own.HeldBytes {
 				t.Errorf("imported: %s, %d bytes held; recorded %s, %d:\n%s", r.Verdict, r.HeldBytes, own.Verdict, own.HeldBytes, r.Detail())
+			}
+		})
+	}
+}
+
+// strippedImport records cfg, exports it as PyTorch's JSON snapshot, strips what PyTorch would not have
+// recorded (torchtest.StripToPyTorch) and imports it: the recording and what the import inferred.
+func strippedImport(t *testing.T, cfg train.Config) (recorded, imported *snapshot.Snapshot) {
+	t.Helper()
+	recorded = leakstest.Record(t, cfg)
+	var buf bytes.Buffer
+	if err := export.TorchJSON(&buf, snapshot.NewTimeline(recorded)); err != nil {
+		t.Fatal(err)
+	}
+	imported, err := torch.Import(torchtest.StripToPyTorch(t, buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recorded, imported
+}
+
+// TestInferenceAgainstRecording: oomdbg's MLP and GPT workloads, exported to PyTorch's format and stripped
+// of the categories, scopes, phase and ProfilerStep regions PyTorch does not record, import with the
+// categories and iterations the recording knew. The truth is the recording's own tags, which the
+// importer never sees. Accuracy is byte-weighted over every block (whole run) and over the blocks live
+// at the peak; parameter, gradient, optimizer_state and activation must each be at least 95% right.
+func TestInferenceAgainstRecording(t *testing.T) {
+	gptCfg := gpt("")
+	gptCfg.Steps = 6
+	mlpCfg := mlp("")
+	for name, cfg := range map[string]train.Config{"mlp": mlpCfg, "gpt": gptCfg} {
+		t.Run(name, func(t *testing.T) {
+			rec, imp := strippedImport(t, cfg)
+			o, _ := torch.OriginOf(imp)
+			if o.CategoriesRecorded || o.Annotations == 0 {
+				t.Fatalf("stripped file: categories recorded %v, %d annotations; want none and the optimizer's regions", o.CategoriesRecorded, o.Annotations)
+			}
+			if o.Iterations != torch.IterationsOptimizerRegions.String() {
+				t.Errorf("iterations %q, want %q", o.Iterations, torch.IterationsOptimizerRegions)
+			}
+			rtl, itl := snapshot.NewTimeline(rec), snapshot.NewTimeline(imp)
+			if rtl.Stats().Blocks != itl.Stats().Blocks {
+				t.Fatalf("%d blocks imported, %d recorded", itl.Stats().Blocks, rtl.Stats().Blocks)
+			}
+			// Every block in the same iteration as recorded.
+			n := rtl.Stats().Blocks
+			wrongIter := 0
+			for id := range n {
+				ra, ia := rtl.Allocation(id, rtl.Len()-1), itl.Allocation(id, itl.Len()-1)
+				if rec.Events[ra.Alloc].Iteration != imp.Events[ia.Alloc].Iteration {
+					wrongIter++
+				}
+			}
+			if wrongIter != 0 {
+				t.Errorf("%d of %d blocks in another iteration than recorded", wrongIter, n)
+			}
+			type tally struct{ right, all int64 }
+			whole := map[snapshot.Category]*tally{}
+			count := func(m map[snapshot.Category]*tally, want, got snapshot.Category, bytes int64) {
+				if m[want] == nil {
+					m[want] = &tally{}
+				}
+				m[want].all += bytes
+				if got == want {
+					m[want].right += bytes
+				}
+			}
+			for id := range n {
+				ra, ia := rtl.Allocation(id, rtl.Len()-1), itl.Allocation(id, itl.Len()-1)
+				count(whole, ra.Category, ia.Category, ra.Size)
+			}
+			peak := map[snapshot.Category]*tally{}
+			at := rtl.Peak(snapshot.Allocated).Seq
+			rlive := rtl.LiveAt(at, nil)
+			ilive := itl.LiveAt(itl.Peak(snapshot.Allocated).Seq, nil)
+			if len(rlive) != len(ilive) {
+				t.Fatalf("%d blocks live at the imported peak, %d at the recorded one", len(ilive), len(rlive))
+			}
+			for k := range rlive {
+				count(peak, rlive[k].Category, ilive[k].Category, rlive[k].Size)
+			}
+			for _, part := range []struct {
+				name string
+				m    map[snapshot.Category]*tally
+			}{{"whole run", whole}, {"at the peak", peak}} {
+				for c, tl := range part.m {
+					acc := float64(tl.right) / float64(tl.all)
+					t.Logf("%s: %s %.1f%% of %d B", part.name, c, 100*acc, tl.all)
+					switch c {
+					case snapshot.CategoryParameter, snapshot.CategoryGradient, snapshot.CategoryOptimizerState, snapshot.CategoryActivation:
+						if acc < 0.95 {
+							t.Errorf("%s: %s %.1f%% right, want at least 95%%", part.name, c, 100*acc)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLeakThroughStrippedExport: the leaking workloads, exported and stripped as PyTorch would have recorded
+// them (no ProfilerStep, no categories), fail the check as their recordings do, with the same leak per
+// iteration at the same site; the clean workload passes.
+func TestLeakThroughStrippedExport(t *testing.T) {
+	for _, bug := range []string{"", train.BugRetainGraph, train.BugStashActivations} {
+		t.Run("bug="+bug, func(t *testing.T) {
+			rec, imp := strippedImport(t, mlp(bug))
+			own, r := leaks.Find(rec), leaks.Find(imp)
+			if r.Verdict != own.Verdict {
+				t.Fatalf("imported %s (%s), recorded %s (%s)", r.Verdict, r.Reason, own.Verdict, own.Reason)
+			}
+			if bug == "" {
+				if r.Verdict != leaks.NoLeak {
+					t.Errorf("clean workload: %s", r.Reason)
+				}
+				return
+			}
+			if r.Verdict != leaks.Leak || len(r.Suspects) == 0 {
+				t.Fatalf("%s, want a leak:\n%s", r.Reason, r.Detail())
+			}
+			if r.LeakPerIteration != own.LeakPerIteration || r.Suspects[0].Site() != own.Suspects[0].Site() {
+				t.Errorf("imported %d B/iteration at %q, recorded %d B at %q", r.LeakPerIteration, r.Suspects[0].Site(),
+					own.LeakPerIteration, own.Suspects[0].Site())
 			}
 		})
 	}
