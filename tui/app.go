@@ -102,6 +102,7 @@ type Model struct {
 	segs     segmentsPane
 	leaks    leaksPane
 	fixes    fixesPane
+	devices  deviceView
 	device   devicePane
 	ranks    ranksPane
 }
@@ -130,6 +131,7 @@ func New(ctx context.Context, opts Options) *Model {
 	case opts.Snapshot != nil:
 		m.setSnapshot(opts.Snapshot)
 		m.load = loadState{label: "snapshot", done: true}
+		m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
 		m.landOnTarget()
 	case opts.Workload != nil:
 		m.load.label = "recording " + opts.Workload.Name
@@ -224,6 +226,7 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 		return m.readMore()
 	}
 	m.load.done = true
+	m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
 	m.fixes.setBaseline(m.ix)
 	switch {
 	case msg.err != nil:
@@ -295,6 +298,10 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	}
 	if m.ix == nil || m.ix.len() == 0 {
 		return nil
+	}
+	if key.Matches(msg, k.NextDevice) {
+		m.nextDevice()
+		return m.leaks.analyze(m.ix.tl)
 	}
 	if cmd, handled := m.onNavigate(msg); handled {
 		return cmd

@@ -22,6 +22,7 @@ type KeyMap struct {
 	Detail, Back             key.Binding
 	Filter, Sort             key.Binding
 	Toggle, Rerun            key.Binding
+	AllFrames, NextDevice    key.Binding
 	Help, Quit               key.Binding
 }
 
@@ -65,6 +66,8 @@ func DefaultKeyMap() KeyMap {
 		Sort:        b("s", "sort", "s"),
 		Toggle:      b("space", "change", "space"),
 		Rerun:       b("r", "re-run", "r"),
+		AllFrames:   b("a", "all frames", "a"),
+		NextDevice:  b("d", "next device", "d"),
 		Help:        b("?", "help", "?"),
 		Quit:        b("q", "quit", "q", "ctrl+c"),
 	}
@@ -81,6 +84,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Help, k.Quit},
+		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
 }

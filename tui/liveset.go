@@ -32,7 +32,11 @@ type livePane struct {
 	sortBy   int
 	filter   textinput.Model // focused while the filter is typed
 
-	detail bool // showing the selected block's stack and retainers
+	detail    bool // showing the selected block's stack and retainers
+	scroll    int  // the detail's first line shown
+	allFrames bool // the detail shows compiled frames too, not only the program's
+	// frameText is each stack's frames as the filter matches them, lower-cased, made once per stack.
+	frameText map[snapshot.StackID]string
 }
 
 // newFilterInput is the / filter's text input: no prompt (the pane says "filter:"), a steady cursor, no
@@ -53,6 +57,9 @@ func (p *livePane) filtering() bool { return p.filter.Focused() }
 var sortNames = []string{"size", "newest", "category", "scope"}
 
 func (p *livePane) setData(ix *index, at int, live, before []snapshot.Allocation) {
+	if ix != p.ix {
+		p.frameText = nil // another file or device: other stacks
+	}
 	p.ix, p.at, p.rows = ix, at, live
 	p.added = map[int]bool{}
 	p.freed, p.freedB = 0, 0
@@ -100,10 +107,31 @@ func (p *livePane) apply() {
 	p.selected = min(p.selected, max(len(p.shown)-1, 0))
 }
 
-// describe is a row's searchable text.
+// describe is a row's searchable text: its columns and its stack's frames.
 func (p *livePane) describe(b snapshot.Allocation) string {
 	s := p.ix.snap
-	return b.Category.String() + " " + s.String(b.Scope) + " " + s.String(b.Label) + " " + b.Phase.String()
+	return b.Category.String() + " " + s.String(b.Scope) + " " + s.String(b.Label) + " " + b.Phase.String() + " " + p.frames(b.Stack)
+}
+
+// frames returns the text of a stack's frames, "function file:line" each.
+func (p *livePane) frames(id snapshot.StackID) string {
+	if id == 0 {
+		return ""
+	}
+	if p.frameText == nil {
+		p.frameText = map[snapshot.StackID]string{}
+	}
+	if t, ok := p.frameText[id]; ok {
+		return t
+	}
+	var b strings.Builder
+	for _, f := range p.ix.snap.Stack(id) {
+		b.WriteString(p.ix.snap.FrameString(f))
+		b.WriteByte(' ')
+	}
+	t := strings.ToLower(b.String())
+	p.frameText[id] = t
+	return t
 }
 
 // selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it.
@@ -126,12 +154,18 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	switch {
 	case p.detail && key.Matches(msg, k.Back, k.Detail):
 		p.detail = false
+	case p.detail && key.Matches(msg, k.Up):
+		p.scroll = max(p.scroll-1, 0)
+	case p.detail && key.Matches(msg, k.Down):
+		p.scroll++ // the view holds it within the lines
+	case p.detail && key.Matches(msg, k.AllFrames):
+		p.allFrames = !p.allFrames
 	case key.Matches(msg, k.Up):
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
 		p.selected = min(p.selected+1, max(len(p.shown)-1, 0))
 	case key.Matches(msg, k.Detail):
-		p.detail = len(p.shown) > 0
+		p.detail, p.scroll = len(p.shown) > 0, 0
 	case key.Matches(msg, k.Sort):
 		p.sortBy = (p.sortBy + 1) % len(sortNames)
 		p.apply()
@@ -235,13 +269,26 @@ func (p *livePane) view(s Styles, w, h int) string {
 // what says what a block holds: its tensor label, or, for snapshots without labels (PyTorch's), the code
 // that allocated it.
 func (p *livePane) what(b snapshot.Allocation) string {
-	if l := p.ix.snap.String(b.Label); l != "" {
+	snap := p.ix.snap
+	l := snap.String(b.Label)
+	// A block rebuilt as alive before the trace began still names where it was allocated when its frames do.
+	if l != "" && l != snapshot.PreExistingLabel {
 		return l
 	}
-	if fs := p.ix.snap.UserFrames(b.Stack, 1); len(fs) > 0 {
-		return "at " + p.ix.snap.FrameString(fs[0])
+	if f := snap.Site(b.Stack); f != 0 {
+		return "at " + snap.FrameString(f)
 	}
-	return ""
+	return l
+}
+
+// title names a block in its detail: what, and for a block rebuilt from the final state, that it was
+// allocated before the trace.
+func (p *livePane) title(b snapshot.Allocation) string {
+	what, label := p.what(b), p.ix.snap.String(b.Label)
+	if label == snapshot.PreExistingLabel && what != label {
+		return what + " · allocated before the trace"
+	}
+	return what
 }
 
 func scopeWidth(w int) int { return min(max(w/4, 12), 40) }
@@ -252,7 +299,7 @@ func (p *livePane) detailView(s Styles, w, h int) string {
 	e := &b
 	snap := p.ix.snap
 	lines := []string{
-		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", snap.String(e.Label), units.FormatSize(b.Size), b.Category), w, "…")),
+		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", p.title(b), units.FormatSize(b.Size), b.Category), w, "…")),
 		ansi.Truncate(fmt.Sprintf("allocated at event %d, iteration %d, %s, in %s; block %#x", b.Alloc, e.Iteration, e.Phase, orDash(snap.String(e.Scope)), b.Addr), w, "…"),
 	}
 	if path := p.ix.retainerPath(b, p.at); len(path) > 0 {
@@ -268,16 +315,30 @@ func (p *livePane) detailView(s Styles, w, h int) string {
 	} else {
 		lines = append(lines, s.Muted.Render("no heap dump names this block (heap dumps come at iteration ends and at an OOM)"))
 	}
-	lines = append(lines, s.Header.Render("allocated from"))
-	for _, f := range snap.Stack(e.Stack) {
+	// The program's frames first (a Python program's Python frames, as memory_viz shows them); the
+	// allocator's and the dispatcher's compiled frames only on request.
+	frames := snap.Stack(e.Stack)
+	own := snap.UserFrames(e.Stack, 0)
+	python := len(own) > 0 && strings.HasSuffix(snap.String(snap.Frame(own[0]).File), ".py")
+	if python && !p.allFrames && len(own) < len(frames) {
+		lines = append(lines, s.Header.Render(fmt.Sprintf("allocated from (%d compiled frames hidden · a shows all)", len(frames)-len(own))))
+		frames = own
+	} else {
+		lines = append(lines, s.Header.Render("allocated from"))
+	}
+	for _, f := range frames {
 		fr := snap.Frame(f)
 		lines = append(lines, ansi.Truncate(fmt.Sprintf("  %s  %s:%d", snap.String(fr.Function), shortFile(snap.String(fr.File)), fr.Line), w, "…"))
 	}
 	if e.Stack == 0 {
 		lines = append(lines, s.Muted.Render("  no stack recorded"))
 	}
+	// The title stays; the rest scrolls (j/k).
 	if len(lines) > h {
-		lines = lines[:h]
+		p.scroll = min(p.scroll, len(lines)-h)
+		lines = append(lines[:1], lines[1+p.scroll:1+p.scroll+h-1]...)
+	} else {
+		p.scroll = 0
 	}
 	return strings.Join(lines, "\n")
 }

@@ -346,7 +346,9 @@ func TestPyTorchSnapshotView(t *testing.T) {
 	}
 	m := newTestModel(t, s, 100, 30)
 	out := screen(m)
-	for _, want := range []string{"landed on the peak", "at forward linear.py:114", "pre-existing (allocated before the"} {
+	// Blocks are shown at the innermost frame of the program's own code (not torch's nn.Linear), and as
+	// pre-existing only where their frames say nothing.
+	for _, want := range []string{"landed on the peak", "at forward modeling_llama.py:330", "pre-existing (allocated before the"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the view of f3 lacks %q:\n%s", want, out)
 		}
@@ -482,5 +484,59 @@ func TestRanksPane(t *testing.T) {
 	press(single, "7")
 	if single.Pane() == "Ranks" || strings.Contains(screen(single), "Ranks") {
 		t.Error("a single snapshot shows the Ranks pane")
+	}
+}
+
+// TestPyTorchStacksDevicesAndSearch: on f4 (a LoRA diffusion run whose memory is on device 1, its blocks
+// rebuilt as alive before a one-entry trace), the title names the device, rows name the program's frame
+// instead of "pre-existing" where their frames say it, / finds blocks by frame text, and the detail opens on
+// Python frames with the compiled ones folded behind a. On f7, whose two devices hold memory, d switches
+// the device shown.
+func TestPyTorchStacksDevicesAndSearch(t *testing.T) {
+	s, err := load.File(torchtest.FixturePath(t, torchtest.F4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newTestModel(t, s, 120, 40)
+	if out := screen(m); !strings.Contains(out, "oomdbg · cuda:1") {
+		t.Errorf("the title does not name the device shown:\n%s", out)
+	}
+	// report attributes 1.26 GiB to nn.Linear's forward under lora.py:430.
+	press(m, "/", "l", "i", "n", "e", "a", "r", "enter")
+	out := screen(m)
+	if strings.Contains(out, "no block is alive here") || !strings.Contains(out, "filter: linear") || !strings.Contains(out, "at forward lora.py:430") {
+		t.Errorf("/linear finds no block named by its frames:\n%s", out)
+	}
+	press(m, "enter")
+	if out := screen(m); !strings.Contains(out, "at forward lora.py:430 · allocated before the trace") {
+		t.Errorf("the detail does not say where the block was allocated:\n%s", out)
+	}
+
+	// f3 keeps the allocator's C++ frames under the Python ones.
+	s, err = load.File(torchtest.FixturePath(t, torchtest.F3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = newTestModel(t, s, 120, 40)
+	press(m, "enter")
+	out = screen(m)
+	if !strings.Contains(out, "compiled frames hidden") || strings.Contains(out, "::") {
+		t.Errorf("the detail does not open on Python frames:\n%s", out)
+	}
+	press(m, "a")
+	if out := screen(m); strings.Contains(out, "compiled frames hidden") || !strings.Contains(out, "::") {
+		t.Errorf("a does not show the compiled frames:\n%s", out)
+	}
+
+	s, err = load.File(torchtest.FixturePath(t, torchtest.F7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = newTestModel(t, s, 120, 40)
+	for _, want := range []string{"all 2 devices", "cuda:0 (1 of 2", "cuda:1 (2 of 2", "all 2 devices"} {
+		if out := screen(m); !strings.Contains(out, want) {
+			t.Errorf("the title lacks %q:\n%s", want, out)
+		}
+		press(m, "d")
 	}
 }

@@ -81,6 +81,9 @@ func (m *Model) titleView() string {
 		case m.fixes.base != nil:
 			fmt.Fprintf(&w, " · %s", m.fixes.base.Name)
 		}
+		if name := m.devices.name(); name != "" {
+			fmt.Fprintf(&w, " · %s", name)
+		}
 		if len(meta.Devices) > 0 && meta.Devices[0].Capacity > 0 {
 			fmt.Fprintf(&w, ", %s", units.FormatSize(meta.Devices[0].Capacity))
 		}

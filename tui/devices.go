@@ -1,0 +1,64 @@
+package tui
+
+import (
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// deviceView is which of a snapshot's devices the TUI shows: all of them, or one (d steps through them).
+// A PyTorch snapshot of a multi-GPU run holds each device's trace; their sum is no device's memory.
+type deviceView struct {
+	full    *snapshot.Snapshot // the snapshot as loaded
+	devices []int              // its devices that hold memory
+	shown   int                // index in devices of the one shown, -1 for all
+}
+
+// name says which device is shown: "cuda:1", "all 2 devices", "" when none holds memory.
+func (d *deviceView) name() string {
+	switch {
+	case len(d.devices) == 0 || len(d.full.Meta.Devices) < 2:
+		return "" // one device: nothing to tell apart
+	case len(d.devices) == 1:
+		return d.deviceName(d.devices[0]) // the others hold no memory
+	case d.shown < 0:
+		return fmt.Sprintf("all %d devices", len(d.devices))
+	}
+	return fmt.Sprintf("%s (%d of %d; d: next)", d.deviceName(d.devices[d.shown]), d.shown+1, len(d.devices))
+}
+
+// deviceName is the device's name as the snapshot records it ("cuda:1").
+func (d *deviceView) deviceName(index int) string {
+	for _, dev := range d.full.Meta.Devices {
+		if dev.Index == index && dev.Name != "" {
+			return dev.Name
+		}
+	}
+	return fmt.Sprintf("device %d", index)
+}
+
+// nextDevice shows the next device: all, then each in turn.
+func (m *Model) nextDevice() {
+	d := &m.devices
+	if !m.load.done || len(d.devices) < 2 {
+		m.setStatus("only one device holds memory in this snapshot", false)
+		return
+	}
+	d.shown++
+	view := d.full
+	if d.shown >= len(d.devices) {
+		d.shown = -1
+	} else {
+		v, _, err := d.full.DeviceView(d.devices[d.shown])
+		if err != nil {
+			m.setStatus(err.Error(), true)
+			return
+		}
+		view = v
+	}
+	m.cursor, m.prev = 0, 0 // the view has its own events: the cursor lands again below
+	m.setSnapshot(view)
+	m.landedOnTarget = false
+	m.landOnTarget()
+	m.setStatus("showing "+d.name(), false)
+}
