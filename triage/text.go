@@ -182,6 +182,13 @@ func sourceLine(src Source) string {
 		parts = append(parts, fmt.Sprintf("%s %d", c.name, c.n))
 	}
 	s := fmt.Sprintf("%d events", src.Events)
+	rebuilt := 0
+	for _, n := range src.ReconstructedByAction {
+		rebuilt += n
+	}
+	if rebuilt > 0 {
+		parts = append(parts, fmt.Sprintf("and %d rebuilt from the state before the trace", rebuilt))
+	}
 	if len(parts) > 0 {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}

@@ -76,8 +76,12 @@ type Source struct {
 	WorkloadSummary   string          `json:"workload_summary"`
 	AllocatorSettings string          `json:"allocator_settings"`
 	Events            int             `json:"events"`
-	EventsByAction    map[string]int  `json:"events_by_action"`
-	Allocations       int             `json:"allocations"`
+	// EventsByAction counts the events the snapshot recorded, by action: for an imported trace, its own
+	// entries and markers. ReconstructedByAction counts apart the events an importer added for memory
+	// allocated before the trace began (snapshot.PreExistingLabel); Events counts both.
+	EventsByAction        map[string]int `json:"events_by_action"`
+	ReconstructedByAction map[string]int `json:"reconstructed_by_action"`
+	Allocations           int            `json:"allocations"`
 	// Complete is false for a snapshot cut short (Warning says where) or written without a footer.
 	Complete bool   `json:"complete"`
 	Warning  string `json:"warning"`
@@ -327,7 +331,7 @@ func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
 	src := Source{
 		File: file, Tool: s.Meta.Tool, ToolVersion: s.Meta.ToolVersion, Origin: s.Meta.Source, Host: s.Meta.Host,
 		TimeUnit: s.Meta.TimeUnit, AllocatorSettings: s.Meta.AllocatorSettings,
-		Events: st.Events, Allocations: st.Blocks, EventsByAction: map[string]int{},
+		Events: st.Events, Allocations: st.Blocks, EventsByAction: map[string]int{}, ReconstructedByAction: map[string]int{},
 		Complete: s.Footer != nil && s.Warning == nil, UnmatchedFrees: st.UnmatchedFrees,
 	}
 	if !s.Meta.Created.IsZero() {
@@ -344,9 +348,22 @@ func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
 	if s.Warning != nil {
 		src.Warning = s.Warning.Error()
 	}
+	var rebuilt [snapshot.NumActions]int
+	if s.Meta.Source != "oomdbg" { // only importers rebuild state
+		for i := range s.Events {
+			if e := &s.Events[i]; e.Action.Valid() && s.Reconstructed(e) {
+				rebuilt[e.Action]++
+			}
+		}
+	}
 	for a, n := range st.ByAction {
 		if n > 0 && snapshot.Action(a).Valid() {
-			src.EventsByAction[snapshot.Action(a).String()] = n
+			if own := n - rebuilt[a]; own > 0 {
+				src.EventsByAction[snapshot.Action(a).String()] = own
+			}
+			if rebuilt[a] > 0 {
+				src.ReconstructedByAction[snapshot.Action(a).String()] = rebuilt[a]
+			}
 		}
 	}
 	return src
