@@ -41,7 +41,9 @@ var layers = map[string][]string{
 	"workloads/train": {"workloads/", "tracer", "snapshot", "internal/"},
 	"leaks/leakstest": {"leaks", "workloads/", "tracer", "snapshot", "internal/"},
 	"tui":             {"snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/"},
-	"cmd/oomdbg":      {""},
+	// The planner drives the training workload on the meta device.
+	"fit":        {"workloads/", "tracer", "snapshot", "internal/"},
+	"cmd/oomdbg": {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,
 }

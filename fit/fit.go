@@ -1,0 +1,116 @@
+// Package fit is oomdbg's planner: it finds the largest micro-batch a workload trains with on a card, and
+// the cheapest combinations of memory fixes that make it fit, by simulating steps on the meta device with
+// the caching allocator's rules instead of trying them on a GPU.
+//
+// A configuration fits when a simulated run of it finishes without an out-of-memory error and its peak
+// reserved memory stays under the card's memory less the CUDA context and a safety margin (Limit). The
+// margin leaves room for what the simulation does not see: other batches' shapes, the fragmentation of a
+// long run, a library's workspace.
+package fit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// DefaultMargin is the share of the allocator's memory (the card's less the CUDA context) a configuration
+// must leave unreserved to fit: 5%.
+const DefaultMargin = 0.05
+
+// Limit returns the most a configuration may reserve to fit: (GPU memory - context reserve) x (1 - margin).
+func Limit(cfg train.Config, margin float64) int64 {
+	usable := int64(cfg.GPUMemory) - int64(cfg.ContextReserve)
+	return int64(float64(usable) * (1 - margin))
+}
+
+// A Simulator runs a configuration for a few steps and says what it did. Meta is the one oomdbg uses; the
+// interface is how tests and the TUI drive the planner.
+type Simulator interface {
+	Simulate(ctx context.Context, cfg train.Config) (*train.Result, error)
+}
+
+// Meta simulates on the meta device: shapes and the allocator's rules, no arithmetic, milliseconds a step.
+type Meta struct{}
+
+// Simulate runs cfg on the meta device, recording nothing.
+func (Meta) Simulate(ctx context.Context, cfg train.Config) (*train.Result, error) {
+	cfg.Device = device.Meta
+	res, _, err := train.Run(ctx, cfg, nil)
+	return res, err
+}
+
+// Steps returns the steps a trial of cfg simulates: two when every batch has the same shape (the second
+// carries the optimizer state and the gradients the first left), the configured steps when lengths vary
+// (fragmentation builds up over batches of different shapes).
+func Steps(cfg train.Config) int {
+	if cfg.SeqDist.Fixed() {
+		return 2
+	}
+	return max(cfg.Steps, 2)
+}
+
+// Trial is one simulated configuration.
+type Trial struct {
+	Config train.Config
+	Result *train.Result
+	Fits   bool
+	// Steps is the optimizer steps simulated: the completed ones and the one an OOM cut short.
+	Steps int
+}
+
+// Options tune a search.
+type Options struct {
+	// Margin is the share of the allocator's memory left unreserved (DefaultMargin when 0; negative for none).
+	Margin float64
+	// Sim runs the trials (Meta when nil).
+	Sim Simulator
+	// Progress, when set, hears of every trial as it ends.
+	Progress func(Trial)
+}
+
+func (o Options) margin() float64 {
+	switch {
+	case o.Margin == 0:
+		return DefaultMargin
+	case o.Margin < 0:
+		return 0
+	}
+	return o.Margin
+}
+
+func (o Options) sim() Simulator {
+	if o.Sim == nil {
+		return Meta{}
+	}
+	return o.Sim
+}
+
+// trial simulates cfg (its steps set by Steps, without leak bugs) and judges whether it fits.
+func (o Options) trial(ctx context.Context, cfg train.Config) (Trial, error) {
+	cfg.Steps, cfg.Bug = Steps(cfg), ""
+	res, err := o.sim().Simulate(ctx, cfg)
+	if err != nil {
+		return Trial{Config: cfg}, err
+	}
+	t := Trial{Config: cfg, Result: res, Steps: res.Steps}
+	if res.OOM != nil {
+		t.Steps++
+	}
+	t.Fits = res.OOM == nil && !res.Interrupted && res.PeakReserved <= Limit(cfg, o.margin())
+	if o.Progress != nil {
+		o.Progress(t)
+	}
+	if res.Interrupted {
+		return t, ctx.Err()
+	}
+	return t, nil
+}
+
+// MarginNote says the rule a configuration is held to, for output and docs.
+func MarginNote(margin float64) string {
+	return fmt.Sprintf("fits: no OOM in %s and peak reserved <= (GPU memory - CUDA context) x %.0f%%",
+		"the simulated steps", 100*(1-margin))
+}

@@ -1,0 +1,129 @@
+package fit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// MaxSearchBatch is the largest micro-batch the search tries: a workload that fits it is reported as fitting
+// at least that much.
+const MaxSearchBatch = 1 << 16
+
+// Search is what a search for the largest micro-batch found.
+type Search struct {
+	// MaxBatch is the largest micro-batch that fits, with MaxBatch+1 tried and not fitting (0: not even a
+	// batch of one fits). When Capped, MaxSearchBatch fits and nothing larger was tried.
+	MaxBatch int
+	Capped   bool
+	// Best is the trial of MaxBatch (nil when it is 0).
+	Best *Trial
+	// Trials are the runs in the order made; Steps the optimizer steps they simulated, all together.
+	Trials []Trial
+	Steps  int
+	// Interrupted says the context ended the search early: MaxBatch is the largest found to fit so far.
+	Interrupted bool
+}
+
+// MaxBatch finds the largest micro-batch cfg fits with, its accumulation and everything else as configured:
+// from the configured batch it doubles while the batch fits (or halves while it does not), then bisects
+// between the largest batch that fit and the smallest that did not. It assumes a larger batch never needs
+// less memory; the batch it reports fits and the next one was tried and does not.
+//
+// When ctx ends, MaxBatch returns what it found so far with Interrupted set and no error.
+func MaxBatch(ctx context.Context, cfg train.Config, opts Options) (*Search, error) {
+	s := &Search{}
+	fits := func(b int) (bool, error) {
+		c := cfg
+		c.Batch = b
+		t, err := opts.trial(ctx, c)
+		if err != nil {
+			return false, err // an interrupted trial judged nothing
+		}
+		s.Trials = append(s.Trials, t)
+		s.Steps += t.Steps
+		if t.Fits {
+			s.MaxBatch = max(s.MaxBatch, b)
+		}
+		return t.Fits, nil
+	}
+	err := s.search(cfg.Batch, fits)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		s.Interrupted, err = true, nil
+	}
+	for i := range s.Trials {
+		if t := &s.Trials[i]; t.Fits && t.Config.Batch == s.MaxBatch {
+			s.Best = t
+		}
+	}
+	return s, err
+}
+
+// search runs the exponential then binary search from start with fits as the oracle.
+func (s *Search) search(start int, fits func(int) (bool, error)) error {
+	start = min(max(start, 1), MaxSearchBatch)
+	ok, err := fits(start)
+	if err != nil {
+		return err
+	}
+	lo, hi := 0, 0 // lo fits (0: nothing known to), hi does not (0: unknown)
+	if ok {
+		lo = start
+		for hi == 0 {
+			if lo == MaxSearchBatch {
+				s.Capped = true
+				return nil
+			}
+			b := min(2*lo, MaxSearchBatch)
+			if ok, err = fits(b); err != nil {
+				return err
+			}
+			if ok {
+				lo = b
+			} else {
+				hi = b
+			}
+		}
+	} else {
+		hi = start
+		for lo == 0 && hi > 1 {
+			b := hi / 2
+			if ok, err = fits(b); err != nil {
+				return err
+			}
+			if ok {
+				lo = b
+			} else {
+				hi = b
+			}
+		}
+		if lo == 0 {
+			return nil // a batch of one does not fit
+		}
+	}
+	for hi-lo > 1 {
+		b := lo + (hi-lo)/2
+		if ok, err = fits(b); err != nil {
+			return err
+		}
+		if ok {
+			lo = b
+		} else {
+			hi = b
+		}
+	}
+	return nil
+}
+
+// String says what the search found, in one line.
+func (s *Search) String() string {
+	switch {
+	case s.MaxBatch == 0:
+		return fmt.Sprintf("no micro-batch fits, not even 1 (%d trials, %d simulated steps)", len(s.Trials), s.Steps)
+	case s.Capped:
+		return fmt.Sprintf("micro-batch %d fits, the most tried (%d trials, %d simulated steps)", s.MaxBatch, len(s.Trials), s.Steps)
+	}
+	return fmt.Sprintf("largest micro-batch %d: %d does not fit (%d trials, %d simulated steps)", s.MaxBatch, s.MaxBatch+1, len(s.Trials), s.Steps)
+}
