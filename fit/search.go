@@ -12,8 +12,8 @@ import (
 // at least that much.
 const MaxSearchBatch = 1 << 16
 
-// Search is what a search for the largest micro-batch found.
-type Search struct {
+// BatchSearch is what a search for the largest micro-batch found.
+type BatchSearch struct {
 	// MaxBatch is the largest micro-batch that fits, with MaxBatch+1 tried and not fitting (0: not even a
 	// batch of one fits). When Capped, MaxSearchBatch fits and nothing larger was tried.
 	MaxBatch int
@@ -33,8 +33,8 @@ type Search struct {
 // less memory; the batch it reports fits and the next one was tried and does not.
 //
 // When ctx ends, MaxBatch returns what it found so far with Interrupted set and no error.
-func MaxBatch(ctx context.Context, cfg train.Config, opts Options) (*Search, error) {
-	s := &Search{}
+func MaxBatch(ctx context.Context, cfg train.Config, opts Options) (*BatchSearch, error) {
+	s := &BatchSearch{}
 	fits := func(b int) (bool, error) {
 		c := cfg
 		c.Batch = b
@@ -62,7 +62,7 @@ func MaxBatch(ctx context.Context, cfg train.Config, opts Options) (*Search, err
 }
 
 // search runs the exponential then binary search from start with fits as the oracle.
-func (s *Search) search(start int, fits func(int) (bool, error)) error {
+func (s *BatchSearch) search(start int, fits func(int) (bool, error)) error {
 	start = min(max(start, 1), MaxSearchBatch)
 	ok, err := fits(start)
 	if err != nil {
@@ -118,7 +118,7 @@ func (s *Search) search(start int, fits func(int) (bool, error)) error {
 }
 
 // String says what the search found, in one line.
-func (s *Search) String() string {
+func (s *BatchSearch) String() string {
 	switch {
 	case s.MaxBatch == 0:
 		return fmt.Sprintf("no micro-batch fits, not even 1 (%d trials, %d simulated steps)", len(s.Trials), s.Steps)

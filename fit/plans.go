@@ -1,0 +1,394 @@
+package fit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// Allow names the changes a plan may make beyond the training loop's own settings: they change what is
+// trained (LoRA, QLoRA) or need more than one process (ZeRO, FSDP, offload).
+type Allow struct {
+	LoRA, QLoRA, Offload, ZeRO bool
+}
+
+// ParseAllow reads a comma-separated list of lora, qlora, offload and zero ("" allows none).
+func ParseAllow(s string) (Allow, error) {
+	var a Allow
+	if s == "" {
+		return a, nil
+	}
+	for _, w := range strings.Split(s, ",") {
+		switch strings.TrimSpace(w) {
+		case "lora":
+			a.LoRA = true
+		case "qlora":
+			a.QLoRA = true
+		case "offload":
+			a.Offload = true
+		case "zero":
+			a.ZeRO = true
+		default:
+			return a, fmt.Errorf("--allow %q: want some of lora, qlora, offload, zero", w)
+		}
+	}
+	return a, nil
+}
+
+// PlanOptions tune a search for plans.
+type PlanOptions struct {
+	Options
+	GPU   GPU
+	Allow Allow
+	// FreeBatch lets the effective batch shrink: a plan's micro-batch may be any divisor of the configured
+	// one, without the accumulation that would keep micro-batch x accumulation as configured. Plans are then
+	// ranked by time per sample.
+	FreeBatch bool
+	// Top is how many fitting plans to find (DefaultTop when 0).
+	Top int
+}
+
+// DefaultTop is how many fitting plans a search finds by default.
+const DefaultTop = 8
+
+// Plan is one combination of fixes.
+type Plan struct {
+	Config  train.Config
+	Changes []string // what the plan changes, in words ("bf16 autocast", "micro-batch 4 x accumulate 4")
+	// Tried says the plan was simulated; Fits and the peaks are then its run's. Otherwise Skipped says
+	// why not, when the search reached it.
+	Tried, Fits                 bool
+	Skipped                     string
+	Because                     *Plan // the plan that fits, or does not, that Skipped speaks of
+	PeakAllocated, PeakReserved int64
+	Headroom                    int64 // Limit minus peak reserved (negative: over it)
+	Cost                        Cost
+	Result                      *train.Result
+	level                       []int
+}
+
+// StepTime is the estimated time of one optimizer step, in seconds.
+func (p *Plan) StepTime() float64 { return p.Cost.Total() }
+
+// PerSample is the estimated time per training sample.
+func (p *Plan) PerSample() float64 {
+	return p.Cost.Total() / float64(p.Config.Batch*max(p.Config.Accum, 1)*p.Config.Parallel.World())
+}
+
+// Name says what the plan changes, "as configured" when nothing.
+func (p *Plan) Name() string {
+	if len(p.Changes) == 0 {
+		return "as configured"
+	}
+	return strings.Join(p.Changes, ", ")
+}
+
+// Plans is what a search for plans found.
+type Plans struct {
+	// Fitting are the plans that fit, cheapest first; Tried every plan simulated, in the order tried;
+	// Skipped those never simulated because a plan that fits dominates them or one that does not fit saves at
+	// least as much (Plan.Skipped says which).
+	Fitting, Tried, Skipped []*Plan
+	// Considered is the number of valid combinations, Pruned len(Skipped).
+	Considered, Pruned int
+	Steps              int // optimizer steps simulated
+	Interrupted        bool
+}
+
+// option is one choice on one axis of the search.
+type option struct {
+	name  string // "" for the configured choice
+	apply func(*train.Config)
+	// saves gives, per axis, what the option saves: an option saves at least what another does when
+	// every component is at least as large (a partial order: attention-only checkpointing and checkpointing
+	// every N-th block are not comparable).
+	saves []int
+}
+
+type axis []option
+
+// le reports whether a saves no more memory than b on every component.
+func le(a, b []int) bool {
+	for i := range a {
+		if a[i] > b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// axes returns the choices a plan of cfg makes: on each axis the configured choice and those that save more.
+func axes(cfg train.Config, o PlanOptions) []axis {
+	var as []axis
+	keep := option{saves: []int{0}, apply: func(*train.Config) {}}
+	add := func(a axis) {
+		if len(a) > 1 {
+			as = append(as, a)
+		}
+	}
+	// Precision: bf16 autocast (fp16 on a card without bf16); a Llama's weights in bf16.
+	half, halfName := train.AMPBF16, "bf16 autocast"
+	if !o.GPU.BF16 {
+		half, halfName = train.AMPFP16, "fp16 autocast"
+	}
+	prec := axis{keep}
+	if cfg.AMP == train.AMPOff && cfg.Weights == train.WeightsF32 {
+		prec = append(prec, option{halfName, func(c *train.Config) { c.AMP = half }, []int{1}})
+	}
+	if cfg.Model == "llama" && cfg.Weights == train.WeightsF32 && o.GPU.BF16 {
+		prec = append(prec, option{"bf16 weights", func(c *train.Config) { c.AMP, c.Weights = train.AMPOff, train.WeightsBF16 }, []int{2}})
+	}
+	add(prec)
+	if cfg.Model != "mlp" && cfg.Attention == train.AttentionNaive {
+		add(axis{keep, {"flash attention", func(c *train.Config) { c.Attention = train.AttentionFlash }, []int{1}}})
+	}
+	if cfg.Model != "mlp" {
+		add(checkpointAxis(cfg))
+	}
+	add(batchAxis(cfg, o.FreeBatch))
+	if cfg.Optimizer == optim.Adam || cfg.Optimizer == optim.AdamW {
+		add(axis{keep,
+			{"8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = optim.AdamW8bit, "" }, []int{1}},
+			{"paged 8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = optim.PagedAdamW8bit, "" }, []int{2}}})
+	}
+	if cfg.ZeroGrad == train.ZeroGradZero {
+		add(axis{keep, {"zero_grad(set_to_none=True)", func(c *train.Config) { c.ZeroGrad = train.ZeroGradNone }, []int{1}}})
+	}
+	if cfg.Model == "llama" && !cfg.QLoRA {
+		ad := axis{keep}
+		if cfg.LoRA == 0 && o.Allow.LoRA {
+			ad = append(ad, option{"LoRA r16 on every projection", func(c *train.Config) { lora(c, false) }, []int{1}})
+		}
+		if o.Allow.QLoRA {
+			ad = append(ad, option{"QLoRA r16 on every projection", func(c *train.Config) { lora(c, true) }, []int{2}})
+		}
+		add(ad)
+	}
+	add(shardAxis(cfg, o.Allow))
+	return as
+}
+
+// lora adapts every projection with rank 16 (alpha 32), as QLoRA's recipe does, keeping an adapter the
+// configuration already has.
+func lora(c *train.Config, q bool) {
+	if c.LoRA == 0 {
+		c.LoRA, c.LoRAAlpha, c.LoRATargets = 16, 32, train.AllLoRATargets
+	}
+	c.QLoRA = q
+}
+
+func checkpointAxis(cfg train.Config) axis {
+	// Components: whole blocks recomputed (0, 1/4, 1/2, all as 0..3), attention recomputed (0/1). Attention
+	// alone is comparable with off only: recomputing every block can peak higher than keeping the blocks'
+	// activations but the attention's (the recomputed block's activations live at once in backward).
+	type ck struct {
+		c     train.Checkpoint
+		saves []int
+	}
+	all := []ck{{train.CheckpointOff, []int{0, 0}}, {train.CheckpointAttention, []int{0, 1}},
+		{train.CheckpointEvery(4), []int{1, 0}}, {train.CheckpointEvery(2), []int{2, 0}}, {train.CheckpointAll, []int{3, 0}}}
+	if cfg.Model != "gpt" {
+		all = slices.Delete(all, 1, 2) // attention-only checkpointing is the GPT's
+	}
+	var cur []int
+	for _, k := range all {
+		if k.c == cfg.Checkpoint {
+			cur = k.saves
+		}
+	}
+	if cur == nil {
+		return nil // a configured every:N not among these: keep it
+	}
+	var a axis
+	for _, k := range all {
+		if !le(cur, k.saves) {
+			continue
+		}
+		name := ""
+		if k.c != cfg.Checkpoint {
+			name = "checkpoint " + k.c.String()
+		}
+		a = append(a, option{name, func(c *train.Config) { c.Checkpoint = k.c }, k.saves})
+	}
+	return a
+}
+
+// batchAxis is the micro-batch: each divisor of the effective batch up to the configured micro-batch, with
+// the accumulation that keeps the effective batch (or, with free set, the configured accumulation).
+func batchAxis(cfg train.Config, free bool) axis {
+	eff := cfg.Batch * max(cfg.Accum, 1)
+	var a axis
+	for m := cfg.Batch; m >= 1; m-- {
+		if (free && cfg.Batch%m != 0) || (!free && eff%m != 0) {
+			continue
+		}
+		accum := eff / m
+		if free {
+			accum = cfg.Accum
+		}
+		if len(a) > 0 && accum > train.MaxAccum {
+			break
+		}
+		name := ""
+		if m != cfg.Batch {
+			name = fmt.Sprintf("micro-batch %d x accumulate %d", m, accum)
+		}
+		a = append(a, option{name, func(c *train.Config) { c.Batch, c.Accum = m, accum }, []int{len(a)}})
+	}
+	return a
+}
+
+// shardAxis is the data-parallel strategy and its offload, where allowed. Components: the ZeRO stage
+// (DeepSpeed), FSDP's full sharding, the offload.
+func shardAxis(cfg train.Config, allow Allow) axis {
+	p := cfg.Parallel
+	if p.Strategy != dist.Single && p.Strategy != dist.DDP || !(allow.ZeRO || allow.Offload) {
+		return nil
+	}
+	type sh struct {
+		s     dist.Strategy
+		o     dist.Offload
+		saves []int
+	}
+	var cands []sh
+	if allow.ZeRO && p.World() > 1 {
+		cands = append(cands, sh{dist.ZeRO1, 0, []int{1, 0, 0}}, sh{dist.ZeRO2, 0, []int{2, 0, 0}},
+			sh{dist.ZeRO3, 0, []int{3, 0, 0}}, sh{dist.FSDPFull, 0, []int{0, 1, 0}})
+	}
+	if allow.Offload {
+		cands = append(cands, sh{dist.ZeRO2, dist.OffloadOptimizer, []int{2, 0, 1}},
+			sh{dist.ZeRO3, dist.OffloadOptimizer, []int{3, 0, 1}}, sh{dist.ZeRO3, dist.OffloadOptimizerParams, []int{3, 0, 2}})
+	}
+	a := axis{{saves: []int{0, 0, 0}, apply: func(*train.Config) {}}}
+	for _, k := range cands {
+		name := k.s.String()
+		if k.o != dist.OffloadNone {
+			name += ", offload " + k.o.String()
+		}
+		a = append(a, option{name, func(c *train.Config) {
+			c.Parallel.GPUs, c.Parallel.Strategy, c.Parallel.Offload = p.World(), k.s, k.o
+		}, k.saves})
+	}
+	return a
+}
+
+// SkippedDominated is why a plan was skipped: a plan estimated to cost no more fits, and this one saves at
+// least as much memory on every axis.
+const SkippedDominated = "saves at least as much as a cheaper plan that fits"
+
+// FindPlans finds the cheapest plans that fit: it enumerates every combination of the axes, orders them by
+// Estimate (the step time that needs no run), and simulates them cheapest first, skipping each plan that
+// saves at least as much memory as a plan already found to fit, on every axis: it is estimated to cost at
+// least as much (it comes later in the order) and is dominated.
+//
+// It does not skip a plan that saves no more than one that did not fit: the caching allocator's reserved
+// memory is not monotone in what a fix saves (flash attention with attention checkpointing can reserve
+// more than naive attention with it, while allocating less), so such a plan may fit.
+//
+// It stops when it has o.Top plans that fit and the next plan's estimate is more than the Top-th's cost,
+// or when every plan is tried or skipped. The plans found are ranked by their cost with what their runs
+// moved (Measure): step time, or time per sample when the effective batch is free.
+func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	top := o.Top
+	if top <= 0 {
+		top = DefaultTop
+	}
+	as := axes(cfg, o)
+	var plans []*Plan
+	idx := make([]int, len(as))
+	for {
+		c := cfg
+		var changes []string
+		var level []int
+		for i, a := range as {
+			opt := a[idx[i]]
+			opt.apply(&c)
+			if opt.name != "" {
+				changes = append(changes, opt.name)
+			}
+			level = append(level, opt.saves...)
+		}
+		if c.Validate() == nil {
+			plans = append(plans, &Plan{Config: c, Changes: changes, level: level, Cost: Estimate(c, o.GPU)})
+		}
+		i := len(as) - 1
+		for ; i >= 0; i-- {
+			if idx[i]++; idx[i] < len(as[i]) {
+				break
+			}
+			idx[i] = 0
+		}
+		if i < 0 {
+			break
+		}
+	}
+	rank := func(p *Plan) float64 {
+		if o.FreeBatch {
+			return p.PerSample()
+		}
+		return p.StepTime()
+	}
+	// Cheapest first; among equals, the plan that changes less, then the larger micro-batch.
+	sort.SliceStable(plans, func(i, j int) bool {
+		a, b := plans[i], plans[j]
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return ra < rb
+		}
+		if len(a.Changes) != len(b.Changes) {
+			return len(a.Changes) < len(b.Changes)
+		}
+		return a.Config.Batch > b.Config.Batch
+	})
+	res := &Plans{Considered: len(plans)}
+	var fit []*Plan
+	for _, p := range plans {
+		if len(res.Fitting) >= top {
+			worst := res.Fitting[top-1]
+			if rank(p) > rank(worst) {
+				break
+			}
+		}
+		if i := slices.IndexFunc(fit, func(f *Plan) bool { return le(f.level, p.level) }); i >= 0 {
+			p.Skipped, p.Because = SkippedDominated, fit[i]
+		}
+		if p.Skipped != "" {
+			res.Skipped = append(res.Skipped, p)
+			res.Pruned++
+			continue
+		}
+		t, err := o.trial(ctx, p.Config)
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				res.Interrupted = true
+				break
+			}
+			return nil, err
+		}
+		res.Steps += t.Steps
+		p.Tried, p.Fits, p.Result = true, t.Fits, t.Result
+		p.PeakAllocated, p.PeakReserved = t.Result.PeakAllocated, t.Result.PeakReserved
+		p.Headroom = Limit(p.Config, o.margin()) - p.PeakReserved
+		p.Cost = Measure(p.Cost, t.Result, o.GPU)
+		res.Tried = append(res.Tried, p)
+		if !p.Fits {
+			continue
+		}
+		fit = append(fit, p)
+		res.Fitting = append(res.Fitting, p)
+		sort.SliceStable(res.Fitting, func(i, j int) bool { return rank(res.Fitting[i]) < rank(res.Fitting[j]) })
+	}
+	if len(res.Fitting) > top {
+		res.Fitting = res.Fitting[:top]
+	}
+	return res, nil
+}
