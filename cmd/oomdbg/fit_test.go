@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// runFlagsFit parses args as oomdbg run does, runs the configuration on the meta device with train.Run and
+// holds it to docs/fit.md's rule: no OOM, peak reserved within 95% of what the CUDA context leaves.
+func runFlagsFit(t *testing.T, args []string) bool {
+	t.Helper()
+	cmd := newRunCmd()
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Fatalf("run %s: %v", strings.Join(args, " "), err)
+	}
+	preset, _ := cmd.Flags().GetString("preset")
+	cfg, err := configFromFlags(cmd.Flags(), preset)
+	if err != nil {
+		t.Fatalf("run %s: %v", strings.Join(args, " "), err)
+	}
+	cfg.Device = device.Meta
+	res, _, err := train.Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatalf("run %s: %v", strings.Join(args, " "), err)
+	}
+	return res.OOM == nil && float64(res.PeakReserved) <= 0.95*float64(cfg.GPUMemory-cfg.ContextReserve)
+}
+
+// TestFitPlansRunAsListed: fit --json's largest batch fits when run and the next does not, and every plan it
+// lists fits when its flags are given to run.
+func TestFitPlansRunAsListed(t *testing.T) {
+	cases := map[string]struct {
+		args     []string
+		nothing  bool // no batch fits as configured
+		noPlans  bool
+		workload []string // run flags of the workload as configured
+	}{
+		"gpt2-medium on 24 GiB": {args: nil, workload: []string{"--preset", "gpt2-medium"}},
+		"llama-3.2-1b with LoRA and QLoRA allowed on 16 GiB": {args: []string{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB", "--allow", "lora,qlora", "--plans", "4"},
+			workload: []string{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB"}},
+		"gpt2-medium on 4 GiB": {args: []string{"--gpu-mem", "4GiB"}, nothing: true, noPlans: true,
+			workload: []string{"--preset", "gpt2-medium", "--gpu-mem", "4GiB"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(append([]string{"fit", "--json"}, tc.args...)...)
+			if code != exitOK {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			var got struct {
+				MaxBatch       *int `json:"max_batch"`
+				SimulatedSteps int  `json:"simulated_steps"`
+				Plans          []struct {
+					Flags         string
+					PeakAllocated *int64 `json:"peak_allocated"`
+					PeakReserved  *int64 `json:"peak_reserved"`
+					Fits          bool
+					StepTime      *float64 `json:"step_time_s"`
+				}
+			}
+			if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+				t.Fatalf("%v:\n%s", err, stdout)
+			}
+			if got.MaxBatch == nil || got.SimulatedSteps < 1 {
+				t.Fatalf("max_batch %v, simulated_steps %d:\n%s", got.MaxBatch, got.SimulatedSteps, stdout)
+			}
+			b := *got.MaxBatch
+			if tc.nothing != (b == 0) {
+				t.Fatalf("max batch %d", b)
+			}
+			with := func(batch int) []string {
+				return append(append([]string{}, tc.workload...), "--batch", itoa(batch), "--steps", "2")
+			}
+			if b > 0 && !runFlagsFit(t, with(b)) {
+				t.Errorf("batch %d does not fit when run", b)
+			}
+			if runFlagsFit(t, with(b+1)) {
+				t.Errorf("batch %d fits when run: %d is not the largest", b+1, b)
+			}
+			if tc.noPlans != (len(got.Plans) == 0) {
+				t.Fatalf("%d plans", len(got.Plans))
+			}
+			for _, p := range got.Plans {
+				if !p.Fits || p.PeakAllocated == nil || p.PeakReserved == nil || p.StepTime == nil || *p.StepTime <= 0 {
+					t.Errorf("plan %s: fits %v, peak reserved %v, step time %v", p.Flags, p.Fits, p.PeakReserved, p.StepTime)
+				}
+				if strings.ContainsAny(p.Flags, `'"`) {
+					t.Fatalf("flags need a shell: %s", p.Flags)
+				}
+				if !runFlagsFit(t, strings.Fields(p.Flags)) {
+					t.Errorf("oomdbg run %s: does not fit", p.Flags)
+				}
+			}
+		})
+	}
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestFitBadInput: every mistake is one line and exit 2.
+func TestFitBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"fit", "--gpu", "v100x"},
+		{"fit", "--allow", "lora,magic"},
+		{"fit", "--margin", "100"},
+		{"fit", "--margin", "-1"},
+		{"fit", "--plans", "0"},
+		{"fit", "--device", "cpu"},
+		{"fit", "--bug", "retain-graph"},
+		{"fit", "--gpu-mem", "lots"},
+		{"fit", "--batch", "0"},
+		{"fit", "--preset", "gpt-9"},
+	} {
+		code, stdout, stderr := runCmd(args...)
+		if code != exitUsage || stdout != "" || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("oomdbg %s: exit %d, stdout %q, stderr %q: want exit 2 and one line", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+}
