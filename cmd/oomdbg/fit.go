@@ -99,7 +99,7 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			ctx, caught, stop := stopOnSignals(cmd.Context())
 			defer stop()
 			rep, err := runFit(ctx, cfg, fitRequest{gpu: gpu, allow: allow, free: !ff.keepBatch, top: ff.top, margin: margin,
-				base: workloadFlags(cmd.Flags(), preset, cfg)}, cmd.ErrOrStderr())
+				base: workloadFlags(cmd.Flags(), preset, cfg), explain: ff.explain}, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -173,6 +173,8 @@ type fitRequest struct {
 	top    int
 	margin float64
 	base   []string // the workload's run flags
+	// explain compares with other batch finders and measures what the common fixes save.
+	explain bool
 }
 
 // fitReport is what fit found.
@@ -182,6 +184,7 @@ type fitReport struct {
 	batch  *fit.BatchSearch
 	plans  *fit.Plans
 	margin float64
+	why    *fit.Explanation // with --explain
 }
 
 // runFit searches for the largest batch, then for plans, telling stderr how it goes when it is a terminal.
@@ -213,6 +216,13 @@ func runFit(ctx context.Context, cfg train.Config, req fitRequest, stderr io.Wri
 		return rep, nil
 	}
 	rep.plans, err = fit.FindPlans(ctx, cfg, fit.PlanOptions{Options: opts, GPU: req.gpu, Allow: req.allow, FreeBatch: req.free, Top: req.top})
+	if err != nil || !req.explain || rep.plans.Interrupted {
+		return rep, err
+	}
+	opts.Progress = nil
+	if rep.why, err = fit.Explain(ctx, cfg, opts); err != nil && ctx.Err() != nil {
+		return rep, nil // interrupted: the rest stands
+	}
 	return rep, err
 }
 
@@ -223,18 +233,19 @@ func (r *fitReport) flags(p *fit.Plan) string {
 
 // fitJSON is fit --json's document (docs/fit.md).
 type fitJSON struct {
-	MaxBatch       int        `json:"max_batch"`
-	Capped         bool       `json:"max_batch_capped,omitempty"`
-	SimulatedSteps int        `json:"simulated_steps"`
-	Trials         int        `json:"trials"`
-	GPU            string     `json:"gpu"`
-	GPUMemory      uint64     `json:"gpu_memory"`
-	Limit          int64      `json:"limit"`
-	Margin         float64    `json:"margin"`
-	Considered     int        `json:"plans_considered"`
-	Pruned         int        `json:"plans_pruned"`
-	Interrupted    bool       `json:"interrupted,omitempty"`
-	Plans          []planJSON `json:"plans"`
+	MaxBatch       int              `json:"max_batch"`
+	Capped         bool             `json:"max_batch_capped,omitempty"`
+	SimulatedSteps int              `json:"simulated_steps"`
+	Trials         int              `json:"trials"`
+	GPU            string           `json:"gpu"`
+	GPUMemory      uint64           `json:"gpu_memory"`
+	Limit          int64            `json:"limit"`
+	Margin         float64          `json:"margin"`
+	Considered     int              `json:"plans_considered"`
+	Pruned         int              `json:"plans_pruned"`
+	Interrupted    bool             `json:"interrupted,omitempty"`
+	Plans          []planJSON       `json:"plans"`
+	Explain        *fit.Explanation `json:"explain,omitempty"`
 }
 
 type planJSON struct {
@@ -260,7 +271,7 @@ func (r *fitReport) JSON() fitJSON {
 	j := fitJSON{MaxBatch: r.batch.MaxBatch, Capped: r.batch.Capped, SimulatedSteps: r.batch.Steps + r.plans.Steps,
 		Trials: len(r.batch.Trials) + len(r.plans.Tried), GPU: r.req.gpu.Name, GPUMemory: r.cfg.GPUMemory,
 		Limit: fit.Limit(r.cfg, r.margin), Margin: r.margin, Considered: r.plans.Considered, Pruned: r.plans.Pruned,
-		Interrupted: r.batch.Interrupted || r.plans.Interrupted, Plans: []planJSON{}}
+		Interrupted: r.batch.Interrupted || r.plans.Interrupted, Plans: []planJSON{}, Explain: r.why}
 	for _, p := range r.plans.Fitting {
 		pj := planJSON{Plan: p.Name(), Flags: r.flags(p), PeakAllocated: p.PeakAllocated, PeakReserved: p.PeakReserved,
 			Headroom: p.Headroom, Fits: p.Fits, StepTime: p.StepTime()}
@@ -310,13 +321,48 @@ func (r *fitReport) print(w io.Writer, markdown bool) {
 	if r.plans.Interrupted {
 		fmt.Fprintln(w, "\nInterrupted: more plans were left to try.")
 	}
-	if markdown || len(rows) == 0 {
+	if markdown {
 		return
 	}
-	fmt.Fprintln(w, "\nTo run a plan:")
+	if len(rows) > 0 {
+		fmt.Fprintln(w, "\nTo run a plan:")
+	}
 	for i, p := range r.plans.Fitting {
 		fmt.Fprintf(w, "%3d  oomdbg run %s\n", i+1, r.flags(p))
 	}
+	if r.why != nil {
+		r.printExplain(w)
+	}
+}
+
+// printExplain prints --explain's comparisons.
+func (r *fitReport) printExplain(w io.Writer) {
+	e := r.why
+	fmt.Fprintf(w, "\nBatch finders, each trial judged by the rule above (on a GPU each trial is real steps):\n\n")
+	batch := func(b int) string {
+		if b == 0 {
+			return "none"
+		}
+		return fmt.Sprint(b)
+	}
+	rows := [][]string{
+		{e.Halving.Name, batch(e.Halving.Batch), fmt.Sprint(e.Halving.Trials), fmt.Sprint(e.Halving.Steps)},
+		{e.Doubling.Name, batch(e.Doubling.Batch), fmt.Sprint(e.Doubling.Trials), fmt.Sprint(e.Doubling.Steps)},
+		{"oomdbg fit (simulated)", batch(r.batch.MaxBatch), fmt.Sprint(len(r.batch.Trials)), fmt.Sprint(r.batch.Steps)},
+	}
+	printTable(w, []string{"finder", "batch", "trials", "steps"}, rows, false, 1)
+	fmt.Fprintf(w, "\nHalving takes the first power of two below %d that fits; the largest that fits is %s. Doubling counts\n"+
+		"%d steps a trial (Lightning's steps_per_trial), halving one step for each OOM and the trial that fits.\n",
+		fit.HalvingStart, batch(r.batch.MaxBatch), fit.LightningStepsPerTrial)
+	if len(e.Savings) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nWhat each fix saves of the memory a step needs (peak allocated with unlimited memory, %d steps):\n\n", fit.Steps(r.cfg))
+	rows = [][]string{{"as configured", units.FormatSize(e.Savings[0].Base), "-"}}
+	for _, s := range e.Savings {
+		rows = append(rows, []string{s.Fix, units.FormatSize(s.Needs), fmt.Sprintf("%.0f%%", 100*s.SavedShare)})
+	}
+	printTable(w, []string{"fix", "needs", "saves"}, rows, false, 1)
 }
 
 func capitalize(s string) string {

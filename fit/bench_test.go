@@ -1,0 +1,52 @@
+package fit_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/fit"
+)
+
+// BenchmarkFitMaxBatch is the search for the largest micro-batch (target: at most 2 s), with the trials and
+// simulated steps it took.
+func BenchmarkFitMaxBatch(b *testing.B) {
+	for _, name := range []string{"gpt2-medium", "llama-3.1-8b"} {
+		cfg := preset(b, name, 24, nil)
+		if name == "llama-3.1-8b" {
+			loraBF16(&cfg) // a full fine-tune fits no batch on 24 GiB
+			name += "-lora"
+		}
+		b.Run(name, func(b *testing.B) {
+			var s *fit.BatchSearch
+			for b.Loop() {
+				var err error
+				if s, err = fit.MaxBatch(context.Background(), cfg, fit.Options{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(s.Trials)), "trials")
+			b.ReportMetric(float64(s.Steps), "steps")
+			b.ReportMetric(float64(s.MaxBatch), "batch")
+		})
+	}
+}
+
+// BenchmarkFitPlans is the search for the eight cheapest plans, with the plans simulated and their steps.
+func BenchmarkFitPlans(b *testing.B) {
+	g, _ := fit.LookupGPU(fit.DefaultGPU)
+	for _, name := range []string{"gpt2-medium", "llama-3.1-8b"} {
+		cfg := preset(b, name, 24, nil)
+		b.Run(name, func(b *testing.B) {
+			var ps *fit.Plans
+			for b.Loop() {
+				var err error
+				ps, err = fit.FindPlans(context.Background(), cfg, fit.PlanOptions{GPU: g, Allow: fit.Allow{LoRA: true, QLoRA: true}})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(ps.Tried)), "trials")
+			b.ReportMetric(float64(ps.Steps), "steps")
+		})
+	}
+}
