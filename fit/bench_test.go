@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // BenchmarkFitMaxBatch is the search for the largest micro-batch (target: at most 2 s), with the trials and
@@ -13,8 +14,9 @@ func BenchmarkFitMaxBatch(b *testing.B) {
 	for _, name := range []string{"gpt2-medium", "llama-3.1-8b"} {
 		cfg := preset(b, name, 24, nil)
 		if name == "llama-3.1-8b" {
-			loraBF16(&cfg) // a full fine-tune fits no batch on 24 GiB
-			name += "-lora"
+			loraBF16(&cfg) // a full fine-tune, or LoRA without checkpointing, fits no batch on 24 GiB
+			cfg.Checkpoint = train.CheckpointAll
+			name += "-lora-checkpoint"
 		}
 		b.Run(name, func(b *testing.B) {
 			var s *fit.BatchSearch
