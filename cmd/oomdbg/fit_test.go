@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -120,5 +122,24 @@ func TestFitBadInput(t *testing.T) {
 		if code != exitUsage || stdout != "" || strings.Count(stderr, "\n") != 1 {
 			t.Errorf("oomdbg %s: exit %d, stdout %q, stderr %q: want exit 2 and one line", strings.Join(args, " "), code, stdout, stderr)
 		}
+	}
+}
+
+// TestREADMEFit: the README's fit table is what the command it names prints.
+func TestREADMEFit(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"fit", "--markdown"}
+	if !strings.Contains(string(readme), "`oomdbg "+strings.Join(args, " ")+"`") {
+		t.Errorf("the README does not name oomdbg %s", strings.Join(args, " "))
+	}
+	code, stdout, stderr := runCmd(args...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(string(readme), stdout) {
+		t.Errorf("the README lacks the table of oomdbg %s (regenerate it):\n%s", strings.Join(args, " "), stdout)
 	}
 }
