@@ -114,7 +114,7 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 				rep.print(cmd.OutOrStdout(), ff.markdown)
 			}
 			if sig := caught(); sig != nil {
-				return &signalError{sig: sig, path: "(none: fit writes no snapshot)"}
+				return &fitStopped{signalError{sig: sig}}
 			}
 			return nil
 		},
@@ -133,6 +133,13 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 	cmd.Flags().BoolVar(&ff.markdown, "markdown", false, "print the plans as a markdown table")
 	cmd.Flags().BoolVar(&ff.explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
 	return cmd
+}
+
+// fitStopped ends a search stopped by a signal, with the shell's exit code for it (signalError's).
+type fitStopped struct{ signalError }
+
+func (e *fitStopped) Error() string {
+	return fmt.Sprintf("stopped by %s; what is printed is what was found until then", signalName(e.sig))
 }
 
 func gpuNames() []string {
