@@ -45,6 +45,8 @@ func TestFitPlansRunAsListed(t *testing.T) {
 		"gpt2-medium on 24 GiB": {args: nil, workload: []string{"--preset", "gpt2-medium"}},
 		"llama-3.2-1b with LoRA and QLoRA allowed on 16 GiB": {args: []string{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB", "--allow", "lora,qlora", "--plans", "4"},
 			workload: []string{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB"}},
+		"gpt2-small on 4 GPUs of 6 GiB with ZeRO and offload allowed": {args: []string{"--preset", "gpt2-small", "--gpus", "4", "--gpu-mem", "6GiB", "--allow", "zero,offload", "--plans", "3"},
+			workload: []string{"--preset", "gpt2-small", "--gpus", "4", "--gpu-mem", "6GiB"}},
 		"gpt2-medium on 4 GiB": {args: []string{"--gpu-mem", "4GiB"}, nothing: true, noPlans: true,
 			workload: []string{"--preset", "gpt2-medium", "--gpu-mem", "4GiB"}},
 	}
