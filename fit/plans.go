@@ -299,6 +299,7 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Bug = "" // plans are of the fixed loop, as trials run it
 	top := o.Top
 	if top <= 0 {
 		top = DefaultTop

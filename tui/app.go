@@ -170,6 +170,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.fixes.onStream(msg)
 	case fixChunkMsg:
 		return m, m.fixes.onChunk(msg)
+	case fitPlansMsg:
+		m.fixes.onFitPlans(msg, m)
+		return m, nil
 	case fixResultMsg:
 		m.fixes.onResult(msg)
 		m.timeline.after = m.fixes.afterIndex()

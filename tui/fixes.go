@@ -30,6 +30,7 @@ type fixesPane struct {
 	progress *snapshot.Snapshot // the re-run as it streams in
 	stream   *stream
 	err      error
+	fit      fitList // the plans that fit (fitplans.go)
 }
 
 // The rows of the pane, each a setting with its choices.
@@ -278,6 +279,9 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	if p.base == nil {
 		return nil
 	}
+	if cmd, ok := p.fitKey(msg, m); ok {
+		return cmd
+	}
 	k := m.keys
 	switch {
 	case key.Matches(msg, k.Up):
@@ -462,7 +466,11 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 	if p.base == nil {
 		return s.Muted.Render(ansi.Truncate("fixes re-run oomdbg's own workloads; this snapshot did not come from one", w, "…"))
 	}
-	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)", w, "…"))}
+	if p.fit.open {
+		lines := p.fitView(s, w)
+		return strings.Join(lines[:min(len(lines), h)], "\n")
+	}
+	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)"+p.fitHint(), w, "…"))}
 	for _, r := range p.rows() {
 		line := fmt.Sprintf("%-21s %s", fixRowNames[r], choiceCells(p.choices(r), p.choice[r], w-22))
 		line = ansi.Truncate(line, w, "…")

@@ -23,6 +23,7 @@ type KeyMap struct {
 	Filter, Sort             key.Binding
 	Toggle, Rerun            key.Binding
 	AllFrames, NextDevice    key.Binding
+	Fit                      key.Binding // the fixes pane's plans that fit
 	Help, Quit               key.Binding
 }
 
@@ -68,6 +69,7 @@ func DefaultKeyMap() KeyMap {
 		Rerun:       b("r", "re-run", "r"),
 		AllFrames:   b("a", "all frames", "a"),
 		NextDevice:  b("d", "next device", "d"),
+		Fit:         b("f", "plans that fit", "f"),
 		Help:        b("?", "help", "?"),
 		Quit:        b("q", "quit", "q", "ctrl+c"),
 	}
@@ -84,6 +86,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
 }

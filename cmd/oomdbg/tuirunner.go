@@ -30,9 +30,19 @@ func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
 
 // Record implements tui.Runner: it records w's configuration with its device and fixes applied.
 func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) error {
+	cfg, err := configOf(w)
+	if err != nil {
+		return err
+	}
+	_, err = train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
+	return err
+}
+
+// configOf is w's configuration with its device and fixes applied.
+func configOf(w tui.Workload) (train.Config, error) {
 	var cfg train.Config
 	if err := json.Unmarshal(w.Spec, &cfg); err != nil {
-		return err
+		return cfg, err
 	}
 	// The TUI's choices are words; they are parsed here, where they enter the workload.
 	f := w.Fixes
@@ -44,15 +54,14 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 		{&cfg.Weights, f.Weights}, {&cfg.LoRATargets, f.LoRATargets}, {&cfg.Parallel.Strategy, f.Parallel},
 		{&cfg.Parallel.Offload, f.Offload}} {
 		if err := set.v.UnmarshalText([]byte(set.text)); err != nil {
-			return err
+			return cfg, err
 		}
 	}
 	cfg.Batch, cfg.Accum, cfg.Bug, cfg.LoRA, cfg.QLoRA = f.Batch, f.Accum, f.Bug, f.LoRA, f.QLoRA
 	if cfg.LoRA == 0 { // a full fine-tune has no adapter to scale or drop out
 		cfg.LoRAAlpha, cfg.LoRADropout = 0, 0
 	}
-	_, err := train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
-	return err
+	return cfg, nil
 }
 
 // tuiWorkload is cfg as the TUI sees it.

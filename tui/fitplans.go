@@ -1,0 +1,152 @@
+package tui
+
+import (
+	"context"
+	"fmt"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+)
+
+// Planner finds the plans of fixes that fit the workload's card, cheapest first (oomdbg fit). A Runner that
+// is also a Planner lets the fixes pane list them and re-run the one chosen.
+type Planner interface {
+	Plans(ctx context.Context, w Workload) ([]FitPlan, error)
+}
+
+// FitPlan is one plan: its fixes, in the fixes pane's words, and what the planner measured and estimated.
+type FitPlan struct {
+	Name         string // what it changes, e.g. "bf16 autocast, checkpoint all"
+	Fixes        Fixes
+	PeakReserved int64
+	StepTime     float64 // estimated seconds per optimizer step
+}
+
+// fitPlansMsg is a finished search for plans.
+type fitPlansMsg struct {
+	plans []FitPlan
+	err   error
+}
+
+// fitList is the fixes pane's list of plans: closed, searching, or open with one selected.
+type fitList struct {
+	open, busy bool
+	plans      []FitPlan
+	selected   int
+	err        error
+	cancel     context.CancelFunc
+}
+
+// fitKey handles the fit key, and the list's keys while it is open; ok says the key was the list's.
+func (p *fixesPane) fitKey(msg tea.KeyPressMsg, m *Model) (tea.Cmd, bool) {
+	k := m.keys
+	l := &p.fit
+	switch {
+	case key.Matches(msg, k.Fit) && !l.open:
+		planner, ok := p.run.(Planner)
+		if !ok || p.running != nil {
+			return nil, true
+		}
+		ctx, cancel := context.WithCancel(m.ctx)
+		*l = fitList{open: true, busy: true, cancel: cancel}
+		m.setStatus("fit: searching for the plans that fit on the meta device…", false)
+		w := *p.base
+		return func() tea.Msg {
+			plans, err := planner.Plans(ctx, w)
+			return fitPlansMsg{plans: plans, err: err}
+		}, true
+	case !l.open:
+		return nil, false
+	case key.Matches(msg, k.Back), key.Matches(msg, k.Fit):
+		if l.cancel != nil {
+			l.cancel()
+		}
+		*l = fitList{}
+	case key.Matches(msg, k.Up):
+		l.selected = max(l.selected-1, 0)
+	case key.Matches(msg, k.Down):
+		l.selected = min(l.selected+1, max(len(l.plans)-1, 0))
+	case key.Matches(msg, k.Detail, k.Rerun):
+		if l.busy || len(l.plans) == 0 {
+			return nil, true
+		}
+		plan := l.plans[l.selected]
+		*l = fitList{}
+		return p.applyPlan(plan, m), true
+	}
+	return nil, true
+}
+
+// onFitPlans shows the plans found, the cheapest selected.
+func (p *fixesPane) onFitPlans(msg fitPlansMsg, m *Model) {
+	if !p.fit.open { // closed meanwhile
+		return
+	}
+	p.fit.busy, p.fit.plans, p.fit.err, p.fit.selected = false, msg.plans, msg.err, 0
+	switch {
+	case msg.err != nil:
+		m.setStatus("fit failed: "+msg.err.Error(), true)
+	case len(msg.plans) == 0:
+		m.setStatus("fit: no plan fits this card", true)
+	default:
+		m.setStatus(fmt.Sprintf("fit: %d plans fit; enter re-runs the one selected", len(msg.plans)), false)
+	}
+}
+
+// applyPlan sets the rows to the plan's choices where they offer them and re-runs the workload with the
+// plan's fixes.
+func (p *fixesPane) applyPlan(plan FitPlan, m *Model) tea.Cmd {
+	w := *p.base
+	w.Fixes, w.Device = plan.Fixes, "meta"
+	saved := *p.base
+	p.base.Fixes = plan.Fixes // the rows name their choices from the base: choose the plan's, then restore
+	for r := range numFixRows {
+		if i := indexOf(p.choices(r), p.current(r)); i >= 0 {
+			p.choice[r] = i
+		}
+	}
+	*p.base = saved
+	if plan.Fixes.Bug == "" { // plans are of the fixed loop
+		if i := indexOf(p.choices(rowBug), "fixed"); i >= 0 {
+			p.choice[rowBug] = i
+		}
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	p.running, p.err, p.progress = cancel, nil, nil
+	m.setStatus("re-running with "+plan.Name+" on the meta device…", false)
+	return rerun(ctx, p.run, w)
+}
+
+// fitView is the list of plans, in place of the rows while it is open.
+func (p *fixesPane) fitView(s Styles, w int) []string {
+	l := &p.fit
+	lines := []string{s.Muted.Render(ansi.Truncate("plans that fit, cheapest first: ↑↓ choose, enter re-run, esc close", w, "…"))}
+	switch {
+	case l.busy:
+		return append(lines, s.Warn.Render("fit: searching…"))
+	case l.err != nil:
+		return append(lines, s.Error.Render(ansi.Truncate("fit failed: "+l.err.Error(), w, "…")))
+	case len(l.plans) == 0:
+		return append(lines, s.Muted.Render("no plan fits this card"))
+	}
+	for i, pl := range l.plans {
+		line := fmt.Sprintf("%2d %8.3f s %10s  %s", i+1, pl.StepTime, units.FormatSize(pl.PeakReserved), pl.Name)
+		line = ansi.Truncate(line, w, "…")
+		if i == l.selected {
+			line = s.Selected.Render(padRight(line, w))
+		}
+		lines = append(lines, line)
+	}
+	return append(lines, s.Muted.Render(ansi.Truncate("step time estimated on the GPU profile; peak reserved simulated", w, "…")))
+}
+
+// fitHint is the fixes pane's line about the fit key, when the runner can plan.
+func (p *fixesPane) fitHint() string {
+	if _, ok := p.run.(Planner); !ok {
+		return ""
+	}
+	return ", f plans that fit"
+}
