@@ -10,7 +10,6 @@ package fit
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -107,10 +106,4 @@ func (o Options) trial(ctx context.Context, cfg train.Config) (Trial, error) {
 		return t, ctx.Err()
 	}
 	return t, nil
-}
-
-// MarginNote says the rule a configuration is held to, for output and docs.
-func MarginNote(margin float64) string {
-	return fmt.Sprintf("fits: no OOM in %s and peak reserved <= (GPU memory - CUDA context) x %.0f%%",
-		"the simulated steps", 100*(1-margin))
 }
