@@ -424,3 +424,86 @@ func TestLeakThroughStrippedExport(t *testing.T) {
 		})
 	}
 }
+
+// TestPhasesAgainstRecording: the MLP and GPT workloads, exported to PyTorch's format, stripped to what
+// PyTorch 2.x records (the optimizer's regions kept), to what PyTorch before 2.0 records (no regions at all),
+// and to a snapshot recorded without stacks, import with the iterations the recording knew: every event of
+// the trace in its recorded iteration, so every boundary where it was, whatever the source. Where frames
+// remain, every event is in its recorded phase, or a neighbour of it is (a phase begins within one event
+// of where it began). Events are compared in trace order, without the markers only the recording has.
+func TestPhasesAgainstRecording(t *testing.T) {
+	gptCfg := gpt("")
+	gptCfg.Steps = 6
+	strips := []struct {
+		name   string
+		strip  func(testing.TB, []byte) []byte
+		source torch.IterationSource
+		phases bool
+	}{
+		{"pytorch 2", torchtest.StripToPyTorch, torch.IterationsOptimizerRegions, true},
+		{"no regions", torchtest.StripRegions, torch.IterationsOptimizerFrames, true},
+		{"no stacks", torchtest.StripFrames, torch.IterationsPeriodic, false},
+	}
+	for name, cfg := range map[string]train.Config{"mlp": mlp(""), "gpt": gptCfg} {
+		rec := leakstest.Record(t, cfg)
+		var buf bytes.Buffer
+		if err := export.TorchJSON(&buf, snapshot.NewTimeline(rec)); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range strips {
+			t.Run(name+"/"+st.name, func(t *testing.T) {
+				imp, err := torch.Import(st.strip(t, buf.Bytes()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o, _ := torch.OriginOf(imp); o.Iterations != st.source.String() {
+					t.Errorf("iterations %q, want %q", o.Iterations, st.source)
+				}
+				re, ie := traceEvents(rec), traceEvents(imp)
+				if len(re) != len(ie) {
+					t.Fatalf("%d trace events imported, %d recorded", len(ie), len(re))
+				}
+				wrongIter, wrongPhase, offByOne := 0, 0, 0
+				for i := range re {
+					if re[i].Iteration != ie[i].Iteration {
+						if wrongIter < 5 {
+							t.Errorf("event %d (%s): iteration %d, recorded %d", i, re[i].Action, ie[i].Iteration, re[i].Iteration)
+						}
+						wrongIter++
+					}
+					if !st.phases || re[i].Phase == ie[i].Phase {
+						continue
+					}
+					if i > 0 && re[i-1].Phase == ie[i].Phase || i+1 < len(re) && re[i+1].Phase == ie[i].Phase {
+						offByOne++
+						continue
+					}
+					if wrongPhase < 5 {
+						t.Errorf("event %d (%s, iteration %d): %s, recorded %s", i, re[i].Action, re[i].Iteration, ie[i].Phase, re[i].Phase)
+					}
+					wrongPhase++
+				}
+				t.Logf("%d events: %d in another iteration, %d in another phase, %d a phase boundary off by one", len(re), wrongIter, wrongPhase, offByOne)
+				if wrongIter+wrongPhase > 0 {
+					t.Errorf("%d events in another iteration and %d in another phase than recorded", wrongIter, wrongPhase)
+				}
+			})
+		}
+	}
+}
+
+// traceEvents returns the events a PyTorch trace holds: the allocator's, without the runtime's markers.
+func traceEvents(s *snapshot.Snapshot) []snapshot.Event {
+	var out []snapshot.Event
+	for _, e := range s.Events {
+		switch e.Action {
+		case snapshot.ActionPhase, snapshot.ActionIteration, snapshot.ActionCategory, snapshot.ActionRetain,
+			snapshot.ActionHeapDump, snapshot.ActionSample, snapshot.ActionAnnotation:
+			continue
+		}
+		if !s.Reconstructed(&e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -25,6 +25,9 @@ type Meta struct {
 	// optimizer trains (fewer under LoRA); both 0 when unknown (an imported snapshot).
 	Parameters          int64 `json:"parameters,omitempty"`
 	TrainableParameters int64 `json:"trainable_parameters,omitempty"`
+	// Iterations says where an importer found the iteration boundaries the events carry, e.g. "from
+	// Optimizer.step regions"; empty where the recording marked them itself.
+	Iterations string `json:"iterations,omitempty"`
 }
 
 // DeviceInfo describes one device of the recording.

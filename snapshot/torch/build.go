@@ -477,6 +477,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 	s.Meta.Workload = origin
 	inf := Infer(s)
 	im.origin.Iterations = inf.Iterations.String()
+	s.Meta.Iterations = im.origin.Iterations
 
 	type key struct {
 		dev  int16
@@ -533,6 +534,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 			}
 		}
 	}
+	placePhases(s, em.events, b)
 	n := len(em.events)
 	if need := n + len(b); need > cap(em.events) {
 		if err := em.reserve(need); err != nil {
@@ -559,6 +561,81 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 		em.events[i].Seq = uint64(i)
 	}
 	return nil
+}
+
+// placePhases gives the events of a trace with iterations b the phases oomdbg's runtime records where no
+// frame or region named one: setup before the first iteration, where the trace holds the whole run (nothing
+// was allocated before it: a ring buffer that wrapped begins mid-iteration, not in setup); data from an iteration's start to its first
+// event with a phase (the batch, as the boundaries place it); zero_grad from the first free of a gradient
+// after the optimizer's last allocation of the iteration, where zero_grad shows no region (set_to_none
+// frees the gradients; PyTorch records a free with its allocation's frames, so none name zero_grad); and
+// the phase before them for the events left at the end of an iteration (after an Optimizer.step region).
+// An iteration where nothing has a phase is left so.
+func placePhases(s *snapshot.Snapshot, events []snapshot.Event, b []Boundary) {
+	set := func(e *snapshot.Event, p snapshot.Phase) {
+		if !s.Reconstructed(e) {
+			e.Phase = p
+		}
+	}
+	whole := !slices.ContainsFunc(events, func(e snapshot.Event) bool { return s.Reconstructed(&e) })
+	for i := 0; whole && i < b[0].Seq; i++ {
+		if e := &events[i]; e.Phase == snapshot.PhaseNone {
+			set(e, snapshot.PhaseSetup)
+		}
+	}
+	for k := range b {
+		start, end := b[k].Seq, len(events)
+		if k+1 < len(b) {
+			end = b[k+1].Seq
+		}
+		it := events[start:end]
+		first := slices.IndexFunc(it, func(e snapshot.Event) bool { return e.Phase != snapshot.PhaseNone })
+		if first < 0 {
+			continue
+		}
+		for i := range first {
+			set(&it[i], snapshot.PhaseData)
+		}
+		zeroGradFrees(s, it)
+		last := snapshot.PhaseNone
+		for i := first; i < len(it); i++ {
+			if it[i].Phase != snapshot.PhaseNone {
+				last = it[i].Phase
+			} else {
+				set(&it[i], last)
+			}
+		}
+	}
+}
+
+// zeroGradFrees finds zero_grad in one iteration's events where no region marked it: the frees of gradients
+// after the optimizer's last allocation, through the optimizer's events (or those of no phase) that follow.
+func zeroGradFrees(s *snapshot.Snapshot, it []snapshot.Event) {
+	lastStep := -1
+	for i := range it {
+		switch e := &it[i]; {
+		case e.Phase == snapshot.PhaseZeroGrad:
+			return
+		case e.Phase == snapshot.PhaseOptimizer && e.Action == snapshot.ActionAlloc:
+			lastStep = i
+		}
+	}
+	if lastStep < 0 {
+		return
+	}
+	from := -1
+	for i := lastStep + 1; i < len(it); i++ {
+		e := &it[i]
+		if e.Phase != snapshot.PhaseOptimizer && e.Phase != snapshot.PhaseNone {
+			return
+		}
+		if from < 0 && e.Action == snapshot.ActionFreeRequested && e.Category == snapshot.CategoryGradient {
+			from = i
+		}
+		if from >= 0 && !s.Reconstructed(e) {
+			e.Phase = snapshot.PhaseZeroGrad
+		}
+	}
 }
 
 // emitter writes the events in order, inferring phases and iterations as it goes.

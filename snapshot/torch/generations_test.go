@@ -231,6 +231,11 @@ func checkPhases(t *testing.T, s *snapshot.Snapshot, phases, iterations bool) {
 		// Optimizer.step#Adam.step ended before the free: the phase ends with it.
 		want[at{snapshot.ActionFreeCompleted, addrL}] = snapshot.PhaseNone
 	}
+	if phases && !iterations {
+		// Found from the optimizer's frames, iteration 0 begins with it: no frame places it, so it is
+		// the batch.
+		want[at{snapshot.ActionAlloc, addrS}] = snapshot.PhaseData
+	}
 	if !phases {
 		for k := range want {
 			want[k] = snapshot.PhaseNone

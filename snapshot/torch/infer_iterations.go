@@ -21,6 +21,9 @@ const (
 	// IterationsForwardBackward: each forward that follows a backward begins an iteration (with gradient
 	// accumulation, each micro-batch counts as one).
 	IterationsForwardBackward
+	// IterationsPeriodic: nothing names a phase, but the allocations repeat (the same sizes from the same
+	// stacks), and memory rises and falls within each repetition as training's does.
+	IterationsPeriodic
 )
 
 var iterationSourceNames = [...]string{
@@ -29,6 +32,7 @@ var iterationSourceNames = [...]string{
 	IterationsOptimizerRegions: "from Optimizer.step regions",
 	IterationsOptimizerFrames:  "from the optimizer's frames",
 	IterationsForwardBackward:  "from forward following backward",
+	IterationsPeriodic:         "from the trace's repeating allocations",
 }
 
 // String says where the iterations come from, e.g. "from Optimizer.step regions".
@@ -57,6 +61,9 @@ func (t *trace) iterations() (IterationSource, []Boundary) {
 			b[k] = Boundary{Seq: t.scanBack(s, 0), Iteration: int32(k)}
 		}
 		return IterationsForwardBackward, b
+	}
+	if b := t.periodic(); len(b) > 0 {
+		return IterationsPeriodic, b
 	}
 	return IterationsNone, nil
 }
