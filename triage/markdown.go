@@ -80,8 +80,12 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 	for _, d := range r.Devices {
 		fmt.Fprintf(w, "- **device**: %s\n", deviceLine(d))
+		if len(r.Devices) > 1 {
+			fmt.Fprintf(w, "  - %s\n", deviceMemoryLine(d))
+		}
 	}
 	fmt.Fprintf(w, "- **snapshot**: %s\n", sourceLine(r.Source))
+	fmt.Fprintf(w, "- **iterations**: %s\n", r.Source.Iterations)
 	fmt.Fprintf(w, "- **peak**: %s allocated at event %d (%s); reserved peaked at %s\n",
 		units.FormatSize(r.Peak.Allocated), r.Peak.Event, where(r.Peak.Iteration, r.Peak.Phase), units.FormatSize(r.Peak.Reserved))
 	if o := r.OOM; o != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // WriteText writes the report for a terminal: sections of aligned text, the phases of the first, last, peak
@@ -45,8 +46,12 @@ func (r *Report) writeText(w io.Writer) {
 	}
 	for _, d := range r.Devices {
 		fmt.Fprintf(w, "device     %s\n", deviceLine(d))
+		if len(r.Devices) > 1 { // the sections below sum the devices
+			fmt.Fprintf(w, "           %s\n", deviceMemoryLine(d))
+		}
 	}
 	fmt.Fprintf(w, "snapshot   %s\n", sourceLine(r.Source))
+	fmt.Fprintf(w, "iterations %s\n", r.Source.Iterations)
 
 	fmt.Fprintf(w, "\nPEAK  %s allocated at event %d (%s); reserved peaked at %s\n",
 		units.FormatSize(r.Peak.Allocated), r.Peak.Event, where(r.Peak.Iteration, r.Peak.Phase), units.FormatSize(r.Peak.Reserved))
@@ -162,6 +167,13 @@ func deviceLine(d Device) string {
 	return s
 }
 
+// deviceMemoryLine gives one device's own peak and final memory.
+func deviceMemoryLine(d Device) string {
+	return fmt.Sprintf("peak %s allocated at event %d, %s reserved; after the last event %s allocated, %s reserved",
+		units.FormatSize(d.PeakAllocated), d.PeakEvent, units.FormatSize(d.PeakReserved), units.FormatSize(d.EndAllocated),
+		units.FormatSize(d.EndReserved))
+}
+
 func sourceLine(src Source) string {
 	type count struct {
 		name string
@@ -213,18 +225,31 @@ func sourceLine(src Source) string {
 	return s
 }
 
-// where says where an event is: "iteration 3, backward", "setup"; for a trace without phase markers, its
-// iteration tag if it has one.
-func where(iteration int32, phase string) string {
+// Where names the place of an event in a run, as every report and view says it: "iteration 3, backward";
+// "setup" before the first iteration; "forward, outside any iteration" for an event no iteration holds (a
+// trace of forward passes only, or before the first boundary an importer found); "iteration 3" where
+// nothing names the phase, and "no phase markers" where nothing names either.
+func Where(iteration int32, phase snapshot.Phase) string {
 	switch {
-	case phase == "none" && iteration < 0:
+	case phase == snapshot.PhaseNone && iteration < 0:
 		return "no phase markers"
-	case phase == "none":
+	case phase == snapshot.PhaseNone:
 		return fmt.Sprintf("iteration %d", iteration)
-	case iteration < 0:
+	case iteration < 0 && phase == snapshot.PhaseSetup:
 		return "setup"
+	case iteration < 0:
+		return phase.String() + ", outside any iteration"
 	}
 	return fmt.Sprintf("iteration %d, %s", iteration, phase)
+}
+
+// where is Where of a phase as the report names it.
+func where(iteration int32, phase string) string {
+	p, ok := snapshot.ParsePhase(phase)
+	if !ok {
+		return fmt.Sprintf("iteration %d, %s", iteration, phase)
+	}
+	return Where(iteration, p)
 }
 
 func iterationName(it int32) string {

@@ -82,6 +82,9 @@ type Source struct {
 	EventsByAction        map[string]int `json:"events_by_action"`
 	ReconstructedByAction map[string]int `json:"reconstructed_by_action"`
 	Allocations           int            `json:"allocations"`
+	// Iterations says where the iteration boundaries come from: the recording's markers, or what the
+	// importer found them from ("from Optimizer.step regions"), or "none: ..." when there are none.
+	Iterations string `json:"iterations_source"`
 	// Complete is false for a snapshot cut short (Warning says where) or written without a footer.
 	Complete bool   `json:"complete"`
 	Warning  string `json:"warning"`
@@ -93,13 +96,22 @@ type Source struct {
 	TrainableParameters *int64 `json:"trainable_parameters"`
 }
 
-// Device is a device of the recording.
+// Device is a device of the recording, and its own memory: on a snapshot of several devices the peak and
+// the other sections sum them, so each device's figures are given here.
 type Device struct {
 	Index          int    `json:"index"`
 	Name           string `json:"name"`
 	Kind           string `json:"kind"`
 	Capacity       int64  `json:"capacity"`
 	ContextReserve int64  `json:"context_reserve"`
+	// PeakAllocated is the device's highest allocated memory, first reached after PeakEvent (an event of
+	// the whole snapshot); PeakReserved its highest reserved memory. EndAllocated and EndReserved are the
+	// device's memory after the last event.
+	PeakAllocated int64 `json:"peak_allocated"`
+	PeakEvent     int   `json:"peak_event"`
+	PeakReserved  int64 `json:"peak_reserved"`
+	EndAllocated  int64 `json:"end_allocated"`
+	EndReserved   int64 `json:"end_reserved"`
 }
 
 // Peak is the highest allocated memory and what was alive then.
@@ -310,7 +322,7 @@ func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
 		opts.Top = 10
 	}
 	s := tl.Snapshot()
-	r := &Report{Format: Format, Source: source(s, tl, opts.File), Devices: devices(s.Meta)}
+	r := &Report{Format: Format, Source: source(s, tl, opts.File), Devices: devices(tl)}
 	r.Peak = peak(tl, opts.Top)
 	r.scopes = allScopes(s, tl.LiveAt(r.Peak.Event, nil))
 	r.OOM = oom(tl, opts.Top)
@@ -347,6 +359,13 @@ func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
 	}
 	if s.Warning != nil {
 		src.Warning = s.Warning.Error()
+	}
+	src.Iterations = s.Meta.Iterations
+	if src.Iterations == "" {
+		src.Iterations = "none: the recording marks no iteration"
+		if slices.ContainsFunc(tl.Iterations(), func(it snapshot.IterationSpan) bool { return it.Iteration >= 0 }) {
+			src.Iterations = "from the recording's iteration markers"
+		}
 	}
 	var rebuilt [snapshot.NumActions]int
 	if s.Meta.Source != "oomdbg" { // only importers rebuild state
@@ -417,10 +436,32 @@ func workloadSummary(raw json.RawMessage) string {
 	return joinComma(parts)
 }
 
-func devices(m snapshot.Meta) []Device {
-	out := make([]Device, 0, len(m.Devices))
-	for _, d := range m.Devices {
-		out = append(out, Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve})
+// devices describes each device of the recording with its own memory: the whole snapshot's where it holds
+// one device, else each device's view (snapshot.DeviceView).
+func devices(tl *snapshot.Timeline) []Device {
+	s := tl.Snapshot()
+	out := make([]Device, 0, len(s.Meta.Devices))
+	for _, d := range s.Meta.Devices {
+		dev := Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve}
+		view, seqs, err := s.DeviceView(d.Index)
+		dtl := tl
+		switch {
+		case err != nil: // the device holds no events: nothing allocated
+			out = append(out, dev)
+			continue
+		case seqs != nil:
+			dtl = snapshot.NewTimeline(view)
+		}
+		if n := dtl.Len(); n > 0 {
+			pk := dtl.Peak(snapshot.Allocated)
+			dev.PeakAllocated, dev.PeakEvent = pk.Bytes, pk.Seq
+			if seqs != nil {
+				dev.PeakEvent = seqs[pk.Seq]
+			}
+			dev.PeakReserved = dtl.Peak(snapshot.Reserved).Bytes
+			dev.EndAllocated, dev.EndReserved = dtl.Allocated(n-1), dtl.Reserved(n-1)
+		}
+		out = append(out, dev)
 	}
 	return out
 }
