@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -421,9 +422,11 @@ func TestAllocatorSettings(t *testing.T) {
 	}
 }
 
-// memoryVizScript runs PyTorch's own text tools on an export: torch.cuda._memory_viz.segsum (which asserts
-// that every segment's blocks add up) and trace (a replay of every device's entries). It prints a skip reason
-// when PyTorch is not installed.
+// memoryVizScript runs PyTorch's own _memory_viz on an export. Since 2.1 it has segsum (which asserts that
+// every segment's blocks add up) and trace (a replay of every device's entries). Before (Debian's 1.13) it
+// has stats, which asserts the same and sums the bytes of each block state, and segments, whose folded
+// stacks ("stream_S;seg_ADDR;state size", one line per block) are what its flame graph draws; the formatter
+// is replaced by the identity so that flamegraph.pl is not fetched.
 const memoryVizScript = `
 import json, pickle, sys
 from torch.cuda import _memory_viz
@@ -434,15 +437,15 @@ snap = DataOnly(open(sys.argv[1], "rb")).load()
 if hasattr(_memory_viz, "segsum"):
     print(json.dumps({"Segsum": _memory_viz.segsum(snap), "Trace": _memory_viz.trace(snap), "HasTrace": True}))
 else:
-    # PyTorch before 2.1 (Debian's 1.13) has stats(), which asserts that every segment's blocks add up to
-    # its total_size, and no trace helper.
     st = _memory_viz.stats(snap["segments"])
-    print(json.dumps({"Segsum": "segments: %d\ntotal_reserved: %d\n" % (st["segments"], st["total_size"].value), "Trace": "", "HasTrace": False}))
+    folded = _memory_viz.segments(snap["segments"], format_flamegraph=lambda s: s)
+    print(json.dumps({"Stats": {k: getattr(v, "value", v) for k, v in st.items()}, "Folded": folded, "HasTrace": False}))
 `
 
-// TestTorchMemoryVizHelpers has PyTorch's _memory_viz read the exports: segsum (stats before PyTorch 2.1)
-// asserts that every segment's blocks add up, and trace, where the installed PyTorch has it, replays every
-// device's entries.
+// TestTorchMemoryVizHelpers has PyTorch's _memory_viz read the exports. With PyTorch 2.1 or later, segsum
+// and trace: every segment adds up, and the replay counts every entry and shows the OOM. Before, stats and
+// segments: every segment adds up (stats asserts it), stats counts the segments, the reserved bytes and the
+// allocated bytes the export ends with, and the flame graph's input gives each segment its total size.
 func TestTorchMemoryVizHelpers(t *testing.T) {
 	version := torchtest.Require(t)
 	for _, name := range []string{"fixture", "oom", "expandable"} {
@@ -452,31 +455,53 @@ func TestTorchMemoryVizHelpers(t *testing.T) {
 				s = recorded(t, name)
 			}
 			var got struct {
-				Segsum, Trace string
-				HasTrace      bool
+				Segsum, Trace, Folded string
+				Stats                 map[string]int64
+				HasTrace              bool
 			}
 			torchtest.Run(t, memoryVizScript, &got, writeTemp(t, "snapshot.pickle", exportBytes(t, torchPickle, s)))
-			var reserved int64
-			for _, sg := range s.Footer.Segments {
-				reserved += sg.Size
+			tl := snapshot.NewTimeline(s)
+			segs := segmentsAt(tl, tl.Len()-1)
+			if len(segs) == 0 {
+				t.Fatal("the recording ends with no segment: nothing to compare")
 			}
-			for _, want := range []string{fmt.Sprintf("segments: %d\n", len(s.Footer.Segments)), "total_reserved: "} {
+			var reserved int64
+			bySeg := map[string]int64{}
+			for _, sg := range segs {
+				reserved += sg.Size
+				bySeg[fmt.Sprintf("seg_%d", sg.Addr)] = sg.Size
+			}
+			if !got.HasTrace {
+				t.Logf("PyTorch %s: stats and segments checked (no segsum or trace before 2.1)", version)
+				allocated := tl.Allocated(tl.Len() - 1)
+				if got.Stats["segments"] != int64(len(segs)) || got.Stats["total_size"] != reserved || got.Stats["active_allocated"] != allocated {
+					t.Errorf("stats %v; want %d segments, total_size %d, active_allocated %d", got.Stats, len(segs), reserved, allocated)
+				}
+				drawn := map[string]int64{}
+				for line := range strings.Lines(got.Folded) {
+					stack, size, ok := strings.Cut(strings.TrimSpace(line), " ")
+					n, err := strconv.ParseInt(size, 10, 64)
+					parts := strings.Split(stack, ";")
+					if !ok || err != nil || len(parts) < 3 {
+						t.Fatalf("segments printed %q", line)
+					}
+					drawn[parts[1]] += n
+				}
+				if !maps.Equal(drawn, bySeg) {
+					t.Errorf("the flame graph draws %v by segment, the export's segments are %v", drawn, bySeg)
+				}
+				return
+			}
+			for _, want := range []string{fmt.Sprintf("segments: %d\n", len(segs)), "total_reserved: "} {
 				if !strings.Contains(got.Segsum, want) {
 					t.Errorf("segsum does not say %q:\n%s", want, got.Segsum)
 				}
-			}
-			if !got.HasTrace {
-				if want := fmt.Sprintf("total_reserved: %d\n", reserved); !strings.Contains(got.Segsum, want) {
-					t.Errorf("stats does not say %q:\n%s", want, got.Segsum)
-				}
-				t.Logf("PyTorch %s has no _memory_viz.trace: the trace replay is not checked", version)
-				return
 			}
 			entries := len(allocatorSeqs(s))
 			if !strings.Contains(got.Trace, fmt.Sprintf("%d entries\n", entries)) {
 				t.Errorf("trace does not count %d entries:\n%.2000s", entries, got.Trace)
 			}
-			if oom := snapshot.NewTimeline(s).OOMs(); len(oom) > 0 && !strings.Contains(got.Trace, "raise OutOfMemoryError()") {
+			if oom := tl.OOMs(); len(oom) > 0 && !strings.Contains(got.Trace, "raise OutOfMemoryError()") {
 				t.Errorf("trace does not show the OOM:\n%.2000s", got.Trace)
 			}
 		})
