@@ -42,6 +42,8 @@ type RecordedOOM struct {
 	Rounded      int64  `json:"rounded"`     // the rounded request
 	DeviceFree   int64  `json:"device_free"` // what the device had free, by the recording
 	StillHappens bool   `json:"still_happens"`
+	// Message is PyTorch's message for the model's refusal, when it still happens.
+	Message string `json:"message,omitempty"`
 }
 
 // WhatIf compares, for one device, the recording with replays under its own settings and under others.
@@ -229,7 +231,7 @@ func (t *deviceTrace) simulate(cfg alloc.Config, capacity uint64) (Outcome, erro
 					return o, err
 				}
 			case errors.As(err, &oom):
-				r.StillHappens = true
+				r.StillHappens, r.Message = true, oom.Error()
 			default:
 				return o, fmt.Errorf("replay: event %d: %w", e.Seq, err)
 			}

@@ -1,0 +1,345 @@
+package transform
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Checkpointing says which of the repeated blocks run under activation checkpointing: every Every-th, from
+// the first (1: all).
+type Checkpointing struct{ Every int }
+
+// ParseCheckpointing reads "all" or "every:N" (N > 0).
+func ParseCheckpointing(s string) (Checkpointing, error) {
+	if s == "all" {
+		return Checkpointing{Every: 1}, nil
+	}
+	if n, ok := strings.CutPrefix(s, "every:"); ok {
+		if v, err := strconv.Atoi(n); err == nil && v > 0 && v <= 1<<20 {
+			return Checkpointing{Every: v}, nil
+		}
+	}
+	return Checkpointing{}, fmt.Errorf("unknown checkpointing %q (want all or every:N with N > 0)", s)
+}
+
+func (c Checkpointing) String() string {
+	if c.Every == 1 {
+		return "all"
+	}
+	return "every:" + strconv.Itoa(c.Every)
+}
+
+// Checkpoint runs the model's repeated blocks (the module list whose scopes read prefix.0, prefix.1, ...,
+// e.g. transformer.h.<i>) under activation checkpointing, as torch.utils.checkpoint does: the block's forward
+// runs without grad, so of what it allocates only its output (the next block's input, which the checkpoint
+// saves) outlives it, and what backward would have used is released by the block's end; just before the
+// block's backward its forward allocations are made again (phase recompute) and backward releases them as
+// it did. The block's output is taken to be its last allocation alive at its end.
+func Checkpoint(c Checkpointing) Transform {
+	name := "checkpoint " + c.String()
+	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
+		if c.Every < 1 {
+			return nil, "", fmt.Errorf("%s: N must be above 0", name)
+		}
+		if err := t.requireTags(name, true, false); err != nil {
+			return nil, "", err
+		}
+		return checkpoint(t, c, name)
+	}}
+}
+
+// blocks finds the repeated blocks of a trace's scopes: the prefix with the most distinct indices, and each
+// scope's block index (-1: none).
+func (t *trace) blocks() (prefix string, count int, of map[snapshot.StringID]int) {
+	indices := map[string]map[int]bool{}
+	seen := map[snapshot.StringID]bool{}
+	for i := range t.events {
+		e := &t.events[i]
+		if e.Action != snapshot.ActionAlloc || e.Scope == 0 || seen[e.Scope] || int(e.Scope) >= len(t.strings) {
+			continue
+		}
+		seen[e.Scope] = true
+		parts := strings.Split(t.strings[e.Scope], ".")
+		for k := 1; k < len(parts); k++ {
+			if n, err := strconv.Atoi(parts[k]); err == nil && n >= 0 && parts[k] == strconv.Itoa(n) {
+				p := strings.Join(parts[:k], ".")
+				if indices[p] == nil {
+					indices[p] = map[int]bool{}
+				}
+				indices[p][n] = true
+			}
+		}
+	}
+	for p, ns := range indices {
+		if len(ns) > count || (len(ns) == count && len(p) < len(prefix)) {
+			prefix, count = p, len(ns)
+		}
+	}
+	of = map[snapshot.StringID]int{}
+	if count < 2 {
+		return "", 0, of
+	}
+	for id := range seen {
+		rest, ok := strings.CutPrefix(t.strings[id], prefix+".")
+		if !ok {
+			continue
+		}
+		idx, _, _ := strings.Cut(rest, ".")
+		if n, err := strconv.Atoi(idx); err == nil && idx == strconv.Itoa(n) {
+			of[id] = n
+		}
+	}
+	return prefix, count, of
+}
+
+// consumerReturns returns where the module that saved a tensor made in scope made returns to their common
+// parent: the event before the first one, after saved, outside the parent's child that holds the saver (the
+// caller drops the tensor when that child returns), or last.
+func (t *trace) consumerReturns(saved int, made snapshot.StringID, last int) int {
+	if int(made) >= len(t.strings) || int(t.events[saved].Scope) >= len(t.strings) {
+		return last
+	}
+	p, q := strings.Split(t.strings[made], "."), strings.Split(t.strings[t.events[saved].Scope], ".")
+	n := 0
+	for n < len(p) && n < len(q) && p[n] == q[n] {
+		n++
+	}
+	if n >= len(q) {
+		return saved
+	}
+	child := strings.Join(q[:n+1], ".")
+	for j := saved + 1; j <= last; j++ {
+		e := &t.events[j]
+		if e.Action != snapshot.ActionAlloc || int(e.Scope) >= len(t.strings) {
+			continue
+		}
+		if sc := t.strings[e.Scope]; sc != child && !strings.HasPrefix(sc, child+".") {
+			return j - 1
+		}
+	}
+	return last
+}
+
+// span is where one block's events lie in one forward or backward pass: [first, last].
+type span struct{ first, last int }
+
+// passBlocks finds, in the pass of phase p beginning at event start, each block's span, and the index of the
+// event ending the pass.
+func (t *trace) passBlocks(start int, blockOf func(snapshot.StringID) (int, bool)) (map[int]span, int) {
+	spans := map[int]span{}
+	i := start + 1
+	for ; i < len(t.events); i++ {
+		e := &t.events[i]
+		if e.Action == snapshot.ActionPhase || e.Action == snapshot.ActionIteration {
+			break
+		}
+		if n, ok := blockOf(e.Scope); ok {
+			s, seen := spans[n]
+			if !seen {
+				s.first = i
+			}
+			s.last = i
+			spans[n] = s
+		}
+	}
+	return spans, i
+}
+
+func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) {
+	prefix, count, of := t.blocks()
+	if count < 2 {
+		return nil, "", &MissingTagsError{name, "scope (module) tags with repeated blocks (such as transformer.h.<i>)"}
+	}
+	blockOf := func(id snapshot.StringID) (int, bool) {
+		n, ok := of[id]
+		return n, ok && n%c.Every == 0
+	}
+	bs := t.index()
+
+	// What to add before and after events, and how to rewrite the events that refer to saved blocks.
+	before := map[int][]snapshot.Event{}
+	after := map[int][]snapshot.Event{}
+	type redirect struct {
+		from, until int    // events in [from, until) referring to the block are dropped ...
+		at          int    // ... and from at on they refer to to (at < 0: never)
+		to          uint64 // the recomputed copy
+	}
+	redirects := map[uint64]redirect{}
+	out := t.derive(len(t.events) * 2)
+	var passes, recomputed int
+	var savedBytes, maxSaved int64
+	blocksDone := map[int]bool{}
+
+	for i := 0; i < len(t.events); i++ {
+		e := &t.events[i]
+		if e.Action != snapshot.ActionPhase || e.Phase != snapshot.PhaseForward {
+			continue
+		}
+		fwd, end := t.passBlocks(i, blockOf)
+		if len(fwd) == 0 {
+			continue
+		}
+		// The backward pass that follows, in the same iteration.
+		var bwd map[int]span
+		bwdMarker := -1
+		for j := end; j < len(t.events); j++ {
+			f := &t.events[j]
+			if f.Action != snapshot.ActionPhase {
+				continue
+			}
+			if f.Phase == snapshot.PhaseBackward && f.Iteration == e.Iteration {
+				bwdMarker = j
+				bwd, _ = t.passBlocks(j, blockOf)
+			}
+			if f.Phase != snapshot.PhaseBackward && f.Phase != snapshot.PhaseRecompute {
+				if bwdMarker >= 0 || f.Phase == snapshot.PhaseForward || f.Phase == snapshot.PhaseOptimizer {
+					break
+				}
+			}
+		}
+		passes++
+		var passSaved int64
+		for n, fs := range fwd {
+			// The block's allocations alive at its end: its output and what backward would use.
+			var survivors []uint64
+			output := -1
+			for j := fs.first; j <= fs.last; j++ {
+				f := &t.events[j]
+				if f.Action != snapshot.ActionAlloc {
+					continue
+				}
+				if _, ok := blockOf(f.Scope); !ok {
+					continue
+				}
+				if b := bs[f.Addr]; b.free < 0 || b.free > fs.last {
+					survivors = append(survivors, f.Addr)
+					output = len(survivors) - 1
+				}
+			}
+			if output < 0 {
+				continue
+			}
+			blocksDone[n] = true
+			saved := append(survivors[:output:output], survivors[output+1:]...)
+			bspan, hasBackward := bwd[n]
+			for _, a := range saved {
+				b := bs[a]
+				ae := t.events[b.alloc]
+				// Without grad, a tensor is released once the op that reads it returns: where autograd saved
+				// it (its category event), else at the block's next allocation.
+				at, next := -1, fs.last
+				for j := b.alloc + 1; j < fs.last; j++ {
+					f := &t.events[j]
+					if f.Action == snapshot.ActionCategory && f.Addr == a {
+						at = j
+						break
+					}
+					if f.Action == snapshot.ActionAlloc && next == fs.last {
+						if _, ok := blockOf(f.Scope); ok {
+							next = j
+						}
+					}
+				}
+				if at >= 0 && t.events[at].Scope != ae.Scope {
+					at = t.consumerReturns(at, ae.Scope, fs.last)
+				}
+				if at < 0 {
+					at = next
+				}
+				fr := freeEvents(t.events[at], a, ae.Size, ae.BlockSize)
+				after[at] = append(after[at], fr[0], fr[1])
+				passSaved += ae.Size
+				r := redirect{from: at + 1, until: len(t.events), at: -1}
+				if hasBackward {
+					r.until = bspan.first
+				}
+				redirects[a] = r
+			}
+			if !hasBackward {
+				continue
+			}
+			// The recompute, just before the block's backward.
+			recomputed++
+			bm := t.events[bwdMarker]
+			rc := []snapshot.Event{{Time: bm.Time, Action: snapshot.ActionPhase, Device: bm.Device,
+				Phase: snapshot.PhaseRecompute, Iteration: bm.Iteration}}
+			copyOf := map[uint64]uint64{}
+			for j := fs.first; j <= fs.last; j++ {
+				f := t.events[j]
+				switch f.Action {
+				case snapshot.ActionAlloc:
+					if _, ok := blockOf(f.Scope); !ok {
+						continue
+					}
+					copyOf[f.Addr] = out.fresh()
+					f.Addr = copyOf[f.Addr]
+				case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+					a, ok := copyOf[f.Addr]
+					if !ok {
+						continue
+					}
+					f.Addr = a
+				default:
+					continue
+				}
+				f.Phase, f.Time, f.Iteration = snapshot.PhaseRecompute, bm.Time, bm.Iteration
+				rc = append(rc, f)
+			}
+			resume := bm
+			resume.Time = t.events[bspan.first].Time
+			rc = append(rc, resume)
+			before[bspan.first] = append(before[bspan.first], rc...)
+			// The saved blocks' copies go where backward released the originals; the output's copy, and a
+			// copy whose original backward never released, go at the block's backward end.
+			late := []uint64{survivors[output]}
+			for _, a := range saved {
+				r := redirects[a]
+				if b := bs[a]; b.free >= bspan.first {
+					r.at, r.to = bspan.first, copyOf[a]
+					redirects[a] = r
+				} else {
+					late = append(late, a)
+				}
+			}
+			for _, a := range late {
+				ae := t.events[bs[a].alloc]
+				fr := freeEvents(t.events[bspan.last], copyOf[a], ae.Size, ae.BlockSize)
+				after[bspan.last] = append(after[bspan.last], fr[0], fr[1])
+			}
+		}
+		savedBytes += passSaved
+		maxSaved = max(maxSaved, passSaved)
+		i = end - 1
+	}
+	if passes == 0 {
+		return nil, "", &MissingTagsError{name, "forward phase and block scope"}
+	}
+
+	for i := range t.events {
+		out.events = append(out.events, before[i]...)
+		e := t.events[i]
+		switch e.Action {
+		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+			if r, ok := redirects[e.Addr]; ok {
+				switch {
+				case r.at >= 0 && i >= r.at:
+					e.Addr = r.to
+				case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
+					continue
+				}
+			}
+		}
+		out.events = append(out.events, e)
+		out.events = append(out.events, after[i]...)
+	}
+	line := fmt.Sprintf("%s: %d of the %d blocks of %s checkpointed in %d forward passes; up to %s of what each "+
+		"pass saved for backward is released at each block's end and made again before the block's backward "+
+		"(%d recomputes); assumes a block's last allocation alive at its end is its output, and that without "+
+		"grad what backward would have used is released by the block's end", name, len(blocksDone), count,
+		prefix, passes, units.FormatSize(maxSaved), recomputed)
+	return out, line, nil
+}

@@ -1,0 +1,180 @@
+package transform
+
+import (
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Optimizer names an optimizer by the state it keeps per parameter.
+type Optimizer string
+
+// The optimizers a trace can be moved to.
+const (
+	SGD      Optimizer = "sgd"      // no state
+	Momentum Optimizer = "momentum" // one buffer per parameter
+	Adam     Optimizer = "adam"     // exp_avg and exp_avg_sq per parameter
+	AdamW    Optimizer = "adamw"    // as Adam
+)
+
+// ParseOptimizer reads an optimizer's name.
+func ParseOptimizer(s string) (Optimizer, error) {
+	switch o := Optimizer(s); o {
+	case SGD, Momentum, Adam, AdamW:
+		return o, nil
+	}
+	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam or adamw)", s)
+}
+
+// states is how many state tensors the optimizer keeps per parameter.
+func (o Optimizer) states() int {
+	switch o {
+	case Momentum:
+		return 1
+	case Adam, AdamW:
+		return 2
+	}
+	return 0
+}
+
+// SwitchOptimizer moves the trace to optimizer o. The recorded optimizer is read off the trace: its
+// optimizer_state blocks per gradient alive at the first optimizer step (2 or more: Adam-like, 1: momentum,
+// 0: SGD). State is removed down to o's count per gradient (one gradient-sized buffer kept per gradient for
+// momentum), or added at the first optimizer step, one gradient-sized buffer per state and gradient. The
+// optimizer step's temporaries (Adam's foreach lists) are removed when moving to SGD or momentum, whose
+// foreach steps without weight decay work in place; when moving to Adam they are not added, so its step's
+// peak is a lower bound.
+func SwitchOptimizer(o Optimizer) Transform {
+	name := "optimizer " + string(o)
+	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
+		if _, err := ParseOptimizer(string(o)); err != nil {
+			return nil, "", err
+		}
+		if err := t.requireTags(name, true, true); err != nil {
+			return nil, "", err
+		}
+		return switchOptimizer(t, o, name)
+	}}
+}
+
+func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error) {
+	start := -1
+	for i := range t.events {
+		if e := &t.events[i]; e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseOptimizer {
+			start = i
+			break
+		}
+	}
+	if start < 0 {
+		return nil, "", &MissingTagsError{name, "optimizer phase"}
+	}
+	bs := t.index()
+	var grads []uint64 // the gradients alive at the first optimizer step, in order of allocation
+	for i := 0; i < start; i++ {
+		e := &t.events[i]
+		if e.Action != snapshot.ActionAlloc {
+			continue
+		}
+		if b := bs[e.Addr]; b.gradAt >= 0 && b.gradAt < start && (b.free < 0 || b.free > start) {
+			grads = append(grads, e.Addr)
+		}
+	}
+	if len(grads) == 0 {
+		return nil, "", &MissingTagsError{name, "gradient category"}
+	}
+	var states []uint64
+	var stateBytes int64
+	for i := range t.events {
+		e := &t.events[i]
+		if e.Action == snapshot.ActionAlloc && bs[e.Addr].has(snapshot.CategoryOptimizerState) {
+			states = append(states, e.Addr)
+			stateBytes += e.Size
+		}
+	}
+	perGrad := float64(len(states)) / float64(len(grads))
+	recorded := SGD
+	switch {
+	case perGrad >= 1.5:
+		recorded = AdamW
+	case perGrad >= 0.5:
+		recorded = Momentum
+	}
+	recordedName := map[Optimizer]string{SGD: "SGD", Momentum: "momentum", AdamW: "Adam/AdamW"}[recorded]
+	if recorded.states() == o.states() {
+		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
+			name, len(states), units.FormatSize(stateBytes), recordedName), nil
+	}
+
+	drop := map[uint64]bool{}
+	var add int
+	var dropTemps int
+	var tempBytes int64
+	if o.states() < recorded.states() {
+		// Keep o.states() buffers the size of each gradient, the first ones made; drop the rest.
+		want := map[int64]int{}
+		for _, g := range grads {
+			want[bs[g].size] += o.states()
+		}
+		for _, a := range states {
+			if b := bs[a]; want[b.size] > 0 {
+				want[b.size]--
+			} else {
+				drop[a] = true
+			}
+		}
+		// The step's temporaries: what the optimizer allocates and never makes anything else.
+		const temp = 1<<snapshot.CategoryTemporary | 1<<snapshot.CategoryUnknown | 1<<snapshot.CategoryAutogradDetail
+		for i := range t.events {
+			e := &t.events[i]
+			if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer && bs[e.Addr].cats&^temp == 0 {
+				drop[e.Addr] = true
+				dropTemps++
+				tempBytes += e.Size
+			}
+		}
+	} else {
+		add = o.states() - recorded.states()
+	}
+	out := t.derive(len(t.events) + add*len(grads))
+	var dropped int
+	var droppedBytes, addedBytes int64
+	for i := range t.events {
+		e := t.events[i]
+		switch e.Action {
+		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+			if drop[e.Addr] {
+				if e.Action == snapshot.ActionAlloc && bs[e.Addr].has(snapshot.CategoryOptimizerState) {
+					dropped++
+					droppedBytes += e.Size
+				}
+				continue
+			}
+		}
+		out.events = append(out.events, e)
+		if i == start && add > 0 { // the new state, made lazily at the first step
+			for range add {
+				for _, g := range grads {
+					ge := t.events[bs[g].alloc]
+					s := snapshot.Event{Time: e.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
+						Addr: out.fresh(), Size: ge.Size, BlockSize: ge.BlockSize, Phase: snapshot.PhaseOptimizer,
+						Iteration: e.Iteration, Category: snapshot.CategoryOptimizerState, Scope: ge.Scope}
+					out.events = append(out.events, s)
+					addedBytes += ge.Size
+				}
+			}
+		}
+	}
+	var line string
+	if add > 0 {
+		line = fmt.Sprintf("%s: the recording's optimizer (%s, %d state blocks for %d gradients) gets %d more "+
+			"gradient-sized buffers (%s) at its first step; the step's own temporaries are not added, so its peak "+
+			"is a lower bound", name, recordedName, len(states), len(grads), add*len(grads), units.FormatSize(addedBytes))
+	} else {
+		line = fmt.Sprintf("%s: removed %d of the %d optimizer state blocks of the recording's %s (%s) and its "+
+			"step's %d temporaries (%s requested in all); assumes no weight decay, which in SGD adds a temporary per "+
+			"parameter", name, dropped, len(states), recordedName, units.FormatSize(droppedBytes), dropTemps,
+			units.FormatSize(tempBytes))
+	}
+	return out, line, nil
+}

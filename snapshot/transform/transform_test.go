@@ -1,0 +1,272 @@
+package transform_test
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/transform"
+)
+
+// craft builds a trace event by event.
+type craft struct {
+	s     *snapshot.Snapshot
+	phase snapshot.Phase
+	iter  int32
+}
+
+func newCraft() *craft {
+	return &craft{s: &snapshot.Snapshot{Strings: []string{""}}, iter: -1}
+}
+
+func (c *craft) str(v string) snapshot.StringID {
+	for i, s := range c.s.Strings {
+		if s == v {
+			return snapshot.StringID(i)
+		}
+	}
+	c.s.Strings = append(c.s.Strings, v)
+	return snapshot.StringID(len(c.s.Strings) - 1)
+}
+
+func (c *craft) add(e snapshot.Event) {
+	e.Seq, e.Phase, e.Iteration = uint64(len(c.s.Events)), c.phase, c.iter
+	c.s.Events = append(c.s.Events, e)
+}
+
+func (c *craft) begin(p snapshot.Phase, iter int32) {
+	c.phase, c.iter = p, iter
+	c.add(snapshot.Event{Action: snapshot.ActionPhase})
+}
+
+func (c *craft) alloc(addr uint64, size int64, cat snapshot.Category, scope string) {
+	c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: addr, Size: size, BlockSize: (size + 511) / 512 * 512,
+		Category: cat, Scope: c.str(scope)})
+}
+
+func (c *craft) free(addr uint64, size int64) {
+	bs := (size + 511) / 512 * 512
+	c.add(snapshot.Event{Action: snapshot.ActionFreeRequested, Addr: addr, Size: size, BlockSize: bs})
+	c.add(snapshot.Event{Action: snapshot.ActionFreeCompleted, Addr: addr, Size: size, BlockSize: bs})
+}
+
+func (c *craft) category(addr uint64, cat snapshot.Category) {
+	c.add(snapshot.Event{Action: snapshot.ActionCategory, Addr: addr, Category: cat})
+}
+
+// step is one training iteration of a one-linear model: weight 4096 B, input 10000 B, an activation of
+// 20000 B saved for backward, a weight gradient of 4096 B that becomes .grad, two Adam states at the first
+// step and an optimizer temporary.
+func step(c *craft, it int32) {
+	base := uint64(it+1) << 20
+	c.begin(snapshot.PhaseData, it)
+	c.alloc(base+0x1000, 10000, snapshot.CategoryInput, "")
+	c.begin(snapshot.PhaseForward, it)
+	c.alloc(base+0x10000, 20000, snapshot.CategoryTemporary, "fc")
+	c.category(base+0x10000, snapshot.CategoryActivation)
+	c.begin(snapshot.PhaseBackward, it)
+	c.alloc(base+0x20000, 20000, snapshot.CategoryAutogradDetail, "fc")
+	c.alloc(base+0x30000, 4096, snapshot.CategoryAutogradDetail, "fc")
+	c.category(base+0x30000, snapshot.CategoryGradient)
+	c.free(base+0x20000, 20000)
+	c.free(base+0x10000, 20000)
+	c.free(base+0x1000, 10000)
+	c.begin(snapshot.PhaseOptimizer, it)
+	if it == 0 {
+		c.alloc(0x900000, 4096, snapshot.CategoryOptimizerState, "optimizer")
+		c.alloc(0x910000, 4096, snapshot.CategoryOptimizerState, "optimizer")
+	}
+	c.alloc(base+0x40000, 4096, snapshot.CategoryTemporary, "optimizer")
+	c.free(base+0x40000, 4096)
+	c.begin(snapshot.PhaseZeroGrad, it)
+	c.free(base+0x30000, 4096)
+}
+
+func model(steps int) *snapshot.Snapshot {
+	c := newCraft()
+	c.begin(snapshot.PhaseSetup, -1)
+	c.alloc(0x800000, 4096, snapshot.CategoryParameter, "fc")
+	for it := range steps {
+		step(c, int32(it))
+	}
+	return c.s
+}
+
+// sizes returns the requested size of every allocation, in order.
+func sizes(s *snapshot.Snapshot) []int64 {
+	var out []int64
+	for _, e := range s.Events {
+		if e.Action == snapshot.ActionAlloc {
+			out = append(out, e.Size)
+		}
+	}
+	return out
+}
+
+// peak walks the block sizes of allocations and frees: the most allocated at once.
+func peak(s *snapshot.Snapshot) int64 {
+	var cur, p int64
+	live := map[uint64]int64{}
+	for _, e := range s.Events {
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			if _, dup := live[e.Addr]; dup {
+				panic("address allocated twice")
+			}
+			live[e.Addr] = e.BlockSize
+			cur += e.BlockSize
+			p = max(p, cur)
+		case snapshot.ActionFreeRequested:
+			if _, ok := live[e.Addr]; !ok {
+				panic("free of a block not allocated")
+			}
+			cur -= live[e.Addr]
+			delete(live, e.Addr)
+		}
+	}
+	return p
+}
+
+func TestBatchScaleScalesWhatDependsOnTheBatch(t *testing.T) {
+	in := model(1)
+	before := sizes(in)
+	out, lines, err := transform.Apply(in, transform.BatchScale(0.5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// parameter, input, activation, activation gradient, weight gradient, two states, temporary.
+	want := []int64{4096, 5000, 10000, 10000, 4096, 4096, 4096, 4096}
+	if got := sizes(out); !reflect.DeepEqual(got, want) {
+		t.Errorf("sizes %v, want %v", got, want)
+	}
+	for _, e := range out.Events {
+		if e.Action == snapshot.ActionAlloc && e.Size == 5000 && e.BlockSize != 5120 { // 5000 rounded up to 512
+			t.Errorf("input block %d, want 5120", e.BlockSize)
+		}
+	}
+	if !reflect.DeepEqual(sizes(in), before) {
+		t.Error("Apply changed its input")
+	}
+	if len(lines) != 1 || lines[0] == "" {
+		t.Errorf("assumption lines %q", lines)
+	}
+}
+
+func TestAccumulateRepeatsMicroSteps(t *testing.T) {
+	out, _, err := transform.Apply(model(2), transform.Accumulate(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per iteration: two micro-steps of input 5000, activation 10000, activation gradient 10000; the
+	// weight gradient made by the first (4096), made again by the second and released once added.
+	var forwards, grads int
+	for _, e := range out.Events {
+		if e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseForward {
+			forwards++
+		}
+		if e.Action == snapshot.ActionAlloc && e.Size == 4096 && e.Phase == snapshot.PhaseBackward {
+			grads++
+		}
+	}
+	if forwards != 4 || grads != 4 {
+		t.Errorf("%d forwards and %d weight gradients made, want 4 and 4", forwards, grads)
+	}
+	// The peak: parameter 4096 + 2 states 8192 + gradient 4096 and the second micro-step's gradient being
+	// added (4096) do not meet the backward's: 4096 + 5120 + 10240 + 10240 + 4096 = 33792 in the first
+	// micro-step; in the second the gradient already exists and its new one is made: 4096 + 4096 + 5120 +
+	// 10240 + 10240 + 4096 = 37888 (iteration 0); in iteration 1 the 8192 of state are there too.
+	if got, want := peak(out), int64(37888+8192); got != want {
+		t.Errorf("peak %d, want %d", got, want)
+	}
+}
+
+func TestSwitchToSGDRemovesStateAndTemporaries(t *testing.T) {
+	out, _, err := transform.Apply(model(2), transform.SwitchOptimizer(transform.SGD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range out.Events {
+		if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer {
+			t.Errorf("an optimizer allocation is left: %+v", e)
+		}
+	}
+}
+
+func TestZeroingKeepsGradients(t *testing.T) {
+	out, _, err := transform.Apply(model(3), transform.ZeroGrad(transform.Zeroing))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live int64
+	for _, e := range out.Events {
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			live += e.BlockSize
+		case snapshot.ActionFreeRequested:
+			live -= e.BlockSize
+		}
+	}
+	// At the end: the parameter, two states and the one gradient kept since the first backward.
+	if live != 4*4096 {
+		t.Errorf("%d bytes live at the end, want %d", live, 4*4096)
+	}
+}
+
+func TestMissingTagsAreRefused(t *testing.T) {
+	c := newCraft()
+	c.alloc(0x1000, 1000, snapshot.CategoryUnknown, "")
+	c.free(0x1000, 1000)
+	for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.Accumulate(2),
+		transform.SwitchOptimizer(transform.SGD), transform.ZeroGrad(transform.Zeroing),
+		transform.Checkpoint(transform.Checkpointing{Every: 1})} {
+		_, _, err := transform.Apply(c.s, tr)
+		var missing *transform.MissingTagsError
+		if !errors.As(err, &missing) {
+			t.Errorf("%s: error %v, want a MissingTagsError", tr.Name, err)
+		}
+	}
+}
+
+func TestCheckpointRecomputesBeforeBackward(t *testing.T) {
+	c := newCraft()
+	c.begin(snapshot.PhaseSetup, -1)
+	c.begin(snapshot.PhaseForward, 0)
+	c.alloc(0x100, 1000, snapshot.CategoryInput, "")
+	for i, blk := range []string{"h.0", "h.1"} {
+		a := uint64(0x1000 * (i + 1))
+		c.alloc(a, 8000, snapshot.CategoryTemporary, blk+".fc") // saved for backward
+		c.category(a, snapshot.CategoryActivation)
+		c.alloc(a+0x100, 2000, snapshot.CategoryTemporary, blk) // the block's output
+	}
+	c.begin(snapshot.PhaseBackward, 0)
+	for i, blk := range []string{"h.1", "h.0"} {
+		a := uint64(0x1000 * (2 - i))
+		c.alloc(a+0x200, 2000, snapshot.CategoryAutogradDetail, blk+".fc")
+		c.free(a, 8000)
+		c.free(a+0x100, 2000)
+		c.free(a+0x200, 2000)
+	}
+	out, _, err := transform.Apply(c.s, transform.Checkpoint(transform.Checkpointing{Every: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without checkpointing: 1000 + 2*(8192+2048) + 2048 = 23528 at h.1's backward. With it, the forward
+	// keeps the input and the outputs (1024 + 2048 + 2048); h.1's recompute adds 8192 + 2048 and its
+	// backward 2048: 17408.
+	if got, want := peak(c.s), int64(1024+2*(8192+2048)+2048); got != want {
+		t.Fatalf("the crafted trace peaks at %d, want %d", got, want)
+	}
+	if got, want := peak(out), int64(1024+2048+2048+8192+2048+2048); got != want {
+		t.Errorf("peak %d, want %d", got, want)
+	}
+	var recompute int
+	for _, e := range out.Events {
+		if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseRecompute {
+			recompute++
+		}
+	}
+	if recompute != 4 {
+		t.Errorf("%d allocations recomputed, want 4", recompute)
+	}
+}
