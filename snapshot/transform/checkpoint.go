@@ -36,9 +36,11 @@ func (c Checkpointing) String() string {
 // Checkpoint runs the model's repeated blocks (the module list whose scopes read prefix.0, prefix.1, ...,
 // e.g. transformer.h.<i>) under activation checkpointing, as torch.utils.checkpoint does: the block's forward
 // runs without grad, so of what it allocates only its output (the next block's input, which the checkpoint
-// saves) outlives it, and what backward would have used is released by the block's end; just before the
-// block's backward its forward allocations are made again (phase recompute) and backward releases them as
-// it did. The block's output is taken to be its last allocation alive at its end.
+// saves) outlives it: a tensor backward would have used is released when the module that read it returns
+// (read off where autograd saved it and the scopes that follow), or at the block's next allocation when it
+// saved itself; just before the block's backward its forward allocations are made again (phase recompute)
+// and backward releases them as it did. The block's output is taken to be its last allocation alive at its
+// end.
 func Checkpoint(c Checkpointing) Transform {
 	name := "checkpoint " + c.String()
 	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
@@ -152,7 +154,7 @@ func (t *trace) passBlocks(start int, blockOf func(snapshot.StringID) (int, bool
 func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) {
 	prefix, count, of := t.blocks()
 	if count < 2 {
-		return nil, "", &MissingTagsError{name, "scope (module) tags with repeated blocks (such as transformer.h.<i>)"}
+		return nil, "", &MissingTagsError{name, "scope (module, with repeated blocks such as transformer.h.<i>)"}
 	}
 	blockOf := func(id snapshot.StringID) (int, bool) {
 		n, ok := of[id]
@@ -171,7 +173,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 	redirects := map[uint64]redirect{}
 	out := t.derive(len(t.events) * 2)
 	var passes, recomputed int
-	var savedBytes, maxSaved int64
+	var maxSaved int64
 	blocksDone := map[int]bool{}
 
 	for i := 0; i < len(t.events); i++ {
@@ -311,7 +313,6 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 				after[bspan.last] = append(after[bspan.last], fr[0], fr[1])
 			}
 		}
-		savedBytes += passSaved
 		maxSaved = max(maxSaved, passSaved)
 		i = end - 1
 	}
@@ -336,10 +337,10 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		out.events = append(out.events, e)
 		out.events = append(out.events, after[i]...)
 	}
-	line := fmt.Sprintf("%s: %d of the %d blocks of %s checkpointed in %d forward passes; up to %s of what each "+
-		"pass saved for backward is released at each block's end and made again before the block's backward "+
+	line := fmt.Sprintf("%s: %d of the %d blocks of %s checkpointed in %d forward passes; up to %s of what a "+
+		"pass saved for backward is released in the forward and made again before each block's backward "+
 		"(%d recomputes); assumes a block's last allocation alive at its end is its output, and that without "+
-		"grad what backward would have used is released by the block's end", name, len(blocksDone), count,
+		"grad a tensor is released when the module that read it returns", name, len(blocksDone), count,
 		prefix, passes, units.FormatSize(maxSaved), recomputed)
 	return out, line, nil
 }

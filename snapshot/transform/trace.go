@@ -23,8 +23,8 @@ type MissingTagsError struct {
 }
 
 func (e *MissingTagsError) Error() string {
-	return fmt.Sprintf("%s needs the %s tags of the trace, which it lacks "+
-		"(a PyTorch snapshot has them only where oomdbg infers them)", e.Transform, e.Tags)
+	return fmt.Sprintf("%s needs the trace's %s tags, which it lacks: PyTorch's snapshots do not record "+
+		"them, and oomdbg's inference of iterations, phases, categories and modules is what brings them", e.Transform, e.Tags)
 }
 
 // Apply runs the transformations on s in order and returns the new trace and one assumption line per

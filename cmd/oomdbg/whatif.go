@@ -1,0 +1,298 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/transform"
+	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+)
+
+// whatIfOptions are the fixes `oomdbg whatif` applies, parsed.
+type whatIfOptions struct {
+	batchScale float64
+	accum      int
+	optimizer  string
+	zeroGrad   string
+	checkpoint string
+	allocConf  string
+	amp        string
+	gpuMem     uint64
+	changed    func(string) bool
+}
+
+// transforms parses the options into the transformations, in the order they compose: checkpointing
+// first (it works on the recorded passes), then the batch and accumulation, zero_grad, the optimizer.
+func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error) {
+	var ts []transform.Transform
+	if o.changed("amp") {
+		return nil, nil, errors.New("--amp: mixed precision cannot be read off a trace: a trace records sizes, not " +
+			"dtypes, so which tensors would halve is unknown; simulate the model instead (oomdbg run --amp bf16 ...)")
+	}
+	if o.changed("checkpoint") {
+		c, err := transform.ParseCheckpointing(o.checkpoint)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--checkpoint: %w", err)
+		}
+		ts = append(ts, transform.Checkpoint(c))
+	}
+	if o.changed("batch-scale") {
+		if !(o.batchScale > 0 && o.batchScale <= 64) {
+			return nil, nil, fmt.Errorf("--batch-scale %g: want a factor above 0 and at most 64", o.batchScale)
+		}
+		if o.batchScale != 1 {
+			ts = append(ts, transform.BatchScale(o.batchScale))
+		}
+	}
+	if o.changed("accum") {
+		if o.accum < 2 || o.accum > 64 {
+			return nil, nil, fmt.Errorf("--accum %d: want 2 to 64 micro-batches", o.accum)
+		}
+		ts = append(ts, transform.Accumulate(o.accum))
+	}
+	if o.changed("zero-grad") {
+		m, err := transform.ParseZeroGradMode(o.zeroGrad)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--zero-grad: %w", err)
+		}
+		ts = append(ts, transform.ZeroGrad(m))
+	}
+	if o.changed("optimizer") {
+		opt, err := transform.ParseOptimizer(o.optimizer)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--optimizer: %w", err)
+		}
+		ts = append(ts, transform.SwitchOptimizer(opt))
+	}
+	var cfg *alloc.Config
+	if o.changed("alloc-conf") {
+		c, err := alloc.ParseConfig(o.allocConf)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--alloc-conf %q: %w", o.allocConf, err)
+		}
+		cfg = &c
+	}
+	if len(ts) == 0 && cfg == nil {
+		return nil, nil, errors.New("no fix given: add --batch-scale, --accum, --optimizer, --zero-grad, --checkpoint or --alloc-conf")
+	}
+	return ts, cfg, nil
+}
+
+// newWhatIfCmd is `oomdbg whatif FILE [fixes]`.
+func newWhatIfCmd() *cobra.Command {
+	var (
+		o      whatIfOptions
+		asJSON bool
+		mem    memory
+	)
+	cmd := &cobra.Command{
+		Use:   "whatif FILE",
+		Short: "Apply fixes to a recorded trace and replay it: would the run still run out of memory?",
+		Long: `Change a recorded trace the way a fix would change the program's requests to the caching allocator,
+replay it through oomdbg's model of the allocator, and print the peak allocated and reserved memory and
+whether the run fits, before and after, with PyTorch's message where it does not.
+
+The fixes read the trace's tags (phase, iteration, category, module scope); oomdbg's recordings carry them
+all. A trace that lacks what a fix needs is refused, never guessed. Each fix says what it assumed, with
+its figures. A trace that ends in an out-of-memory error is changed as far as it was recorded: what would
+have come after was never recorded. Mixed precision cannot be read off a trace (dtypes are not recorded).
+
+The device's capacity is --gpu-mem, else the recorded device's (less the CUDA context), else the memory
+reserved at a recorded OOM plus what the device reported free. See docs/whatif.md.`,
+		Example: `  oomdbg whatif run.oomdbg --batch-scale 0.5
+  oomdbg whatif run.oomdbg --accum 4 --optimizer sgd
+  oomdbg whatif run.oomdbg --checkpoint every:2 --alloc-conf expandable_segments:True --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.changed = cmd.Flags().Changed
+			ts, cfg, err := o.transforms()
+			if err != nil {
+				return err
+			}
+			s, err := load.File(args[0], load.WithBudget(mem.budget(costReplay)))
+			if err != nil {
+				return memoryError(err, &mem)
+			}
+			rep, err := whatIf(s, ts, cfg, o.gpuMem)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			rep.File = filepath.Base(args[0])
+			if asJSON {
+				return rep.writeJSON(cmd.OutOrStdout())
+			}
+			return rep.writeText(cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.Float64Var(&o.batchScale, "batch-scale", 1, "multiply the batch by this factor, e.g. 0.5")
+	f.IntVar(&o.accum, "accum", 1, "accumulate gradients over K micro-batches of batch/K")
+	f.StringVar(&o.optimizer, "optimizer", "", "switch the optimizer: sgd, momentum, adam or adamw")
+	f.StringVar(&o.zeroGrad, "zero-grad", "", "zero_grad mode: none (set_to_none) or zero")
+	f.StringVar(&o.checkpoint, "checkpoint", "", "activation checkpointing of the repeated blocks: all or every:N")
+	f.StringVar(&o.allocConf, "alloc-conf", "", "allocator settings for the replay after, as PYTORCH_CUDA_ALLOC_CONF")
+	f.StringVar(&o.amp, "amp", "", "mixed precision: refused, since a trace does not record dtypes")
+	f.Var(sizeFlag{&o.gpuMem, maxSize}, "gpu-mem", "device memory the allocator may use, e.g. 24GiB (binary units)")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	addMemoryFlag(f, &mem)
+	return cmd
+}
+
+// whatIfSide is one replay's result.
+type whatIfSide struct {
+	PeakAllocated int64  `json:"peak_allocated"`
+	PeakReserved  int64  `json:"peak_reserved"`
+	OOM           bool   `json:"oom"`
+	Message       string `json:"message,omitempty"` // PyTorch's message for the OOM
+	Settings      string `json:"settings"`
+}
+
+// whatIfReport is what `oomdbg whatif` prints.
+type whatIfReport struct {
+	File         string     `json:"file"`
+	Fixes        []string   `json:"fixes"`
+	Device       int        `json:"device"`
+	Capacity     uint64     `json:"capacity"` // 0: unknown (unlimited)
+	CapacityFrom string     `json:"capacity_from"`
+	Before       whatIfSide `json:"before"`
+	After        whatIfSide `json:"after"`
+	Assumptions  []string   `json:"assumptions"`
+	// Unrecorded says what the trace never recorded, when it ends in an out-of-memory error.
+	Unrecorded string   `json:"unrecorded,omitempty"`
+	Notes      []string `json:"notes,omitempty"`
+}
+
+// whatIf applies ts to s, replays the trace before and after (after under cfg when given) and compares.
+func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, gpuMem uint64) (*whatIfReport, error) {
+	recorded, _ := replay.RecordedSettings(s)
+	afterCfg := recorded
+	if cfg != nil {
+		afterCfg = *cfg
+	}
+	before, _, err := replay.CompareSettings(s, recorded, gpuMem)
+	if errors.Is(err, replay.ErrNoTrace) {
+		return nil, fmt.Errorf("%w; record one with torch.cuda.memory._record_memory_history()", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	changed, lines, err := transform.Apply(s, ts...)
+	if err != nil {
+		return nil, err
+	}
+	w := before[0]
+	for _, c := range before[1:] { // the device that peaks highest
+		if c.Baseline.PeakReserved > w.Baseline.PeakReserved {
+			w = c
+		}
+	}
+	after, _, err := replay.CompareSettings(changed, afterCfg, w.Capacity)
+	if err != nil {
+		return nil, err
+	}
+	rep := &whatIfReport{Device: w.Device, Capacity: w.Capacity, CapacityFrom: w.CapacityFrom,
+		Before: side(w.Baseline), Assumptions: lines}
+	for _, t := range ts {
+		rep.Fixes = append(rep.Fixes, t.Name)
+	}
+	if cfg != nil {
+		rep.Fixes = append(rep.Fixes, "alloc-conf "+cfg.String())
+		was := recorded.String()
+		if was == "" {
+			was = "PyTorch's defaults"
+		}
+		rep.Assumptions = append(rep.Assumptions, fmt.Sprintf("alloc-conf: the requests replayed after under %s, "+
+			"before under the recorded settings (%s)", cfg.String(), was))
+	}
+	for _, a := range after {
+		if a.Device == w.Device {
+			rep.After = side(a.Candidate)
+		}
+	}
+	if len(before) > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the trace has %d devices: device %d, whose reserved memory peaks highest, is shown",
+			len(before), w.Device))
+	}
+	if w.Capacity == 0 {
+		rep.Notes = append(rep.Notes, "no device capacity is known: give --gpu-mem to see whether the run fits")
+	}
+	if w.RecordedOOMs > 0 {
+		rep.Unrecorded = "the recording ends in an out-of-memory error: the figures are for the part that was " +
+			"recorded; what would have come after it was never recorded (record with a fix that lets the step " +
+			"finish, or simulate the model with oomdbg run)"
+	}
+	return rep, nil
+}
+
+// side reads one replay's outcome.
+func side(o replay.Outcome) whatIfSide {
+	s := whatIfSide{PeakAllocated: o.PeakAllocated, PeakReserved: o.PeakReserved, Settings: o.Settings}
+	if o.OOM != nil {
+		s.OOM, s.Message = true, o.OOM.Message
+	}
+	for _, r := range o.RecordedOOMs {
+		if r.StillHappens && !s.OOM {
+			s.OOM, s.Message = true, r.Message
+		}
+	}
+	return s
+}
+
+func (r *whatIfReport) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func (r *whatIfReport) writeText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s\n", r.File, strings.Join(r.Fixes, ", "))
+	verdict := func(s whatIfSide) string {
+		switch {
+		case s.OOM:
+			return "out of memory"
+		case r.Capacity == 0:
+			return "unknown"
+		case r.Unrecorded != "":
+			return "fits so far"
+		}
+		return "fits"
+	}
+	capacity := "unknown"
+	if r.Capacity > 0 {
+		capacity = units.FormatSize(r.Capacity) + " (" + r.CapacityFrom + ")"
+	}
+	fmt.Fprintf(&b, "device %d, capacity %s\n\n", r.Device, capacity)
+	fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", "", "before", "after", "change")
+	row := func(name string, x, y int64) {
+		fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", name, units.FormatSize(x), units.FormatSize(y), units.FormatChange(y-x))
+	}
+	row("peak allocated", r.Before.PeakAllocated, r.After.PeakAllocated)
+	row("peak reserved", r.Before.PeakReserved, r.After.PeakReserved)
+	fmt.Fprintf(&b, "  %-16s %14s %14s\n", "verdict", verdict(r.Before), verdict(r.After))
+	if r.After.OOM {
+		fmt.Fprintf(&b, "\nafter: %s\n", r.After.Message)
+	}
+	b.WriteString("\nassumes:\n")
+	for _, a := range r.Assumptions {
+		fmt.Fprintf(&b, "  - %s\n", a)
+	}
+	if r.Unrecorded != "" {
+		fmt.Fprintf(&b, "\n%s\n", r.Unrecorded)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/transform"
+	"github.com/oomdbg/oomdbg/workloads/optim"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// whatIfShapes are the workloads the what-if transformations are held against: GPTs (nanoGPT's loop, AdamW)
+// and MLPs (Adam) of several shapes.
+func whatIfShapes() map[string]train.Config {
+	gpt := func(layers, heads, d, seq, vocab, batch int) train.Config {
+		c, err := train.PresetConfig("gpt2-small")
+		if err != nil {
+			panic(err)
+		}
+		c.Layers, c.Heads, c.DModel, c.Seq, c.Vocab, c.Batch, c.Steps = layers, heads, d, seq, vocab, batch, 3
+		return c
+	}
+	mlp := func(in, hidden, layers, classes, batch int) train.Config {
+		c := train.DefaultMLP()
+		c.InFeatures, c.Hidden, c.Layers, c.Classes, c.Batch, c.Steps = in, hidden, layers, classes, batch, 3
+		return c
+	}
+	return map[string]train.Config{
+		"gpt L4 d256 T256 B8":   gpt(4, 8, 256, 256, 2048, 8),
+		"gpt L6 d384 T128 B16":  gpt(6, 6, 384, 128, 4096, 16),
+		"gpt L3 d512 T512 B4":   gpt(3, 8, 512, 512, 1024, 4),
+		"mlp 1024x2048 L4 B512": mlp(1024, 2048, 4, 10, 512),
+		"mlp 256x4096 L3 B2048": mlp(256, 4096, 3, 100, 2048),
+	}
+}
+
+// whatIfFix is one fix: how the configuration records it directly, and the transformation that should
+// reproduce it from a recording without it.
+type whatIfFix struct {
+	name      string
+	config    func(c *train.Config) bool // false: the workload cannot record the fix
+	transform transform.Transform
+	tolerance float64 // on peak allocated
+}
+
+func whatIfFixes() []whatIfFix {
+	gptOnly := func(c *train.Config) bool { return c.Model == "gpt" }
+	return []whatIfFix{
+		{"batch/2", func(c *train.Config) bool { c.Batch /= 2; return true }, transform.BatchScale(0.5), 0.03},
+		{"batch/4 accum 4", func(c *train.Config) bool { c.Batch /= 4; c.Accum = 4; return true }, transform.Accumulate(4), 0.03},
+		{"sgd", func(c *train.Config) bool { c.Optimizer, c.WeightDecay = optim.SGD, 0; return true },
+			transform.SwitchOptimizer(transform.SGD), 0.03},
+		{"zero_grad zero", func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradZero; return true },
+			transform.ZeroGrad(transform.Zeroing), 0.03},
+		{"checkpoint all", func(c *train.Config) bool { c.Checkpoint = train.CheckpointAll; return gptOnly(c) },
+			transform.Checkpoint(transform.Checkpointing{Every: 1}), 0.05},
+		{"checkpoint every:2", func(c *train.Config) bool { c.Checkpoint = train.CheckpointEvery(2); return gptOnly(c) },
+			transform.Checkpoint(transform.Checkpointing{Every: 2}), 0.05},
+	}
+}
+
+// knownVerdictMisses are the cases whose verdict the what-if gets wrong, and why. They are reported, not
+// hidden: the test fails if one starts to agree, so the list stays true.
+var knownVerdictMisses = map[string]string{
+	"gpt L4 d256 T256 B8/checkpoint every:2 at -10%": "the capacity is 5% above the peak allocated bytes, which " +
+		"the what-if gets exactly; the recording fails a 16 MiB request with 15.85 MiB cached but split, the " +
+		"transformed trace's blocks are released in a slightly different order in the checkpointed forward " +
+		"and land where the request fits",
+}
+
+// recordRun records cfg on the meta device and reads the snapshot back.
+func recordRun(t *testing.T, cfg train.Config) (*snapshot.Snapshot, *train.Result) {
+	t.Helper()
+	var buf bytes.Buffer
+	res, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{ToolVersion: "test"})
+	if err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	s, err := snapshot.Read(&buf)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return s, res
+}
+
+// TestWhatIfMatchesRecordedFix is the what-if's ground truth: for each workload C and fix X, the recording
+// of C transformed by X and replayed must peak within the fix's tolerance of the recording of C+X made by
+// the runtime itself, and give the same verdict at a capacity 10% above and 10% below the direct
+// recording's peak reserved memory.
+func TestWhatIfMatchesRecordedFix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("records 5 workloads under 6 fixes")
+	}
+	var table strings.Builder
+	table.WriteString("| workload | fix | peak allocated: recorded | what-if | error | peak reserved: recorded | what-if | error | verdicts (+10%, -10%) |\n|---|---|---|---|---|---|---|---|---|\n")
+	shapes := whatIfShapes()
+	for _, shape := range slices.Sorted(maps.Keys(shapes)) {
+		base := shapes[shape]
+		s, _ := recordRun(t, base)
+		for _, fix := range whatIfFixes() {
+			direct := base
+			if !fix.config(&direct) {
+				continue
+			}
+			t.Run(shape+"/"+fix.name, func(t *testing.T) {
+				_, truth := recordRun(t, direct)
+				rep, err := whatIf(s, []transform.Transform{fix.transform}, nil, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				errAlloc := float64(rep.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
+				errRes := float64(rep.After.PeakReserved-truth.PeakReserved) / float64(truth.PeakReserved)
+				if math.Abs(errAlloc) > fix.tolerance {
+					t.Errorf("peak allocated %d, recorded %d: %+.2f%%, want within %.0f%%\n%s", rep.After.PeakAllocated,
+						truth.PeakAllocated, 100*errAlloc, 100*fix.tolerance, strings.Join(rep.Assumptions, "\n"))
+				}
+				var verdicts []string
+				for _, f := range []float64{1.1, 0.9} {
+					capacity := uint64(float64(truth.PeakReserved) * f)
+					tight := direct
+					tight.GPUMemory = capacity + tight.ContextReserve
+					_, tr := recordRun(t, tight)
+					got, err := whatIf(s, []transform.Transform{fix.transform}, nil, capacity)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := tr.OOM != nil
+					key := fmt.Sprintf("%s/%s at %+.0f%%", shape, fix.name, 100*(f-1))
+					switch reason, known := knownVerdictMisses[key]; {
+					case got.After.OOM != want && known:
+						t.Logf("%s: what-if says OOM %v, the recording %v: a known miss: %s", key, got.After.OOM, want, reason)
+					case got.After.OOM != want:
+						t.Errorf("%s (%d bytes): what-if says OOM %v, the recording %v", key, capacity, got.After.OOM, want)
+					case known:
+						t.Errorf("%s: the verdicts now agree: take it off knownVerdictMisses", key)
+					}
+					verdicts = append(verdicts, map[bool]string{true: "OOM", false: "fits"}[got.After.OOM]+
+						map[bool]string{true: "", false: " (recorded: " + map[bool]string{true: "OOM", false: "fits"}[want] + ")"}[got.After.OOM == want])
+				}
+				fmt.Fprintf(&table, "| %s | %s | %d | %d | %+.2f%% | %d | %d | %+.2f%% | %s |\n", shape, fix.name,
+					truth.PeakAllocated, rep.After.PeakAllocated, 100*errAlloc, truth.PeakReserved, rep.After.PeakReserved,
+					100*errRes, strings.Join(verdicts, ", "))
+			})
+		}
+	}
+	t.Logf("\n%s", table.String())
+}
+
+// TestWhatIfOnATraceEndingInOOM: a run that dies in its first forward is transformed as far as it was
+// recorded. Halving the batch of the recorded part must peak no higher than the direct recording at half
+// the batch did up to the same phase, fit where that recording fits, and say what was never recorded.
+func TestWhatIfOnATraceEndingInOOM(t *testing.T) {
+	base := whatIfShapes()["gpt L4 d256 T256 B8"]
+	_, full := recordRun(t, base)
+	capacity := uint64(full.PeakAllocated) * 6 / 10
+	base.GPUMemory = capacity + base.ContextReserve
+	s, res := recordRun(t, base)
+	if res.OOM == nil || res.OOM.Iteration != 0 {
+		t.Fatalf("the run must die in its first iteration: %+v", res.OOM)
+	}
+	half := base
+	half.Batch /= 2
+	_, truth := recordRun(t, half)
+	var truthPeak int64 // the direct recording's peak up to the phase the first run died in
+	for _, ps := range truth.Phases {
+		truthPeak = max(truthPeak, ps.Peak)
+		if ps.Iteration == res.OOM.Iteration && ps.Phase == res.OOM.Phase {
+			break
+		}
+	}
+	rep, err := whatIf(s, []transform.Transform{transform.BatchScale(0.5)}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Before.OOM || rep.Unrecorded == "" {
+		t.Errorf("before OOM %v, unrecorded %q: want the recorded OOM and what was never recorded", rep.Before.OOM, rep.Unrecorded)
+	}
+	// The what-if knows only the recorded part: the direct recording must fail within it exactly when the
+	// what-if says it fails.
+	within := truth.OOM != nil && (truth.OOM.Iteration < res.OOM.Iteration ||
+		truth.OOM.Iteration == res.OOM.Iteration && truth.OOM.Phase <= res.OOM.Phase)
+	if rep.After.OOM != within {
+		t.Errorf("after OOM %v; the recording at half the batch: %+v", rep.After.OOM, truth.OOM)
+	}
+	if rep.After.PeakAllocated > truthPeak*103/100 {
+		t.Errorf("the recorded part peaks at %d after halving; the direct recording peaked at %d up to %s",
+			rep.After.PeakAllocated, truthPeak, res.OOM.Phase)
+	}
+	t.Logf("died in %s of iteration %d at %d bytes; halved: %d, recorded at half the batch up to there: %d",
+		res.OOM.Phase, res.OOM.Iteration, capacity, rep.After.PeakAllocated, truthPeak)
+}
