@@ -179,7 +179,7 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	if cfg != nil {
 		afterCfg = *cfg
 	}
-	before, _, err := replay.CompareSettings(s, recorded, gpuMem)
+	before, err := replay.Simulate(s, recorded, gpuMem)
 	if errors.Is(err, replay.ErrNoTrace) {
 		return nil, fmt.Errorf("%w; record one with torch.cuda.memory._record_memory_history()", err)
 	}
@@ -192,16 +192,16 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	}
 	w := before[0]
 	for _, c := range before[1:] { // the device that peaks highest
-		if c.Baseline.PeakReserved > w.Baseline.PeakReserved {
+		if c.Outcome.PeakReserved > w.Outcome.PeakReserved {
 			w = c
 		}
 	}
-	after, _, err := replay.CompareSettings(changed, afterCfg, w.Capacity)
+	after, err := replay.Simulate(changed, afterCfg, w.Capacity)
 	if err != nil {
 		return nil, err
 	}
 	rep := &whatIfReport{Device: w.Device, Capacity: w.Capacity, CapacityFrom: w.CapacityFrom,
-		Before: side(w.Baseline), Assumptions: lines}
+		Before: side(w.Outcome), Assumptions: lines}
 	for _, t := range ts {
 		rep.Fixes = append(rep.Fixes, t.Name)
 	}
@@ -216,7 +216,7 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	}
 	for _, a := range after {
 		if a.Device == w.Device {
-			rep.After = side(a.Candidate)
+			rep.After = side(a.Outcome)
 		}
 	}
 	if len(before) > 1 {

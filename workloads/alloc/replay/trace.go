@@ -67,6 +67,15 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 			get(d.Index)
 		}
 	}
+	// Size each device's event list first: copying a million events while growing costs more than the
+	// replay itself.
+	counts := map[int16]int{}
+	for i := range s.Events {
+		counts[s.Events[i].Device]++
+	}
+	for d, n := range counts {
+		get(int(d)).events = make([]snapshot.Event, 0, n)
+	}
 	for i := range s.Events {
 		e := &s.Events[i]
 		t := get(int(e.Device))

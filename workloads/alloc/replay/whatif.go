@@ -120,6 +120,52 @@ func CompareSettings(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([
 	return out, st, nil
 }
 
+// Replayed is one device's trace replayed once (Simulate).
+type Replayed struct {
+	Device int
+	// Capacity and CapacityFrom are as in WhatIf.
+	Capacity     uint64
+	CapacityFrom string
+	RecordedOOMs int // the recording's out-of-memory errors
+	Outcome      Outcome
+}
+
+// Simulate replays every device's trace once under cfg, with capacity picked as CompareSettings picks it:
+// what a what-if needs of each side, without CompareSettings' second replay.
+func Simulate(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([]Replayed, error) {
+	if err := alloc.CheckConfig(cfg); err != nil {
+		return nil, err
+	}
+	var out []Replayed
+	for _, t := range splitDevices(s) {
+		if len(t.events) == 0 {
+			continue
+		}
+		r := Replayed{Device: t.dev, Capacity: capacity, CapacityFrom: "given"}
+		var oomReserved int64
+		_, _, r.RecordedOOMs, oomReserved = t.recordedPeaks()
+		switch {
+		case capacity > 0:
+		case t.capacity > 0:
+			r.Capacity, r.CapacityFrom = t.capacity, "recorded device"
+		case oomReserved >= 0:
+			r.Capacity, r.CapacityFrom = uint64(oomReserved+t.firstOOM().DeviceFree), "recorded oom"
+		default:
+			r.CapacityFrom = "none"
+		}
+		var err error
+		if r.Outcome, err = t.simulate(cfg, r.Capacity); err != nil {
+			return nil, err
+		}
+		r.Outcome.Settings = cfg.String()
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return nil, ErrNoTrace
+	}
+	return out, nil
+}
+
 // recordedPeaks walks the recording's events of the device: the peaks of reserved and allocated bytes, the
 // number of OOMs, and the reserved bytes at the first OOM (-1 without one).
 func (t *deviceTrace) recordedPeaks() (peakReserved, peakAllocated int64, ooms int, oomReserved int64) {

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/transform"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+var (
+	whatIfTraceOnce sync.Once
+	whatIfTrace     *snapshot.Snapshot
+)
+
+// millionEventTrace records a GPT long enough for about a million events, once.
+func millionEventTrace(b *testing.B) *snapshot.Snapshot {
+	whatIfTraceOnce.Do(func() {
+		cfg := whatIfShapes()["gpt L6 d384 T128 B16"]
+		cfg.Steps = 1
+		var buf bytes.Buffer
+		if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		one, err := snapshot.Read(&buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.Steps = max(2, 1_000_000*cfg.Steps/len(one.Events))
+		buf.Reset()
+		if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if whatIfTrace, err = snapshot.Read(&buf); err != nil {
+			b.Fatal(err)
+		}
+	})
+	return whatIfTrace
+}
+
+// BenchmarkWhatIf is a what-if on a recording of about a million events: the replay before, the
+// transformation and the replay after (target: 1 s).
+func BenchmarkWhatIf(b *testing.B) {
+	s := millionEventTrace(b)
+	for _, c := range []struct {
+		name string
+		t    transform.Transform
+	}{
+		{"batch/2", transform.BatchScale(0.5)},
+		{"checkpoint-all", transform.Checkpoint(transform.Checkpointing{Every: 1})},
+		{"sgd", transform.SwitchOptimizer(transform.SGD)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportMetric(float64(len(s.Events)), "events")
+			for b.Loop() {
+				if _, err := whatIf(s, []transform.Transform{c.t}, nil, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
