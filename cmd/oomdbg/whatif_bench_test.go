@@ -20,22 +20,18 @@ var (
 func millionEventTrace(b *testing.B) *snapshot.Snapshot {
 	whatIfTraceOnce.Do(func() {
 		cfg := whatIfShapes()["gpt L6 d384 T128 B16"]
-		cfg.Steps = 1
-		var buf bytes.Buffer
-		if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		one, err := snapshot.Read(&buf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.Steps = max(2, 1_000_000*cfg.Steps/len(one.Events))
-		buf.Reset()
-		if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		if whatIfTrace, err = snapshot.Read(&buf); err != nil {
-			b.Fatal(err)
+		for cfg.Steps = 1; ; cfg.Steps = cfg.Steps*1_000_000/len(whatIfTrace.Events) + 1 {
+			var buf bytes.Buffer
+			if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			var err error
+			if whatIfTrace, err = snapshot.Read(&buf); err != nil {
+				b.Fatal(err)
+			}
+			if len(whatIfTrace.Events) >= 1_000_000 {
+				break
+			}
 		}
 	})
 	return whatIfTrace
@@ -54,12 +50,12 @@ func BenchmarkWhatIf(b *testing.B) {
 		{"sgd", transform.SwitchOptimizer(transform.SGD)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			b.ReportMetric(float64(len(s.Events)), "events")
 			for b.Loop() {
 				if _, err := whatIf(s, []transform.Transform{c.t}, nil, 0); err != nil {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(len(s.Events)), "events")
 		})
 	}
 }

@@ -142,12 +142,21 @@ func (b *block) has(c snapshot.Category) bool { return b.cats&(1<<c) != 0 }
 
 // index describes every allocation of t by address.
 func (t *trace) index() map[uint64]*block {
-	bs := make(map[uint64]*block)
+	n := 0
+	for i := range t.events {
+		if t.events[i].Action == snapshot.ActionAlloc {
+			n++
+		}
+	}
+	store := make([]block, 0, n) // one allocation for all; the map points into it
+	bs := make(map[uint64]*block, n)
 	for i := range t.events {
 		e := &t.events[i]
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			b := &block{alloc: i, free: -1, gradAt: -1, cats: 1 << e.Category, size: e.Size, internal: t.pre != 0 && e.Label == t.pre}
+			store = append(store, block{alloc: i, free: -1, gradAt: -1, cats: 1 << e.Category, size: e.Size,
+				internal: t.pre != 0 && e.Label == t.pre})
+			b := &store[len(store)-1]
 			if e.Category == snapshot.CategoryGradient {
 				b.gradAt = i
 			}
