@@ -1,0 +1,60 @@
+package transform_test
+
+import (
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/transform"
+)
+
+// fuzzActions are the actions a fuzzed trace is made of.
+var fuzzActions = []snapshot.Action{snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted,
+	snapshot.ActionCategory, snapshot.ActionPhase, snapshot.ActionIteration, snapshot.ActionSegmentFree,
+	snapshot.ActionOOM, snapshot.ActionSegmentAlloc, snapshot.ActionAnnotation}
+
+// fuzzTrace reads data as a trace, 6 bytes an event: action, phase, category, address, size, scope and
+// iteration. Anything goes: frees of blocks never allocated, addresses allocated twice, phases out of order.
+func fuzzTrace(data []byte) *snapshot.Snapshot {
+	s := &snapshot.Snapshot{Strings: []string{"", "h.0", "h.1", "h.1.fc", "h.0.fc", "h.x", "h.01", "optimizer"}}
+	for len(data) >= 6 && len(s.Events) < 4096 {
+		e := snapshot.Event{Seq: uint64(len(s.Events)), Action: fuzzActions[int(data[0])%len(fuzzActions)],
+			Phase: snapshot.Phase(data[1] % byte(snapshot.NumPhases)), Category: snapshot.Category(data[2] % byte(snapshot.NumCategories)),
+			Addr: uint64(data[3]%16) << 9, Size: int64(data[4]) << (data[5] % 24), Scope: snapshot.StringID(data[5] % 8),
+			Iteration: int32(data[1]/16) - 1}
+		e.BlockSize = (e.Size + 511) / 512 * 512
+		s.Events = append(s.Events, e)
+		data = data[6:]
+	}
+	return s
+}
+
+// FuzzApply: no input makes a transformation panic, hang or emit a trace whose frees do not match its
+// allocations.
+func FuzzApply(f *testing.F) {
+	f.Add([]byte{0, 3 * 16, 5, 1, 10, 1, 3, 3 * 16, 4, 1, 0, 1, 1, 4 * 16, 0, 1, 10, 1, 4, 4 * 16, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := fuzzTrace(data)
+		for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.BatchScale(3),
+			transform.Accumulate(3), transform.SwitchOptimizer(transform.SGD), transform.SwitchOptimizer(transform.Adam),
+			transform.SwitchOptimizer(transform.Momentum), transform.ZeroGrad(transform.Zeroing),
+			transform.Checkpoint(transform.Checkpointing{Every: 1}), transform.Checkpoint(transform.Checkpointing{Every: 2})} {
+			out, _, err := transform.Apply(s, tr)
+			if err != nil {
+				continue
+			}
+			if len(out.Events) > 64*len(s.Events)+64 {
+				t.Fatalf("%s: %d events from %d", tr.Name, len(out.Events), len(s.Events))
+			}
+			// Every allocation the transformation made has an address of its own.
+			seen := map[uint64]bool{}
+			for _, e := range out.Events {
+				if e.Action == snapshot.ActionAlloc && e.Addr >= 1<<56 {
+					if seen[e.Addr] {
+						t.Fatalf("%s: address %#x allocated twice", tr.Name, e.Addr)
+					}
+					seen[e.Addr] = true
+				}
+			}
+		}
+	})
+}
