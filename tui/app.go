@@ -173,6 +173,19 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case fitPlansMsg:
 		m.fixes.onFitPlans(msg, m)
 		return m, nil
+	case traceFixesMsg:
+		m.fixes.trace.onResult(msg)
+		if msg.err != nil {
+			m.setStatus("what-if: "+msg.err.Error(), true)
+		} else {
+			m.setStatus("what-if done: the fixes that fit come first", false)
+		}
+		return m, nil
+	case traceFixShowMsg:
+		m.fixes.trace.shown = msg.ix
+		m.timeline.after = m.fixes.afterIndex()
+		m.setStatus("the • curve is the fix's trace, phase by phase", false)
+		return m, nil
 	case fixResultMsg:
 		m.fixes.onResult(msg)
 		m.timeline.after = m.fixes.afterIndex()

@@ -30,7 +30,8 @@ type fixesPane struct {
 	progress *snapshot.Snapshot // the re-run as it streams in
 	stream   *stream
 	err      error
-	fit      fitList // the plans that fit (fitplans.go)
+	fit      fitList    // the plans that fit (fitplans.go)
+	trace    traceFixes // the pane on a snapshot that is not oomdbg's own (tracefixes.go)
 }
 
 // The rows of the pane, each a setting with its choices.
@@ -233,6 +234,7 @@ func (p *fixesPane) setBaseline(ix *index) {
 	if ix == nil {
 		return
 	}
+	p.trace.snap = ix.snap
 	if p.base == nil && p.run != nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
 		if w, err := p.run.Parse(ix.snap.Meta.Workload); err == nil {
 			p.base = &w
@@ -277,7 +279,7 @@ func (p *fixesPane) config() Workload {
 
 func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	if p.base == nil {
-		return nil
+		return p.trace.onKey(msg, m)
 	}
 	if cmd, ok := p.fitKey(msg, m); ok {
 		return cmd
@@ -418,7 +420,12 @@ func (p *fixesPane) onResult(msg fixResultMsg) {
 	p.afterIx, p.after = msg.ix, summarize(msg.ix)
 }
 
-func (p *fixesPane) afterIndex() *index { return p.afterIx }
+func (p *fixesPane) afterIndex() *index {
+	if p.base == nil {
+		return p.trace.shown
+	}
+	return p.afterIx
+}
 
 // runSummary is what the comparison shows of one run.
 type runSummary struct {
@@ -464,7 +471,7 @@ func (r *runSummary) verdict() string {
 
 func (p *fixesPane) view(s Styles, w, h int) string {
 	if p.base == nil {
-		return s.Muted.Render(ansi.Truncate("fixes re-run oomdbg's own workloads; this snapshot did not come from one", w, "…"))
+		return p.trace.view(s, w, h)
 	}
 	if p.fit.open {
 		lines := p.fitView(s, w)
