@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/export"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -66,6 +70,28 @@ func whatIfFixes() []whatIfFix {
 	}
 }
 
+// asTorchPickle exports s as PyTorch's snapshot pickle and imports it back: the trace as a PyTorch file
+// carries it, categories and scopes in each entry, phases as annotations, category changes lost.
+func asTorchPickle(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "snapshot.pickle")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := export.Torch(f, snapshot.NewTimeline(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := load.File(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // knownVerdictMisses are the cases whose verdict the what-if gets wrong, and why. They are reported, not
 // hidden: the test fails if one starts to agree, so the list stays true.
 var knownVerdictMisses = map[string]string{
@@ -99,11 +125,12 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 		t.Skip("records 5 workloads under 6 fixes")
 	}
 	var table strings.Builder
-	table.WriteString("| workload | fix | peak allocated: recorded | what-if | error | peak reserved: recorded | what-if | error | verdicts (+10%, -10%) |\n|---|---|---|---|---|---|---|---|---|\n")
+	table.WriteString("| workload | fix | peak allocated: recorded | what-if | error | via torch pickle | peak reserved: recorded | what-if | error | verdicts (+10%, -10%) |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	shapes := whatIfShapes()
 	for _, shape := range slices.Sorted(maps.Keys(shapes)) {
 		base := shapes[shape]
 		s, _ := recordRun(t, base)
+		sp := asTorchPickle(t, s)
 		for _, fix := range whatIfFixes() {
 			direct := base
 			if !fix.config(&direct) {
@@ -117,6 +144,16 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 				}
 				errAlloc := float64(rep.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
 				errRes := float64(rep.After.PeakReserved-truth.PeakReserved) / float64(truth.PeakReserved)
+				// The same trace as a PyTorch pickle, with the tags it can carry.
+				viaPickle, err := whatIf(sp, []transform.Transform{fix.transform}, nil, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				errPickle := float64(viaPickle.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
+				if math.Abs(errPickle) > fix.tolerance {
+					t.Errorf("via the torch pickle: peak allocated %d, recorded %d: %+.2f%%, want within %.0f%%",
+						viaPickle.After.PeakAllocated, truth.PeakAllocated, 100*errPickle, 100*fix.tolerance)
+				}
 				if math.Abs(errAlloc) > fix.tolerance {
 					t.Errorf("peak allocated %d, recorded %d: %+.2f%%, want within %.0f%%\n%s", rep.After.PeakAllocated,
 						truth.PeakAllocated, 100*errAlloc, 100*fix.tolerance, strings.Join(rep.Assumptions, "\n"))
@@ -144,8 +181,8 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 					verdicts = append(verdicts, map[bool]string{true: "OOM", false: "fits"}[got.After.OOM]+
 						map[bool]string{true: "", false: " (recorded: " + map[bool]string{true: "OOM", false: "fits"}[want] + ")"}[got.After.OOM == want])
 				}
-				fmt.Fprintf(&table, "| %s | %s | %d | %d | %+.2f%% | %d | %d | %+.2f%% | %s |\n", shape, fix.name,
-					truth.PeakAllocated, rep.After.PeakAllocated, 100*errAlloc, truth.PeakReserved, rep.After.PeakReserved,
+				fmt.Fprintf(&table, "| %s | %s | %d | %d | %+.2f%% | %+.2f%% | %d | %d | %+.2f%% | %s |\n", shape, fix.name,
+					truth.PeakAllocated, rep.After.PeakAllocated, 100*errAlloc, 100*errPickle, truth.PeakReserved, rep.After.PeakReserved,
 					100*errRes, strings.Join(verdicts, ", "))
 			})
 		}

@@ -65,7 +65,7 @@ func (t *trace) blocks() (prefix string, count int, of map[snapshot.StringID]int
 			continue
 		}
 		seen[e.Scope] = true
-		parts := strings.Split(t.strings[e.Scope], ".")
+		parts := strings.Split(modulePath(t.strings[e.Scope]), ".")
 		for k := 1; k < len(parts); k++ {
 			if n, err := strconv.Atoi(parts[k]); err == nil && n >= 0 && parts[k] == strconv.Itoa(n) {
 				p := strings.Join(parts[:k], ".")
@@ -86,7 +86,7 @@ func (t *trace) blocks() (prefix string, count int, of map[snapshot.StringID]int
 		return "", 0, of
 	}
 	for id := range seen {
-		rest, ok := strings.CutPrefix(t.strings[id], prefix+".")
+		rest, ok := strings.CutPrefix(modulePath(t.strings[id]), prefix+".")
 		if !ok {
 			continue
 		}
@@ -105,7 +105,7 @@ func (t *trace) consumerReturns(saved int, made snapshot.StringID, last int) int
 	if int(made) >= len(t.strings) || int(t.events[saved].Scope) >= len(t.strings) {
 		return last
 	}
-	p, q := strings.Split(t.strings[made], "."), strings.Split(t.strings[t.events[saved].Scope], ".")
+	p, q := strings.Split(modulePath(t.strings[made]), "."), strings.Split(modulePath(t.strings[t.events[saved].Scope]), ".")
 	n := 0
 	for n < len(p) && n < len(q) && p[n] == q[n] {
 		n++
@@ -119,11 +119,21 @@ func (t *trace) consumerReturns(saved int, made snapshot.StringID, last int) int
 		if e.Action != snapshot.ActionAlloc || int(e.Scope) >= len(t.strings) {
 			continue
 		}
-		if sc := t.strings[e.Scope]; sc != child && !strings.HasPrefix(sc, child+".") {
+		if sc := modulePath(t.strings[e.Scope]); sc != child && !strings.HasPrefix(sc, child+".") {
 			return j - 1
 		}
 	}
 	return last
+}
+
+// modulePath is the module path a scope names: its text up to the first colon or space, since a PyTorch
+// snapshot's user_metadata, which becomes the scope, often follows the module with a label
+// ("transformer.h.0.attn: f32[8,256,768] qkv").
+func modulePath(scope string) string {
+	if i := strings.IndexAny(scope, ": "); i >= 0 {
+		return scope[:i]
+	}
+	return scope
 }
 
 // span is where one block's events lie in one forward or backward pass: [first, last].
