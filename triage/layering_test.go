@@ -25,7 +25,7 @@ var layers = map[string][]string{
 	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/torchrules", "internal/units"},
 	"snapshot/export":            {"snapshot", "internal/torchrules", "internal/units"},
 	"snapshot/snapshottest":      {"snapshot", "internal/torchrules"},
-	"snapshot/transform":         {"snapshot", "snapshot/torch", "internal/"},
+	"snapshot/transform":         {"snapshot", "internal/"},
 	"tracer":                     {"snapshot", "internal/torchrules"},
 	"tracer/nvml":                {"internal/nvmlib", "internal/units"},
 	"leaks":                      {"snapshot", "internal/torchrules", "internal/units"},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -12,9 +13,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/export"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -92,6 +95,22 @@ func asTorchPickle(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
 	return p
 }
 
+// asStrippedPyTorch exports s as PyTorch's JSON snapshot, strips what PyTorch does not record (categories,
+// module scopes, phase and step regions: torchtest.StripToPyTorch) and imports it, so that the tags the
+// transformations read are the importer's inference.
+func asStrippedPyTorch(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := export.TorchJSON(&buf, snapshot.NewTimeline(s)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := torch.Import(torchtest.StripToPyTorch(t, buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // knownVerdictMisses are the cases whose verdict the what-if gets wrong, and why. They are reported, not
 // hidden: the test fails if one starts to agree, so the list stays true.
 var knownVerdictMisses = map[string]string{
@@ -125,12 +144,13 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 		t.Skip("records 5 workloads under 6 fixes")
 	}
 	var table strings.Builder
-	table.WriteString("| workload | fix | peak allocated: recorded | what-if | error | via torch pickle | peak reserved: recorded | what-if | error | verdicts (+10%, -10%) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	table.WriteString("| workload | fix | peak allocated: recorded | what-if | error | via torch pickle | stripped, tags inferred | peak reserved: recorded | what-if | error | verdicts (+10%, -10%) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	shapes := whatIfShapes()
 	for _, shape := range slices.Sorted(maps.Keys(shapes)) {
 		base := shapes[shape]
 		s, _ := recordRun(t, base)
 		sp := asTorchPickle(t, s)
+		ss := asStrippedPyTorch(t, s)
 		for _, fix := range whatIfFixes() {
 			direct := base
 			if !fix.config(&direct) {
@@ -150,6 +170,25 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 					t.Fatal(err)
 				}
 				errPickle := float64(viaPickle.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
+				// The same trace as PyTorch records it, its tags inferred by the importer: the fix is held
+				// to the same target, or refused for a tag the inference does not give (the module instance
+				// of a repeated block: frames name code, not instances), never guessed.
+				stripped := "refused"
+				viaStripped, err := whatIf(ss, []transform.Transform{fix.transform}, nil, 0)
+				var missing *transform.MissingTagsError
+				switch {
+				case errors.As(err, &missing):
+					t.Logf("stripped: %v", err)
+				case err != nil:
+					t.Fatal(err)
+				default:
+					e := float64(viaStripped.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
+					stripped = fmt.Sprintf("%+.2f%%", 100*e)
+					if math.Abs(e) > fix.tolerance {
+						t.Errorf("stripped, tags inferred: peak allocated %d, recorded %d: %+.2f%%, want within %.0f%%",
+							viaStripped.After.PeakAllocated, truth.PeakAllocated, 100*e, 100*fix.tolerance)
+					}
+				}
 				if math.Abs(errPickle) > fix.tolerance {
 					t.Errorf("via the torch pickle: peak allocated %d, recorded %d: %+.2f%%, want within %.0f%%",
 						viaPickle.After.PeakAllocated, truth.PeakAllocated, 100*errPickle, 100*fix.tolerance)
@@ -181,8 +220,8 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 					verdicts = append(verdicts, map[bool]string{true: "OOM", false: "fits"}[got.After.OOM]+
 						map[bool]string{true: "", false: " (recorded: " + map[bool]string{true: "OOM", false: "fits"}[want] + ")"}[got.After.OOM == want])
 				}
-				fmt.Fprintf(&table, "| %s | %s | %d | %d | %+.2f%% | %+.2f%% | %d | %d | %+.2f%% | %s |\n", shape, fix.name,
-					truth.PeakAllocated, rep.After.PeakAllocated, 100*errAlloc, 100*errPickle, truth.PeakReserved, rep.After.PeakReserved,
+				fmt.Fprintf(&table, "| %s | %s | %d | %d | %+.2f%% | %+.2f%% | %s | %d | %d | %+.2f%% | %s |\n", shape, fix.name,
+					truth.PeakAllocated, rep.After.PeakAllocated, 100*errAlloc, 100*errPickle, stripped, truth.PeakReserved, rep.After.PeakReserved,
 					100*errRes, strings.Join(verdicts, ", "))
 			})
 		}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/torch"
 )
 
 // Transform is one fix applied to a trace. Apply runs it.
@@ -85,7 +84,7 @@ func kept(a snapshot.Action) bool {
 // segments from before the trace (imported snapshots) keep theirs: the replay rebuilds them by address.
 func normalize(s *snapshot.Snapshot) *trace {
 	t := &trace{next: freshBase, strings: s.Strings}
-	if i := slices.Index(s.Strings, torch.PreExistingLabel); i > 0 {
+	if i := slices.Index(s.Strings, snapshot.PreExistingLabel); i > 0 {
 		t.pre = snapshot.StringID(i)
 	}
 	t.events = make([]snapshot.Event, 0, len(s.Events))
