@@ -38,3 +38,14 @@ func sortLargest(bs []snapshot.Allocation) {
 		return cmp.Compare(a.Alloc, b.Alloc)
 	})
 }
+
+// ExplainOOM returns the first out-of-memory error of the snapshot tl indexes as the report explains it:
+// the request, PyTorch's message, allocated and reserved memory then, the fragmentation diagnosis and what
+// was alive, top of each kind listed. Nil when the snapshot has no OOM. The TUI's OOM panel shows it, so
+// that the message is written in one place.
+func ExplainOOM(tl *snapshot.Timeline, top int) *OOM {
+	if top <= 0 {
+		top = 10
+	}
+	return oom(tl, top)
+}

@@ -15,6 +15,7 @@ import (
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/colorprofile"
 
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 )
@@ -105,6 +106,7 @@ type Model struct {
 	devices  deviceView
 	device   devicePane
 	ranks    ranksPane
+	oomp     oomPanel
 }
 
 // New returns the model for opts.
@@ -146,7 +148,7 @@ func (m *Model) Init() tea.Cmd {
 	cmds := []tea.Cmd{m.device.refresh()}
 	switch {
 	case m.opts.Snapshot != nil:
-		cmds = append(cmds, m.leaks.analyze(m.ix.tl))
+		cmds = append(cmds, m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
 	case m.opts.Workload != nil:
 		cmds = append(cmds, recordWorkload(m.ctx, m.opts.Runner, *m.opts.Workload))
 	case m.opts.File != "":
@@ -193,11 +195,19 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		case msg.err != nil:
 			m.setStatus("re-run: "+msg.err.Error(), true)
 		case m.fixes.after != nil:
-			m.setStatus("re-run done: "+m.fixes.after.verdict()+"; the • curve is the re-run, phase by phase", false)
+			done := "re-run done: " + m.fixes.after.verdict()
+			if l := m.fixes.after.leak; l != nil && m.leaks.res != nil && m.leaks.res.Verdict == leaks.Leak {
+				done += "; " + leakWords(l)
+			}
+			m.setStatus(done+"; the • curve is the re-run, phase by phase", false)
 		}
+		return m, nil
+	case measuredMsg:
+		m.fixes.onMeasured(msg)
 		return m, nil
 	case leaksMsg:
 		m.leaks.onResult(msg)
+		m.fixes.beforeLeak = msg.res
 		return m, nil
 	case deviceMsg:
 		m.device.onReading(msg)
@@ -252,7 +262,7 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 		m.setStatus(m.snap.Warning.Error(), true)
 	}
 	m.landOnTarget()
-	return m.leaks.analyze(m.ix.tl)
+	return tea.Batch(m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
 }
 
 // setSnapshot makes s the snapshot shown.
@@ -329,6 +339,12 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
 	switch m.pane {
 	case paneLive:
+		if m.showingOOM() { // any key of the list puts the panel away; esc only that
+			m.oomp.hidden = true
+			if key.Matches(msg, m.keys.Back) {
+				return nil
+			}
+		}
 		return m.live.onKey(msg, m)
 	case paneSegments:
 		m.segs.onKey(msg, m.keys)

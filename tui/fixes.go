@@ -12,6 +12,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -32,6 +33,11 @@ type fixesPane struct {
 	err      error
 	fit      fitList    // the plans that fit (fitplans.go)
 	trace    traceFixes // the pane on a snapshot that is not oomdbg's own (tracefixes.go)
+
+	rec         recommendation
+	beforeLeak  *leaks.Result // the loaded run's leak analysis
+	afterNeeds  int64         // what the re-run needs, measured; 0 until known
+	focusRanked bool          // ↑↓ move in the ranked fixes rather than the settings
 }
 
 // The rows of the pane, each a setting with its choices.
@@ -153,8 +159,23 @@ func newFixesPane(w *Workload, run Runner) fixesPane {
 }
 
 // current names the base's choice in a row.
-func (p *fixesPane) current(row int) string {
-	c := p.base.Fixes
+func (p *fixesPane) current(row int) string { return valueOf(p.base.Fixes, row) }
+
+// choose makes the choices those of f, where the rows offer them.
+func (p *fixesPane) choose(f Fixes) {
+	for r := range numFixRows {
+		v := valueOf(f, r)
+		if r == rowBug && p.base.Fixes.Bug != "" && f.Bug == "" {
+			v = "fixed"
+		}
+		if i := indexOf(p.choices(r), v); i >= 0 {
+			p.choice[r] = i
+		}
+	}
+}
+
+// valueOf names the choice of c in a row.
+func valueOf(c Fixes, row int) string {
 	switch row {
 	case rowAMP:
 		return c.AMP
@@ -285,8 +306,25 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		return cmd
 	}
 	k := m.keys
+	r := &p.rec
 	switch {
+	case p.focusRanked && key.Matches(msg, k.Up):
+		r.selected = max(r.selected-1, 0)
+	case p.focusRanked && key.Matches(msg, k.Down):
+		if r.selected++; r.selected >= len(r.ranked) {
+			r.selected, p.focusRanked = len(r.ranked)-1, false
+		}
+	case p.focusRanked && key.Matches(msg, k.Detail, k.Toggle):
+		return p.apply(r.ranked[r.selected], m)
+	case key.Matches(msg, k.Apply):
+		if b := r.best(); b != nil {
+			return p.apply(*b, m)
+		}
+		m.setStatus("no measured fix fits yet", false)
 	case key.Matches(msg, k.Up):
+		if p.selected == 0 && len(r.ranked) > 0 {
+			p.focusRanked = true
+		}
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
 		p.selected = min(p.selected+1, len(p.rows())-1)
@@ -303,13 +341,26 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 			m.setStatus("re-run cancelled", false)
 			return nil
 		}
-		ctx, cancel := context.WithCancel(m.ctx)
-		p.running, p.err = cancel, nil
-		m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
-		p.progress = nil
-		return rerun(ctx, p.run, p.config())
+		return p.start(m)
 	}
 	return nil
+}
+
+// apply chooses a measured fix's settings and re-runs with them.
+func (p *fixesPane) apply(f Measured, m *Model) tea.Cmd {
+	p.cancel()
+	p.choose(f.Fixes)
+	return p.start(m)
+}
+
+// start re-runs the workload with the chosen settings, and measures what it needs.
+func (p *fixesPane) start(m *Model) tea.Cmd {
+	ctx, cancel := context.WithCancel(m.ctx)
+	p.running, p.err, p.after, p.afterIx = cancel, nil, nil, nil
+	m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
+	p.progress = nil
+	w := p.config()
+	return tea.Batch(rerun(ctx, p.run, w), p.measureAfter(ctx, w))
 }
 
 func (p *fixesPane) cancel() {
@@ -364,8 +415,9 @@ func (p *fixesPane) describe() string {
 
 // fixResultMsg is a finished re-run.
 type fixResultMsg struct {
-	ix  *index
-	err error
+	ix   *index
+	leak *leaks.Result // the re-run's leak analysis
+	err  error
 }
 
 // The re-run streams in like the main workload, so its progress shows; its messages are its own types.
@@ -408,7 +460,10 @@ func (p *fixesPane) onChunk(msg fixChunkMsg) tea.Cmd {
 		return p.readMore()
 	}
 	s := p.progress
-	return func() tea.Msg { return fixResultMsg{ix: newIndex(s)} }
+	return func() tea.Msg {
+		ix := newIndex(s)
+		return fixResultMsg{ix: ix, leak: leaks.Analyze(ix.tl)}
+	}
 }
 
 func (p *fixesPane) onResult(msg fixResultMsg) {
@@ -418,6 +473,7 @@ func (p *fixesPane) onResult(msg fixResultMsg) {
 		return
 	}
 	p.afterIx, p.after = msg.ix, summarize(msg.ix)
+	p.after.leak = msg.leak
 }
 
 func (p *fixesPane) afterIndex() *index {
@@ -434,7 +490,8 @@ type runSummary struct {
 	oom                bool
 	oomWhere           string
 	atPeak             [snapshot.NumCategories]int64
-	recompute, forward int // allocations in the recompute and forward phases
+	leak               *leaks.Result // nil until analysed
+	recompute, forward int           // allocations in the recompute and forward phases
 }
 
 func summarize(ix *index) *runSummary {
@@ -477,16 +534,27 @@ func (p *fixesPane) view(s Styles, w, h int) string {
 		lines := p.fitView(s, w)
 		return strings.Join(lines[:min(len(lines), h)], "\n")
 	}
-	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)"+p.fitHint(), w, "…"))}
+	ranked := 3
+	if h >= 24 {
+		ranked = 8
+	}
+	lines := p.rankedView(s, w, ranked)
+	lines = append(lines, p.comparison(s, w)...)
+	settings := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)"+p.fitHint(), w, "…"))}
 	for _, r := range p.rows() {
 		line := fmt.Sprintf("%-21s %s", fixRowNames[r], choiceCells(p.choices(r), p.choice[r], w-22))
 		line = ansi.Truncate(line, w, "…")
-		if r == p.selected {
+		if r == p.selected && !p.focusRanked {
 			line = s.Selected.Render(padRight(line, w))
 		}
-		lines = append(lines, line)
+		settings = append(settings, line)
 	}
-	lines = append(lines, p.comparison(s, w)...)
+	// The settings take the room left, scrolled so that the selected one shows.
+	if room := h - len(lines); room < len(settings) {
+		from := min(max(p.selected+2-room, 0), len(settings)-max(room, 1))
+		settings = settings[from:]
+	}
+	lines = append(lines, settings...)
 	if len(lines) > h {
 		lines = lines[:h]
 	}
@@ -531,6 +599,8 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 		return []string{s.Warn.Render("re-running…")}
 	case p.err != nil:
 		return []string{s.Error.Render(ansi.Truncate("re-run failed: "+p.err.Error(), w, "…"))}
+	case (p.after == nil || p.before == nil) && p.rec.base != nil:
+		return nil
 	case p.after == nil || p.before == nil:
 		return []string{s.Muted.Render("no re-run yet")}
 	}
@@ -544,14 +614,24 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 	row := func(name string, before, after int64) []string {
 		return []string{name, units.FormatSize(before), units.FormatSize(after), units.FormatChange(after - before)}
 	}
-	rows := [][]string{row("peak allocated", b.peakAlloc, a.peakAlloc), row("peak reserved", b.peakRes, a.peakRes)}
+	// What each run needs (its peak with unlimited memory) compares fixes; the peaks on the device stop at
+	// an OOM, and a run that ran out sooner shows a lower one.
+	var rows [][]string
+	if p.rec.base != nil && p.afterNeeds > 0 && p.base.Fixes.Bug == "" {
+		rows = append(rows, row("needs", p.rec.base.Needs, p.afterNeeds))
+	}
+	if p.rec.base != nil && p.afterNeeds > 0 && p.base.Fixes.Bug != "" { // a leak's need grows with the run
+		rows = append(rows, []string{"needs", "grows (leak)", units.FormatSize(p.afterNeeds), ""})
+	}
+	rows = append(rows, row("peak allocated", b.peakAlloc, a.peakAlloc), row("peak reserved", b.peakRes, a.peakRes))
+	n := len(rows)
 	for c := range snapshot.NumCategories {
 		if a.atPeak[c] != b.atPeak[c] {
 			rows = append(rows, row("  "+snapshot.Category(c).String(), b.atPeak[c], a.atPeak[c]))
 		}
 	}
 	// The categories' rows follow the device's verdict, which is a sentence rather than a row of the table.
-	head, cats := rows[:2], rows[2:]
+	head, cats := rows[:n], rows[n:]
 	var out []string
 	for _, line := range strings.Split(comparisonTable(s, head), "\n") {
 		out = append(out, ansi.Truncate(line, w, ""))
@@ -561,6 +641,13 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 		verdict = s.Error
 	}
 	out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "device", fits(b)), w, "")+verdict.Render(fits(a)))
+	if bl, al := p.beforeLeak, a.leak; bl != nil && al != nil && (bl.Verdict == leaks.Leak || al.Verdict == leaks.Leak) {
+		st := s.Good
+		if al.Verdict == leaks.Leak {
+			st = s.Error
+		}
+		out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "leak", leakWords(bl)), w, "")+st.Render(ansi.Truncate(leakWords(al), w/2, "…")))
+	}
 	if len(cats) > 0 {
 		lines := strings.Split(comparisonTable(s, cats), "\n")
 		for _, line := range lines[1:] { // the columns are the table's above

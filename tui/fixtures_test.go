@@ -37,6 +37,12 @@ var fixtureConfigs = map[string]func() train.Config{
 		cfg.AMP, cfg.Attention, cfg.Device = train.AMPBF16, train.AttentionFlash, "meta"
 		return cfg
 	},
+	// tiny-oom-leak-fixed is tiny-oom with its leak fixed, as the fixes pane applies its best fix.
+	"tiny-oom-leak-fixed": func() train.Config {
+		cfg, _ := train.PresetConfig("tiny")
+		cfg.Steps, cfg.GPUMemory, cfg.ContextReserve, cfg.Device = 6, 40<<20, 4<<20, "meta"
+		return cfg
+	},
 	// smollm-ft is a full fine-tune of SmolLM2-135M (its published shape and bf16 weights, 4 of its 30
 	// layers, AdamW) on sequences of 64 tokens.
 	"smollm-ft": smollmFineTune,
@@ -50,6 +56,8 @@ var fixtureConfigs = map[string]func() train.Config{
 	},
 	// leaky is the MLP with the retain-graph bug: a leak to find.
 	"leaky": func() train.Config { return mlpBug(train.BugRetainGraph) },
+	// leaky-fixed is leaky with its leak fixed, as the fixes pane applies its best fix.
+	"leaky-fixed": func() train.Config { return mlpBug("") },
 	// The leak patterns that hold memory without growing it: the MLP keeping its intermediates on its
 	// modules, and never calling zero_grad.
 	"module-attribute": func() train.Config { return mlpBug(train.BugModuleAttribute) },
@@ -213,4 +221,57 @@ func workload(t testing.TB, name string) *Workload {
 		t.Fatal(err)
 	}
 	return &w
+}
+
+// MeasureFixes plays back the measurements frozen beside a fixture (name.fixes.json), measured again from
+// its configuration under -update with train.Sweep, as the command line's Measurer measures.
+func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, error) {
+	for name := range fixtureConfigs {
+		s, err := readFixture(name)
+		if err != nil {
+			return nil, err
+		}
+		got, err := p.Parse(s.Meta.Workload)
+		if err != nil || got.Name != w.Name || got.Fixes != w.Fixes {
+			continue
+		}
+		path := filepath.Join("testdata", "fixtures", name+".fixes.json")
+		if updating() {
+			cfg := fixtureConfigs[name]()
+			rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+			if err != nil {
+				return nil, err
+			}
+			var out []Measured
+			for _, r := range rows {
+				spec, err := json.Marshal(r.Config)
+				if err != nil {
+					return nil, err
+				}
+				fw, err := p.Parse(spec)
+				if err != nil {
+					return nil, err
+				}
+				m := Measured{Fix: r.Fix, Fixes: fw.Fixes, Needs: r.NeedsAllocated, Peak: r.PeakAllocated, OOM: r.OOM != nil}
+				if r.OOM != nil {
+					m.OOMPhase = r.OOM.Phase.String()
+				}
+				out = append(out, m)
+			}
+			data, err := json.MarshalIndent(out, "", "  ")
+			if err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+				return nil, err
+			}
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		var out []Measured
+		return out, json.Unmarshal(data, &out)
+	}
+	return nil, fmt.Errorf("no measurement of %s with %+v", w.Name, w.Fixes)
 }

@@ -24,6 +24,7 @@ type KeyMap struct {
 	Toggle, Rerun            key.Binding
 	AllFrames, NextDevice    key.Binding
 	Fit                      key.Binding // the fixes pane's plans that fit
+	Apply                    key.Binding // the fixes pane's best measured fix
 	Help, Quit               key.Binding
 }
 
@@ -67,9 +68,10 @@ func DefaultKeyMap() KeyMap {
 		Sort:        b("s", "sort", "s"),
 		Toggle:      b("space", "change", "space"),
 		Rerun:       b("r", "re-run", "r"),
-		AllFrames:   b("a", "all frames", "a"),
+		AllFrames:   b("a", "all frames (detail)", "a"),
 		NextDevice:  b("d", "next device", "d"),
 		Fit:         b("f", "plans that fit", "f"),
+		Apply:       b("a", "apply best fix (fixes)", "a"),
 		Help:        b("?", "help", "?"),
 		Quit:        b("q", "quit", "q", "ctrl+c"),
 	}
@@ -86,6 +88,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
 }

@@ -40,7 +40,8 @@ func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 			m.setStatus("this run did not run out of memory", false)
 		} else {
 			m.moveTo(m.ix.oom)
-			m.setStatus("the OOM", false)
+			m.oomp.hidden = false
+			m.setStatus("the OOM: esc shows the live set", false)
 		}
 	case key.Matches(msg, k.Start):
 		m.moveTo(0)

@@ -28,8 +28,39 @@ func newTestModel(t testing.TB, s *snapshot.Snapshot, w, h int) *Model {
 	m := New(context.Background(), Options{Snapshot: s, Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
 	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 	m.Update(deviceMsg{noDriver()})
-	m.Update(m.leaks.analyze(m.ix.tl)()) // as Init's command would
+	m.Update(m.leaks.analyze(m.ix.tl)()) // as Init's commands would
+	run(m, m.fixes.measure(m.ctx))
 	return m
+}
+
+// run runs cmd and the commands its messages lead to, as the program would, one at a time.
+func run(m *Model, cmd tea.Cmd) { runEach(m, cmd, nil) }
+
+// runEach is run, calling seen after each message is handled.
+func runEach(m *Model, cmd tea.Cmd, seen func(tea.Msg)) {
+	if cmd == nil {
+		return
+	}
+	switch msg := cmd().(type) {
+	case tea.BatchMsg:
+		for _, c := range msg {
+			runEach(m, c, seen)
+		}
+	default:
+		_, next := m.Update(msg)
+		if seen != nil {
+			seen(msg)
+		}
+		runEach(m, next, seen)
+	}
+}
+
+// pressRun presses keys and runs what they start (re-runs, measurements) to the end.
+func pressRun(m *Model, keys ...string) {
+	for _, k := range keys {
+		_, cmd := m.Update(keyPress(k))
+		run(m, cmd)
+	}
 }
 
 // press sends keys as a user types them: "right", "p", "space", ...
@@ -72,27 +103,36 @@ func TestViews(t *testing.T) {
 		name    string
 		fixture string
 		keys    []string
+		run     bool // run what the keys start (re-runs) to the end
 	}{
-		{"oom-live", "tiny-oom", nil},
-		{"oom-live-detail", "tiny-oom", []string{"enter"}},
-		{"oom-categories", "tiny-oom", []string{"2"}},
-		{"oom-segments", "tiny-oom", []string{"3"}},
-		{"peak-live", "tiny-oom", []string{"p"}},
-		{"leak-leaks", "leaky", []string{"4"}},
-		{"leak-fixes", "leaky", []string{"5"}},
-		{"held-leaks", "module-attribute", []string{"4"}},
-		{"held-fixes", "module-attribute", []string{"5"}},
-		{"no-zero-grad-leaks", "no-zero-grad", []string{"4", "down", "down"}},
-		{"gpt-leak-leaks", "gpt-retain-graph", []string{"4"}},
-		{"oom-device", "tiny-oom", []string{"6"}},
-		{"oom-help", "tiny-oom", []string{"?"}},
-		{"filtered", "tiny-oom", []string{"/", "a", "t", "t", "n", "enter"}},
+		{"oom-live", "tiny-oom", nil, false},
+		{"oom-list", "tiny-oom", []string{"esc"}, false},
+		{"oom-fixes-ranked", "tiny-oom", []string{"5"}, false},
+		{"oom-fixes-applied", "tiny-oom", []string{"5", "a"}, true},
+		{"oom-live-detail", "tiny-oom", []string{"enter"}, false},
+		{"oom-categories", "tiny-oom", []string{"2"}, false},
+		{"oom-segments", "tiny-oom", []string{"3"}, false},
+		{"peak-live", "tiny-oom", []string{"p"}, false},
+		{"leak-leaks", "leaky", []string{"4"}, false},
+		{"leak-fixes", "leaky", []string{"5"}, false},
+		{"leak-fixes-applied", "leaky", []string{"5", "a"}, true},
+		{"held-leaks", "module-attribute", []string{"4"}, false},
+		{"held-fixes", "module-attribute", []string{"5"}, false},
+		{"no-zero-grad-leaks", "no-zero-grad", []string{"4", "down", "down"}, false},
+		{"gpt-leak-leaks", "gpt-retain-graph", []string{"4"}, false},
+		{"oom-device", "tiny-oom", []string{"6"}, false},
+		{"oom-help", "tiny-oom", []string{"?"}, false},
+		{"filtered", "tiny-oom", []string{"/", "a", "t", "t", "n", "enter"}, false},
 	}
 	for _, sz := range sizes {
 		for _, v := range views {
 			t.Run(fmt.Sprintf("%s-%dx%d", v.name, sz.w, sz.h), func(t *testing.T) {
 				m := newTestModel(t, fixture(t, v.fixture), sz.w, sz.h)
-				press(m, v.keys...)
+				if v.run {
+					pressRun(m, v.keys...)
+				} else {
+					press(m, v.keys...)
+				}
 				out := screen(m)
 				if got := strings.Count(out, "\n") + 1; got != sz.h {
 					t.Errorf("view has %d lines, want %d", got, sz.h)
@@ -236,9 +276,7 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 	if d := m.fixes.describe(); d != "qlora 16, checkpoint all, paged-adamw8bit" {
 		t.Errorf("describe %q", d)
 	}
-	for cmd := m.fixes.onKey(keyPress("r"), m); cmd != nil; {
-		_, cmd = m.Update(cmd())
-	}
+	run(m, m.fixes.onKey(keyPress("r"), m))
 	if m.fixes.after == nil || m.fixes.after.peakAlloc >= m.fixes.before.peakAlloc {
 		t.Fatalf("after the re-run: %+v (err %v), before %+v", m.fixes.after, m.fixes.err, m.fixes.before)
 	}
@@ -275,13 +313,11 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 		t.Fatal("r started no re-run")
 	}
 	var sawProgress bool
-	for cmd != nil { // run the re-run's commands as the program would
-		msg := cmd()
-		_, cmd = m.Update(msg)
+	runEach(m, cmd, func(msg tea.Msg) { // run the re-run's commands as the program would
 		if _, ok := msg.(fixChunkMsg); ok && strings.Contains(screen(m), "re-running… ") {
 			sawProgress = true
 		}
-	}
+	})
 	if !sawProgress {
 		t.Error("the re-run showed no progress while streaming")
 	}

@@ -122,6 +122,9 @@ func (m *Model) paneView() string {
 	w, h := m.layout.pane.w, m.layout.pane.h
 	switch m.pane {
 	case paneLive:
+		if m.showingOOM() {
+			return m.oomp.view(m.styles, m.ix, m.fixes.needsLine(), w, h)
+		}
 		return m.live.view(m.styles, w, h)
 	case paneCategories:
 		return m.cats.view(m.styles, w, h)

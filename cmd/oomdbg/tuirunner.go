@@ -38,6 +38,32 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 	return err
 }
 
+// MeasureFixes implements tui.Measurer as oomdbg fixes measures: w without its leak bug, then with each of
+// train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
+func (tuiRunner) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
+	cfg, err := configOf(w)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]tui.Measured, 0, len(rows))
+	for _, row := range rows {
+		fw, err := tuiWorkload(row.Config)
+		if err != nil {
+			return nil, err
+		}
+		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil}
+		if row.OOM != nil {
+			m.OOMPhase = row.OOM.Phase.String()
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 // configOf is w's configuration with its device and fixes applied.
 func configOf(w tui.Workload) (train.Config, error) {
 	var cfg train.Config
@@ -88,3 +114,5 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 		Spec: spec,
 	}, nil
 }
+
+var _ tui.Measurer = tuiRunner{}

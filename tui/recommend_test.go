@@ -1,0 +1,85 @@
+package tui
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
+)
+
+// TestRankPutsWhatFitsFirstThenTheCheapest ranks a hand-made table as the rule says: fits first; then the
+// batch kept, less recomputation, the precision kept, the optimizer kept, fewer settings changed; then the
+// smallest need.
+func TestRankPutsWhatFitsFirstThenTheCheapest(t *testing.T) {
+	base := Fixes{AMP: "off", Attention: "naive", Checkpoint: "off", Batch: 16, Accum: 1, Optimizer: "adamw", ZeroGrad: "none"}
+	with := func(f func(*Fixes)) Fixes { c := base; f(&c); return c }
+	rows := []Measured{
+		{Fix: "as configured", Fixes: base, Needs: 64, OOM: true},
+		{Fix: "flash", Fixes: with(func(c *Fixes) { c.Attention = "flash" }), Needs: 40, OOM: true},
+		{Fix: "quarter batch", Fixes: with(func(c *Fixes) { c.Batch, c.Accum = 4, 4 }), Needs: 20},
+		{Fix: "checkpoint all", Fixes: with(func(c *Fixes) { c.Checkpoint = "all" }), Needs: 18},
+		{Fix: "bf16 + checkpoint every 2", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = "bf16", "every:2" }), Needs: 21},
+		{Fix: "bf16 + checkpoint all", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = "bf16", "all" }), Needs: 15},
+		{Fix: "bf16 + checkpoint all + sgd", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint, c.Optimizer = "bf16", "all", "sgd" }), Needs: 12},
+		{Fix: "flash + checkpoint all", Fixes: with(func(c *Fixes) { c.Attention, c.Checkpoint = "flash", "all" }), Needs: 16},
+	}
+	var got []string
+	for _, r := range rank(base, rows) {
+		got = append(got, r.Fix)
+	}
+	want := []string{"bf16 + checkpoint every 2", "checkpoint all", "flash + checkpoint all", "bf16 + checkpoint all",
+		"bf16 + checkpoint all + sgd", "quarter batch", "flash"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ranked\n %q\nwant\n %q", got, want)
+	}
+	// A leak's fix, when the run fits without the leak, comes first; every other fix is measured without it.
+	leaky := base
+	leaky.Bug = "retain-graph"
+	rows[0].OOM = false
+	got = got[:0]
+	for _, r := range rank(leaky, rows) {
+		got = append(got, r.Fix)
+	}
+	if got[0] != "the leak fixed" || !strings.HasSuffix(got[1], ", leak fixed") {
+		t.Errorf("a leak's ranking: %q", got)
+	}
+}
+
+// TestOOMPanel checks the panel against the report: PyTorch's message as triage writes it, the request,
+// allocated and reserved memory then, and what the run needs as measured (the frozen sweep of the fixture).
+func TestOOMPanel(t *testing.T) {
+	s := fixture(t, "tiny-oom")
+	m := newTestModel(t, s, 160, 48)
+	out := screen(m)
+	r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{})
+	sentence, _, _ := strings.Cut(r.OOM.Message, ". GPU")
+	rows, err := playback{}.MeasureFixes(context.Background(), *workload(t, "tiny-oom"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"OUT OF MEMORY at event " + strconv.Itoa(r.OOM.Event),
+		"request " + units.FormatSize(r.OOM.AllocSize) + "  " + r.OOM.Label + "  in " + r.OOM.Scope,
+		sentence,
+		"allocated " + units.FormatSize(r.OOM.Allocated) + " · reserved " + units.FormatSize(r.OOM.Reserved),
+		"the run needs " + units.FormatSize(rows[0].Needs),
+		"at " + r.OOM.Stack[0],
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the OOM panel lacks %q:\n%s", want, out)
+		}
+	}
+	press(m, "esc")
+	if out := screen(m); strings.Contains(out, "OUT OF MEMORY") || !strings.Contains(out, "blocks,") {
+		t.Errorf("esc does not show the live set:\n%s", out)
+	}
+	press(m, "o")
+	if !strings.Contains(screen(m), "OUT OF MEMORY") {
+		t.Error("o does not show the panel again")
+	}
+}
