@@ -208,6 +208,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case leaksMsg:
 		m.leaks.onResult(msg)
 		m.fixes.beforeLeak = msg.res
+		m.relayout() // the banner takes a line
 		return m, nil
 	case deviceMsg:
 		m.device.onReading(msg)

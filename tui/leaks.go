@@ -60,14 +60,20 @@ func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Detail):
 		if p.selected < p.rows() {
 			ex := p.example(p.selected)
-			m.moveTo(ex.Alloc)
+			// The block as the analysis saw it, at its last measurement: a block changes category over its
+			// life (a temporary saved for backward becomes an activation), and the Leaks row names the later.
+			at := ex.Alloc
+			if n := len(p.res.Points); n > 0 && p.res.Points[n-1].Seq >= ex.Alloc {
+				at = p.res.Points[n-1].Seq
+			}
+			m.moveTo(at)
 			m.pane = paneLive
 			m.live.selectAlloc(ex.Alloc)
 			what := "the suspect's"
 			if p.selected >= len(p.res.Suspects) {
 				what = "the held group's"
 			}
-			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d", what, ex.Alloc), false)
+			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here at the end of iteration %d", what, ex.Alloc, m.ix.snap.Events[at].Iteration), false)
 		}
 	}
 	return nil
@@ -89,6 +95,15 @@ func (p *leaksPane) view(s Styles, w, h int) string {
 		verdict = s.Warn
 	}
 	lines := []string{verdict.Render(ansi.Truncate(r.Reason, w, "…"))}
+	if a := r.Advice(); a != "" { // what to change, in two lines at most
+		fix := strings.Split(ansi.Wordwrap("fix: "+a, w, " "), "\n")
+		if len(fix) > 2 {
+			fix = append(fix[:1], ansi.Truncate(strings.Join(fix[1:], " "), w, "…"))
+		}
+		for _, l := range fix {
+			lines = append(lines, s.Bold.Render(ansi.Truncate(l, w, "…")))
+		}
+	}
 	if g := r.Gradients; g != nil {
 		lines = append(lines, s.Warn.Render(ansi.Truncate(g.Reason, w, "…")))
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 )
@@ -81,5 +82,34 @@ func TestOOMPanel(t *testing.T) {
 	press(m, "o")
 	if !strings.Contains(screen(m), "OUT OF MEMORY") {
 		t.Error("o does not show the panel again")
+	}
+}
+
+// TestLeakAnnouncedOnOpen: a leaky snapshot says so in its title and a banner that reads as oomdbg check
+// would, before any key; the Leaks pane gives the code change; enter on a suspect shows its block in the
+// live set under the category the Leaks pane gave it.
+func TestLeakAnnouncedOnOpen(t *testing.T) {
+	s := fixture(t, "leaky")
+	m := newTestModel(t, s, 160, 48)
+	r := leaks.Analyze(snapshot.NewTimeline(s))
+	lines := strings.Split(screen(m), "\n")
+	if !strings.Contains(lines[0], "LEAK +"+units.FormatSize(r.LeakPerIteration)+" per iteration") {
+		t.Errorf("title %q does not announce the leak", lines[0])
+	}
+	if want := "FAIL: " + r.Reason; !strings.HasPrefix(lines[1], want[:min(len(want), 100)]) {
+		t.Errorf("banner %q, want check's %q", lines[1], want)
+	}
+	press(m, "4")
+	if out := screen(m); !strings.Contains(out, "loss_history.append(loss.item()), not loss_history.append(loss)") {
+		t.Errorf("the Leaks pane does not give the code change:\n%s", out)
+	}
+	sus := m.leaks.res.Suspects[0]
+	press(m, "enter")
+	if b := m.live.shown[m.live.selected]; b.Alloc != sus.Example.Alloc || b.Category != sus.Category {
+		t.Errorf("enter shows block %d (%s), the suspect's is %d (%s)", b.Alloc, b.Category, sus.Example.Alloc, sus.Category)
+	}
+	// A snapshot without a leak has no banner.
+	if out := screen(newTestModel(t, fixture(t, "leaky-fixed"), 160, 48)); strings.Contains(out, "FAIL") || strings.Contains(out, "LEAK") {
+		t.Errorf("a snapshot without a leak is announced as one:\n%s", out)
 	}
 }

@@ -50,7 +50,7 @@ func DefaultStyles(p colorprofile.Profile) Styles {
 	s.Allocated = plain.Foreground(c("39"))
 	s.Reserved = plain.Foreground(c("240"))
 	s.Capacity = plain.Foreground(c("196")).Bold(true)
-	s.After = plain.Foreground(c("214")).Bold(true)
+	s.After = plain.Foreground(c("16")).Background(c("214")).Bold(true) // a cell of its own colour: it shows over the bars
 	s.Border = plain.Foreground(c("240"))
 	phase := map[snapshot.Phase]string{
 		snapshot.PhaseSetup: "245", snapshot.PhaseData: "250", snapshot.PhaseForward: "33", snapshot.PhaseBackward: "166",

@@ -30,7 +30,10 @@ func (m *Model) relayout() {
 		m.layout = layout{tooSmall: true}
 		return
 	}
-	const fixed = 1 + 1 + 2 + 1 // title, tabs, status, help
+	fixed := 1 + 1 + 2 + 1 // title, tabs, status, help
+	if m.leakBanner() != "" {
+		fixed++
+	}
 	rest := h - fixed
 	tl := max(rest*2/5, 4)
 	m.layout = layout{timeline: rect{w, tl}, pane: rect{w, rest - tl}}
@@ -57,6 +60,9 @@ func (m *Model) render() string {
 	}
 	var parts []string
 	parts = append(parts, m.titleView())
+	if m.leakBanner() != "" {
+		parts = append(parts, m.bannerView())
+	}
 	if m.ix == nil || m.ix.len() == 0 {
 		parts = append(parts, m.loadingView())
 	} else {
@@ -91,6 +97,7 @@ func (m *Model) titleView() string {
 			sp := m.ix.spanAt(m.ix.oom)
 			fmt.Fprintf(&w, " · OOM in iteration %d, %s", sp.iteration, sp.phase)
 		}
+		w.WriteString(m.leakTitle())
 		title = w.String()
 	}
 	return m.styles.Title.Render(padRight(ansi.Truncate(" "+title, m.width, "…"), m.width))
@@ -98,6 +105,9 @@ func (m *Model) titleView() string {
 
 func (m *Model) loadingView() string {
 	h := m.layout.timeline.h + 1 + m.layout.pane.h + 2
+	if m.leakBanner() != "" {
+		h--
+	}
 	msg := m.load.label + "…"
 	if m.load.err != nil {
 		msg = m.styles.Error.Render(ansi.Truncate(m.load.err.Error(), m.width, "…"))
