@@ -330,6 +330,9 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.nextDevice()
 		return m.leaks.analyze(m.ix.tl)
 	}
+	if m.onListKey(msg) {
+		return nil
+	}
 	if cmd, handled := m.onNavigate(msg); handled {
 		return cmd
 	}

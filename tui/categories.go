@@ -54,5 +54,16 @@ func (p *categoriesPane) view(s Styles, w, h int) string {
 	if len(lines) == 1 {
 		lines = append(lines, s.Muted.Render("nothing is alive here"))
 	}
+	// What each category holds, in PyTorch's words, as room allows: the least familiar names first.
+	for _, c := range []snapshot.Category{snapshot.CategoryAutogradDetail, snapshot.CategoryAMPCache, snapshot.CategoryActivation,
+		snapshot.CategoryTemporary, snapshot.CategoryOptimizerState, snapshot.CategoryGradient, snapshot.CategoryInput,
+		snapshot.CategoryParameter, snapshot.CategoryUnknown} {
+		if len(lines) >= h {
+			break
+		}
+		if p.now[c] != 0 || p.now[c] != p.start[c] {
+			lines = append(lines, s.Muted.Render(ansi.Truncate(fmt.Sprintf("%-*s %s", label, snapshot.Category(c), snapshot.Category(c).Describe()), w, "…")))
+		}
+	}
 	return strings.Join(lines, "\n")
 }

@@ -210,6 +210,13 @@ func (p *livePane) view(s Styles, w, h int) string {
 		total += b.Size
 	}
 	head := fmt.Sprintf("%d blocks, %s live", len(p.rows), units.FormatSize(total))
+	if p.filter.Value() != "" { // what the filter keeps, of all
+		var kept int64
+		for _, b := range p.shown {
+			kept += b.Size
+		}
+		head = fmt.Sprintf("%d of %d blocks, %s of %s live", len(p.shown), len(p.rows), units.FormatSize(kept), units.FormatSize(total))
+	}
 	if p.freed > 0 || len(p.added) > 0 {
 		head += fmt.Sprintf(" · since last stop +%d new, -%d freed (%s)", len(p.added), p.freed, units.FormatSize(p.freedB))
 	}
@@ -260,8 +267,11 @@ func (p *livePane) view(s Styles, w, h int) string {
 		}
 		lines = append(lines, line)
 	}
-	if len(p.shown) == 0 {
+	switch {
+	case len(p.rows) == 0:
 		lines = append(lines, s.Muted.Render("  no block is alive here"))
+	case len(p.shown) == 0:
+		lines = append(lines, s.Muted.Render(ansi.Truncate(fmt.Sprintf("  no live block matches %q (esc clears the filter)", p.filter.Value()), w, "…")))
 	}
 	return strings.Join(lines, "\n")
 }

@@ -13,6 +13,11 @@ import (
 func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 	k, n := m.keys, m.ix.len()
 	step := max(n/100, 1)
+	// A hint says something of where the cursor was: a move drops it, unless the key gives one of its own.
+	status, isErr := m.status, m.statusIsError
+	if !isErr {
+		m.status = ""
+	}
 	switch {
 	case key.Matches(msg, k.StepBack):
 		m.moveTo(m.cursor - 1)
@@ -56,9 +61,34 @@ func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 	case key.Matches(msg, k.PanLeft, k.PanRight):
 		m.pan(key.Matches(msg, k.PanRight))
 	default:
+		m.status, m.statusIsError = status, isErr
 		return nil, false
 	}
 	return nil, true
+}
+
+// onListKey gives g and G to the list of a list pane, as less and lazygit do: its first and last row. home
+// and end still move the timeline.
+func (m *Model) onListKey(msg tea.KeyPressMsg) bool {
+	top := msg.String() == "g"
+	if !top && msg.String() != "G" {
+		return false
+	}
+	switch {
+	case m.pane == paneLive && !m.showingOOM() && !m.live.detail && len(m.live.shown) > 0:
+		m.live.selected = 0
+		if !top {
+			m.live.selected = len(m.live.shown) - 1
+		}
+	case m.pane == paneLeaks && m.leaks.res != nil && m.leaks.rows() > 0:
+		m.leaks.selected = 0
+		if !top {
+			m.leaks.selected = m.leaks.rows() - 1
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 // moveTo puts the cursor on event i (clamped), keeps it inside the timeline's window, and brings the panes
@@ -105,25 +135,35 @@ func (m *Model) pan(right bool) {
 }
 
 // nextBoundary returns the start of the next phase span (dir +1) or of the current or previous one (-1).
+// Under checkpointing, backward alternates with the recomputation of each checkpointed block dozens of times
+// an iteration: unless zoomed in, those spans are one stop.
 func (m *Model) nextBoundary(dir int) int {
 	spans := m.ix.spans
 	if len(spans) == 0 {
 		return m.cursor
 	}
+	stop := func(i int) bool { return i == 0 || m.zoomed || !sameBackward(spans[i-1], spans[i]) }
 	if dir > 0 {
-		for _, s := range spans {
-			if s.from > m.cursor {
+		for i, s := range spans {
+			if s.from > m.cursor && stop(i) {
 				return s.from
 			}
 		}
 		return m.ix.len() - 1
 	}
 	for i := len(spans) - 1; i >= 0; i-- {
-		if spans[i].from < m.cursor {
+		if spans[i].from < m.cursor && stop(i) {
 			return spans[i].from
 		}
 	}
 	return 0
+}
+
+// sameBackward reports whether two spans in a row are one backward pass: backward and the recomputation of
+// a checkpointed block inside it, in one iteration.
+func sameBackward(a, b span) bool {
+	bw := func(p snapshot.Phase) bool { return p == snapshot.PhaseBackward || p == snapshot.PhaseRecompute }
+	return a.iteration == b.iteration && bw(a.phase) && bw(b.phase)
 }
 
 // nextIteration returns the next (+1) or previous (-1) iteration marker.

@@ -90,6 +90,10 @@ func keyPress(k string) tea.KeyPressMsg {
 		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
 	case "backspace":
 		return tea.KeyPressMsg{Code: tea.KeyBackspace}
+	case "home":
+		return tea.KeyPressMsg{Code: tea.KeyHome}
+	case "end":
+		return tea.KeyPressMsg{Code: tea.KeyEnd}
 	}
 	r := []rune(k)[0]
 	return tea.KeyPressMsg{Code: r, Text: k}
@@ -159,12 +163,12 @@ func TestNavigation(t *testing.T) {
 		keys  []string
 		check func() error
 	}{
-		{[]string{"g"}, atEvent(m, 0)},
+		{[]string{"home"}, atEvent(m, 0)},
 		{[]string{"right", "right", "left"}, atEvent(m, 1)},
 		{[]string{"p"}, atEvent(m, ix.peak)},
 		{[]string{"o"}, atEvent(m, ix.oom)},
-		{[]string{"G"}, atEvent(m, ix.len()-1)},
-		{[]string{"g", "}"}, atEvent(m, ix.iters[0])},
+		{[]string{"end"}, atEvent(m, ix.len()-1)},
+		{[]string{"home", "}"}, atEvent(m, ix.iters[0])},
 		{[]string{"}"}, atEvent(m, ix.iters[1])},
 		{[]string{"{"}, atEvent(m, ix.iters[0])},
 		{[]string{"]"}, func() error { // the next phase begins with a phase marker

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
@@ -157,8 +158,14 @@ func (m *Model) statusView() []string {
 	ix, c := m.ix, m.cursor
 	e := &m.snap.Events[c]
 	sp := ix.spanAt(c)
-	delta := ix.allocated(c) - ix.allocated(min(m.prev, ix.len()-1))
-	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s)  reserved %s", c, ix.len()-1, sp.iteration,
+	// The event's own change: what this allocation or free did, not the distance from the last stop.
+	var delta int64
+	if c > 0 {
+		delta = ix.allocated(c) - ix.allocated(c-1)
+	} else {
+		delta = ix.allocated(0)
+	}
+	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1, sp.iteration,
 		sp.phase, e.Action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
 	msg := m.status
 	style := m.styles.Muted
@@ -173,12 +180,38 @@ func (m *Model) statusView() []string {
 
 func (m *Model) helpView() string {
 	lines := []string{m.styles.Title.Render(padRight(" oomdbg keys (? or esc to close)", m.width)), ""}
-	for _, l := range strings.Split(m.help.FullHelpView(m.keys.FullHelp()), "\n") {
-		lines = append(lines, ansi.Truncate(l, m.width, "…"))
+	groups := [][][]key.Binding{m.keys.FullHelp()}
+	unbounded := m.help
+	unbounded.SetWidth(0)
+	if all := groups[0]; widest(unbounded.FullHelpView(all)) > m.width { // too narrow: two rows of groups
+		groups = [][][]key.Binding{all[:len(all)/2], all[len(all)/2:]}
 	}
-	lines = append(lines, "", m.styles.Muted.Render(ansi.Truncate("timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; the row under it: reserved minus allocated, on its own scale up to the size at its left; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration", m.width, "…")))
+	for i, g := range groups {
+		if i > 0 {
+			lines = append(lines, "")
+		}
+		for _, l := range strings.Split(m.help.FullHelpView(g), "\n") {
+			lines = append(lines, ansi.Truncate(l, m.width, "…"))
+		}
+	}
+	lines = append(lines, "")
+	for _, l := range strings.Split(ansi.Wordwrap(legend, m.width, " "), "\n") { // wrapped, never cut
+		lines = append(lines, m.styles.Muted.Render(ansi.Truncate(l, m.width, "…")))
+	}
 	return strings.Join(lines, "\n")
 }
+
+// widest is the width of the widest line of s.
+func widest(s string) int {
+	w := 0
+	for _, l := range strings.Split(s, "\n") {
+		w = max(w, ansi.StringWidth(l))
+	}
+	return w
+}
+
+// legend says what the timeline draws.
+const legend = "timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; the row under it: reserved minus allocated, on its own scale up to the size at its left; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration"
 
 // fitHeight pads or cuts s to exactly h lines.
 func fitHeight(s string, h int) string {
