@@ -45,6 +45,9 @@ forward). It is reported, by site, bytes and retainer, and passes unless --max-h
 Gradients that no zero_grad clears between optimizer steps are named too (backward adds each step's
 gradients to the last ones): they pass, and count as held.
 
+A run that ran out of memory fails, whatever else it shows: its iterations are cut short, and a leak
+check of them is no pass.
+
 A snapshot cut short (a recording killed, or still being written) or damaged part-way is not checked:
 its missing iterations could hold the leak or the peak. --allow-truncated checks what it holds, and says
 so on stderr.
@@ -88,8 +91,10 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if len(functions) > 0 {
 				opts = append(opts, leaks.IgnoreFunctions(functions...))
 			}
-			r := leaks.Analyze(snapshot.NewTimeline(s), opts...)
+			tl := snapshot.NewTimeline(s)
+			r := leaks.Analyze(tl, opts...)
 			res := checkResult(args[0], r, lim)
+			failOnOOM(res, tl)
 			if asJSON {
 				if err := writeCheckJSON(cmd.OutOrStdout(), res); err != nil {
 					return err
@@ -172,6 +177,19 @@ func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
 		c.Reason += fmt.Sprintf("; peak %s is within the limit of %s", units.FormatSize(r.PeakAllocated), units.FormatSize(*lim.maxPeak))
 	}
 	return c
+}
+
+// failOnOOM fails a check of a run that ran out of memory: a snapshot that ends in an OOM has too few
+// iterations for the leak check to pass it.
+func failOnOOM(c *check, tl *snapshot.Timeline) {
+	ooms := tl.OOMs()
+	if len(ooms) == 0 {
+		return
+	}
+	e := tl.Snapshot().Events[ooms[0]]
+	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", ooms[0], e.Iteration, e.Phase)
+	c.Failures = append([]string{reason}, c.Failures...)
+	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
 }
 
 func writeCheckText(w io.Writer, c *check, r *leaks.Result) {
