@@ -153,7 +153,7 @@ func advise(ctx context.Context, tl *snapshot.Timeline, r *Report, m Measurer) (
 		for _, row := range ms.Rows[1:] {
 			after, fits := row.NeedsAllocated, !row.OOM
 			a := Advice{Fix: row.Fix, Measured: true, Saving: base.NeedsAllocated - row.NeedsAllocated, Metric: "allocated",
-				PeakAfter: &after, Fits: &fits, Why: measuredWhy(row, why)}
+				PeakAfter: &after, Fits: &fits, Why: measuredWhy(row, base.NeedsAllocated-row.NeedsAllocated, why)}
 			advice = append(advice, a)
 		}
 	}
@@ -197,10 +197,10 @@ func reasons(c composition) map[string]string {
 		why["flash"] = "flash attention never materialises the B*H*T*T attention scores and probabilities (" + units.FormatSize(c.attention) + " at the peak)"
 	}
 	if c.activations > 0 && c.blocks >= 2 {
-		why["checkpoint"] = "checkpointing keeps each of the " + strconv.Itoa(c.blocks) + " blocks' inputs instead of the activations saved for backward (" + units.FormatSize(c.activations) + " at the peak) and recomputes them in backward"
+		why["checkpoint"] = "checkpointing keeps only the inputs of the " + strconv.Itoa(c.blocks) + " blocks alive at the peak instead of the activations they saved for backward (" + units.FormatSize(c.activations) + ") and recomputes those in backward"
 	}
 	if c.fp32Acts > 0 {
-		why["bf16"] = "autocast saves matmul activations in 16 bits: half of the " + units.FormatSize(c.fp32Acts) + " of fp32 activations at the peak"
+		why["bf16"] = "autocast saves the outputs of matmuls for backward in 16 bits (of the " + units.FormatSize(c.fp32Acts) + " of fp32 activations at the peak) and keeps 16-bit copies of the weights"
 		why["fp16"] = why["bf16"]
 	}
 	if c.activations+c.inputs > 0 {
@@ -212,15 +212,22 @@ func reasons(c composition) map[string]string {
 	return why
 }
 
-// measuredWhy explains a measured fix by the parts of its name that have a reason.
-func measuredWhy(row Measurement, why map[string]string) string {
+// measuredWhy explains a measured fix by the parts of its name that have a reason; a fix that saves
+// nothing gets no reason, which would read as a saving the measurement contradicts.
+func measuredWhy(row Measurement, saving int64, why map[string]string) string {
 	var parts []string
+	if saving <= 0 {
+		why = nil
+	}
 	for _, k := range []string{"flash", "checkpoint", "bf16", "fp16", "batch", "SGD"} {
 		if strings.Contains(row.Fix, k) && why[k] != "" && !slices.Contains(parts, why[k]) {
 			parts = append(parts, why[k])
 		}
 	}
 	out := "needs " + units.FormatSize(row.NeedsAllocated)
+	if saving < 0 {
+		out += ", " + units.FormatSize(-saving) + " more than as configured"
+	}
 	if row.OOM {
 		out += "; still runs out of memory"
 		if row.OOMPhase != "" {
