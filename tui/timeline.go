@@ -16,6 +16,7 @@ import (
 type timelinePane struct {
 	ix    *index
 	after *index // the re-run with fixes, if any
+	axis  axis
 }
 
 // axisWidth is the width of the memory axis labels.
@@ -34,7 +35,9 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	if strip {
 		plotH--
 	}
-	alloc, res := p.ix.columns(from, to, plotW)
+	p.axis.update(p.ix.snap, p.ix.len())
+	cols := p.axis.columns(from, to, plotW)
+	alloc, res := extents(p.ix.tl, snapshot.Allocated, cols), extents(p.ix.tl, snapshot.Reserved, cols)
 	// Scale to the run; the device's capacity joins the scale when the run comes near it (a run that uses a
 	// sliver of the card would otherwise be a flat line).
 	top := max(maxOf(res), maxOf(alloc), 1)
@@ -44,11 +47,11 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	top += top / 20 // headroom so the capacity line and the peak stay visible
 	var after []int64
 	if p.after != nil && p.after.len() > 0 {
-		after = p.alignedAfter(from, to, plotW)
+		after = p.alignedAfter(cols)
 	}
 	curCol := -1
 	if cursor >= from && cursor < to {
-		curCol = (cursor - from) * plotW / max(to-from, 1)
+		curCol = columnOf(cols, cursor)
 	}
 	capRow := -1
 	if c := p.ix.capacity; c > 0 && c < top {
@@ -82,23 +85,29 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 		b.WriteByte('\n')
 	}
 	if strip {
-		b.WriteString(p.unallocatedRow(s, from, to, plotW, curCol))
+		b.WriteString(p.unallocatedRow(s, cols, curCol))
 		b.WriteByte('\n')
 	}
 	b.WriteString(s.Muted.Render(padLeft("phase", axisWidth-1) + " "))
-	b.WriteString(p.band(s, from, to, plotW, curCol))
+	b.WriteString(p.band(s, cols, curCol))
 	return b.String()
 }
 
 // unallocatedRow draws reserved minus allocated bytes, the highest of each column, in eighths of a cell on a
 // scale of its own: its axis label is the highest value in view.
-func (p *timelinePane) unallocatedRow(s Styles, from, to, width, curCol int) string {
-	cols := p.ix.unallocated(from, to, width)
-	top := max(maxOf(cols), 1)
+func (p *timelinePane) unallocatedRow(s Styles, cols []column, curCol int) string {
+	vals := make([]int64, len(cols))
+	for c, col := range cols {
+		vals[c] = -1
+		if col.from < col.to {
+			vals[c] = p.ix.tl.UnallocatedMax(col.from, col.to)
+		}
+	}
+	top := max(maxOf(vals), 1)
 	var b strings.Builder
 	b.WriteString(s.Muted.Render(padLeft(units.FormatSize(top), axisWidth-1) + " "))
 	var line runs
-	for c, v := range cols {
+	for c, v := range vals {
 		ch := ' '
 		if v > 0 {
 			ch = eighths[max(1, int(v*8/top))]
@@ -127,15 +136,13 @@ func cell(alloc, res, lo, hi int64, capacityRow bool) (rune, styleID) {
 }
 
 // band is the row of phase letters under the plot, with a tick where an iteration begins.
-func (p *timelinePane) band(s Styles, from, to, width, curCol int) string {
+func (p *timelinePane) band(s Styles, cols []column, curCol int) string {
 	var line runs
-	n := to - from
 	iters := p.ix.iters
 	j := 0
-	for c := range width {
-		a := from + c*n/width
-		e := from + (c+1)*n/width
-		if a >= to {
+	for c, col := range cols {
+		a, e := col.from, col.to
+		if a >= e {
 			line.add(' ', stylePlain, false)
 			continue
 		}
@@ -157,7 +164,7 @@ func (p *timelinePane) band(s Styles, from, to, width, curCol int) string {
 // alignedAfter returns, per column, the re-run's highest allocated bytes over the same part of the run: each
 // event maps to the same phase of the same iteration in the re-run, at the same fraction of the phase. Columns
 // the re-run has no counterpart for are -1.
-func (p *timelinePane) alignedAfter(from, to, width int) []int64 {
+func (p *timelinePane) alignedAfter(cols []column) []int64 {
 	first := map[[2]int32]span{}
 	for _, sp := range p.after.spans {
 		k := [2]int32{sp.iteration, int32(sp.phase)}
@@ -173,11 +180,10 @@ func (p *timelinePane) alignedAfter(from, to, width int) []int64 {
 		}
 		return q.from + (i-sp.from)*(q.to-q.from)/max(sp.to-sp.from, 1)
 	}
-	out := make([]int64, width)
-	n := to - from
-	for c := range width {
-		a, b := from+c*n/width, from+(c+1)*n/width-1
-		if a >= to {
+	out := make([]int64, len(cols))
+	for c, col := range cols {
+		a, b := col.from, col.to-1
+		if a > b {
 			out[c] = -1
 			continue
 		}

@@ -1,0 +1,53 @@
+package tui
+
+import (
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// TestAxisLeavesOutBookkeeping: after the OOM the recording writes heap dumps and their retain edges, which
+// change no memory; they take no columns, so the OOM is drawn in the last column, and every column holds the
+// same number of allocator events, give or take one.
+func TestAxisLeavesOutBookkeeping(t *testing.T) {
+	s := fixture(t, "tiny-oom")
+	m := newTestModel(t, s, 80, 24)
+	// The allocator's events and device readings are the run; the rest are markers.
+	runs, before := 0, 0
+	for i, e := range s.Events {
+		switch e.Action {
+		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionSegmentAlloc,
+			snapshot.ActionSegmentFree, snapshot.ActionOOM, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap,
+			snapshot.ActionSample, snapshot.ActionSnapshot:
+			if i < m.ix.oom {
+				before++
+			}
+			runs++
+		}
+	}
+	const width = 70
+	var a axis
+	a.update(s, len(s.Events))
+	cols := a.columns(0, len(s.Events), width)
+	want := 0 // the column whose share of the run's events holds the OOM's
+	for c := range width {
+		if c*runs/width <= before {
+			want = c
+		}
+	}
+	byEvents := m.ix.oom * width / len(s.Events) // where counting every event put it
+	if c := columnOf(cols, m.ix.oom); c != want || want-byEvents < 10 {
+		t.Errorf("the OOM is in column %d, want %d (by events, it was in %d)", c, want, byEvents)
+	}
+	for c, col := range cols {
+		k := 0
+		for i := col.from; i < col.to; i++ {
+			if !marker(s.Events[i].Action) {
+				k++
+			}
+		}
+		if lo := runs / width; k < lo || k > lo+1 {
+			t.Errorf("column %d holds %d allocator events, want %d or %d", c, k, lo, lo+1)
+		}
+	}
+}
