@@ -14,6 +14,7 @@ type KeyMap struct {
 	ZoomIn, ZoomOut, ZoomAll key.Binding
 	PanLeft, PanRight        key.Binding
 	Up, Down                 key.Binding
+	PageUp, PageDown         key.Binding
 	NextPane, PrevPane       key.Binding
 	Live, Categories         key.Binding
 	Segments, Leaks          key.Binding
@@ -53,6 +54,8 @@ func DefaultKeyMap() KeyMap {
 		PanRight:    b(">", "pan right", ">"),
 		Up:          b("↑/k", "up", "up", "k"),
 		Down:        b("↓/j", "down", "down", "j"),
+		PageUp:      b("pgup/ctrl+u", "page up", "pgup", "ctrl+u"),
+		PageDown:    b("pgdn/ctrl+d", "page down", "pgdown", "ctrl+d"),
 		NextPane:    b("tab", "next pane", "tab"),
 		PrevPane:    b("shift+tab", "prev pane", "shift+tab"),
 		Live:        b("1", "live set", "1"),
@@ -88,6 +91,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
 }

@@ -32,9 +32,10 @@ type livePane struct {
 	sortBy   int
 	filter   textinput.Model // focused while the filter is typed
 
-	detail    bool // showing the selected block's stack and retainers
-	scroll    int  // the detail's first line shown
-	allFrames bool // the detail shows compiled frames too, not only the program's
+	detail     bool // showing the selected block's stack and retainers
+	scroll     int  // the detail's first line shown
+	allFrames  bool // the detail shows compiled frames too, not only the program's
+	toCompiled bool // the detail scrolls to the compiled frames once drawn
 	// frameText is each stack's frames as the filter matches them, lower-cased, made once per stack.
 	frameText map[snapshot.StackID]string
 }
@@ -154,12 +155,11 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	switch {
 	case p.detail && key.Matches(msg, k.Back, k.Detail):
 		p.detail = false
-	case p.detail && key.Matches(msg, k.Up):
-		p.scroll = max(p.scroll-1, 0)
-	case p.detail && key.Matches(msg, k.Down):
-		p.scroll++ // the view holds it within the lines
 	case p.detail && key.Matches(msg, k.AllFrames):
 		p.allFrames = !p.allFrames
+		p.toCompiled = p.allFrames // bring the frames a asked for into view
+	case p.detail:
+		p.scrollDetail(msg, k, m.layout.pane.h)
 	case key.Matches(msg, k.Up):
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
@@ -302,56 +302,6 @@ func (p *livePane) title(b snapshot.Allocation) string {
 }
 
 func scopeWidth(w int) int { return min(max(w/4, 12), 40) }
-
-// detailView shows the selected block: what it is, where it was allocated, and who keeps it alive.
-func (p *livePane) detailView(s Styles, w, h int) string {
-	b := p.shown[p.selected]
-	e := &b
-	snap := p.ix.snap
-	lines := []string{
-		s.Bold.Render(ansi.Truncate(fmt.Sprintf("%s  %s  (%s)", p.title(b), units.FormatSize(b.Size), b.Category), w, "…")),
-		ansi.Truncate(fmt.Sprintf("allocated at event %d, iteration %d, %s, in %s; block %#x", b.Alloc, e.Iteration, e.Phase, orDash(snap.String(e.Scope)), b.Addr), w, "…"),
-	}
-	if path := p.ix.retainerPath(b, p.at); len(path) > 0 {
-		lines = append(lines, s.Header.Render(fmt.Sprintf("kept alive by (%d holders to the root)", len(path))))
-		// A long chain of autograd nodes says little past its ends: who saved the block, and the root.
-		if room := max(h-len(lines)-3, 4); len(path) > room {
-			head, tail := path[:room-2], path[len(path)-1:]
-			path = append(append(head, fmt.Sprintf("… %d more holders …", len(path)-len(head)-len(tail))), tail...)
-		}
-		for i, r := range path {
-			lines = append(lines, ansi.Truncate(strings.Repeat(" ", min(i, 12))+"← "+r, w, "…"))
-		}
-	} else {
-		lines = append(lines, s.Muted.Render("no heap dump names this block (heap dumps come at iteration ends and at an OOM)"))
-	}
-	// The program's frames first (a Python program's Python frames, as memory_viz shows them); the
-	// allocator's and the dispatcher's compiled frames only on request.
-	frames := snap.Stack(e.Stack)
-	own := snap.UserFrames(e.Stack, 0)
-	python := len(own) > 0 && strings.HasSuffix(snap.String(snap.Frame(own[0]).File), ".py")
-	if python && !p.allFrames && len(own) < len(frames) {
-		lines = append(lines, s.Header.Render(fmt.Sprintf("allocated from (%d compiled frames hidden · a shows all)", len(frames)-len(own))))
-		frames = own
-	} else {
-		lines = append(lines, s.Header.Render("allocated from"))
-	}
-	for _, f := range frames {
-		fr := snap.Frame(f)
-		lines = append(lines, ansi.Truncate(fmt.Sprintf("  %s  %s:%d", snap.String(fr.Function), shortFile(snap.String(fr.File)), fr.Line), w, "…"))
-	}
-	if e.Stack == 0 {
-		lines = append(lines, s.Muted.Render("  no stack recorded"))
-	}
-	// The title stays; the rest scrolls (j/k).
-	if len(lines) > h {
-		p.scroll = min(p.scroll, len(lines)-h)
-		lines = append(lines[:1], lines[1+p.scroll:1+p.scroll+h-1]...)
-	} else {
-		p.scroll = 0
-	}
-	return strings.Join(lines, "\n")
-}
 
 func orDash(s string) string {
 	if s == "" {

@@ -90,6 +90,12 @@ func keyPress(k string) tea.KeyPressMsg {
 		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
 	case "backspace":
 		return tea.KeyPressMsg{Code: tea.KeyBackspace}
+	case "pgdown":
+		return tea.KeyPressMsg{Code: tea.KeyPgDown}
+	case "pgup":
+		return tea.KeyPressMsg{Code: tea.KeyPgUp}
+	case "ctrl+d":
+		return tea.KeyPressMsg{Code: 'd', Mod: tea.ModCtrl}
 	case "home":
 		return tea.KeyPressMsg{Code: tea.KeyHome}
 	case "end":
@@ -114,6 +120,7 @@ func TestViews(t *testing.T) {
 		{"oom-fixes-ranked", "tiny-oom", []string{"5"}, false},
 		{"oom-fixes-applied", "tiny-oom", []string{"5", "a"}, true},
 		{"oom-live-detail", "tiny-oom", []string{"enter"}, false},
+		{"oom-live-detail-scrolled", "tiny-oom", []string{"enter", "pgdown"}, false},
 		{"oom-categories", "tiny-oom", []string{"2"}, false},
 		{"oom-segments", "tiny-oom", []string{"3"}, false},
 		{"peak-live", "tiny-oom", []string{"p"}, false},
