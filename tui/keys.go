@@ -22,6 +22,7 @@ type KeyMap struct {
 	Ranks                    key.Binding
 	Detail, Back             key.Binding
 	Filter, Sort             key.Binding
+	Group                    key.Binding // the live set's grouping
 	Toggle, Rerun            key.Binding
 	AllFrames, NextDevice    key.Binding
 	Fit                      key.Binding // the fixes pane's plans that fit
@@ -69,6 +70,7 @@ func DefaultKeyMap() KeyMap {
 		Back:        b("esc", "back", "esc"),
 		Filter:      b("/", "filter", "/"),
 		Sort:        b("s", "sort", "s"),
+		Group:       b("b", "group by", "b"),
 		Toggle:      b("space", "change", "space"),
 		Rerun:       b("r", "re-run", "r"),
 		AllFrames:   b("a", "all frames (detail)", "a"),
@@ -91,6 +93,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
 }

@@ -32,6 +32,11 @@ type livePane struct {
 	sortBy   int
 	filter   textinput.Model // focused while the filter is typed
 
+	groupBy   groupBy     // the grouping shown (b cycles it)
+	groups    []liveGroup // the shown blocks grouped
+	groupSel  int         // the selected group
+	openGroup string      // the group whose blocks are listed; "" for the groups
+
 	detail     bool // showing the selected block's stack and retainers
 	scroll     int  // the detail's first line shown
 	allFrames  bool // the detail shows compiled frames too, not only the program's
@@ -91,9 +96,13 @@ func (p *livePane) apply() {
 	p.shown = p.shown[:0]
 	f := strings.ToLower(p.filter.Value())
 	for _, b := range p.rows {
-		if f == "" || strings.Contains(strings.ToLower(p.describe(b)), f) {
+		if (f == "" || strings.Contains(strings.ToLower(p.describe(b)), f)) && p.inOpenGroup(b) {
 			p.shown = append(p.shown, b)
 		}
+	}
+	p.groups = nil
+	if p.grouped() {
+		p.groups = groupLive(p.ix.snap, p.shown, p.groupBy)
 	}
 	switch sortNames[p.sortBy] {
 	case "newest":
@@ -160,6 +169,20 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		p.toCompiled = p.allFrames // bring the frames a asked for into view
 	case p.detail:
 		p.scrollDetail(msg, k, m.layout.pane.h)
+	case key.Matches(msg, k.Group):
+		m.setStatus(p.cycleGroup(), false)
+	case p.grouped() && key.Matches(msg, k.Up):
+		p.groupSel = max(p.groupSel-1, 0)
+	case p.grouped() && key.Matches(msg, k.Down):
+		p.groupSel = min(p.groupSel+1, max(len(p.groups)-1, 0))
+	case p.grouped() && key.Matches(msg, k.Detail):
+		if p.groupSel < len(p.groups) {
+			p.openGroup, p.selected = p.groups[p.groupSel].name, 0
+			p.apply()
+		}
+	case p.openGroup != "" && key.Matches(msg, k.Back) && p.filter.Value() == "":
+		p.openGroup = ""
+		p.apply()
 	case key.Matches(msg, k.Up):
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
@@ -209,6 +232,9 @@ func (p *livePane) view(s Styles, w, h int) string {
 	for _, b := range p.rows {
 		total += b.Size
 	}
+	if p.grouped() {
+		return p.groupsView(s, w, h, total)
+	}
 	head := fmt.Sprintf("%d blocks, %s live", len(p.rows), units.FormatSize(total))
 	if p.filter.Value() != "" { // what the filter keeps, of all
 		var kept int64
@@ -225,6 +251,9 @@ func (p *livePane) view(s Styles, w, h int) string {
 		head += " · filter: " + p.filter.View()
 	case p.filter.Value() != "":
 		head += " · filter: " + p.filter.Value()
+	}
+	if p.openGroup != "" {
+		head += fmt.Sprintf(" · %s %s: %d blocks (esc: the groups)", groupNames[p.groupBy], p.openGroup, len(p.shown))
 	}
 	head += " · sort: " + sortNames[p.sortBy]
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}

@@ -117,6 +117,9 @@ func TestViews(t *testing.T) {
 	}{
 		{"oom-live", "tiny-oom", nil, false},
 		{"oom-list", "tiny-oom", []string{"esc"}, false},
+		{"oom-grouped-site", "tiny-oom", []string{"esc", "b"}, false},
+		{"oom-grouped-op", "tiny-oom", []string{"esc", "b", "b", "b"}, false},
+		{"oom-group-opened", "tiny-oom", []string{"esc", "b", "enter"}, false},
 		{"oom-fixes-ranked", "tiny-oom", []string{"5"}, false},
 		{"oom-fixes-applied", "tiny-oom", []string{"5", "a"}, true},
 		{"oom-live-detail", "tiny-oom", []string{"enter"}, false},
