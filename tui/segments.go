@@ -15,38 +15,70 @@ import (
 	"github.com/oomdbg/oomdbg/triage"
 )
 
-// segmentsPane shows the caching allocator's state at the cursor: each segment (a cudaMalloc or a mapped
-// range), how much of it is allocated, a map of its blocks, and the fragmentation: its free blocks, which
-// empty_cache cannot return while the segment holds a block in use, and which serve only requests that fit
-// in one of them. The figures are the Timeline's (snapshot.FragmentationOf), as the report's are.
+// segmentsPane shows the caching allocator's state at the cursor, as memory_viz's allocator state does: each
+// segment (a cudaMalloc or a mapped range) drawn to scale with its blocks in use, pending free and free
+// (inactive split blocks), and the fragmentation: free blocks, which empty_cache cannot return while their
+// segment holds a block in use, and which serve only requests that fit in one of them. enter lists the
+// selected segment's blocks. Allocated and unallocated bytes are the timeline's, as the report counts them.
 type segmentsPane struct {
-	segs   []snapshot.SegmentState
-	offset int
-	oom    string // at an OOM event: what its request met, as the report says it
+	snap      *snapshot.Snapshot
+	at        int
+	segs      []snapshot.SegmentState
+	selected  int
+	open      bool  // listing the selected segment's blocks
+	offset    int   // the first line of that list shown
+	allocated int64 // the timeline's allocated and reserved bytes at the cursor, as the report counts them
+	reserved  int64
+	oom       string // at an OOM event: what its request met, as the report says it
 }
 
 // setData replays the allocator's segments at event at.
 func (p *segmentsPane) setData(ix *index, at int) {
+	p.snap, p.at = ix.snap, at
 	p.segs = ix.tl.SegmentsAt(at)
-	p.offset = min(p.offset, max(len(p.segs)-1, 0))
+	p.selected = min(p.selected, max(len(p.segs)-1, 0))
+	p.allocated, p.reserved = ix.allocated(at), ix.reserved(at)
 	_, p.oom = triage.DiagnoseOOM(ix.tl, at)
 }
 
 func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 	switch {
-	case key.Matches(msg, k.Up):
+	case p.open && key.Matches(msg, k.Back, k.Detail):
+		p.open = false
+	case p.open && key.Matches(msg, k.Up):
 		p.offset = max(p.offset-1, 0)
+	case p.open && key.Matches(msg, k.Down):
+		p.offset++
+	case key.Matches(msg, k.Up):
+		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
-		p.offset = min(p.offset+1, max(len(p.segs)-1, 0))
+		p.selected = min(p.selected+1, max(len(p.segs)-1, 0))
+	case key.Matches(msg, k.Detail):
+		p.open, p.offset = len(p.segs) > 0, 0
 	}
 }
 
+// Cells of a segment's map: memory_viz's allocator state in characters.
+const (
+	cellAllocated = '█' // a block in use
+	cellPending   = '▒' // freed by the program, not yet back in the cache (its stream has not caught up)
+	cellFree      = '·' // an inactive split block: cached, free
+)
+
 func (p *segmentsPane) view(s Styles, w, h int) string {
+	if p.open && p.selected < len(p.segs) {
+		return p.blocksView(s, w, h)
+	}
 	f := snapshot.FragmentationOf(p.segs, nil)
-	head := fmt.Sprintf("%d segments of %s: %s allocated, %s (%.0f%%) unallocated", len(p.segs),
-		units.FormatSize(f.Reserved), units.FormatSize(f.Allocated), units.FormatSize(f.Reserved-f.Allocated), 100*f.Ratio())
-	frag := fmt.Sprintf("%d free blocks, largest %s; %s in segments empty_cache keeps",
-		f.FreeBlocks, units.FormatSize(f.Largest), units.FormatSize(f.Split))
+	pending := f.Allocated - p.allocated // blocks in segments whose free was requested but not completed
+	unalloc := p.reserved - p.allocated
+	head := fmt.Sprintf("%d segments, %s: %s allocated, %s (%.0f%%) unallocated", len(p.segs),
+		units.FormatSize(p.reserved), units.FormatSize(p.allocated), units.FormatSize(unalloc), 100*float64(unalloc)/float64(max(p.reserved, 1)))
+	if pending > 0 {
+		head += fmt.Sprintf(", of which %s freed and awaiting its stream", units.FormatSize(pending))
+	}
+	frag := fmt.Sprintf("%d free blocks, largest %s; %s in segments empty_cache keeps · %c in use %c pending free %c free · enter: blocks",
+		f.FreeBlocks, units.FormatSize(f.Largest), units.FormatSize(f.Split), cellAllocated, cellPending, cellFree)
 	var lines []string
 	if p.oom != "" {
 		for _, l := range strings.Split(ansi.Wordwrap(sentence(p.oom)+".", w, " "), "\n") {
@@ -54,29 +86,91 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		}
 	}
 	lines = append(lines, s.Muted.Render(ansi.Truncate(head, w, "…")), s.Muted.Render(ansi.Truncate(frag, w, "…")))
-	// Each segment: address, size, share allocated, a map of its blocks (█ in use, · free) and its free
-	// blocks, largest first.
-	mapW := max(min(w-36-24, 48), 8)
-	for i := p.offset; i < len(p.segs) && len(lines) < h; i++ {
+	// Each segment: address, size, share allocated, and a map of its blocks drawn to scale: the largest
+	// segment takes the whole width, the others their share of it (a cell at least).
+	mapW := max(w-37, 8)
+	var largest int64 = 1
+	for _, sg := range p.segs {
+		largest = max(largest, sg.Size)
+	}
+	rows := h - len(lines)
+	from := min(max(p.selected-rows+1, 0), max(len(p.segs)-rows, 0))
+	for i := from; i < len(p.segs) && len(lines) < h; i++ {
 		sg := p.segs[i]
-		cells := make([]rune, mapW)
-		for j := range cells {
-			cells[j] = '·'
+		cells := segmentCells(sg, p.at, max(int(int64(mapW)*sg.Size/largest), 1))
+		mark := " "
+		if i == p.selected {
+			mark = "▸"
 		}
-		for _, b := range sg.Blocks {
-			off := int64(b.Addr - sg.Addr)
-			from := int(off * int64(mapW) / sg.Size)
-			to := int((off + b.Size) * int64(mapW) / sg.Size)
-			for j := from; j < max(to, from+1) && j < mapW; j++ {
-				cells[j] = '█'
-			}
+		line := fmt.Sprintf("%s%s %10s %3.0f%% ", mark, formatAddr(sg.Addr), units.FormatSize(sg.Size), 100*float64(sg.Allocated())/float64(max(sg.Size, 1)))
+		if i == p.selected {
+			line = s.Selected.Render(line)
 		}
-		line := fmt.Sprintf("%#014x %10s %3.0f%% %s %s", sg.Addr, units.FormatSize(sg.Size),
-			100*float64(sg.Allocated())/float64(max(sg.Size, 1)), s.Allocated.Render(string(cells)), freeList(sg.Gaps))
-		lines = append(lines, ansi.Truncate(line, w, "…"))
+		lines = append(lines, ansi.Truncate(line+s.Allocated.Render(string(cells)), w, "…"))
 	}
 	if len(p.segs) == 0 {
 		lines = append(lines, s.Muted.Render("no segment is reserved here"))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// segmentCells maps a segment's blocks onto width cells: a cell shows a block in use if any part of one
+// falls in it, else a pending free, else free memory.
+func segmentCells(sg snapshot.SegmentState, at, width int) []rune {
+	cells := make([]rune, width)
+	for j := range cells {
+		cells[j] = cellFree
+	}
+	rank := map[rune]int{cellFree: 0, cellPending: 1, cellAllocated: 2}
+	for _, b := range sg.Blocks {
+		c := cellAllocated
+		if !b.AllocatedAt(at) {
+			c = cellPending
+		}
+		off := int64(b.Addr - sg.Addr)
+		from := int(off * int64(width) / sg.Size)
+		to := int((off + b.Size) * int64(width) / sg.Size)
+		for j := from; j < max(to, from+1) && j < width; j++ {
+			if rank[c] > rank[cells[j]] {
+				cells[j] = c
+			}
+		}
+	}
+	return cells
+}
+
+// blocksView lists the selected segment's blocks and free ranges in address order.
+func (p *segmentsPane) blocksView(s Styles, w, h int) string {
+	sg := p.segs[p.selected]
+	type piece struct {
+		addr uint64
+		line string
+	}
+	var pieces []piece
+	for _, b := range sg.Blocks {
+		state := "in use"
+		if !b.AllocatedAt(p.at) {
+			state = "pending free"
+		}
+		what := orDash(p.snap.String(b.Label))
+		if what == "-" {
+			what = orDash(p.snap.String(b.Scope))
+		}
+		pieces = append(pieces, piece{b.Addr, fmt.Sprintf("  +%-12s %10s  %-12s %-15s %s", units.FormatSize(int64(b.Addr-sg.Addr)), units.FormatSize(b.Size), state, b.Category, what)})
+	}
+	for _, g := range sg.Gaps {
+		pieces = append(pieces, piece{g.Addr, fmt.Sprintf("  +%-12s %10s  %-12s", units.FormatSize(int64(g.Addr-sg.Addr)), units.FormatSize(g.Size), "free")})
+	}
+	slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.addr, b.addr) })
+	lines := []string{
+		s.Bold.Render(ansi.Truncate(fmt.Sprintf("segment %#x: %s, %d blocks in use or pending, %d free · esc back", sg.Addr, units.FormatSize(sg.Size), len(sg.Blocks), len(sg.Gaps)), w, "…")),
+		s.Allocated.Render(string(segmentCells(sg, p.at, max(w-2, 8)))),
+		s.Header.Render(ansi.Truncate(fmt.Sprintf("  %-13s %10s  %-12s %-15s %s", "offset", "size", "state", "category", "tensor"), w, "")),
+	}
+	rows := h - len(lines)
+	p.offset = min(p.offset, max(len(pieces)-rows, 0))
+	for i := p.offset; i < len(pieces) && len(lines) < h; i++ {
+		lines = append(lines, ansi.Truncate(pieces[i].line, w, "…"))
 	}
 	return strings.Join(lines, "\n")
 }
@@ -105,3 +199,6 @@ func freeList(gaps []snapshot.Gap) string {
 	}
 	return "free " + strings.Join(parts, ", ")
 }
+
+// formatAddr is a segment's address as the pane writes it.
+func formatAddr(addr uint64) string { return fmt.Sprintf("%#014x", addr) }
