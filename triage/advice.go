@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -179,6 +180,17 @@ func advise(ctx context.Context, tl *snapshot.Timeline, r *Report, m Measurer) (
 			Why: units.FormatSize(c.gap) + " was reserved but unallocated at the peak; expandable segments grow and shrink in place instead of caching whole segments"})
 	}
 	slices.SortStableFunc(advice, func(a, b Advice) int { return cmp.Compare(b.Saving, a.Saving) })
+	// A leak's fix comes first: it is the cause, and every other fix is measured without it.
+	if r.Leaks.Verdict == string(leaks.Leak) {
+		a := Advice{Fix: "fix the leak", Metric: "allocated", Why: r.leakAdvice,
+			Saving: r.Leaks.LeakPerIteration * int64(max(r.Leaks.Iterations-1, 1))}
+		if ms != nil && err == nil && len(ms.Rows) > 0 { // the workload was re-run without its leak
+			base := ms.Rows[0]
+			after, fits := base.NeedsAllocated, !base.OOM
+			a.Measured, a.Saving, a.PeakAfter, a.Fits = true, r.Peak.Allocated-base.NeedsAllocated, &after, &fits
+		}
+		advice = append([]Advice{a}, advice...)
+	}
 	if r.OOM != nil && r.OOM.Kind == OOMFragmentation {
 		advice = append(settings, advice...)
 	} else {

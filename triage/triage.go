@@ -57,7 +57,8 @@ type Report struct {
 	// settings; null when they were not measured.
 	FragmentationRule *RuleCheck `json:"fragmentation_rule"`
 
-	scopes []Share // every scope alive at the peak, for Diff
+	scopes     []Share // every scope alive at the peak, for Diff
+	leakAdvice string  // the code change that fixes the leak, when there is one
 }
 
 // Source describes the snapshot.
@@ -333,7 +334,9 @@ func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
 	r.ModelStates = modelStates(tl)
 	r.Host = host(s)
 	r.Iterations = iterations(tl)
-	r.Leaks = LeakReport(leaks.Analyze(tl, opts.Leaks...))
+	lr := leaks.Analyze(tl, opts.Leaks...)
+	r.Leaks = LeakReport(lr)
+	r.leakAdvice = lr.Advice()
 	r.Advice, r.AdviceNote = advise(ctx, tl, r, opts.Measurer)
 	return r
 }

@@ -559,3 +559,26 @@ func TestTorchSizeInMessage(t *testing.T) {
 		t.Errorf("message\n%q\nwant it to start\n%q", r.OOM.Message, want)
 	}
 }
+
+// TestLeakFixComesFirst: a leaky run's fixes begin with fixing the leak, with the code change; measured, it
+// saves what the run's peak holds above the run without its leak bug.
+func TestLeakFixComesFirst(t *testing.T) {
+	withoutLeak := int64(400 << 10)
+	m := sweep{m: &triage.Measurements{Note: "re-run", Rows: []triage.Measurement{
+		{Fix: "as configured", PeakAllocated: withoutLeak, NeedsAllocated: withoutLeak},
+		{Fix: "bf16 autocast", PeakAllocated: 300 << 10, NeedsAllocated: 300 << 10},
+	}}}
+	for name, ms := range map[string]triage.Measurer{"estimated": nil, "measured": m} {
+		r := report(t, "retain-graph", ms)
+		a := r.Advice[0]
+		if a.Fix != "fix the leak" || !strings.Contains(a.Why, "loss_history.append(loss.item())") {
+			t.Errorf("%s: the first fix is %q: %s", name, a.Fix, a.Why)
+		}
+		if name == "measured" && (!a.Measured || a.Saving != r.Peak.Allocated-withoutLeak || *a.PeakAfter != withoutLeak) {
+			t.Errorf("measured: saving %d, needs %v; want %d and %d", a.Saving, a.PeakAfter, r.Peak.Allocated-withoutLeak, withoutLeak)
+		}
+	}
+	if r := report(t, "fixed", nil); len(r.Advice) > 0 && r.Advice[0].Fix == "fix the leak" {
+		t.Error("a run without a leak is told to fix one")
+	}
+}
