@@ -14,6 +14,8 @@ import (
 type axis struct {
 	run     []int32 // the events that take a column, in order
 	indexed int     // events looked at so far
+	byTime  bool    // columns are equal spans of time instead (t toggles)
+	snap    *snapshot.Snapshot
 }
 
 // marker reports whether an action leaves memory as it is and takes no column.
@@ -36,7 +38,7 @@ func (a *axis) update(s *snapshot.Snapshot, n int) {
 			a.run = append(a.run, int32(i))
 		}
 	}
-	a.indexed = n
+	a.indexed, a.snap = n, s
 }
 
 // column is the events [from, to) one column of the timeline draws.
@@ -47,6 +49,11 @@ type column struct{ from, to int }
 // the event under it; columns past the events are empty (from == to). Without a run event in [from, to)
 // (a window of markers only), the events themselves are the columns.
 func (a *axis) columns(from, to, width int) []column {
+	if a.byTime {
+		if cols := a.timeColumns(from, to, width); cols != nil {
+			return cols
+		}
+	}
 	cols := make([]column, width)
 	lo, _ := slices.BinarySearch(a.run, int32(from))
 	hi, _ := slices.BinarySearch(a.run, int32(to))
@@ -72,6 +79,40 @@ func (a *axis) columns(from, to, width int) []column {
 			start = from // the markers before the first run event in view
 		}
 		cols[c] = column{start, max(end, start+1)}
+	}
+	return cols
+}
+
+// timeColumns splits events [from, to) into width equal spans of recorded time; a span without an event
+// repeats the event before it (memory stays as it was). Nil when the events carry no time.
+func (a *axis) timeColumns(from, to, width int) []column {
+	if a.snap == nil || to > len(a.snap.Events) {
+		return nil
+	}
+	evs := a.snap.Events
+	if to-from < 2 || evs[to-1].Time <= evs[from].Time {
+		return nil
+	}
+	t0, span := evs[from].Time, evs[to-1].Time-evs[from].Time
+	at := func(t int64) int { // the first event at or after t, within [from, to]
+		i, _ := slices.BinarySearchFunc(evs[from:to], t, func(e snapshot.Event, t int64) int {
+			if e.Time < t {
+				return -1
+			}
+			return 1
+		})
+		return from + i
+	}
+	cols := make([]column, width)
+	for c := range width {
+		lo, hi := at(t0+span*int64(c)/int64(width)), at(t0+span*int64(c+1)/int64(width))
+		if c == width-1 {
+			hi = to
+		}
+		if hi <= lo {
+			lo, hi = max(lo-1, from), max(lo, from+1)
+		}
+		cols[c] = column{lo, hi}
 	}
 	return cols
 }

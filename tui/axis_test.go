@@ -51,3 +51,31 @@ func TestAxisLeavesOutBookkeeping(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeAxis: with t, each column is the same span of recorded time: the events of a column all fall in
+// its span, and an event sits in the column its time says.
+func TestTimeAxis(t *testing.T) {
+	s := fixture(t, "tiny-oom")
+	m := newTestModel(t, s, 80, 24)
+	press(m, "t")
+	if !m.timeline.axis.byTime {
+		t.Fatal("t does not switch the axis to time")
+	}
+	const width = 50
+	screen(m) // the timeline takes in the events as it draws
+	cols := m.timeline.axis.columns(0, len(s.Events), width)
+	t0, t1 := s.Events[0].Time, s.Events[len(s.Events)-1].Time
+	if t1 <= t0 {
+		t.Fatal("the fixture's events carry no time")
+	}
+	for _, i := range []int{len(s.Events) / 3, len(s.Events) / 2, m.ix.oom} {
+		want := min(int((s.Events[i].Time-t0)*width/(t1-t0)), width-1)
+		if c := columnOf(cols, i); c != want && !(c == want-1 && s.Events[i].Time == t0+(t1-t0)*int64(want)/width) {
+			t.Errorf("event %d at %d ns is in column %d, its time says %d", i, s.Events[i].Time-t0, c, want)
+		}
+	}
+	press(m, "t")
+	if m.timeline.axis.byTime {
+		t.Error("t again does not switch back to events")
+	}
+}

@@ -13,6 +13,7 @@ type KeyMap struct {
 	Start, End               key.Binding
 	ZoomIn, ZoomOut, ZoomAll key.Binding
 	PanLeft, PanRight        key.Binding
+	TimeAxis                 key.Binding // the x-axis by events or by time
 	Up, Down                 key.Binding
 	PageUp, PageDown         key.Binding
 	NextPane, PrevPane       key.Binding
@@ -53,6 +54,7 @@ func DefaultKeyMap() KeyMap {
 		ZoomAll:     b("0", "zoom all", "0"),
 		PanLeft:     b("<", "pan left", "<"),
 		PanRight:    b(">", "pan right", ">"),
+		TimeAxis:    b("t", "x-axis: events/time", "t"),
 		Up:          b("↑/k", "up", "up", "k"),
 		Down:        b("↓/j", "down", "down", "j"),
 		PageUp:      b("pgup/ctrl+u", "page up", "pgup", "ctrl+u"),
@@ -91,7 +93,7 @@ func (k KeyMap) ShortHelp() []key.Binding {
 func (k KeyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
-		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight},
+		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight, k.TimeAxis},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
 		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}

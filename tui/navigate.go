@@ -60,6 +60,14 @@ func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 		m.viewFrom, m.viewTo, m.zoomed = 0, n, false
 	case key.Matches(msg, k.PanLeft, k.PanRight):
 		m.pan(key.Matches(msg, k.PanRight))
+	case key.Matches(msg, k.TimeAxis):
+		a := &m.timeline.axis
+		a.byTime = !a.byTime
+		if a.byTime {
+			m.setStatus("x-axis: time, each column the same span of it (where the events carry no time: events)", false)
+		} else {
+			m.setStatus("x-axis: the run's events, each column as many of them; markers take none", false)
+		}
 	default:
 		m.status, m.statusIsError = status, isErr
 		return nil, false

@@ -126,6 +126,7 @@ func TestViews(t *testing.T) {
 		{"oom-live-detail-scrolled", "tiny-oom", []string{"enter", "pgdown"}, false},
 		{"oom-categories", "tiny-oom", []string{"2"}, false},
 		{"oom-segments", "tiny-oom", []string{"3"}, false},
+		{"oom-time-axis", "tiny-oom", []string{"t"}, false},
 		{"oom-segment-blocks", "tiny-oom", []string{"3", "enter"}, false},
 		{"peak-live", "tiny-oom", []string{"p"}, false},
 		{"leak-leaks", "leaky", []string{"4"}, false},
