@@ -113,3 +113,22 @@ func TestLeakAnnouncedOnOpen(t *testing.T) {
 		t.Errorf("a snapshot without a leak is announced as one:\n%s", out)
 	}
 }
+
+// TestApplyingAMeasuredFixRunsIt: the settings the pane chooses for a measured fix are the fix's, so that
+// the re-run is the run that was measured.
+func TestApplyingAMeasuredFixRunsIt(t *testing.T) {
+	for _, name := range []string{"tiny-oom", "leaky"} {
+		w := workload(t, name)
+		rows, err := playback{}.MeasureFixes(context.Background(), *w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newFixesPane(w, playback{})
+		for _, r := range rows {
+			p.choose(r.Fixes)
+			if got := p.config().Fixes; got != r.Fixes {
+				t.Errorf("%s, %s: the pane runs\n%+v\nthe fix measured\n%+v", name, r.Fix, got, r.Fixes)
+			}
+		}
+	}
+}

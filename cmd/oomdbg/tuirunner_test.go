@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -126,5 +127,46 @@ func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
 	}
 	if len(s.Meta.Devices) != 2 || s.Meta.Devices[1].Kind != snapshot.DeviceKindHost {
 		t.Errorf("devices %+v, want the GPU and host memory", s.Meta.Devices)
+	}
+}
+
+// TestTUIRunnerMeasuresWhatItApplies measures the fixes of a workload through the TUI's runner: each row's
+// settings, applied as the fixes pane applies them, are the configuration the sweep ran, and the figures
+// are the sweep's; the first row is the workload without its leak bug.
+func TestTUIRunnerMeasuresWhatItApplies(t *testing.T) {
+	cfg, err := train.PresetConfig("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Steps, cfg.Bug = 2, train.BugRetainGraph
+	w, err := tuiWorkload(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tuiRunner{}.MeasureFixes(context.Background(), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweep, err := train.Sweep(context.Background(), cfg, train.FixesFor(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(sweep) || rows[0].Fixes.Bug != "" {
+		t.Fatalf("%d rows (the first with bug %q), the sweep has %d", len(rows), rows[0].Fixes.Bug, len(sweep))
+	}
+	for i, r := range rows {
+		applied := w
+		applied.Fixes, applied.Device = r.Fixes, "meta"
+		got, err := configOf(applied)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Steps = sweep[i].Config.Steps // the sweep runs its own number of steps
+		if want := sweep[i].Config; !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: applied, the settings run\n%+v\nthe sweep ran\n%+v", r.Fix, got, want)
+		}
+		if r.Fix != sweep[i].Fix || r.Needs != sweep[i].NeedsAllocated || r.Peak != sweep[i].PeakAllocated || r.OOM != (sweep[i].OOM != nil) {
+			t.Errorf("%s: %+v, the sweep measured %+v", r.Fix, r, sweep[i])
+		}
 	}
 }
