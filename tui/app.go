@@ -269,6 +269,7 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 // setSnapshot makes s the snapshot shown.
 func (m *Model) setSnapshot(s *snapshot.Snapshot) {
 	m.snap, m.ix = s, newIndex(s)
+	m.oomp = oomPanel{} // the OOM, if any, is the new snapshot's
 	m.viewFrom, m.viewTo = 0, m.ix.len()
 	m.timeline.ix = m.ix
 	m.fixes.setBaseline(m.ix)

@@ -30,7 +30,7 @@ func marker(a snapshot.Action) bool {
 
 // update takes in the events appended since the last call.
 func (a *axis) update(s *snapshot.Snapshot, n int) {
-	if n < a.indexed { // another snapshot
+	if n < a.indexed || s != a.snap { // another snapshot (a device's view of it)
 		a.run, a.indexed = a.run[:0], 0
 	}
 	for i := a.indexed; i < n; i++ {

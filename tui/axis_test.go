@@ -3,7 +3,9 @@ package tui
 import (
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 )
 
 // TestAxisLeavesOutBookkeeping: after the OOM the recording writes heap dumps and their retain edges, which
@@ -77,5 +79,29 @@ func TestTimeAxis(t *testing.T) {
 	press(m, "t")
 	if m.timeline.axis.byTime {
 		t.Error("t again does not switch back to events")
+	}
+}
+
+// TestAxisFollowsADeviceView: d shows one device's events, a snapshot of its own; the axis takes in that
+// one, not the events it held before.
+func TestAxisFollowsADeviceView(t *testing.T) {
+	s, err := load.File(torchtest.FixturePath(t, torchtest.F7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newTestModel(t, s, 100, 30)
+	screen(m)
+	for range 3 { // each device, then all again
+		press(m, "d")
+		screen(m)
+		n := 0
+		for _, e := range m.snap.Events {
+			if !marker(e.Action) {
+				n++
+			}
+		}
+		if a := m.timeline.axis; a.snap != m.snap || len(a.run) != n {
+			t.Errorf("the axis holds %d events (of the shown snapshot: %v); the view has %d", len(a.run), a.snap == m.snap, n)
+		}
 	}
 }
