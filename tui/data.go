@@ -85,29 +85,6 @@ func (x *index) spanAt(i int) span {
 	return x.spans[j]
 }
 
-// columns returns, for width columns over events [from, to), the highest allocated and reserved bytes of each
-// column; -1 for a column past the events. Peaks are drawn by maximum per column: averaging would hide them.
-func (x *index) columns(from, to, width int) (alloc, res []int64) {
-	a := x.tl.Columns(snapshot.Allocated, from, to, make([]snapshot.Extent, width))
-	r := x.tl.Columns(snapshot.Reserved, from, to, make([]snapshot.Extent, width))
-	alloc, res = make([]int64, width), make([]int64, width)
-	n := to - from
-	for c := range width {
-		if n <= 0 || from+c*n/width >= to {
-			alloc[c], res[c] = -1, -1
-			continue
-		}
-		alloc[c], res[c] = a[c].Max, r[c].Max
-	}
-	return alloc, res
-}
-
-// unallocated returns, per column of events [from, to), the highest reserved-minus-allocated bytes (-1 for a
-// column without events), as the timeline's allocated and reserved columns are taken.
-func (x *index) unallocated(from, to, width int) []int64 {
-	return x.tl.UnallocatedColumns(from, to, make([]int64, width))
-}
-
 // liveAt returns the blocks allocated after event at, largest first.
 func (x *index) liveAt(at int) []snapshot.Allocation {
 	live := x.tl.LiveAt(at, nil)

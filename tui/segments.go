@@ -183,22 +183,5 @@ func sentence(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
-// freeList names a segment's free blocks, largest first: "free 1.20 GiB, 20.00 MiB".
-func freeList(gaps []snapshot.Gap) string {
-	if len(gaps) == 0 {
-		return "no free block"
-	}
-	sizes := make([]int64, len(gaps))
-	for i, g := range gaps {
-		sizes[i] = g.Size
-	}
-	slices.SortFunc(sizes, func(a, b int64) int { return cmp.Compare(b, a) })
-	parts := make([]string, len(sizes))
-	for i, n := range sizes {
-		parts[i] = units.FormatSize(n)
-	}
-	return "free " + strings.Join(parts, ", ")
-}
-
 // formatAddr is a segment's address as the pane writes it.
 func formatAddr(addr uint64) string { return fmt.Sprintf("%#014x", addr) }
