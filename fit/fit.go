@@ -10,6 +10,7 @@ package fit
 
 import (
 	"context"
+	"runtime"
 
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -26,7 +27,8 @@ func Limit(cfg train.Config, margin float64) int64 {
 }
 
 // A Simulator runs a configuration for a few steps and says what it did. Meta is the one oomdbg uses; the
-// interface is how tests and the TUI drive the planner.
+// interface is how tests and the TUI drive the planner. A plan search calls Simulate from several
+// goroutines at once (Options.Workers).
 type Simulator interface {
 	Simulate(ctx context.Context, cfg train.Config) (*train.Result, error)
 }
@@ -66,8 +68,13 @@ type Options struct {
 	Margin float64
 	// Sim runs the trials (Meta when nil).
 	Sim Simulator
-	// Progress, when set, hears of every trial as it ends.
+	// Progress, when set, hears of every trial as it ends, in the order the search takes them, from the
+	// goroutine that called the search.
 	Progress func(Trial)
+	// Workers is how many trials a plan search simulates at once (runtime.GOMAXPROCS when 0). The search
+	// and what it finds are the same for any number: the trials that run ahead of their turn are taken in
+	// order, and those of plans the search ends up skipping are dropped.
+	Workers int
 }
 
 func (o Options) margin() float64 {
@@ -80,6 +87,13 @@ func (o Options) margin() float64 {
 	return o.Margin
 }
 
+func (o Options) workers() int {
+	if o.Workers > 0 {
+		return o.Workers
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
 func (o Options) sim() Simulator {
 	if o.Sim == nil {
 		return Meta{}
@@ -87,8 +101,18 @@ func (o Options) sim() Simulator {
 	return o.Sim
 }
 
-// trial simulates cfg (its steps set by Steps, without leak bugs) and judges whether it fits.
+// trial simulates cfg (its steps set by Steps, without leak bugs), judges whether it fits and tells
+// Progress.
 func (o Options) trial(ctx context.Context, cfg train.Config) (Trial, error) {
+	t, err := o.simulate(ctx, cfg)
+	if err == nil || t.Result != nil {
+		o.progress(t)
+	}
+	return t, err
+}
+
+// simulate is trial without Progress: safe to call from several goroutines.
+func (o Options) simulate(ctx context.Context, cfg train.Config) (Trial, error) {
 	cfg.Steps, cfg.Bug = Steps(cfg), ""
 	res, err := o.sim().Simulate(ctx, cfg)
 	if err != nil {
@@ -99,11 +123,14 @@ func (o Options) trial(ctx context.Context, cfg train.Config) (Trial, error) {
 		t.Steps++
 	}
 	t.Fits = res.OOM == nil && !res.Interrupted && res.PeakReserved <= Limit(cfg, o.margin())
-	if o.Progress != nil {
-		o.Progress(t)
-	}
 	if res.Interrupted {
 		return t, ctx.Err()
 	}
 	return t, nil
+}
+
+func (o Options) progress(t Trial) {
+	if o.Progress != nil {
+		o.Progress(t)
+	}
 }

@@ -99,7 +99,10 @@ type Plans struct {
 	// Considered is the number of valid combinations, Pruned len(Skipped).
 	Considered, Pruned int
 	Steps              int // optimizer steps simulated
-	Interrupted        bool
+	// Discarded counts the trials simulated ahead of their turn (Options.Workers) whose plans the search
+	// then skipped or never reached: work done on spare cores, in neither Tried nor Steps.
+	Discarded   int
+	Interrupted bool
 }
 
 // option is one choice on one axis of the search.
@@ -352,7 +355,18 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 	})
 	res := &Plans{Considered: len(plans)}
 	var fit []*Plan
-	for _, p := range plans {
+	// done says the search will not simulate p: it stops before p, or p is dominated. Both only grow more
+	// true as plans are found to fit (the Top-th fitting plan's cost only falls; plans not tried come in
+	// estimate order), so a plan done now is done for good.
+	done := func(p *Plan) bool {
+		if len(res.Fitting) >= top && rank(p) > rank(res.Fitting[top-1]) {
+			return true
+		}
+		return slices.ContainsFunc(fit, func(f *Plan) bool { return le(f.level, p.level) })
+	}
+	ahead := newAhead(ctx, o.Options, plans)
+	defer func() { res.Discarded = ahead.stop() }()
+	for i, p := range plans {
 		if len(res.Fitting) >= top {
 			worst := res.Fitting[top-1]
 			if rank(p) > rank(worst) {
@@ -367,7 +381,10 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 			res.Pruned++
 			continue
 		}
-		t, err := o.trial(ctx, p.Config)
+		t, err := ahead.take(i, done)
+		if t.Result != nil {
+			o.progress(t)
+		}
 		if err != nil {
 			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 				res.Interrupted = true
