@@ -92,7 +92,7 @@ func Explain(ctx context.Context, cfg train.Config, o Options) (*Explanation, er
 	need := func(c train.Config) (int64, error) {
 		c.GPUMemory = 16 << 40 // all it wants, as train.Sweep's "needs"
 		c.Steps, c.Bug = Steps(c), ""
-		res, err := o.sim().Simulate(ctx, c)
+		res, err := o.sim().Simulate(ctx, c, 0)
 		if err != nil {
 			return 0, err
 		}

@@ -30,15 +30,20 @@ func Limit(cfg train.Config, margin float64) int64 {
 // interface is how tests and the TUI drive the planner. A plan search calls Simulate from several
 // goroutines at once (Options.Workers).
 type Simulator interface {
-	Simulate(ctx context.Context, cfg train.Config) (*train.Result, error)
+	// Simulate runs cfg. It may stop once the run's reserved memory passed limit (0: no limit), where the
+	// run is known not to fit, saying so in Result.OverLimit.
+	Simulate(ctx context.Context, cfg train.Config, limit int64) (*train.Result, error)
 }
 
 // Meta simulates on the meta device: shapes and the allocator's rules, no arithmetic, milliseconds a step.
 type Meta struct{}
 
-// Simulate runs cfg on the meta device, recording nothing.
-func (Meta) Simulate(ctx context.Context, cfg train.Config) (*train.Result, error) {
+// Simulate runs cfg on the meta device, recording nothing, until its reserved memory passes limit.
+func (Meta) Simulate(ctx context.Context, cfg train.Config, limit int64) (*train.Result, error) {
 	cfg.Device = device.Meta
+	if limit > 0 {
+		return train.RunWithin(ctx, cfg, limit)
+	}
 	res, _, err := train.Run(ctx, cfg, nil)
 	return res, err
 }
@@ -58,7 +63,8 @@ type Trial struct {
 	Config train.Config
 	Result *train.Result
 	Fits   bool
-	// Steps is the optimizer steps simulated: the completed ones and the one an OOM cut short.
+	// Steps is the optimizer steps simulated: the completed ones and the one an OOM, or reserved memory
+	// over the limit, cut short (Result.OverLimit: the peaks are those reached by then).
 	Steps int
 }
 
@@ -111,18 +117,20 @@ func (o Options) trial(ctx context.Context, cfg train.Config) (Trial, error) {
 	return t, err
 }
 
-// simulate is trial without Progress: safe to call from several goroutines.
+// simulate is trial without Progress: safe to call from several goroutines. A trial whose reserved
+// memory passes the limit stops at the next phase boundary: it does not fit, whatever the rest would do.
 func (o Options) simulate(ctx context.Context, cfg train.Config) (Trial, error) {
 	cfg.Steps, cfg.Bug = Steps(cfg), ""
-	res, err := o.sim().Simulate(ctx, cfg)
+	limit := Limit(cfg, o.margin())
+	res, err := o.sim().Simulate(ctx, cfg, max(limit, 1))
 	if err != nil {
 		return Trial{Config: cfg}, err
 	}
 	t := Trial{Config: cfg, Result: res, Steps: res.Steps}
-	if res.OOM != nil {
+	if res.OOM != nil || res.OverLimit {
 		t.Steps++
 	}
-	t.Fits = res.OOM == nil && !res.Interrupted && res.PeakReserved <= Limit(cfg, o.margin())
+	t.Fits = res.OOM == nil && !res.OverLimit && !res.Interrupted && res.PeakReserved <= limit
 	if res.Interrupted {
 		return t, ctx.Err()
 	}

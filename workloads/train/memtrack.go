@@ -11,6 +11,7 @@ type memTracker struct {
 
 	reserved, allocated int64
 	peakReserved        int64
+	maxReserved         int64 // the most reserved, at once (peakReserved waits for the next alloc)
 	unallocatedAtPeak   int64
 }
 
@@ -39,6 +40,7 @@ func (m *memTracker) FreeCompleted(device int, stream int64, addr, requested, bl
 
 func (m *memTracker) SegmentAlloc(device int, stream int64, addr, size uint64) {
 	m.reserved += int64(size)
+	m.maxReserved = max(m.maxReserved, m.reserved)
 	if m.next != nil {
 		m.next.SegmentAlloc(device, stream, addr, size)
 	}
@@ -53,6 +55,7 @@ func (m *memTracker) SegmentFree(device int, stream int64, addr, size uint64) {
 
 func (m *memTracker) SegmentMap(device int, stream int64, addr, size uint64) {
 	m.reserved += int64(size)
+	m.maxReserved = max(m.maxReserved, m.reserved)
 	if m.next != nil {
 		m.next.SegmentMap(device, stream, addr, size)
 	}

@@ -46,6 +46,9 @@ type Result struct {
 
 	OOM         *OOM // the out-of-memory error that stopped the run, if any
 	Interrupted bool // the context was cancelled
+	// OverLimit says the run stopped early because its reserved memory passed the limit RunWithin was
+	// given: the peaks are what it reached by then.
+	OverLimit bool
 }
 
 // PhaseStat is the memory of one phase of one iteration.
@@ -107,6 +110,8 @@ type run struct {
 	stepPeaks [2]int64  // its allocated and reserved peaks so far
 	// stepEmptied: the step just ended with empty_cache, which also ended its last phase.
 	stepEmptied bool
+	// limit: the run stops at the next phase boundary once its reserved memory passed it (0: never).
+	limit int64
 
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
@@ -118,14 +123,31 @@ type run struct {
 	attributes  map[string]*tensor.Tensor // module-attribute: each module's self.intermediate
 }
 
-// errInterrupted ends a run cancelled by its context between two phases.
-var errInterrupted = errors.New("interrupted")
+// errInterrupted ends a run cancelled by its context between two phases; errOverLimit one whose reserved
+// memory passed its limit.
+var (
+	errInterrupted = errors.New("interrupted")
+	errOverLimit   = errors.New("over the limit")
+)
 
 // Run trains the model cfg describes and records it through rec (nil records nothing). It returns when the
 // steps are done, at an out-of-memory error (Result.OOM, not an error: recording it is the point), or when ctx
 // is cancelled (Result.Interrupted), with the device, whose allocator holds the final state. The error is for
 // a configuration that cannot run.
 func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *device.Device, error) {
+	return runWithin(ctx, cfg, rec, 0)
+}
+
+// RunWithin runs cfg as Run does with nothing recorded, but stops at the first phase boundary after its
+// reserved memory passed limit (Result.OverLimit), where a planner knows the configuration does not fit
+// whatever the rest of the run does: reserved memory's peak only grows. A run that stays within limit
+// is Run's, figure for figure.
+func RunWithin(ctx context.Context, cfg Config, limit int64) (*Result, error) {
+	res, _, err := runWithin(ctx, cfg, nil, max(limit, 1))
+	return res, err
+}
+
+func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64) (*Result, *device.Device, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -133,6 +155,7 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 	if err != nil {
 		return nil, nil, err
 	}
+	r.limit = limit
 	err = r.rt.Catch(r.train)
 	var oom *tensor.OOMError
 	switch {
@@ -146,6 +169,8 @@ func Run(ctx context.Context, cfg Config, rec *tracer.Recorder) (*Result, *devic
 	case errors.Is(err, errInterrupted):
 		r.res.Interrupted = true
 		r.heapDump("interrupted")
+	case errors.Is(err, errOverLimit):
+		r.res.OverLimit = true
 	case err != nil:
 		return nil, nil, err
 	}
@@ -594,6 +619,7 @@ func (r *run) evaluate() {
 
 // setPhase ends the current phase and begins p.
 func (r *run) setPhase(p snapshot.Phase) {
+	r.checkLimit()
 	r.endPhase()
 	r.phaseEnds(p)
 	r.notePeaks()
@@ -640,9 +666,17 @@ func (r *run) heapDump(reason string) {
 	r.rec.HeapDump(reason, out)
 }
 
-// checkInterrupt unwinds the loop when the context is cancelled.
+// checkInterrupt unwinds the loop when the context is cancelled, or its reserved memory passed the limit.
 func (r *run) checkInterrupt() {
 	if r.ctx.Err() != nil {
 		tensor.Abort(errInterrupted)
+	}
+	r.checkLimit()
+}
+
+// checkLimit unwinds the loop when its reserved memory passed the limit.
+func (r *run) checkLimit() {
+	if r.limit > 0 && r.mem.maxReserved > r.limit {
+		tensor.Abort(errOverLimit)
 	}
 }
