@@ -18,27 +18,35 @@ type ahead struct {
 	started  []*aheadTrial
 	finished chan *aheadTrial
 	wg       sync.WaitGroup
+	// alike gives the plans whose trials fail alike when one fails early ("": none); until the search has
+	// taken one's trial, the others wait for their turn, as its failure would skip them.
+	alike   func(*Plan) string
+	pending map[string]int
 }
 
 type aheadTrial struct {
+	alike    string
 	t        Trial
 	err      error
 	ready    bool
 	consumed bool
 }
 
-func newAhead(ctx context.Context, o Options, plans []*Plan) *ahead {
+func newAhead(ctx context.Context, o Options, plans []*Plan, alike func(*Plan) string) *ahead {
 	a := &ahead{opts: o, plans: plans, workers: o.workers(), started: make([]*aheadTrial, len(plans)),
-		finished: make(chan *aheadTrial, len(plans))}
+		finished: make(chan *aheadTrial, len(plans)), alike: alike, pending: map[string]int{}}
 	a.ctx, a.cancel = context.WithCancel(ctx)
 	return a
 }
 
 // start simulates plan i in a goroutine of its own.
 func (a *ahead) start(i int) {
-	at, cfg := &aheadTrial{}, a.plans[i].Config
+	at, cfg := &aheadTrial{alike: a.alike(a.plans[i])}, a.plans[i].Config
 	a.started[i] = at
 	a.running++
+	if at.alike != "" {
+		a.pending[at.alike]++
+	}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -52,6 +60,9 @@ func (a *ahead) start(i int) {
 func (a *ahead) fill(i int, done func(*Plan) bool) {
 	for j := i; j < len(a.plans) && a.running < a.workers; j++ {
 		if a.started[j] == nil && !done(a.plans[j]) {
+			if k := a.alike(a.plans[j]); k != "" && a.pending[k] > 0 {
+				continue
+			}
 			a.start(j)
 		}
 	}
@@ -73,6 +84,9 @@ func (a *ahead) take(i int, done func(*Plan) bool) (Trial, error) {
 		}
 	}
 	at.consumed = true
+	if at.alike != "" { // until the search takes a trial, its failure is not known to skip others
+		a.pending[at.alike]--
+	}
 	return at.t, at.err
 }
 

@@ -72,6 +72,7 @@ func TestPlansSameOnAnyWorkers(t *testing.T) {
 			if len(heardOne) != len(ps1.Tried) {
 				t.Errorf("Progress heard of %d trials, %d were tried", len(heardOne), len(ps1.Tried))
 			}
+			checkFailsAlike(t, ps1)
 			for _, w := range []int{2, 5} {
 				many, heardMany, ps := search(w)
 				if d := firstDiff(one, many); d != "" {
@@ -83,6 +84,29 @@ func TestPlansSameOnAnyWorkers(t *testing.T) {
 				t.Logf("%d workers: %d trials discarded", w, ps.Discarded)
 			}
 		})
+	}
+}
+
+// checkFailsAlike runs each plan skipped as failing alike with another: it fails, as that plan did, with
+// the same peaks (the runs are the same until they end).
+func checkFailsAlike(t *testing.T, ps *fit.Plans) {
+	t.Helper()
+	for _, p := range ps.Skipped {
+		if p.Skipped != fit.SkippedFailsAlike {
+			continue
+		}
+		cfg := p.Config
+		cfg.Steps = fit.Steps(cfg)
+		got, err := fit.Meta{}.Simulate(context.Background(), cfg, fit.Limit(cfg, fit.DefaultMargin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := p.Because.Result
+		if p.Because.Fits || got.OOM == nil && !got.OverLimit ||
+			got.PeakAllocated != want.PeakAllocated || got.PeakReserved != want.PeakReserved || got.OverLimit != want.OverLimit {
+			t.Errorf("%s, skipped as failing like %s (fits %v): run, OOM %v over the limit %v peaks %d %d; that plan's %d %d",
+				p.Name(), p.Because.Name(), p.Because.Fits, got.OOM != nil, got.OverLimit, got.PeakAllocated, got.PeakReserved, want.PeakAllocated, want.PeakReserved)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -93,8 +94,8 @@ func (p *Plan) Name() string {
 // Plans is what a search for plans found.
 type Plans struct {
 	// Fitting are the plans that fit, cheapest first; Tried every plan simulated, in the order tried;
-	// Skipped those never simulated because a plan that fits dominates them or one that does not fit saves at
-	// least as much (Plan.Skipped says which).
+	// Skipped those never simulated because a plan that fits dominates them, or a plan that differs only in
+	// what its run never reached failed (Plan.Skipped says which).
 	Fitting, Tried, Skipped []*Plan
 	// Considered is the number of valid combinations, Pruned len(Skipped).
 	Considered, Pruned int
@@ -286,6 +287,36 @@ func shardAxis(cfg train.Config, allow Allow) axis {
 // least as much memory on every axis.
 const SkippedDominated = "saves at least as much as a cheaper plan that fits"
 
+// SkippedFailsAlike is why a plan was skipped: a plan that differs from it only in the optimizer and
+// zero_grad failed before its first optimizer step, so this one fails the same way.
+const SkippedFailsAlike = "differs only in the optimizer or zero_grad from a plan that failed before its first optimizer step"
+
+// beforeOptimizer returns what decides a single-GPU run until its first optimizer step, when the run
+// would fail before it, as text: everything but the optimizer and zero_grad, which the loop first uses
+// then (the optimizers allocate their state in their first step). Under a data-parallel strategy the
+// optimizer is made and sharded at setup: "" (no such plans).
+func beforeOptimizer(c train.Config) string {
+	if c.Parallel.Parallel() {
+		return ""
+	}
+	c.Optimizer, c.OptimizerImpl, c.ZeroGrad = "", "", 0
+	return fmt.Sprintf("%+v", c)
+}
+
+// failedBeforeOptimizer reports whether a run ended by an OOM, or by reserved memory over the limit,
+// before its first optimizer step: in the first iteration's data, forward or backward.
+func failedBeforeOptimizer(res *train.Result) bool {
+	if (res.OOM == nil && !res.OverLimit) || len(res.Phases) == 0 {
+		return false
+	}
+	last := res.Phases[len(res.Phases)-1]
+	switch last.Phase {
+	case snapshot.PhaseData, snapshot.PhaseForward, snapshot.PhaseBackward:
+		return last.Iteration == 0
+	}
+	return false
+}
+
 // FindPlans finds the cheapest plans that fit: it enumerates every combination of the axes, orders them by
 // Estimate (the step time that needs no run), and simulates them cheapest first, skipping each plan that
 // saves at least as much memory as a plan already found to fit, on every axis: it is estimated to cost at
@@ -294,6 +325,9 @@ const SkippedDominated = "saves at least as much as a cheaper plan that fits"
 // It does not skip a plan that saves no more than one that did not fit: the caching allocator's reserved
 // memory is not monotone in what a fix saves (flash attention with attention checkpointing can reserve
 // more than naive attention with it, while allocating less), so such a plan may fit.
+//
+// It also skips a plan that differs only in the optimizer and zero_grad from a single-GPU plan that
+// failed before its first optimizer step: until then the two runs are the same.
 //
 // It stops when it has o.Top plans that fit and the next plan's estimate is more than the Top-th's cost,
 // or when every plan is tried or skipped. The plans found are ranked by their cost with what their runs
@@ -355,6 +389,13 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 	})
 	res := &Plans{Considered: len(plans)}
 	var fit []*Plan
+	failed := map[string]*Plan{} // by beforeOptimizer, the plans that failed before their optimizer
+	failedAlike := func(p *Plan) *Plan {
+		if k := beforeOptimizer(p.Config); k != "" {
+			return failed[k]
+		}
+		return nil
+	}
 	// done says the search will not simulate p: it stops before p, or p is dominated. Both only grow more
 	// true as plans are found to fit (the Top-th fitting plan's cost only falls; plans not tried come in
 	// estimate order), so a plan done now is done for good.
@@ -362,9 +403,9 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 		if len(res.Fitting) >= top && rank(p) > rank(res.Fitting[top-1]) {
 			return true
 		}
-		return slices.ContainsFunc(fit, func(f *Plan) bool { return le(f.level, p.level) })
+		return slices.ContainsFunc(fit, func(f *Plan) bool { return le(f.level, p.level) }) || failedAlike(p) != nil
 	}
-	ahead := newAhead(ctx, o.Options, plans)
+	ahead := newAhead(ctx, o.Options, plans, func(p *Plan) string { return beforeOptimizer(p.Config) })
 	defer func() { res.Discarded = ahead.stop() }()
 	for i, p := range plans {
 		if len(res.Fitting) >= top {
@@ -375,6 +416,8 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 		}
 		if i := slices.IndexFunc(fit, func(f *Plan) bool { return le(f.level, p.level) }); i >= 0 {
 			p.Skipped, p.Because = SkippedDominated, fit[i]
+		} else if f := failedAlike(p); f != nil {
+			p.Skipped, p.Because = SkippedFailsAlike, f
 		}
 		if p.Skipped != "" {
 			res.Skipped = append(res.Skipped, p)
@@ -399,6 +442,9 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 		p.Cost = Measure(p.Cost, t.Result, o.GPU)
 		res.Tried = append(res.Tried, p)
 		if !p.Fits {
+			if k := beforeOptimizer(p.Config); k != "" && failedBeforeOptimizer(t.Result) {
+				failed[k] = p
+			}
 			continue
 		}
 		fit = append(fit, p)
