@@ -38,7 +38,7 @@ var tinyVocab = func() []rune {
 type tokens struct {
 	rng   *rand.Rand
 	text  []int // the encoded text, or nil
-	perm  []int
+	perm  []int // made at the first sequence: the meta device, which makes none, skips a vocabulary's worth
 	vocab int
 	// labelsAreInputs makes the targets a copy of the inputs, as HF's causal-LM collator makes labels
 	// (input_ids.clone()): the model shifts them itself.
@@ -56,9 +56,7 @@ func newTokens(vocab int, seed uint64) *tokens {
 		for _, r := range tinyText {
 			d.text = append(d.text, index[r])
 		}
-		return d
 	}
-	d.perm = rng.Perm(vocab)
 	return d
 }
 
@@ -96,6 +94,9 @@ func (d *tokens) sequence(n int) []int {
 	if d.text != nil {
 		start := d.rng.IntN(len(d.text) - n - 1)
 		return d.text[start : start+n+1]
+	}
+	if d.perm == nil { // the rng's first draws, as when the permutation was made with the dataset
+		d.perm = d.rng.Perm(d.vocab)
 	}
 	s := make([]int, n+1)
 	s[0] = d.rng.IntN(d.vocab)
