@@ -304,8 +304,14 @@ func (r *fitReport) print(w io.Writer, markdown bool) {
 			fmt.Fprintln(w, "Interrupted: the search for the largest batch stopped there.")
 			return
 		}
-		fmt.Fprintf(w, "\nPlans that fit, cheapest first: %d combinations, %d simulated (%d steps), %d skipped by dominance:\n\n",
-			r.plans.Considered, len(r.plans.Tried), r.plans.Steps, r.plans.Pruned)
+		alike := 0
+		for _, p := range r.plans.Skipped {
+			if p.Skipped == fit.SkippedFailsAlike {
+				alike++
+			}
+		}
+		fmt.Fprintf(w, "\nPlans that fit, cheapest first: %d combinations, %d simulated (%d steps), %d skipped by dominance, %d as failing alike:\n\n",
+			r.plans.Considered, len(r.plans.Tried), r.plans.Steps, r.plans.Pruned-alike, alike)
 	}
 	header := []string{"#", "plan", "peak allocated", "peak reserved", "headroom", "step time"}
 	if r.req.free {
