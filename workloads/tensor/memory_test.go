@@ -225,7 +225,7 @@ func TestRetainersNameWhoKeepsALeakedGraph(t *testing.T) {
 	for _, e := range edges {
 		held[e.Addr] = true
 	}
-	for h := range rt.handles {
+	for h := rt.handles; h != nil; h = h.next {
 		if !held[h.Addr()] {
 			t.Errorf("live block %s has no retainer", h.describe())
 		}

@@ -28,8 +28,8 @@ func (rt *Runtime) Retainers() []Retainer {
 		objOf: map[*object]uint64{},
 		node:  map[*Node]uint64{},
 	}
-	roots := make([]*Tensor, 0, len(rt.handles))
-	for t := range rt.handles {
+	roots := make([]*Tensor, 0, rt.nHandles)
+	for t := rt.handles; t != nil; t = t.next {
 		if t.owner.node == nil && t.owner.gradOf == nil {
 			roots = append(roots, t)
 		}
@@ -149,7 +149,7 @@ type SavedTensor struct {
 // counted once per storage.
 func (rt *Runtime) SavedTensors() []SavedTensor {
 	refs := make([]*Tensor, 0)
-	for t := range rt.handles {
+	for t := rt.handles; t != nil; t = t.next {
 		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 {
 			refs = append(refs, t)
 		}

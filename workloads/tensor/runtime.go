@@ -47,11 +47,14 @@ type Runtime struct {
 	phase       snapshot.Phase
 	inBackward  bool
 
-	scopes  []string             // module scopes entered, innermost last
-	seq     uint64               // sequence numbers of autograd nodes, in creation order
-	handles map[*Tensor]struct{} // every live tensor reference
-	nextRef uint64
-	onOOM   func(*OOMError)
+	scopes []string // module scopes entered, innermost last
+	seq    uint64   // sequence numbers of autograd nodes, in creation order
+	// handles lists every live tensor reference (Tensor.prev, next), newest first: a list, not a map, as
+	// every operation makes and drops references and a map's hashing was a tenth of a simulated step.
+	handles  *Tensor
+	nHandles int
+	nextRef  uint64
+	onOOM    func(*OOMError)
 
 	scopeHook func(path string, enter bool) // SetScopeHook
 	pinned    bool                          // new allocations page-locked (Pinned)
@@ -69,7 +72,6 @@ func NewRuntime(dev *device.Device, tr Tracer, seed uint64) *Runtime {
 		gradEnabled: true,
 		autocast:    F32,
 		category:    snapshot.CategoryTemporary,
-		handles:     make(map[*Tensor]struct{}),
 	}
 }
 
@@ -187,7 +189,7 @@ type abort struct{ err error }
 
 // LiveHandles returns the number of live tensor handles (for tests: a loop that releases everything returns
 // to where it started).
-func (rt *Runtime) LiveHandles() int { return len(rt.handles) }
+func (rt *Runtime) LiveHandles() int { return rt.nHandles }
 
 // errShape reports a shape mismatch in an op: a bug in the workload, so it panics.
 func errShape(op string, format string, args ...any) {

@@ -12,9 +12,10 @@ import (
 // autograd history; views and Detach make new objects over the same storage.
 type Tensor struct {
 	*object
-	id       uint64 // creation order, for deterministic heap dumps
-	owner    owner
-	released bool
+	id         uint64 // creation order, for deterministic heap dumps
+	owner      owner
+	released   bool
+	prev, next *Tensor // in the runtime's list of live references
 }
 
 // object is a tensor proper: a (possibly strided) view of a storage, with its autograd state.
@@ -45,6 +46,30 @@ type owner struct {
 	kept   bool    // node holds it as a ctx attribute, not as a saved tensor
 }
 
+// link puts t in the list of live references.
+func (rt *Runtime) link(t *Tensor) {
+	t.next = rt.handles
+	if rt.handles != nil {
+		rt.handles.prev = t
+	}
+	rt.handles = t
+	rt.nHandles++
+}
+
+// unlink takes t out of the list of live references.
+func (rt *Runtime) unlink(t *Tensor) {
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		rt.handles = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	}
+	t.prev, t.next = nil, nil
+	rt.nHandles--
+}
+
 // newObject makes a tensor object on st and returns the first reference to it.
 func (rt *Runtime) newObject(st *storage, dtype DType, shape, strides []int, offset int) *Tensor {
 	st.refs++
@@ -57,7 +82,7 @@ func (o *object) ref() *Tensor {
 	o.refs++
 	o.rt.nextRef++
 	t := &Tensor{object: o, id: o.rt.nextRef}
-	o.rt.handles[t] = struct{}{}
+	o.rt.link(t)
 	return t
 }
 
@@ -141,7 +166,7 @@ func (t *Tensor) Release() {
 		panic(fmt.Sprintf("tensor: %s released twice", t.describe()))
 	}
 	t.released = true
-	delete(t.rt.handles, t)
+	t.rt.unlink(t)
 	o := t.object
 	o.refs--
 	if o.refs > 0 {
