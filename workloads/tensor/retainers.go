@@ -162,7 +162,7 @@ func (rt *Runtime) SavedTensors() []SavedTensor {
 		if !ok {
 			i = len(out)
 			index[t.st] = i
-			out = append(out, SavedTensor{Label: t.st.label, Bytes: t.st.bytes, Category: t.st.category.String()})
+			out = append(out, SavedTensor{Label: t.st.labelText(), Bytes: t.st.bytes, Category: t.st.category.String()})
 		}
 		out[i].Holders = append(out[i].Holders, t.holderName())
 	}

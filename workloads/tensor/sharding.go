@@ -70,7 +70,7 @@ func (t *Tensor) AllocStorage() {
 	if !st.freed {
 		return
 	}
-	st.addr, st.freed = st.rt.allocate(st.bytes, st.category, st.label), false
+	st.addr, st.freed = st.rt.allocate(st), false
 }
 
 // StorageFreed reports whether the tensor's memory is given back (FreeStorage) and not yet allocated again.

@@ -17,36 +17,40 @@ type storage struct {
 	data     []float32 // the values, on a computing device; nil on meta
 	refs     int
 	category snapshot.Category
-	label    string
-	managed  bool // unified memory outside the caching allocator (EmptyManaged)
-	freed    bool // the memory was given back while the tensor lives on (FreeStorage)
+	// What the label says ("f32[8,768] fc.out"), made when first asked for (labelText): without a tracer
+	// most storages never are.
+	dtype   DType
+	shape   []int
+	role    string
+	label   string
+	managed bool // unified memory outside the caching allocator (EmptyManaged)
+	freed   bool // the memory was given back while the tensor lives on (FreeStorage)
 }
 
 // newStorage allocates bytes of device memory for a tensor described by dtype, shape and role, tagged with
 // category. On failure it calls the runtime's OOM hook and panics with an *OOMError.
 func (rt *Runtime) newStorage(dtype DType, shape []int, role string, category snapshot.Category) *storage {
 	n := numel(shape)
-	st := &storage{rt: rt, bytes: uint64(n * dtype.Size()), refs: 0, category: category}
+	st := &storage{rt: rt, bytes: uint64(n * dtype.Size()), refs: 0, category: category, dtype: dtype, shape: shape, role: role}
 	if st.bytes == 0 {
 		return st // PyTorch does not allocate for empty tensors
 	}
-	st.label = label(dtype, shape, role)
-	st.addr = rt.allocate(st.bytes, category, st.label)
+	st.addr = rt.allocate(st)
 	if rt.dev.Computes() {
 		st.data = make([]float32, n)
 	}
 	return st
 }
 
-// allocate gets bytes of device memory for a tensor of category and label, telling the tracer first. On
-// failure it calls the runtime's OOM hook and panics with an *OOMError.
-func (rt *Runtime) allocate(bytes uint64, category snapshot.Category, label string) uint64 {
+// allocate gets the device memory of st, telling the tracer its category and label first. On failure it
+// calls the runtime's OOM hook and panics with an *OOMError.
+func (rt *Runtime) allocate(st *storage) uint64 {
 	if rt.tr != nil {
-		rt.tr.TagNextAlloc(category, label)
+		rt.tr.TagNextAlloc(st.category, st.labelText())
 	}
-	addr, err := rt.malloc(bytes)
+	addr, err := rt.malloc(st.bytes)
 	if err != nil {
-		oom := &OOMError{Bytes: bytes, Label: label, Err: err}
+		oom := &OOMError{Bytes: st.bytes, Label: st.labelText(), Err: err}
 		if rt.onOOM != nil {
 			rt.onOOM(oom)
 		}
@@ -130,6 +134,14 @@ func (st *storage) setCategory(c snapshot.Category) {
 }
 
 // label formats a tensor label such as "f32[8,1024,768] fc.out".
+// labelText returns the storage's label ("" for an empty one, which has no memory).
+func (st *storage) labelText() string {
+	if st.label == "" && st.bytes > 0 {
+		st.label = label(st.dtype, st.shape, st.role)
+	}
+	return st.label
+}
+
 func label(dtype DType, shape []int, role string) string {
 	b := make([]byte, 0, 24+len(role))
 	b = append(b, dtype.String()...)

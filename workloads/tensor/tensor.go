@@ -73,8 +73,15 @@ func (rt *Runtime) unlink(t *Tensor) {
 // newObject makes a tensor object on st and returns the first reference to it.
 func (rt *Runtime) newObject(st *storage, dtype DType, shape, strides []int, offset int) *Tensor {
 	st.refs++
-	o := &object{rt: rt, st: st, shape: shape, strides: strides, offset: offset, dtype: dtype}
-	return o.ref()
+	// The object and its first reference in one allocation: most objects never get another.
+	b := &struct {
+		o object
+		t Tensor
+	}{o: object{rt: rt, st: st, shape: shape, strides: strides, offset: offset, dtype: dtype, refs: 1}}
+	rt.nextRef++
+	b.t = Tensor{object: &b.o, id: rt.nextRef}
+	rt.link(&b.t)
+	return &b.t
 }
 
 // ref makes a reference to o and registers it.
@@ -88,9 +95,18 @@ func (o *object) ref() *Tensor {
 
 // empty allocates an uninitialised contiguous tensor tagged with category.
 func (rt *Runtime) empty(dtype DType, shape []int, role string, category snapshot.Category) *Tensor {
-	shape = slices.Clone(shape)
+	// The shape and its strides in one allocation (shape capped, so appending to it copies).
+	n := len(shape)
+	buf := make([]int, 2*n)
+	copy(buf, shape)
+	shape, strides := buf[:n:n], buf[n:]
+	acc := 1
+	for i := n - 1; i >= 0; i-- {
+		strides[i] = acc
+		acc *= shape[i]
+	}
 	st := rt.newStorage(dtype, shape, role, category)
-	return rt.newObject(st, dtype, shape, contiguousStrides(shape), 0)
+	return rt.newObject(st, dtype, shape, strides, 0)
 }
 
 // Empty allocates an uninitialised tensor; role names it in the trace (e.g. "fc.out"). Its category is the
@@ -238,7 +254,7 @@ func (t *object) Addr() uint64 { return t.st.addr }
 func (t *object) Category() snapshot.Category { return t.st.category }
 
 // Label returns the storage's label, e.g. "f32[8,768] fc.out".
-func (t *object) Label() string { return t.st.label }
+func (t *object) Label() string { return t.st.labelText() }
 
 // SharesStorage reports whether t and u view the same storage.
 func (t *object) SharesStorage(u *Tensor) bool { return t.st == u.st }
@@ -351,8 +367,8 @@ func (t *object) axis(i int) int {
 }
 
 func (t *object) describe() string {
-	if t.st.label != "" {
-		return t.st.label
+	if l := t.st.labelText(); l != "" {
+		return l
 	}
 	return label(t.dtype, t.shape, "")
 }
