@@ -129,3 +129,26 @@ func firstDiff(a, b []string) string {
 	}
 	return ""
 }
+
+// TestPlansInterruptedWithWorkers: a search whose context ends while trials run ahead returns the plans
+// taken so far, marked interrupted, and leaves no trial running.
+func TestPlansInterruptedWithWorkers(t *testing.T) {
+	g, err := fit.LookupGPU(fit.DefaultGPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	heard := 0
+	ps, err := fit.FindPlans(ctx, small(t), fit.PlanOptions{GPU: g, Top: 1000, Options: fit.Options{Workers: 3, Progress: func(fit.Trial) {
+		if heard++; heard == 3 {
+			cancel()
+		}
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ps.Interrupted || len(ps.Tried) != 3 {
+		t.Fatalf("interrupted %v after %d plans tried: want the search stopped at the third", ps.Interrupted, len(ps.Tried))
+	}
+}

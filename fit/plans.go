@@ -424,6 +424,10 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 			res.Pruned++
 			continue
 		}
+		if ctx.Err() != nil { // trials run ahead may have ended before it did: take none of them
+			res.Interrupted = true
+			break
+		}
 		t, err := ahead.take(i, done)
 		if t.Result != nil {
 			o.progress(t)
