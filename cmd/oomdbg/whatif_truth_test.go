@@ -52,6 +52,7 @@ func whatIfShapes() map[string]train.Config {
 // reproduce it from a recording without it.
 type whatIfFix struct {
 	name      string
+	from      func(c *train.Config)      // the configuration the fix is applied to, if not the workload's own
 	config    func(c *train.Config) bool // false: the workload cannot record the fix
 	transform transform.Transform
 	tolerance float64 // on peak allocated
@@ -60,15 +61,18 @@ type whatIfFix struct {
 func whatIfFixes() []whatIfFix {
 	gptOnly := func(c *train.Config) bool { return c.Model == "gpt" }
 	return []whatIfFix{
-		{"batch/2", func(c *train.Config) bool { c.Batch /= 2; return true }, transform.BatchScale(0.5), 0.03},
-		{"batch/4 accum 4", func(c *train.Config) bool { c.Batch /= 4; c.Accum = 4; return true }, transform.Accumulate(4), 0.03},
-		{"sgd", func(c *train.Config) bool { c.Optimizer, c.WeightDecay = optim.SGD, 0; return true },
+		{"batch/2", nil, func(c *train.Config) bool { c.Batch /= 2; return true }, transform.BatchScale(0.5), 0.03},
+		{"batch/4 accum 4", nil, func(c *train.Config) bool { c.Batch /= 4; c.Accum = 4; return true }, transform.Accumulate(4), 0.03},
+		{"sgd", nil, func(c *train.Config) bool { c.Optimizer, c.WeightDecay = optim.SGD, 0; return true },
 			transform.SwitchOptimizer(transform.SGD), 0.03},
-		{"zero_grad zero", func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradZero; return true },
+		{"zero_grad zero", nil, func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradZero; return true },
 			transform.ZeroGrad(transform.Zeroing), 0.03},
-		{"checkpoint all", func(c *train.Config) bool { c.Checkpoint = train.CheckpointAll; return gptOnly(c) },
+		{"zero_grad none", func(c *train.Config) { c.ZeroGrad = train.ZeroGradZero },
+			func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradNone; return true },
+			transform.ZeroGrad(transform.SetToNone), 0.03},
+		{"checkpoint all", nil, func(c *train.Config) bool { c.Checkpoint = train.CheckpointAll; return gptOnly(c) },
 			transform.Checkpoint(transform.Checkpointing{Every: 1}), 0.05},
-		{"checkpoint every:2", func(c *train.Config) bool { c.Checkpoint = train.CheckpointEvery(2); return gptOnly(c) },
+		{"checkpoint every:2", nil, func(c *train.Config) bool { c.Checkpoint = train.CheckpointEvery(2); return gptOnly(c) },
 			transform.Checkpoint(transform.Checkpointing{Every: 2}), 0.05},
 	}
 }
@@ -152,11 +156,20 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 		sp := asTorchPickle(t, s)
 		ss := asStrippedPyTorch(t, s)
 		for _, fix := range whatIfFixes() {
-			direct := base
+			from := base
+			if fix.from != nil {
+				fix.from(&from)
+			}
+			direct := from
 			if !fix.config(&direct) {
 				continue
 			}
 			t.Run(shape+"/"+fix.name, func(t *testing.T) {
+				s, sp, ss := s, sp, ss
+				if fix.from != nil {
+					s, _ = recordRun(t, from)
+					sp, ss = asTorchPickle(t, s), asStrippedPyTorch(t, s)
+				}
 				_, truth := recordRun(t, direct)
 				rep, err := whatIf(s, []transform.Transform{fix.transform}, nil, 0)
 				if err != nil {

@@ -270,3 +270,45 @@ func TestCheckpointRecomputesBeforeBackward(t *testing.T) {
 		t.Errorf("%d allocations recomputed, want 4", recompute)
 	}
 }
+
+// TestSetToNoneUndoesZeroing: moving the crafted set_to_none trace to zeroing and back must give the
+// original's live bytes at every phase: the gradient released at each zero_grad and the next backward's
+// incoming gradient kept as .grad.
+func TestSetToNoneUndoesZeroing(t *testing.T) {
+	in := model(3)
+	zeroed, _, err := transform.Apply(in, transform.ZeroGrad(transform.Zeroing))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, lines, err := transform.Apply(zeroed, transform.ZeroGrad(transform.SetToNone))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(lines[0])
+	if got, want := livePerPhase(back), livePerPhase(in); !reflect.DeepEqual(got, want) {
+		t.Errorf("live bytes at each phase marker %v, want the original's %v", got, want)
+	}
+	if got, want := peak(back), peak(in); got != want {
+		t.Errorf("peak %d, want the original's %d", got, want)
+	}
+	if reflect.DeepEqual(livePerPhase(zeroed), livePerPhase(in)) {
+		t.Fatal("zeroing changed nothing: the round trip proves nothing")
+	}
+}
+
+// livePerPhase returns the bytes live at each phase marker and at the end.
+func livePerPhase(s *snapshot.Snapshot) []int64 {
+	var out []int64
+	var live int64
+	for _, e := range s.Events {
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			live += e.BlockSize
+		case snapshot.ActionFreeRequested:
+			live -= e.BlockSize
+		case snapshot.ActionPhase:
+			out = append(out, live)
+		}
+	}
+	return append(out, live)
+}
