@@ -14,6 +14,7 @@ const module = "github.com/oomdbg/oomdbg/"
 // them, the TUI and the command line on top. A package missing here fails the test until it is placed.
 var layers = map[string][]string{
 	"internal/nvmlib":            nil,
+	"internal/optimrules":        nil,
 	"internal/nvmlib/nvmlibtest": {"internal/nvmlib"},
 	"internal/pickle":            nil,
 	"internal/torchrules":        nil,
@@ -36,7 +37,7 @@ var layers = map[string][]string{
 	// The runtime tags what it allocates with snapshot's vocabulary (phases, categories).
 	"workloads/tensor": {"workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
 	"workloads/nn":     {"workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
-	"workloads/optim":  {"workloads/nn", "workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
+	"workloads/optim":  {"workloads/nn", "workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/optimrules", "internal/torchrules"},
 	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
 	"workloads/dist":  {"workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/"},
 	"workloads/train": {"workloads/", "tracer", "snapshot", "internal/"},

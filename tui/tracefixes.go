@@ -16,6 +16,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // traceFixes is the fixes pane on a snapshot oomdbg did not record (a PyTorch trace): each fix transforms the
@@ -43,6 +44,9 @@ type traceFix struct {
 func traceFixOptions() []traceFix {
 	return []traceFix{
 		{"expandable segments", "keeps everything", 0, nil, "expandable_segments:True"},
+		{"zero_grad set_to_none", "keeps everything", 0, []transform.Transform{transform.ZeroGrad(transform.SetToNone)}, ""},
+		{"adam for-loop", "keeps the training, a slower step", 1, []transform.Transform{transform.OptimizerImpl(optim.ForLoop)}, ""},
+		{"adamw8bit", "keeps the batch, 8-bit optimizer state", 1, []transform.Transform{transform.SwitchOptimizer(transform.AdamW8bit)}, ""},
 		{"checkpoint every:2", "keeps the batch, recomputes half the blocks", 1, []transform.Transform{transform.Checkpoint(transform.Checkpointing{Every: 2})}, ""},
 		{"checkpoint all", "keeps the batch, about a third more compute", 2, []transform.Transform{transform.Checkpoint(transform.Checkpointing{Every: 1})}, ""},
 		{"accumulate 2", "keeps the effective batch, 2 micro-steps", 3, []transform.Transform{transform.Accumulate(2)}, ""},

@@ -15,7 +15,7 @@ import (
 func TestTraceFixesRanksWhatFits(t *testing.T) {
 	s := snapshottest.Trace(snapshottest.Tiny())
 	// 3 MiB for the allocator: the trace as recorded reserves 4 MiB; SGD and momentum, without Adam's
-	// second state and step temporaries, need 2.
+	// second state and step temporaries, need 2, and so does 8-bit AdamW, its states a quarter the size.
 	d := &s.Meta.Devices[0]
 	d.Capacity = d.ContextReserve + 3<<20
 	msg := runTraceFixes(context.Background(), s)().(traceFixesMsg)
@@ -44,8 +44,9 @@ func TestTraceFixesRanksWhatFits(t *testing.T) {
 	if replayed == 0 {
 		t.Fatal("no fix was replayed on a trace with every tag")
 	}
-	if got := msg.results[0].fix.name + ", " + msg.results[1].fix.name; got != "momentum, sgd" || !msg.results[1].fits() || msg.results[2].fits() {
-		t.Errorf("ranked first: %s; want momentum, sgd, the only fixes that fit", got)
+	if got := msg.results[0].fix.name + ", " + msg.results[1].fix.name + ", " + msg.results[2].fix.name; got != "adamw8bit, momentum, sgd" ||
+		!msg.results[2].fits() || msg.results[3].fits() {
+		t.Errorf("ranked first: %s; want adamw8bit, momentum, sgd, the only fixes that fit", got)
 	}
 	p := traceFixes{snap: s}
 	p.onResult(msg)

@@ -16,6 +16,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // whatIfOptions are the fixes `oomdbg whatif` applies, parsed.
@@ -23,6 +24,7 @@ type whatIfOptions struct {
 	batchScale float64
 	accum      int
 	optimizer  string
+	optImpl    string
 	zeroGrad   string
 	checkpoint string
 	allocConf  string
@@ -32,7 +34,8 @@ type whatIfOptions struct {
 }
 
 // transforms parses the options into the transformations, in the order they compose: checkpointing
-// first (it works on the recorded passes), then the batch and accumulation, zero_grad, the optimizer.
+// first (it works on the recorded passes), then the batch and accumulation, zero_grad, the optimizer's
+// implementation, the optimizer.
 func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error) {
 	var ts []transform.Transform
 	if o.changed("amp") {
@@ -67,6 +70,13 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error
 		}
 		ts = append(ts, transform.ZeroGrad(m))
 	}
+	if o.changed("optimizer-impl") {
+		impl, err := optim.ParseImpl(o.optImpl)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--optimizer-impl: %w", err)
+		}
+		ts = append(ts, transform.OptimizerImpl(impl))
+	}
 	if o.changed("optimizer") {
 		opt, err := transform.ParseOptimizer(o.optimizer)
 		if err != nil {
@@ -83,7 +93,7 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error
 		cfg = &c
 	}
 	if len(ts) == 0 && cfg == nil {
-		return nil, nil, errors.New("no fix given: add --batch-scale, --accum, --optimizer, --zero-grad, --checkpoint or --alloc-conf")
+		return nil, nil, errors.New("no fix given: add --batch-scale, --accum, --optimizer, --optimizer-impl, --zero-grad, --checkpoint or --alloc-conf")
 	}
 	return ts, cfg, nil
 }
@@ -151,7 +161,8 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 	f := cmd.Flags()
 	f.Float64Var(&o.batchScale, "batch-scale", 1, "multiply the batch by this factor, e.g. 0.5")
 	f.IntVar(&o.accum, "accum", 1, "accumulate gradients over K micro-batches of batch/K")
-	f.StringVar(&o.optimizer, "optimizer", "", "switch the optimizer: sgd, momentum, adam or adamw")
+	f.StringVar(&o.optimizer, "optimizer", "", "switch the optimizer: sgd, momentum, adam, adamw or adamw8bit (bitsandbytes)")
+	f.StringVar(&o.optImpl, "optimizer-impl", "", "run Adam's step as foreach or for-loop (one parameter at a time)")
 	f.StringVar(&o.zeroGrad, "zero-grad", "", "zero_grad mode: none (set_to_none) or zero")
 	f.StringVar(&o.checkpoint, "checkpoint", "", "activation checkpointing of the repeated blocks: all or every:N")
 	f.StringVar(&o.allocConf, "alloc-conf", "", "allocator settings for the replay after, as PYTORCH_CUDA_ALLOC_CONF")

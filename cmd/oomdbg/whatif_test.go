@@ -24,7 +24,10 @@ func TestWhatIfCommand(t *testing.T) {
 		"bad optimizer": {[]string{"whatif", f("fixed.oomdbg"), "--optimizer", "lion"}, 2, nil, "unknown optimizer"},
 		"bad scale":     {[]string{"whatif", f("fixed.oomdbg"), "--batch-scale", "0"}, 2, nil, "--batch-scale"},
 		"not a file":    {[]string{"whatif", f("text.txt"), "--batch-scale", "0.5"}, 2, nil, "text.txt"},
-		"zero to none":  {[]string{"whatif", f("fixed.oomdbg"), "--zero-grad", "none"}, 0, []string{"already does this"}, ""},
+		"8-bit and for-loop": {[]string{"whatif", f("fixed.oomdbg"), "--optimizer", "adamw8bit", "--optimizer-impl", "for-loop"}, 0,
+			[]string{"optimizer adamw8bit: ", "8-bit state", "optimizer-impl for-loop: "}, ""},
+		"bad impl":     {[]string{"whatif", f("fixed.oomdbg"), "--optimizer-impl", "fast"}, 2, nil, "--optimizer-impl"},
+		"zero to none": {[]string{"whatif", f("fixed.oomdbg"), "--zero-grad", "none"}, 0, []string{"already does this"}, ""},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package transform_test
 import (
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 )
@@ -37,6 +38,8 @@ func FuzzApply(f *testing.F) {
 		for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.BatchScale(3),
 			transform.Accumulate(3), transform.SwitchOptimizer(transform.SGD), transform.SwitchOptimizer(transform.Adam),
 			transform.SwitchOptimizer(transform.Momentum), transform.ZeroGrad(transform.Zeroing),
+			transform.ZeroGrad(transform.SetToNone), transform.SwitchOptimizer(transform.AdamW8bit),
+			transform.OptimizerImpl(optimrules.ForLoop),
 			transform.Checkpoint(transform.Checkpointing{Every: 1}), transform.Checkpoint(transform.Checkpointing{Every: 2})} {
 			out, _, err := transform.Apply(s, tr)
 			if err != nil {

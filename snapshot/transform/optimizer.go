@@ -2,7 +2,10 @@ package transform
 
 import (
 	"fmt"
+	"slices"
 
+	"github.com/oomdbg/oomdbg/internal/optimrules"
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -16,15 +19,17 @@ const (
 	Momentum Optimizer = "momentum" // one buffer per parameter
 	Adam     Optimizer = "adam"     // exp_avg and exp_avg_sq per parameter
 	AdamW    Optimizer = "adamw"    // as Adam
+	// AdamW8bit is bitsandbytes' AdamW8bit: both states in 8 bits, quantized blockwise (optimrules.Blockwise8bit).
+	AdamW8bit Optimizer = "adamw8bit"
 )
 
 // ParseOptimizer reads an optimizer's name.
 func ParseOptimizer(s string) (Optimizer, error) {
 	switch o := Optimizer(s); o {
-	case SGD, Momentum, Adam, AdamW:
+	case SGD, Momentum, Adam, AdamW, AdamW8bit:
 		return o, nil
 	}
-	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam or adamw)", s)
+	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam, adamw or adamw8bit)", s)
 }
 
 // states is how many state tensors the optimizer keeps per parameter.
@@ -32,7 +37,7 @@ func (o Optimizer) states() int {
 	switch o {
 	case Momentum:
 		return 1
-	case Adam, AdamW:
+	case Adam, AdamW, AdamW8bit:
 		return 2
 	}
 	return 0
@@ -100,7 +105,24 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 	case perGrad >= 0.5:
 		recorded = Momentum
 	}
-	recordedName := map[Optimizer]string{SGD: "SGD", Momentum: "momentum", AdamW: "Adam/AdamW"}[recorded]
+	var gradBytes int64
+	for _, g := range grads {
+		gradBytes += bs[g].size
+	}
+	if recorded == AdamW && stateBytes < gradBytes { // two states in under 4 bytes an element: 8-bit
+		recorded = AdamW8bit
+	}
+	recordedName := map[Optimizer]string{SGD: "SGD", Momentum: "momentum", AdamW: "Adam/AdamW", AdamW8bit: "8-bit AdamW"}[recorded]
+	switch {
+	case recorded == o:
+		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
+			name, len(states), units.FormatSize(stateBytes), recordedName), nil
+	case recorded == AdamW8bit:
+		return nil, "", fmt.Errorf("%s: the recording's optimizer keeps 8-bit state; moving from it is not modelled: "+
+			"record with the optimizer instead", name)
+	case o == AdamW8bit:
+		return to8bit(t, bs, grads, states, start, name, recordedName)
+	}
 	if recorded.states() == o.states() {
 		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
 			name, len(states), units.FormatSize(stateBytes), recordedName), nil
@@ -124,10 +146,9 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 			}
 		}
 		// The step's temporaries: what the optimizer allocates and never makes anything else.
-		const temp = 1<<snapshot.CategoryTemporary | 1<<snapshot.CategoryUnknown | 1<<snapshot.CategoryAutogradDetail
 		for i := range t.events {
 			e := &t.events[i]
-			if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer && bs[e.Addr].cats&^temp == 0 {
+			if isStepTemporary(e, bs[e.Addr]) {
 				drop[e.Addr] = true
 				dropTemps++
 				tempBytes += e.Size
@@ -176,5 +197,85 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 			"parameter", name, dropped, len(states), recordedName, units.FormatSize(droppedBytes), dropTemps,
 			units.FormatSize(tempBytes))
 	}
+	return out, line, nil
+}
+
+// isStepTemporary reports whether b is one of an optimizer step's temporaries: allocated in the optimizer
+// phase as nothing that outlives the step.
+func isStepTemporary(e *snapshot.Event, b *block) bool {
+	const temp = 1<<snapshot.CategoryTemporary | 1<<snapshot.CategoryUnknown | 1<<snapshot.CategoryAutogradDetail
+	return e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer && b.cats&^temp == 0
+}
+
+// to8bit replaces an optimizer's state with bitsandbytes' AdamW8bit's, made at the first step (start) for
+// each gradient in parameter order (backward made them last to first): the two quantization maps once,
+// then per parameter its two states and their block maxima as optimrules.Blockwise8bit says. The recorded step's
+// temporaries go: the 8-bit update is one kernel per parameter, in place.
+func to8bit(t *trace, bs map[uint64]*block, grads, states []uint64, start int, name, recordedName string) (*trace, string, error) {
+	drop := map[uint64]bool{}
+	var droppedBytes, tempBytes int64
+	for _, a := range states {
+		drop[a] = true
+		droppedBytes += bs[a].size
+	}
+	var temps int
+	for i := range t.events {
+		if e := &t.events[i]; e.Action == snapshot.ActionAlloc && isStepTemporary(e, bs[e.Addr]) {
+			drop[e.Addr] = true
+			temps++
+			tempBytes += e.Size
+		}
+	}
+	out := t.derive(len(t.events) + 4*len(grads) + 2)
+	var made int
+	var madeBytes int64
+	var eightBit int
+	for i := range t.events {
+		e := t.events[i]
+		switch e.Action {
+		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+			if drop[e.Addr] {
+				continue
+			}
+		}
+		out.events = append(out.events, e)
+		if i != start {
+			continue
+		}
+		add := func(ge *snapshot.Event, size int64) {
+			s := snapshot.Event{Time: e.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
+				Addr: out.fresh(), Size: size, BlockSize: int64(torchrules.RoundSize(uint64(size), nil)),
+				Phase: snapshot.PhaseOptimizer, Iteration: e.Iteration, Category: snapshot.CategoryOptimizerState,
+				Scope: ge.Scope}
+			out.events = append(out.events, s)
+			made++
+			madeBytes += size
+		}
+		qmaps := false
+		for _, g := range slices.Backward(grads) {
+			ge := &t.events[bs[g].alloc]
+			eight, absmax := optimrules.Blockwise8bit(int(ge.Size / 4))
+			if !eight {
+				add(ge, ge.Size)
+				add(ge, ge.Size)
+				continue
+			}
+			if !qmaps {
+				add(ge, 4*optimrules.QMapEntries)
+				add(ge, 4*optimrules.QMapEntries)
+				qmaps = true
+			}
+			eightBit++
+			add(ge, ge.Size/4)
+			add(ge, ge.Size/4)
+			add(ge, 4*int64(absmax))
+			add(ge, 4*int64(absmax))
+		}
+	}
+	line := fmt.Sprintf("%s: the %d state blocks of the recording's %s (%s) and its step's %d temporaries (%s) "+
+		"become %d blocks of 8-bit state (%s: %d of %d parameters in 8 bits, blockwise, the others in float32); "+
+		"assumes float32 parameters (4 bytes an element)", name, len(states), recordedName,
+		units.FormatSize(droppedBytes), temps, units.FormatSize(tempBytes), made, units.FormatSize(madeBytes),
+		eightBit, len(grads))
 	return out, line, nil
 }

@@ -3,8 +3,10 @@ package transform_test
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 )
@@ -311,4 +313,87 @@ func livePerPhase(s *snapshot.Snapshot) []int64 {
 		}
 	}
 	return append(out, live)
+}
+
+// adamModel is one iteration of a model with a parameter of 1 MiB (262,144 float32 elements) and one of
+// 4 KiB (1,024), its Adam state made at the first step and foreach's square roots, one per parameter, alive
+// together.
+func adamModel(steps int) *snapshot.Snapshot {
+	c := newCraft()
+	c.begin(snapshot.PhaseSetup, -1)
+	c.alloc(0x100000, 1<<20, snapshot.CategoryParameter, "big")
+	c.alloc(0x200000, 4096, snapshot.CategoryParameter, "small")
+	for it := range int32(steps) {
+		base := uint64(it+1) << 24
+		c.begin(snapshot.PhaseBackward, it)
+		c.alloc(base+0x200000, 4096, snapshot.CategoryGradient, "small")
+		c.alloc(base+0x100000, 1<<20, snapshot.CategoryGradient, "big")
+		c.begin(snapshot.PhaseOptimizer, it)
+		if it == 0 {
+			c.alloc(0x70000000, 1<<20, snapshot.CategoryOptimizerState, "optimizer")
+			c.alloc(0x71000000, 1<<20, snapshot.CategoryOptimizerState, "optimizer")
+			c.alloc(0x72000000, 4096, snapshot.CategoryOptimizerState, "optimizer")
+			c.alloc(0x73000000, 4096, snapshot.CategoryOptimizerState, "optimizer")
+		}
+		c.alloc(base+0x300000, 1<<20, snapshot.CategoryTemporary, "optimizer")
+		c.alloc(base+0x400000, 4096, snapshot.CategoryTemporary, "optimizer")
+		c.free(base+0x300000, 1<<20)
+		c.free(base+0x400000, 4096)
+		c.begin(snapshot.PhaseZeroGrad, it)
+		c.free(base+0x200000, 4096)
+		c.free(base+0x100000, 1<<20)
+	}
+	return c.s
+}
+
+// TestAdamW8bitState holds the 8-bit state to bitsandbytes' layout (Optimizer2State.init_state, blocksize
+// 256 since bitsandbytes 0.44, min_8bit_size 4096): the 262,144-element parameter keeps two uint8 states
+// and two float32 absmax of 262144/256 = 1024 blocks, plus the two 256-entry float32 maps; the
+// 1,024-element one keeps float32 state.
+func TestAdamW8bitState(t *testing.T) {
+	out, lines, err := transform.Apply(adamModel(2), transform.SwitchOptimizer(transform.AdamW8bit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(lines[0])
+	var state []int64
+	for _, e := range out.Events {
+		if e.Action == snapshot.ActionAlloc && e.Category == snapshot.CategoryOptimizerState {
+			state = append(state, e.Size)
+		}
+		if e.Action == snapshot.ActionAlloc && e.Category == snapshot.CategoryTemporary {
+			t.Errorf("a step temporary is left: the 8-bit update is in place: %+v", e)
+		}
+	}
+	// Parameter order: big first (backward made it last).
+	want := []int64{256 * 4, 256 * 4, 262144, 262144, 1024 * 4, 1024 * 4, 4096, 4096}
+	if !reflect.DeepEqual(state, want) {
+		t.Errorf("state blocks %v, want %v", state, want)
+	}
+}
+
+// TestForLoopAdam: the for-loop step holds at most the previous parameter's denominator, the current
+// root and the current denominator, where foreach held every parameter's root at once.
+func TestForLoopAdam(t *testing.T) {
+	in := adamModel(2)
+	out, lines, err := transform.Apply(in, transform.OptimizerImpl(optimrules.ForLoop))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(lines[0])
+	// Live before the step: parameters, gradients and two states, 4 x (1 MiB + 4 KiB). foreach adds both roots;
+	// the loop, the big one's root and denominator (2 MiB), then the small one's two with the big
+	// denominator still alive (1 MiB + 8 KiB).
+	base := int64(4 * (1<<20 + 4096))
+	if got, want := peak(in), base+1<<20+4096; got != want {
+		t.Fatalf("the crafted trace peaks at %d, want %d", got, want)
+	}
+	if got, want := peak(out), base+2<<20; got != want {
+		t.Errorf("peak %d, want %d", got, want)
+	}
+	// The step's temporaries are now at most three alive at once: the trace reads as for-loop already.
+	_, lines, err = transform.Apply(out, transform.OptimizerImpl(optimrules.ForLoop))
+	if err != nil || !strings.Contains(lines[0], "nothing changes") {
+		t.Errorf("applied twice: %v %q", err, lines)
+	}
 }

@@ -320,6 +320,10 @@ func toSetToNone(t *trace, bs map[uint64]*block, first int, name string) (*trace
 					pending = false
 					occ := t.occurrences(i, func(int) bool { return false })
 					targets = map[int][]*grad{}
+					if len(occ) < len(grads) { // not a whole backward (a trace cut by its OOM): nothing is remade
+						missed += len(grads)
+						continue
+					}
 					for _, g := range grads {
 						if g.none {
 							waiting = append(waiting, g)

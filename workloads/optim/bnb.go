@@ -1,6 +1,7 @@
 package optim
 
 import (
+	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -10,22 +11,13 @@ import (
 // PagedAdamW8bit), as its memory goes:
 //   - state is made lazily, parameter by parameter, when step() first reaches it (init_state);
 //   - 8-bit state: state1 and state2 one byte per element (uint8, blockwise quantized with the signed and
-//     unsigned dynamic maps), a float32 absmax per 256 elements for each (blocksize = 256, since
-//     bitsandbytes 0.44: commit aa57bd89 changed it from 2048), and the two 256-entry maps once per
-//     optimizer (fill_qmap, moved to the device); a parameter of fewer than min_8bit_size = 4096 elements
-//     keeps float32 state;
+//     unsigned dynamic maps), a float32 absmax per block for each, and the two maps once per optimizer
+//     (fill_qmap, moved to the device); a small parameter keeps float32 state (optimrules.Blockwise8bit);
 //   - paged: state1 and state2 of parameters of at least 1e5 elements come from get_paged, CUDA unified
 //     memory outside PyTorch's allocator, and are prefetched to the device before each update; the driver
 //     evicts them to host when the device needs the room (workloads/alloc's ManagedMemory);
 //   - the update is one kernel per parameter (optimizer_update_8bit_blockwise / optimizer_update_32bit),
 //     in place: no temporaries.
-
-// The constants of bitsandbytes' Optimizer2State.
-const (
-	bnbBlocksize   = 256     // init_state: blocksize = 256
-	bnbMin8bitSize = 4096    // min_8bit_size default
-	bnbPagedMin    = 100_000 // get_state_buffer: paged only when p.numel() >= 1e5
-)
 
 type bnb struct {
 	base
@@ -73,18 +65,19 @@ func (o *bnb) initState(p *nn.Parameter) *bnbState {
 	defer o.rt.SetCategory(prev)
 	st := &bnbState{}
 	n := p.Tensor.Numel()
+	eight, blocks := optimrules.Blockwise8bit(n)
 	dtype := tensor.U8
-	if !o.bits8 || n < bnbMin8bitSize {
+	if !o.bits8 || !eight {
 		dtype = tensor.F32
 	}
 	if dtype == tensor.U8 && o.qmaps == nil { // fill_qmap, then .to(p.device)
 		o.qmaps = []*tensor.Tensor{
-			o.newState(o.rt.Zeros(tensor.F32, []int{256}, "qmap.dynamic", snapshot.CategoryOptimizerState), p, "qmap1"),
-			o.newState(o.rt.Zeros(tensor.F32, []int{256}, "qmap.udynamic", snapshot.CategoryOptimizerState), p, "qmap2"),
+			o.newState(o.rt.Zeros(tensor.F32, []int{optimrules.QMapEntries}, "qmap.dynamic", snapshot.CategoryOptimizerState), p, "qmap1"),
+			o.newState(o.rt.Zeros(tensor.F32, []int{optimrules.QMapEntries}, "qmap.udynamic", snapshot.CategoryOptimizerState), p, "qmap2"),
 		}
 	}
 	buffer := func(role string) *tensor.Tensor { // get_state_buffer
-		if o.paged && n >= bnbPagedMin {
+		if o.paged && n >= optimrules.PagedMin {
 			return o.rt.EmptyManaged(dtype, p.Tensor.Shape(), role, snapshot.CategoryOptimizerState)
 		}
 		return o.rt.Zeros(dtype, p.Tensor.Shape(), role, snapshot.CategoryOptimizerState)
@@ -92,7 +85,6 @@ func (o *bnb) initState(p *nn.Parameter) *bnbState {
 	st.state1 = o.newState(buffer("state1"), p, "state1")
 	st.state2 = o.newState(buffer("state2"), p, "state2")
 	if dtype == tensor.U8 {
-		blocks := (n + bnbBlocksize - 1) / bnbBlocksize
 		st.absmax1 = o.newState(o.rt.Zeros(tensor.F32, []int{blocks}, "absmax1", snapshot.CategoryOptimizerState), p, "absmax1")
 		st.absmax2 = o.newState(o.rt.Zeros(tensor.F32, []int{blocks}, "absmax2", snapshot.CategoryOptimizerState), p, "absmax2")
 	}
@@ -110,8 +102,8 @@ func (o *bnb) update(p *nn.Parameter, g *tensor.Tensor, st *bnbState) {
 	bc1, bc2 := 1-pow(c.Beta1, st.step), 1-pow(c.Beta2, st.step)
 	tensor.AdamUpdate_(p.Tensor, st.state1, st.state2, -c.LR/bc1, sqrt32(bc2), c.Eps)
 	if st.absmax1 != nil {
-		tensor.Requantize8_(st.state1, st.absmax1, true, bnbBlocksize)
-		tensor.Requantize8_(st.state2, st.absmax2, false, bnbBlocksize)
+		tensor.Requantize8_(st.state1, st.absmax1, true, optimrules.Blocksize)
+		tensor.Requantize8_(st.state2, st.absmax2, false, optimrules.Blocksize)
 	}
 }
 

@@ -9,6 +9,7 @@ package optim
 
 import (
 	"fmt"
+	"github.com/oomdbg/oomdbg/internal/optimrules"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
@@ -45,47 +46,18 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)", s)
 }
 
-// Impl is how torch.optim runs Adam and AdamW.
-type Impl string
+// Impl is how torch.optim runs Adam and AdamW (optimrules.Impl).
+type Impl = optimrules.Impl
 
 // The implementations.
 const (
-	// Foreach is _multi_tensor_adam, PyTorch's default on CUDA: each step's temporaries for all parameters at
-	// once.
-	Foreach Impl = "foreach"
-	// Fused is _fused_adam (fused=True): one kernel, no temporaries, a step counter on the device per
-	// parameter.
-	Fused Impl = "fused"
-	// ForLoop is _single_tensor_adam (foreach=False): one parameter's temporaries at a time.
-	ForLoop Impl = "for-loop"
+	Foreach = optimrules.Foreach
+	Fused   = optimrules.Fused
+	ForLoop = optimrules.ForLoop
 )
 
 // ParseImpl returns the implementation named s ("" is Foreach).
-func ParseImpl(s string) (Impl, error) {
-	switch i := Impl(s); i {
-	case "":
-		return Foreach, nil
-	case Foreach, Fused, ForLoop:
-		return i, nil
-	}
-	return "", fmt.Errorf("unknown optimizer implementation %q (want foreach, fused or for-loop)", s)
-}
-
-// MarshalText returns the implementation's name.
-func (i Impl) MarshalText() ([]byte, error) { return []byte(i), nil }
-
-// UnmarshalText reads an implementation's name (ParseImpl); "" stays the zero value, which is Foreach.
-func (i *Impl) UnmarshalText(text []byte) error {
-	v, err := ParseImpl(string(text))
-	if err != nil {
-		return err
-	}
-	if len(text) == 0 {
-		v = ""
-	}
-	*i = v
-	return nil
-}
+func ParseImpl(s string) (Impl, error) { return optimrules.ParseImpl(s) }
 
 // MarshalText returns the optimizer's name.
 func (k Kind) MarshalText() ([]byte, error) { return []byte(k), nil }

@@ -1,0 +1,66 @@
+// Package optimrules holds the rules of an optimizer's memory that both the training runtime
+// (workloads/optim) and the trace transformations (snapshot/transform) need, in one place: how torch.optim
+// runs Adam (its implementations) and how bitsandbytes lays out 8-bit optimizer state.
+package optimrules
+
+import "fmt"
+
+// Impl is how torch.optim runs Adam and AdamW.
+type Impl string
+
+// The implementations.
+const (
+	// Foreach is _multi_tensor_adam, PyTorch's default on CUDA: each step's temporaries for all parameters at
+	// once.
+	Foreach Impl = "foreach"
+	// Fused is _fused_adam (fused=True): one kernel, no temporaries, a step counter on the device per
+	// parameter.
+	Fused Impl = "fused"
+	// ForLoop is _single_tensor_adam (foreach=False): one parameter's temporaries at a time.
+	ForLoop Impl = "for-loop"
+)
+
+// ParseImpl returns the implementation named s ("" is Foreach).
+func ParseImpl(s string) (Impl, error) {
+	switch i := Impl(s); i {
+	case "":
+		return Foreach, nil
+	case Foreach, Fused, ForLoop:
+		return i, nil
+	}
+	return "", fmt.Errorf("unknown optimizer implementation %q (want foreach, fused or for-loop)", s)
+}
+
+// MarshalText returns the implementation's name.
+func (i Impl) MarshalText() ([]byte, error) { return []byte(i), nil }
+
+// UnmarshalText reads an implementation's name (ParseImpl); "" stays the zero value, which is Foreach.
+func (i *Impl) UnmarshalText(text []byte) error {
+	v, err := ParseImpl(string(text))
+	if err != nil {
+		return err
+	}
+	if len(text) == 0 {
+		v = ""
+	}
+	*i = v
+	return nil
+}
+
+// The constants of bitsandbytes' Optimizer2State (bitsandbytes/optim/optimizer.py).
+const (
+	Blocksize   = 256     // init_state: blocksize = 256 (since 0.44, commit aa57bd89; 2048 before)
+	Min8bitSize = 4096    // min_8bit_size default: smaller parameters keep float32 state
+	PagedMin    = 100_000 // get_state_buffer: paged only when p.numel() >= 1e5
+	QMapEntries = 256     // fill_qmap: the signed and unsigned dynamic maps, 256 float32 values each
+)
+
+// Blockwise8bit says how bitsandbytes' 8-bit Optimizer2State keeps each of a parameter's two states, for a
+// parameter of numel elements: in 8 bits with float32 block maxima (absmax: one per Blocksize elements),
+// or, below Min8bitSize elements, in float32 (absmax 0).
+func Blockwise8bit(numel int) (eight bool, absmax int) {
+	if numel < Min8bitSize {
+		return false, 0
+	}
+	return true, (numel + Blocksize - 1) / Blocksize
+}
