@@ -15,6 +15,7 @@ const module = "github.com/oomdbg/oomdbg/"
 var layers = map[string][]string{
 	"internal/nvmlib":            nil,
 	"internal/optimrules":        nil,
+	"internal/periodic":          nil,
 	"internal/nvmlib/nvmlibtest": {"internal/nvmlib"},
 	"internal/pickle":            nil,
 	"internal/torchrules":        nil,
@@ -22,8 +23,8 @@ var layers = map[string][]string{
 	"internal/units":             nil,
 	"internal/words":             nil,
 	"snapshot":                   {"internal/torchrules"},
-	"snapshot/torch":             {"snapshot", "internal/pickle", "internal/torchrules"},
-	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/torchrules", "internal/units"},
+	"snapshot/torch":             {"snapshot", "internal/pickle", "internal/periodic", "internal/torchrules"},
+	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/periodic", "internal/torchrules", "internal/units"},
 	"snapshot/export":            {"snapshot", "internal/torchrules", "internal/units"},
 	"snapshot/snapshottest":      {"snapshot", "internal/torchrules"},
 	"snapshot/transform":         {"snapshot", "internal/"},

@@ -1,8 +1,10 @@
 package torch
 
 import (
-	"github.com/oomdbg/oomdbg/snapshot"
 	"slices"
+
+	"github.com/oomdbg/oomdbg/internal/periodic"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // periodicRepeats is how many times the allocations must repeat before they are read as iterations: two
@@ -39,26 +41,8 @@ func (t *trace) periodic() []Boundary {
 	if n < 2*periodicRepeats {
 		return nil
 	}
-	// The prefix function of the tokens read from the end: the last L tokens repeat with period
-	// L - pi[L-1].
-	at := func(i int) allocToken { return toks[n-1-i] }
-	pi := make([]int32, n)
-	for i := 1; i < n; i++ {
-		k := int(pi[i-1])
-		for k > 0 && at(i) != at(k) {
-			k = int(pi[k-1])
-		}
-		if at(i) == at(k) {
-			k++
-		}
-		pi[i] = int32(k)
-	}
-	span, period := 0, 0
-	for l := 1; l <= n; l++ {
-		if p := l - int(pi[l-1]); p > 1 && l >= periodicRepeats*p {
-			span, period = l, p
-		}
-	}
+	// The stretch read from the end.
+	span, period := periodic.Prefix(n, func(i int) allocToken { return toks[n-1-i] }, periodicRepeats)
 	if period == 0 {
 		return nil
 	}
