@@ -2,9 +2,11 @@ package transform
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/periodic"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -161,14 +163,115 @@ func (t *trace) passBlocks(start int, blockOf func(snapshot.StringID) (int, bool
 	return spans, i
 }
 
+// The search for repeated blocks is bounded, since it takes the pass's allocations times the starts it
+// tries: a pass of at most maxBlockSearch allocations (a GPT-2 block makes about 25: over 300 blocks), whose
+// blocks begin within its first maxBlockStart (after the embedding and whatever precedes the first block).
+const (
+	maxBlockSearch = 8192
+	maxBlockStart  = 256
+)
+
+// repeatedBlocks finds the repeated blocks of the pass that begins at marker start where no scope names
+// them: the longest stretch of the pass's allocations, by size and stack, that repeats one period at least
+// twice (periodic.Prefix from each of the first allocations on; the earliest of the longest). Each repetition is a block:
+// its span runs from its first allocation to the event before the next repetition's (or the pass's next
+// allocation). It returns the blocks in order, the pass's end and the period.
+func (t *trace) repeatedBlocks(start int) ([]span, int, int) {
+	var seqs []int
+	var toks []allocKey
+	i := start + 1
+	for ; i < len(t.events); i++ {
+		e := &t.events[i]
+		if e.Action == snapshot.ActionPhase || e.Action == snapshot.ActionIteration {
+			break
+		}
+		if e.Action == snapshot.ActionAlloc && (t.pre == 0 || e.Label != t.pre) {
+			seqs = append(seqs, i)
+			toks = append(toks, allocKey{e.Size, e.Stack})
+		}
+	}
+	end, n := i, len(toks)
+	if n > maxBlockSearch {
+		return nil, end, 0
+	}
+	from, full, period := 0, 0, 0
+	for s := 0; n-s > full && s < maxBlockStart; s++ {
+		l, p := periodic.Prefix(n-s, func(i int) allocKey { return toks[s+i] }, 2)
+		if p > 0 && l/p*p > full {
+			from, full, period = s, l/p*p, p
+		}
+	}
+	if period == 0 {
+		return nil, end, 0
+	}
+	var blocks []span
+	for k := from; k < from+full; k += period {
+		last := end - 1
+		if k+period < n {
+			last = seqs[k+period] - 1
+		}
+		blocks = append(blocks, span{seqs[k], last})
+	}
+	return blocks, end, period
+}
+
 func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) {
 	prefix, count, of := t.blocks()
-	if count < 2 {
-		return nil, "", &MissingTagsError{name, "scope (module, with repeated blocks such as transformer.h.<i>)"}
-	}
+	chosen := func(n int) bool { return n%c.Every == 0 }
 	blockOf := func(id snapshot.StringID) (int, bool) {
 		n, ok := of[id]
-		return n, ok && n%c.Every == 0
+		return n, ok && chosen(n)
+	}
+	// Where scopes name the blocks, a block's allocations are those of its scope; else the repetition of a
+	// forward pass's allocations finds them, and every allocation in a block's span is its own.
+	inferred := count < 2
+	member := func(e *snapshot.Event) bool {
+		_, ok := blockOf(e.Scope)
+		return inferred || ok
+	}
+	// forward returns the chosen blocks of the forward pass at marker start, the pass's end and how many
+	// blocks it holds in all; backward
+	// the spans of the backward pass at marker start of the forward's blocks, of which there were n.
+	forward := func(start int) (map[int]span, int, int) {
+		spans, end := t.passBlocks(start, blockOf)
+		return spans, end, count
+	}
+	backward := func(start, _ int) (map[int]span, error) {
+		spans, _ := t.passBlocks(start, blockOf)
+		return spans, nil
+	}
+	var periods []int
+	if inferred {
+		forward = func(start int) (map[int]span, int, int) {
+			all, end, period := t.repeatedBlocks(start)
+			spans := map[int]span{}
+			for n, s := range all {
+				if chosen(n) {
+					spans[n] = s
+				}
+			}
+			if len(all) > 0 {
+				count = max(count, len(all))
+				periods = append(periods, period)
+			}
+			return spans, end, len(all)
+		}
+		// Backward runs the blocks last to first.
+		backward = func(start, n int) (map[int]span, error) {
+			all, _, _ := t.repeatedBlocks(start)
+			if len(all) != n {
+				return nil, &MissingTagsError{name, fmt.Sprintf("repeated blocks (found %d in a forward pass and %d "+
+					"in its backward by the repetition of their allocations; scopes such as transformer.h.<i> "+
+					"would name them)", n, len(all))}
+			}
+			spans := map[int]span{}
+			for j, s := range all {
+				if n := len(all) - 1 - j; chosen(n) {
+					spans[n] = s
+				}
+			}
+			return spans, nil
+		}
 	}
 	bs := t.index()
 
@@ -191,7 +294,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		if e.Action != snapshot.ActionPhase || e.Phase != snapshot.PhaseForward {
 			continue
 		}
-		fwd, end := t.passBlocks(i, blockOf)
+		fwd, end, blocksFound := forward(i)
 		if len(fwd) == 0 {
 			continue
 		}
@@ -205,7 +308,10 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			}
 			if f.Phase == snapshot.PhaseBackward && f.Iteration == e.Iteration {
 				bwdMarker = j
-				bwd, _ = t.passBlocks(j, blockOf)
+				var err error
+				if bwd, err = backward(j, blocksFound); err != nil {
+					return nil, "", err
+				}
 			}
 			if f.Phase != snapshot.PhaseBackward && f.Phase != snapshot.PhaseRecompute {
 				if bwdMarker >= 0 || f.Phase == snapshot.PhaseForward || f.Phase == snapshot.PhaseOptimizer {
@@ -221,10 +327,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			output := -1
 			for j := fs.first; j <= fs.last; j++ {
 				f := &t.events[j]
-				if f.Action != snapshot.ActionAlloc {
-					continue
-				}
-				if _, ok := blockOf(f.Scope); !ok {
+				if f.Action != snapshot.ActionAlloc || !member(f) {
 					continue
 				}
 				if b := bs[f.Addr]; b.free < 0 || b.free > fs.last {
@@ -250,13 +353,11 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 						at = j
 						break
 					}
-					if f.Action == snapshot.ActionAlloc && next == fs.last {
-						if _, ok := blockOf(f.Scope); ok {
-							next = j
-						}
+					if f.Action == snapshot.ActionAlloc && next == fs.last && member(f) {
+						next = j
 					}
 				}
-				if at >= 0 && t.events[at].Scope != ae.Scope {
+				if at >= 0 && !inferred && t.events[at].Scope != ae.Scope {
 					at = t.consumerReturns(at, ae.Scope, fs.last)
 				}
 				if at < 0 {
@@ -284,7 +385,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 				f := t.events[j]
 				switch f.Action {
 				case snapshot.ActionAlloc:
-					if _, ok := blockOf(f.Scope); !ok {
+					if !member(&f) {
 						continue
 					}
 					copyOf[f.Addr] = out.fresh()
@@ -326,8 +427,23 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		maxSaved = max(maxSaved, passSaved)
 		i = end - 1
 	}
+	if passes == 0 && inferred {
+		return nil, "", &MissingTagsError{name, "scope (module, with repeated blocks such as transformer.h.<i>), " +
+			"and no forward pass repeats its allocations (size and stack) in blocks,"}
+	}
 	if passes == 0 {
 		return nil, "", &MissingTagsError{name, "forward phase and block scope"}
+	}
+	blocks := "blocks of " + prefix
+	release := "the module that read it returns"
+	if inferred {
+		every := strconv.Itoa(slices.Max(periods))
+		if lo := slices.Min(periods); lo != slices.Max(periods) {
+			every = strconv.Itoa(lo) + " to " + every
+		}
+		blocks = "repeated blocks, found by the repetition of their allocations' sizes and stacks within each " +
+			"forward pass (every " + every + " allocations),"
+		release = "the op that read it returns: where autograd saved it, else at the block's next allocation"
 	}
 
 	for i := range t.events {
@@ -347,10 +463,10 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		out.events = append(out.events, e)
 		out.events = append(out.events, after[i]...)
 	}
-	line := fmt.Sprintf("%s: %d of the %d blocks of %s checkpointed in %d forward passes; up to %s of what a "+
+	line := fmt.Sprintf("%s: %d of the %d %s checkpointed in %d forward passes; up to %s of what a "+
 		"pass saved for backward is released in the forward and made again before each block's backward "+
 		"(%d recomputes); assumes a block's last allocation alive at its end is its output, and that without "+
-		"grad a tensor is released when the module that read it returns", name, len(blocksDone), count,
-		prefix, passes, units.FormatSize(maxSaved), recomputed)
+		"grad a tensor is released when %s", name, len(blocksDone), count,
+		blocks, passes, units.FormatSize(maxSaved), recomputed, release)
 	return out, line, nil
 }

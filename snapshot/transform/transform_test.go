@@ -397,3 +397,78 @@ func TestForLoopAdam(t *testing.T) {
 		t.Errorf("applied twice: %v %q", err, lines)
 	}
 }
+
+// blocksTrace is one iteration of three identical blocks, each allocation from a stack of its own (the same
+// in every block): scoped names the blocks h.0, h.1, h.2 as module scopes do; else nothing names them, as
+// in a PyTorch trace without module annotations.
+func blocksTrace(scoped bool) *snapshot.Snapshot {
+	c := newCraft()
+	scope := func(s string) string {
+		if scoped {
+			return s
+		}
+		return ""
+	}
+	add := func(addr uint64, size int64, stack snapshot.StackID, sc string) {
+		c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: addr, Size: size, BlockSize: (size + 511) / 512 * 512,
+			Category: snapshot.CategoryTemporary, Scope: c.str(scope(sc)), Stack: stack})
+	}
+	c.begin(snapshot.PhaseSetup, -1)
+	c.begin(snapshot.PhaseForward, 0)
+	add(0x100, 1000, 1, "")
+	for i := range 3 {
+		a, blk := uint64(0x1000*(i+1)), "h."+string(rune('0'+i))
+		add(a, 8000, 2, blk+".fc") // saved for backward
+		add(a+0x100, 2000, 3, blk) // the block's output
+	}
+	add(0x200, 500, 4, "") // the loss
+	c.begin(snapshot.PhaseBackward, 0)
+	for i := range 3 {
+		a, blk := uint64(0x1000*(3-i)), "h."+string(rune('0'+2-i))
+		add(a+0x200, 2000, 5, blk+".fc")
+		add(a+0x300, 600, 6, blk+".fc")
+		c.free(a+0x300, 600)
+		c.free(a, 8000)
+		c.free(a+0x100, 2000)
+		c.free(a+0x200, 2000)
+	}
+	c.free(0x200, 500)
+	c.free(0x100, 1000)
+	return c.s
+}
+
+// TestCheckpointFindsRepeatedBlocks: where no scope names the blocks, the repetition of the forward's
+// allocations finds them, and checkpointing gives what it gives on the same trace with module scopes.
+func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
+	for _, every := range []int{1, 2} {
+		cp := transform.Checkpoint(transform.Checkpointing{Every: every})
+		scoped, _, err := transform.Apply(blocksTrace(true), cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := blocksTrace(false)
+		inferred, lines, err := transform.Apply(in, cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Log(lines[0])
+		if peak(inferred) >= peak(in) {
+			t.Errorf("every %d: peak %d, not below the recorded %d", every, peak(inferred), peak(in))
+		}
+		if got, want := livePerPhase(inferred), livePerPhase(scoped); !reflect.DeepEqual(got, want) || peak(inferred) != peak(scoped) {
+			t.Errorf("every %d: live at each phase %v, peak %d; with scopes %v, %d", every, got, peak(inferred), want, peak(scoped))
+		}
+	}
+	// No repetition: refused, naming what is missing.
+	c := newCraft()
+	c.begin(snapshot.PhaseForward, 0)
+	c.alloc(0x100, 1000, snapshot.CategoryTemporary, "")
+	c.alloc(0x200, 2000, snapshot.CategoryTemporary, "")
+	c.begin(snapshot.PhaseBackward, 0)
+	c.free(0x100, 1000)
+	c.free(0x200, 2000)
+	var missing *transform.MissingTagsError
+	if _, _, err := transform.Apply(c.s, transform.Checkpoint(transform.Checkpointing{Every: 1})); !errors.As(err, &missing) {
+		t.Errorf("a forward without repeated blocks: error %v, want a MissingTagsError", err)
+	}
+}
