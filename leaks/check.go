@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // TestingT is the part of *testing.T that Check uses.
@@ -146,7 +147,7 @@ func shownOf(n, max int) int {
 }
 
 // writeExample writes a group's example block, when it has a label.
-func writeExample(w io.Writer, label string, b snapshot.Allocation) {
+func writeExample(w io.Writer, label string, b timeline.Allocation) {
 	if label != "" {
 		fmt.Fprintf(w, "    e.g. %s (%s), allocated in iteration %d, %s\n", label, units.FormatSize(b.Size), b.Iteration, b.Phase)
 	}

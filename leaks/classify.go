@@ -5,13 +5,14 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // suspectFrames is how many frames of a suspect's stack are kept.
 const suspectFrames = 8
 
 // suspect describes growing group g over n measured iterations; live is the live set at the last point.
-func suspect(tl *snapshot.Timeline, g *group, n int, firstMeasured int32, last Point, live []snapshot.Allocation) *Suspect {
+func suspect(tl *timeline.Timeline, g *group, n int, firstMeasured int32, last Point, live []timeline.Allocation) *Suspect {
 	s := tl.Snapshot()
 	sp := &Suspect{
 		Scope:             s.String(g.key.scope),

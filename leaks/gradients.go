@@ -5,6 +5,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // GradientFinding says that parameter gradients are never cleared: from one optimizer step to the next,
@@ -39,7 +40,7 @@ type optimizerStep struct {
 	cleared    bool // a zero_grad span lies between the step before and this one
 }
 
-func optimizerSteps(phases []snapshot.PhaseSpan) []optimizerStep {
+func optimizerSteps(phases []timeline.PhaseSpan) []optimizerStep {
 	var steps []optimizerStep
 	trained, cleared := false, false
 	for _, p := range phases {
@@ -65,14 +66,14 @@ func optimizerSteps(phases []snapshot.PhaseSpan) []optimizerStep {
 // gradients the backward between them added to. Gradients are known by their category, or for blocks of
 // unknown category (imported traces) by the phase that allocated them: what a backward allocates and the
 // optimizer step leaves alive is a gradient.
-func gradientsNeverCleared(tl *snapshot.Timeline) *GradientFinding {
+func gradientsNeverCleared(tl *timeline.Timeline) *GradientFinding {
 	phases := tl.Phases()
 	steps := optimizerSteps(phases)
 	if len(steps) > maxMeasured+1 {
 		steps = steps[len(steps)-maxMeasured-1:]
 	}
 	f := &GradientFinding{FirstIteration: -1}
-	var live []snapshot.Allocation
+	var live []timeline.Allocation
 	for k := 1; k < len(steps); k++ {
 		f.Of++
 		prev, next := steps[k-1], steps[k]

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // HeldGroup is a group of blocks (one allocating stack, module scope and category) that training allocated
@@ -22,7 +23,7 @@ type HeldGroup struct {
 	Iterations []int32
 
 	// Example is the group's last block allocated, Label its tensor label.
-	Example snapshot.Allocation
+	Example timeline.Allocation
 	Label   string
 	// RetainedBy says what held Example at the nearest heap dump; nil when no heap dump named it.
 	RetainedBy *RetainerPath
@@ -43,7 +44,7 @@ const (
 	roleGradient
 )
 
-func roleOf(b *snapshot.Allocation) role {
+func roleOf(b *timeline.Allocation) role {
 	switch b.Category {
 	case snapshot.CategoryParameter:
 		return roleParameter
@@ -65,7 +66,7 @@ func roleOf(b *snapshot.Allocation) role {
 // held groups the blocks of live (the live set at the last point) that training allocated and that are
 // neither parameters, optimizer state, gradients zero_grad clears (gradientsHeld false), growing suspects,
 // nor left out by the options. Largest first.
-func held(tl *snapshot.Timeline, c *config, live []snapshot.Allocation, suspects map[groupKey]bool, gradientsHeld bool, last Point) []HeldGroup {
+func held(tl *timeline.Timeline, c *config, live []timeline.Allocation, suspects map[groupKey]bool, gradientsHeld bool, last Point) []HeldGroup {
 	s := tl.Snapshot()
 	index := map[groupKey]int{}
 	var groups []HeldGroup
@@ -129,7 +130,7 @@ func held(tl *snapshot.Timeline, c *config, live []snapshot.Allocation, suspects
 }
 
 // retainedBy returns what held block b at the heap dump nearest to event at, nil when none names it.
-func retainedBy(tl *snapshot.Timeline, b snapshot.Allocation, at int) *RetainerPath {
+func retainedBy(tl *timeline.Timeline, b timeline.Allocation, at int) *RetainerPath {
 	p, ok := tl.RetainerPath(b, at)
 	if !ok {
 		return nil

@@ -36,6 +36,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Verdict is what Analyze concludes.
@@ -154,7 +155,7 @@ type Suspect struct {
 	Survivors []int32
 
 	// Example is a representative leaked block (the last one allocated), Label its tensor label.
-	Example snapshot.Allocation
+	Example timeline.Allocation
 	Label   string
 	// RetainedBy says what held Example at the nearest heap dump; nil when no heap dump named it.
 	RetainedBy *RetainerPath
@@ -172,7 +173,7 @@ func innermost(stack []string) string {
 }
 
 // RetainerPath is the chain of holders that kept a block alive at a heap dump, described for people (a
-// snapshot.Retainer is one holder on it).
+// timeline.Retainer is one holder on it).
 type RetainerPath struct {
 	// Path lists the holders from the one holding the block to the root, e.g. "AddmmBackward0[net.2] saved
 	// mat1", "AddmmBackward0[net.2]", ..., "loss_history[7]".
@@ -201,7 +202,7 @@ func (r *RetainerPath) Short(max int) string {
 
 // Find indexes s and analyzes it; see Analyze.
 func Find(s *snapshot.Snapshot, opts ...Option) *Result {
-	return Analyze(snapshot.NewTimeline(s), opts...)
+	return Analyze(timeline.New(s), opts...)
 }
 
 // groupKey is what suspects are grouped by.
@@ -225,10 +226,10 @@ const maxMeasured = 256
 // Analyze measures allocated and reserved memory at the end of each complete iteration after the warm-up
 // (the last 256 of them at most), finds the groups of blocks that keep growing, classifies them and gives a
 // verdict.
-func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
+func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 	c := newConfig(opts)
 	s := tl.Snapshot()
-	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: tl.Peak(snapshot.Allocated).Bytes}
+	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: tl.Peak(timeline.Allocated).Bytes}
 	r.Gradients = gradientsNeverCleared(tl)
 	its := completeIterations(tl)
 	r.Iterations = len(its)
@@ -270,7 +271,7 @@ func Analyze(tl *snapshot.Timeline, opts ...Option) *Result {
 	// The groups' bytes at each point.
 	index := map[groupKey]int{}
 	var groups []*group
-	var live []snapshot.Allocation
+	var live []timeline.Allocation
 	for i, p := range r.Points {
 		live = tl.LiveAt(p.Seq, live[:0])
 		for _, b := range live {
@@ -398,8 +399,8 @@ func sustained(x []int64) bool {
 
 // completeIterations returns the training iterations (setup left out) that ran to their end: all but an
 // iteration that ran out of memory, was interrupted or was cut short with the file.
-func completeIterations(tl *snapshot.Timeline) []snapshot.IterationSpan {
-	var its []snapshot.IterationSpan
+func completeIterations(tl *timeline.Timeline) []timeline.IterationSpan {
+	var its []timeline.IterationSpan
 	for _, it := range tl.Iterations() {
 		if it.Iteration >= 0 {
 			its = append(its, it)

@@ -12,6 +12,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/export"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -277,7 +278,7 @@ func TestGradientsThroughPyTorchExport(t *testing.T) {
 			}
 			own := leaks.Find(leakstest.Record(t, cfg))
 			var buf bytes.Buffer
-			if err := export.Torch(&buf, snapshot.NewTimeline(leakstest.Record(t, cfg))); err != nil {
+			if err := export.Torch(&buf, timeline.New(leakstest.Record(t, cfg))); err != nil {
 				t.Fatal(err)
 			}
 			s, err := torch.Import(buf.Bytes())
@@ -308,7 +309,7 @@ func strippedImport(t *testing.T, cfg train.Config) (recorded, imported *snapsho
 	t.Helper()
 	recorded = leakstest.Record(t, cfg)
 	var buf bytes.Buffer
-	if err := export.TorchJSON(&buf, snapshot.NewTimeline(recorded)); err != nil {
+	if err := export.TorchJSON(&buf, timeline.New(recorded)); err != nil {
 		t.Fatal(err)
 	}
 	imported, err := torch.Import(torchtest.StripToPyTorch(t, buf.Bytes()))
@@ -337,7 +338,7 @@ func TestInferenceAgainstRecording(t *testing.T) {
 			if o.Iterations != torch.IterationsOptimizerRegions.String() {
 				t.Errorf("iterations %q, want %q", o.Iterations, torch.IterationsOptimizerRegions)
 			}
-			rtl, itl := snapshot.NewTimeline(rec), snapshot.NewTimeline(imp)
+			rtl, itl := timeline.New(rec), timeline.New(imp)
 			if rtl.Stats().Blocks != itl.Stats().Blocks {
 				t.Fatalf("%d blocks imported, %d recorded", itl.Stats().Blocks, rtl.Stats().Blocks)
 			}
@@ -369,9 +370,9 @@ func TestInferenceAgainstRecording(t *testing.T) {
 				count(whole, ra.Category, ia.Category, ra.Size)
 			}
 			peak := map[snapshot.Category]*tally{}
-			at := rtl.Peak(snapshot.Allocated).Seq
+			at := rtl.Peak(timeline.Allocated).Seq
 			rlive := rtl.LiveAt(at, nil)
-			ilive := itl.LiveAt(itl.Peak(snapshot.Allocated).Seq, nil)
+			ilive := itl.LiveAt(itl.Peak(timeline.Allocated).Seq, nil)
 			if len(rlive) != len(ilive) {
 				t.Fatalf("%d blocks live at the imported peak, %d at the recorded one", len(ilive), len(rlive))
 			}
@@ -447,7 +448,7 @@ func TestPhasesAgainstRecording(t *testing.T) {
 	for name, cfg := range map[string]train.Config{"mlp": mlp(""), "gpt": gptCfg} {
 		rec := leakstest.Record(t, cfg)
 		var buf bytes.Buffer
-		if err := export.TorchJSON(&buf, snapshot.NewTimeline(rec)); err != nil {
+		if err := export.TorchJSON(&buf, timeline.New(rec)); err != nil {
 			t.Fatal(err)
 		}
 		for _, st := range strips {

@@ -12,6 +12,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Measurer re-runs the workload a snapshot recorded, once per memory fix, and reports the peaks. The
@@ -100,7 +101,7 @@ var scoreShape = regexp.MustCompile(`^[a-z0-9]+\[\d+,\d+,(\d+),(\d+)\]`)
 // blockScope is a scope's numbered block: "transformer.h.3" of "transformer.h.3.attn.c_attn".
 var blockScope = regexp.MustCompile(`^(.*?\.\d+)(\.|$)`)
 
-func compose(tl *snapshot.Timeline, r *Report) composition {
+func compose(tl *timeline.Timeline, r *Report) composition {
 	s := tl.Snapshot()
 	c := composition{peak: r.Peak.Allocated, gap: r.Gaps.ReservedUnallocatedAtPeak, reserved: r.Peak.Reserved}
 	blocks := map[string]bool{}
@@ -129,7 +130,7 @@ func compose(tl *snapshot.Timeline, r *Report) composition {
 }
 
 // advise returns the fixes for the peak, measured when m can re-run the workload, estimated otherwise.
-func advise(ctx context.Context, tl *snapshot.Timeline, r *Report, m Measurer) ([]Advice, string) {
+func advise(ctx context.Context, tl *timeline.Timeline, r *Report, m Measurer) ([]Advice, string) {
 	c := compose(tl, r)
 	why := reasons(c)
 	var advice []Advice

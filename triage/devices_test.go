@@ -12,6 +12,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -68,7 +69,7 @@ func TestDevicesAgainstCPython(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := triage.Analyze(t.Context(), snapshot.NewTimeline(s), triage.Options{})
+			r := triage.Analyze(t.Context(), timeline.New(s), triage.Options{})
 			if len(r.Devices) != len(want) || len(want) < 2 {
 				t.Fatalf("%d devices reported, CPython reads %d", len(r.Devices), len(want))
 			}
@@ -94,7 +95,7 @@ func TestDevicesAgainstCPython(t *testing.T) {
 					t.Errorf("the text report does not give device %d's peak:\n%s", d.Index, text.String())
 				}
 			}
-			if end := snapshot.NewTimeline(s); end.Allocated(end.Len()-1) != sum {
+			if end := timeline.New(s); end.Allocated(end.Len()-1) != sum {
 				t.Errorf("the devices' allocated memory after the last event sums to %d, the snapshot's is %d", sum, end.Allocated(end.Len()-1))
 			}
 		})
@@ -109,9 +110,9 @@ func TestPeakLabelOfForwardOnlyTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	r := triage.Analyze(t.Context(), tl, triage.Options{})
-	var span snapshot.PhaseSpan
+	var span timeline.PhaseSpan
 	for _, p := range tl.Phases() {
 		if p.Start <= r.Peak.Event && r.Peak.Event < p.End {
 			span = p

@@ -5,14 +5,15 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // reportFrames is how many frames of a stack the report keeps.
 const reportFrames = 6
 
-func peak(tl *snapshot.Timeline, top int) Peak {
+func peak(tl *timeline.Timeline, top int) Peak {
 	s := tl.Snapshot()
-	pa, pr := tl.Peak(snapshot.Allocated), tl.Peak(snapshot.Reserved)
+	pa, pr := tl.Peak(timeline.Allocated), tl.Peak(timeline.Reserved)
 	p := Peak{Allocated: pa.Bytes, Event: pa.Seq, Reserved: pr.Bytes, ReservedEvent: pr.Seq, Phase: snapshot.PhaseNone.String()}
 	if pa.Seq >= 0 {
 		e := &s.Events[pa.Seq]
@@ -22,7 +23,7 @@ func peak(tl *snapshot.Timeline, top int) Peak {
 	return p
 }
 
-func oom(tl *snapshot.Timeline, top int) *OOM {
+func oom(tl *timeline.Timeline, top int) *OOM {
 	ooms := tl.OOMs()
 	if len(ooms) == 0 {
 		return nil
@@ -46,15 +47,15 @@ func oom(tl *snapshot.Timeline, top int) *OOM {
 }
 
 // alive describes the blocks of a live set.
-func alive(s *snapshot.Snapshot, live []snapshot.Allocation, top int) Alive {
-	a := Alive{ByCategory: categoryMap(snapshot.CategoryBytes(live)), ByScope: []Share{}, ByStack: []StackShare{}, Top: []Allocation{}}
-	for _, g := range head(snapshot.GroupBlocks(live, snapshot.ByScope), top) {
-		a.ByScope = append(a.ByScope, Share{Name: s.GroupName(snapshot.ByScope, g.Key), Bytes: g.Bytes, Count: g.Count})
+func alive(s *snapshot.Snapshot, live []timeline.Allocation, top int) Alive {
+	a := Alive{ByCategory: categoryMap(timeline.CategoryBytes(live)), ByScope: []Share{}, ByStack: []StackShare{}, Top: []Allocation{}}
+	for _, g := range head(timeline.GroupBlocks(live, timeline.ByScope), top) {
+		a.ByScope = append(a.ByScope, Share{Name: timeline.GroupName(s, timeline.ByScope, g.Key), Bytes: g.Bytes, Count: g.Count})
 	}
-	for _, g := range head(snapshot.GroupBlocks(live, snapshot.ByStack), top) {
+	for _, g := range head(timeline.GroupBlocks(live, timeline.ByStack), top) {
 		a.ByStack = append(a.ByStack, StackShare{Frames: frames(s, snapshot.StackID(g.Key)), Bytes: g.Bytes, Count: g.Count})
 	}
-	largest := make([]snapshot.Allocation, len(live))
+	largest := make([]timeline.Allocation, len(live))
 	copy(largest, live)
 	sortLargest(largest)
 	for _, b := range head(largest, top) {
@@ -63,19 +64,19 @@ func alive(s *snapshot.Snapshot, live []snapshot.Allocation, top int) Alive {
 	return a
 }
 
-func allocation(s *snapshot.Snapshot, b *snapshot.Allocation) Allocation {
+func allocation(s *snapshot.Snapshot, b *timeline.Allocation) Allocation {
 	return Allocation{
 		Event: b.Alloc, Bytes: b.Size, Requested: b.Requested, Category: b.Category.String(),
-		Scope: s.GroupName(snapshot.ByScope, int64(b.Scope)), Label: s.String(b.Label), Phase: b.Phase.String(),
+		Scope: timeline.GroupName(s, timeline.ByScope, int64(b.Scope)), Label: s.String(b.Label), Phase: b.Phase.String(),
 		Iteration: b.Iteration, Stack: frames(s, b.Stack),
 	}
 }
 
 // allScopes is every scope of a live set, largest first.
-func allScopes(s *snapshot.Snapshot, live []snapshot.Allocation) []Share {
+func allScopes(s *snapshot.Snapshot, live []timeline.Allocation) []Share {
 	var out []Share
-	for _, g := range snapshot.GroupBlocks(live, snapshot.ByScope) {
-		out = append(out, Share{Name: s.GroupName(snapshot.ByScope, g.Key), Bytes: g.Bytes, Count: g.Count})
+	for _, g := range timeline.GroupBlocks(live, timeline.ByScope) {
+		out = append(out, Share{Name: timeline.GroupName(s, timeline.ByScope, g.Key), Bytes: g.Bytes, Count: g.Count})
 	}
 	return out
 }
@@ -89,12 +90,12 @@ func frames(s *snapshot.Snapshot, id snapshot.StackID) []string {
 	return out
 }
 
-func gaps(tl *snapshot.Timeline, r *Report) Gaps {
+func gaps(tl *timeline.Timeline, r *Report) Gaps {
 	var g Gaps
 	for _, d := range r.Devices {
 		g.ContextReserve += d.ContextReserve
 	}
-	if p := tl.Peak(snapshot.Allocated); p.Seq >= 0 {
+	if p := tl.Peak(timeline.Allocated); p.Seq >= 0 {
 		g.ReservedUnallocatedAtPeak = max(0, tl.Reserved(p.Seq)-p.Bytes)
 	}
 	if n := tl.Len(); n > 0 {
@@ -110,7 +111,7 @@ func gaps(tl *snapshot.Timeline, r *Report) Gaps {
 // iterations is the breakdown of every phase of every iteration. Checkpointing interleaves recompute spans
 // with backward: the backward phase covers them all (as the allocator's statistics of the phase do), and a
 // recompute entry after it sums up the recompute spans.
-func iterations(tl *snapshot.Timeline) []Iteration {
+func iterations(tl *timeline.Timeline) []Iteration {
 	out := []Iteration{}
 	var it *Iteration
 	backward, recompute := -1, -1 // indices in it.Phases of the open backward phase and its recompute summary
@@ -122,7 +123,7 @@ func iterations(tl *snapshot.Timeline) []Iteration {
 			it = &out[len(out)-1]
 			backward, recompute = -1, -1
 		}
-		pk := tl.PeakIn(snapshot.Allocated, p.Start, p.End)
+		pk := tl.PeakIn(timeline.Allocated, p.Start, p.End)
 		ph := Phase{
 			Name: p.Phase.String(), StartEvent: p.Start, EndEvent: p.End, PeakAllocated: pk.Bytes, PeakEvent: pk.Seq,
 			EndAllocated: tl.Allocated(p.End - 1), EndByCategory: categoryMap(p.After), DeltaByCategory: deltas(p.After, p.Before),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // An out-of-memory error is about capacity or about fragmentation. PyTorch's message says "If reserved but
@@ -69,7 +70,7 @@ type Replayed struct {
 
 // DiagnoseOOM says what the request of the oom event at seq met, as the report does: the kind of OOM and
 // the sentence that explains it ("the 1.20 GiB request fits in none of 37 free blocks totalling ...").
-func DiagnoseOOM(tl *snapshot.Timeline, seq int) (kind, diagnosis string) {
+func DiagnoseOOM(tl *timeline.Timeline, seq int) (kind, diagnosis string) {
 	s := tl.Snapshot()
 	if seq < 0 || seq >= tl.Len() || s.Events[seq].Action != snapshot.ActionOOM {
 		return "", ""
@@ -85,7 +86,7 @@ func DiagnoseOOM(tl *snapshot.Timeline, seq int) (kind, diagnosis string) {
 
 // oomFragmentation fills in what o's request met: the free blocks inside the device's segments, the kind of
 // OOM, and its diagnosis.
-func oomFragmentation(tl *snapshot.Timeline, o *OOM, device int16) {
+func oomFragmentation(tl *timeline.Timeline, o *OOM, device int16) {
 	f := tl.FragmentationAt(o.Event, device, "")
 	o.Request = o.Requested
 	o.FreeInReserved, o.LargestFreeBlock, o.FreeBlocks = f.Free, f.Largest, f.FreeBlocks

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -54,7 +55,7 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 			{Settings: "expandable_segments:True", Served: true, PeakReserved: 80 * mib},
 			{Settings: "max_split_size_mb:128", PeakReserved: 80 * mib},
 		}}}
-	r := triage.Analyze(context.Background(), snapshot.NewTimeline(handTrace()), triage.Options{Replayer: rp})
+	r := triage.Analyze(context.Background(), timeline.New(handTrace()), triage.Options{Replayer: rp})
 	o := r.OOM
 	// By hand: 52 MiB allocated, 80 reserved, free blocks of 18 and 10 MiB; 25 MiB is at most 28 + 20.
 	if o.Kind != triage.OOMFragmentation || o.Request != 25*mib || o.FreeInReserved != 28*mib || o.FreeBlocks != 2 ||
@@ -65,10 +66,10 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 	if o.Diagnosis != want {
 		t.Errorf("diagnosis\n%s\nwant\n%s", o.Diagnosis, want)
 	}
-	if kind, d := triage.DiagnoseOOM(snapshot.NewTimeline(handTrace()), 10); kind != o.Kind || d != o.Diagnosis {
+	if kind, d := triage.DiagnoseOOM(timeline.New(handTrace()), 10); kind != o.Kind || d != o.Diagnosis {
 		t.Errorf("DiagnoseOOM says %s: %s", kind, d)
 	}
-	if kind, d := triage.DiagnoseOOM(snapshot.NewTimeline(handTrace()), 9); kind != "" || d != "" {
+	if kind, d := triage.DiagnoseOOM(timeline.New(handTrace()), 9); kind != "" || d != "" {
 		t.Errorf("DiagnoseOOM of an alloc says %s: %s", kind, d)
 	}
 	if len(o.ServedBy) != 1 || o.ServedBy[0].Settings != "expandable_segments:True" || len(o.Replays) != 3 {
@@ -88,7 +89,7 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 
 	// A replay under the recorded settings that does not fail as the recording did discredits the others.
 	rp.r.Recorded.Served = true
-	r = triage.Analyze(context.Background(), snapshot.NewTimeline(handTrace()), triage.Options{Replayer: rp})
+	r = triage.Analyze(context.Background(), timeline.New(handTrace()), triage.Options{Replayer: rp})
 	if r.OOM.ServedBy != nil || !strings.HasPrefix(r.OOM.ReplayNote, "not known: ") {
 		t.Errorf("served by %+v, note %q", r.OOM.ServedBy, r.OOM.ReplayNote)
 	}
@@ -96,7 +97,7 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 	// 60 MiB is more than the 28 free in the segments and the 20 on the device: capacity.
 	s := handTrace()
 	s.Events[10].Size, s.Events[10].BlockSize = 60*mib, 60*mib
-	if r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{}); r.OOM.Kind != triage.OOMCapacity ||
+	if r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{}); r.OOM.Kind != triage.OOMCapacity ||
 		!strings.HasSuffix(r.OOM.Diagnosis, "a capacity OOM. 52.00 MiB allocated plus the request is 112.00 MiB, more than the 100.00 MiB the allocator could have") {
 		t.Errorf("60 MiB: %s: %s", r.OOM.Kind, r.OOM.Diagnosis)
 	}
@@ -150,7 +151,7 @@ func TestSettingsRanked(t *testing.T) {
 			{Fix: "expandable", PeakReserved: 85 * mib, CostSteps: 3, MallocsPerStep: 0.3},
 			{Fix: "sort", PeakReserved: 70 * mib, CostSteps: 3, MallocsPerStep: 0},
 		}}}
-	r := triage.Analyze(context.Background(), snapshot.NewTimeline(handTrace()), triage.Options{Measurer: m})
+	r := triage.Analyze(context.Background(), timeline.New(handTrace()), triage.Options{Measurer: m})
 	var got []string
 	for _, a := range r.Advice[:4] {
 		got = append(got, a.Fix)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // oomMessage rebuilds PyTorch's OutOfMemoryError message for oom event e from what the snapshot recorded:
@@ -30,8 +31,8 @@ func oomMessage(m snapshot.Meta, e *snapshot.Event, allocSize, allocated, reserv
 }
 
 // sortLargest orders blocks largest first, then by allocation.
-func sortLargest(bs []snapshot.Allocation) {
-	slices.SortFunc(bs, func(a, b snapshot.Allocation) int {
+func sortLargest(bs []timeline.Allocation) {
+	slices.SortFunc(bs, func(a, b timeline.Allocation) int {
 		if c := cmp.Compare(b.Size, a.Size); c != 0 {
 			return c
 		}
@@ -43,7 +44,7 @@ func sortLargest(bs []snapshot.Allocation) {
 // the request, PyTorch's message, allocated and reserved memory then, the fragmentation diagnosis and what
 // was alive, top of each kind listed. Nil when the snapshot has no OOM. The TUI's OOM panel shows it, so
 // that the message is written in one place.
-func ExplainOOM(tl *snapshot.Timeline, top int) *OOM {
+func ExplainOOM(tl *timeline.Timeline, top int) *OOM {
 	if top <= 0 {
 		top = 10
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // ModelStates is what the ZeRO paper calls a rank's model states: its parameters, gradients and optimizer
@@ -25,9 +26,9 @@ type ModelStates struct {
 }
 
 // modelStates finds the phase boundary where parameters, gradients and optimizer state sum highest.
-func modelStates(tl *snapshot.Timeline) ModelStates {
+func modelStates(tl *timeline.Timeline) ModelStates {
 	best := ModelStates{Phase: snapshot.PhaseNone.String(), Iteration: -1}
-	consider := func(b [snapshot.NumCategories]int64, ph snapshot.PhaseSpan, end bool) {
+	consider := func(b [snapshot.NumCategories]int64, ph timeline.PhaseSpan, end bool) {
 		p, g, o := b[snapshot.CategoryParameter], b[snapshot.CategoryGradient], b[snapshot.CategoryOptimizerState]
 		if p+g+o > best.Bytes {
 			best = ModelStates{Bytes: p + g + o, Parameters: p, Gradients: g, OptimizerState: o,

@@ -8,6 +8,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -39,7 +40,7 @@ func TestEventsByActionCountsTheTrace(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			src := triage.Analyze(t.Context(), snapshot.NewTimeline(s), triage.Options{}).Source
+			src := triage.Analyze(t.Context(), timeline.New(s), triage.Options{}).Source
 			for a, n := range want {
 				if src.EventsByAction[a] != n {
 					t.Errorf("events_by_action[%s] = %d, the trace holds %d", a, src.EventsByAction[a], n)

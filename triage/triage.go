@@ -17,6 +17,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Format is the value of a JSON report's "format" field.
@@ -318,7 +319,7 @@ type RetainerPath struct {
 }
 
 // Analyze builds the report of the snapshot tl indexes.
-func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
+func Analyze(ctx context.Context, tl *timeline.Timeline, opts Options) *Report {
 	if opts.Top <= 0 {
 		opts.Top = 10
 	}
@@ -341,7 +342,7 @@ func Analyze(ctx context.Context, tl *snapshot.Timeline, opts Options) *Report {
 	return r
 }
 
-func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
+func source(s *snapshot.Snapshot, tl *timeline.Timeline, file string) Source {
 	st := tl.Stats()
 	src := Source{
 		File: file, Tool: s.Meta.Tool, ToolVersion: s.Meta.ToolVersion, Origin: s.Meta.Source, Host: s.Meta.Host,
@@ -366,7 +367,7 @@ func source(s *snapshot.Snapshot, tl *snapshot.Timeline, file string) Source {
 	src.Iterations = s.Meta.Iterations
 	if src.Iterations == "" {
 		src.Iterations = "none: the recording marks no iteration"
-		if slices.ContainsFunc(tl.Iterations(), func(it snapshot.IterationSpan) bool { return it.Iteration >= 0 }) {
+		if slices.ContainsFunc(tl.Iterations(), func(it timeline.IterationSpan) bool { return it.Iteration >= 0 }) {
 			src.Iterations = "from the recording's iteration markers"
 		}
 	}
@@ -441,7 +442,7 @@ func workloadSummary(raw json.RawMessage) string {
 
 // devices describes each device of the recording with its own memory: the whole snapshot's where it holds
 // one device, else each device's view (snapshot.DeviceView).
-func devices(tl *snapshot.Timeline) []Device {
+func devices(tl *timeline.Timeline) []Device {
 	s := tl.Snapshot()
 	out := make([]Device, 0, len(s.Meta.Devices))
 	for _, d := range s.Meta.Devices {
@@ -453,15 +454,15 @@ func devices(tl *snapshot.Timeline) []Device {
 			out = append(out, dev)
 			continue
 		case seqs != nil:
-			dtl = snapshot.NewTimeline(view)
+			dtl = timeline.New(view)
 		}
 		if n := dtl.Len(); n > 0 {
-			pk := dtl.Peak(snapshot.Allocated)
+			pk := dtl.Peak(timeline.Allocated)
 			dev.PeakAllocated, dev.PeakEvent = pk.Bytes, pk.Seq
 			if seqs != nil {
 				dev.PeakEvent = seqs[pk.Seq]
 			}
-			dev.PeakReserved = dtl.Peak(snapshot.Reserved).Bytes
+			dev.PeakReserved = dtl.Peak(timeline.Reserved).Bytes
 			dev.EndAllocated, dev.EndReserved = dtl.Allocated(n-1), dtl.Reserved(n-1)
 		}
 		out = append(out, dev)

@@ -22,6 +22,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -164,7 +165,7 @@ var reports = map[string]triage.Measurer{
 
 func report(t *testing.T, name string, m triage.Measurer) *triage.Report {
 	t.Helper()
-	return triage.Analyze(context.Background(), snapshot.NewTimeline(fixture(t, name)), triage.Options{File: name + ".oomdbg", Measurer: m})
+	return triage.Analyze(context.Background(), timeline.New(fixture(t, name)), triage.Options{File: name + ".oomdbg", Measurer: m})
 }
 
 // TestGolden pins the text, markdown and JSON reports of the fixtures. After an intended change, run
@@ -246,7 +247,7 @@ func TestSchema(t *testing.T) {
 	for name, snap := range snaps {
 		t.Run(name, func(t *testing.T) {
 			for _, m := range []triage.Measurer{nil, gptSweep} {
-				r := triage.Analyze(context.Background(), snapshot.NewTimeline(snap(t)), triage.Options{Measurer: m})
+				r := triage.Analyze(context.Background(), timeline.New(snap(t)), triage.Options{Measurer: m})
 				var buf bytes.Buffer
 				if err := r.WriteJSON(&buf); err != nil {
 					t.Fatal(err)
@@ -284,7 +285,7 @@ func TestSchemaPyTorch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{File: filepath.Base(file)})
+			r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{File: filepath.Base(file)})
 			var buf bytes.Buffer
 			if err := r.WriteJSON(&buf); err != nil {
 				t.Fatal(err)
@@ -408,7 +409,7 @@ func TestAgainstTheAllocator(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{})
+			r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
 			sum := s.Footer.Summary
 			if r.Peak.Allocated != sum.PeakAllocated || r.Peak.Event != int(sum.PeakAllocatedSeq) || r.Peak.Reserved != sum.PeakReserved {
 				t.Errorf("peak %d at %d, reserved %d; the recorder's summary %d at %d, reserved %d",
@@ -489,7 +490,7 @@ func TestAdvice(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			r := triage.Analyze(context.Background(), snapshot.NewTimeline(oom), triage.Options{Measurer: tc.m})
+			r := triage.Analyze(context.Background(), timeline.New(oom), triage.Options{Measurer: tc.m})
 			if !regexp.MustCompile(tc.note).MatchString(r.AdviceNote) {
 				t.Errorf("note %q", r.AdviceNote)
 			}
@@ -510,7 +511,7 @@ func TestAdvice(t *testing.T) {
 		})
 	}
 	// Measured savings are the drop in what the run needs; bf16 alone needs more here, a negative saving.
-	r := triage.Analyze(context.Background(), snapshot.NewTimeline(oom), triage.Options{Measurer: gptSweep})
+	r := triage.Analyze(context.Background(), timeline.New(oom), triage.Options{Measurer: gptSweep})
 	for _, a := range r.Advice {
 		if a.Fix == "bf16 autocast" && a.Saving != -(2<<30) {
 			t.Errorf("bf16 autocast saves %d, want -2 GiB", a.Saving)
@@ -552,7 +553,7 @@ func TestTorchSizeInMessage(t *testing.T) {
 			{Seq: 2, Action: snapshot.ActionOOM, Size: 1 << 20, BlockSize: 1 << 20, DeviceFree: 1 << 30},
 		},
 	}
-	r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{})
+	r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
 	want := "CUDA out of memory. Tried to allocate 1024.00 KiB. GPU 0 has a total capacity of 1024.00 MiB of which 1024.00 MiB is free. " +
 		"Of the allocated memory 1024 bytes is allocated by PyTorch, and 1023.00 KiB is reserved by PyTorch but unallocated."
 	if !strings.HasPrefix(r.OOM.Message, want) {

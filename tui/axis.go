@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // axis is the timeline's x-axis: the events that take a column. Allocations, frees, segments, the OOM and
@@ -134,7 +135,7 @@ func columnOf(cols []column, i int) int {
 
 // extents returns each column's highest value of series s (-1 for an empty column): peaks are drawn by
 // maximum per column, as averaging would hide them.
-func extents(tl *snapshot.Timeline, s snapshot.Series, cols []column) []int64 {
+func extents(tl *timeline.Timeline, s timeline.Series, cols []column) []int64 {
 	out := make([]int64, len(cols))
 	for c, col := range cols {
 		out[c] = -1

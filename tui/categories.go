@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // categoriesPane shows the live bytes by category at the cursor as bars, with the change since the start of
@@ -17,7 +18,7 @@ type categoriesPane struct {
 	span       span
 }
 
-func (p *categoriesPane) setData(live []snapshot.Allocation, sp span) {
+func (p *categoriesPane) setData(live []timeline.Allocation, sp span) {
 	p.now, p.start, p.span = byCategory(live), sp.before, sp
 }
 

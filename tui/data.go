@@ -5,14 +5,15 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
-// index is what the panes ask of a snapshot, on top of its snapshot.Timeline: memory after every event,
+// index is what the panes ask of a snapshot, on top of its timeline.Timeline: memory after every event,
 // phase spans and iterations, the peak, the OOM, the live set, retainers and segments at any event. It grows
 // as events stream in.
 type index struct {
 	snap     *snapshot.Snapshot
-	tl       *snapshot.Timeline
+	tl       *timeline.Timeline
 	spans    []span // phase spans, in order
 	iters    []int  // first event of each iteration (setup excluded)
 	peak     int    // first event reaching the highest allocated bytes; -1 if none
@@ -29,7 +30,7 @@ type span struct {
 }
 
 func newIndex(s *snapshot.Snapshot) *index {
-	x := &index{snap: s, tl: snapshot.NewTimeline(s), peak: -1, oom: -1}
+	x := &index{snap: s, tl: timeline.New(s), peak: -1, oom: -1}
 	for _, d := range s.Meta.Devices {
 		x.capacity += d.Capacity
 	}
@@ -55,7 +56,7 @@ func (x *index) refresh() {
 			x.iters = append(x.iters, it.Start)
 		}
 	}
-	x.peak = x.tl.Peak(snapshot.Allocated).Seq
+	x.peak = x.tl.Peak(timeline.Allocated).Seq
 	if ooms := x.tl.OOMs(); len(ooms) > 0 {
 		x.oom = ooms[0]
 	}
@@ -66,7 +67,7 @@ func (x *index) len() int { return x.tl.Len() }
 
 func (x *index) allocated(i int) int64 { return x.tl.Allocated(i) }
 func (x *index) reserved(i int) int64  { return x.tl.Reserved(i) }
-func (x *index) peakReserved() int64   { return x.tl.Peak(snapshot.Reserved).Bytes }
+func (x *index) peakReserved() int64   { return x.tl.Peak(timeline.Reserved).Bytes }
 
 // spanAt returns the phase span holding event i (a span of no phase if there is none).
 func (x *index) spanAt(i int) span {
@@ -86,16 +87,16 @@ func (x *index) spanAt(i int) span {
 }
 
 // liveAt returns the blocks allocated after event at, largest first.
-func (x *index) liveAt(at int) []snapshot.Allocation {
+func (x *index) liveAt(at int) []timeline.Allocation {
 	live := x.tl.LiveAt(at, nil)
-	slices.SortStableFunc(live, func(a, b snapshot.Allocation) int {
+	slices.SortStableFunc(live, func(a, b timeline.Allocation) int {
 		return cmp.Or(cmp.Compare(b.Size, a.Size), cmp.Compare(a.Alloc, b.Alloc))
 	})
 	return live
 }
 
 // byCategory sums live block bytes per category.
-func byCategory(blocks []snapshot.Allocation) [snapshot.NumCategories]int64 {
+func byCategory(blocks []timeline.Allocation) [snapshot.NumCategories]int64 {
 	var sums [snapshot.NumCategories]int64
 	for _, b := range blocks {
 		if b.Category.Valid() {
@@ -107,7 +108,7 @@ func byCategory(blocks []snapshot.Allocation) [snapshot.NumCategories]int64 {
 
 // retainerPath returns the descriptions of the holders that keep block b alive, from the block outwards, as
 // the heap dump nearest to event at records them; nil when no heap dump names the block.
-func (x *index) retainerPath(b snapshot.Allocation, at int) []string {
+func (x *index) retainerPath(b timeline.Allocation, at int) []string {
 	p, ok := x.tl.RetainerPath(b, at)
 	if !ok {
 		return nil

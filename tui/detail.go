@@ -10,12 +10,13 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // detailLines is everything the detail of block b says, one line each, at most w cells wide: what it is,
 // its lifetime and the categories it had, the whole retainer path, and the whole stack (for a PyTorch
 // trace, its Python frames, then, with a, the compiled ones).
-func (p *livePane) detailLines(s Styles, b snapshot.Allocation, w int) []string {
+func (p *livePane) detailLines(s Styles, b timeline.Allocation, w int) []string {
 	snap, tl := p.ix.snap, p.ix.tl
 	cut := func(l string) string { return ansi.Truncate(l, w, "…") }
 	lines := []string{

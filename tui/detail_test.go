@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // TestDetailScrollsThroughEverything: the detail of a block deep in a retained graph is longer than the pane;
@@ -52,7 +53,7 @@ func TestLiveSetGroups(t *testing.T) {
 	for _, b := range live {
 		total += b.Size
 	}
-	byCat := snapshot.CategoryBytes(live)
+	byCat := timeline.CategoryBytes(live)
 	for _, want := range []groupBy{groupSite, groupScope, groupOp, groupCategory} {
 		press(m, "b")
 		if m.live.groupBy != want || !m.live.grouped() {

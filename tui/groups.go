@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // groupBy is how the live set is grouped: by the code that allocated (site), the module (scope), the
@@ -28,12 +29,12 @@ type liveGroup struct {
 	name    string
 	bytes   int64
 	count   int
-	largest snapshot.Allocation
+	largest timeline.Allocation
 }
 
 // groupLive sums blocks by g, largest total first (then by name, so that equal groups keep an order).
 // Blocks of different stacks with the same allocating frame are one site, as a person reads them.
-func groupLive(s *snapshot.Snapshot, blocks []snapshot.Allocation, g groupBy) []liveGroup {
+func groupLive(s *snapshot.Snapshot, blocks []timeline.Allocation, g groupBy) []liveGroup {
 	index := map[string]int{}
 	var out []liveGroup
 	for _, b := range blocks {
@@ -56,7 +57,7 @@ func groupLive(s *snapshot.Snapshot, blocks []snapshot.Allocation, g groupBy) []
 }
 
 // groupName is the name of b's group under g.
-func groupName(s *snapshot.Snapshot, b snapshot.Allocation, g groupBy) string {
+func groupName(s *snapshot.Snapshot, b timeline.Allocation, g groupBy) string {
 	switch g {
 	case groupSite:
 		if fs := s.UserFrames(b.Stack, 1); len(fs) > 0 {

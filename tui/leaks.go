@@ -10,7 +10,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // leaksPane shows the leak analysis: the verdict, the finding on gradients, memory at the end of each
@@ -26,7 +26,7 @@ type leaksPane struct {
 type leaksMsg struct{ res *leaks.Result }
 
 // analyze runs the leak analysis of the timeline in the background (it reads the whole snapshot).
-func (p *leaksPane) analyze(tl *snapshot.Timeline) tea.Cmd {
+func (p *leaksPane) analyze(tl *timeline.Timeline) tea.Cmd {
 	p.running = true
 	return func() tea.Msg { return leaksMsg{leaks.Analyze(tl)} }
 }
@@ -40,7 +40,7 @@ func (p *leaksPane) onResult(msg leaksMsg) {
 func (p *leaksPane) rows() int { return len(p.res.Suspects) + len(p.res.Held) }
 
 // example returns the example block of row i.
-func (p *leaksPane) example(i int) snapshot.Allocation {
+func (p *leaksPane) example(i int) timeline.Allocation {
 	if i < len(p.res.Suspects) {
 		return p.res.Suspects[i].Example
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
-	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // The live set grouped: b cycles the grouping (none, site, scope, op, category); each group is a row with its
@@ -28,7 +28,7 @@ func (p *livePane) cycleGroup() string {
 }
 
 // inOpenGroup reports whether block b belongs to the open group (every block when none is open).
-func (p *livePane) inOpenGroup(b snapshot.Allocation) bool {
+func (p *livePane) inOpenGroup(b timeline.Allocation) bool {
 	return p.openGroup == "" || groupName(p.ix.snap, b, p.groupBy) == p.openGroup
 }
 

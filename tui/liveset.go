@@ -14,6 +14,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // livePane is the table of blocks alive at the cursor: size, category, module scope, tensor, and when it was
@@ -22,8 +23,8 @@ import (
 type livePane struct {
 	ix       *index
 	at       int
-	rows     []snapshot.Allocation
-	shown    []snapshot.Allocation // rows after the filter, sorted
+	rows     []timeline.Allocation
+	shown    []timeline.Allocation // rows after the filter, sorted
 	added    map[int]bool
 	freed    int // blocks freed since the previous stop
 	freedB   int64
@@ -62,7 +63,7 @@ func (p *livePane) filtering() bool { return p.filter.Focused() }
 
 var sortNames = []string{"size", "newest", "category", "scope"}
 
-func (p *livePane) setData(ix *index, at int, live, before []snapshot.Allocation) {
+func (p *livePane) setData(ix *index, at int, live, before []timeline.Allocation) {
 	if ix != p.ix {
 		p.frameText = nil // another file or device: other stacks
 	}
@@ -106,11 +107,11 @@ func (p *livePane) apply() {
 	}
 	switch sortNames[p.sortBy] {
 	case "newest":
-		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int { return cmp.Compare(b.Alloc, a.Alloc) })
+		slices.SortStableFunc(p.shown, func(a, b timeline.Allocation) int { return cmp.Compare(b.Alloc, a.Alloc) })
 	case "category":
-		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int { return cmp.Compare(a.Category, b.Category) })
+		slices.SortStableFunc(p.shown, func(a, b timeline.Allocation) int { return cmp.Compare(a.Category, b.Category) })
 	case "scope":
-		slices.SortStableFunc(p.shown, func(a, b snapshot.Allocation) int {
+		slices.SortStableFunc(p.shown, func(a, b timeline.Allocation) int {
 			return cmp.Compare(p.ix.snap.String(a.Scope), p.ix.snap.String(b.Scope))
 		})
 	}
@@ -118,7 +119,7 @@ func (p *livePane) apply() {
 }
 
 // describe is a row's searchable text: its columns and its stack's frames.
-func (p *livePane) describe(b snapshot.Allocation) string {
+func (p *livePane) describe(b timeline.Allocation) string {
 	s := p.ix.snap
 	return b.Category.String() + " " + s.String(b.Scope) + " " + s.String(b.Label) + " " + b.Phase.String() + " " + p.frames(b.Stack)
 }
@@ -307,7 +308,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 
 // what says what a block holds: its tensor label, or, for snapshots without labels (PyTorch's), the code
 // that allocated it.
-func (p *livePane) what(b snapshot.Allocation) string {
+func (p *livePane) what(b timeline.Allocation) string {
 	snap := p.ix.snap
 	l := snap.String(b.Label)
 	// A block rebuilt as alive before the trace began still names where it was allocated when its frames do.
@@ -322,7 +323,7 @@ func (p *livePane) what(b snapshot.Allocation) string {
 
 // title names a block in its detail: what, and for a block rebuilt from the final state, that it was
 // allocated before the trace.
-func (p *livePane) title(b snapshot.Allocation) string {
+func (p *livePane) title(b timeline.Allocation) string {
 	what, label := p.what(b), p.ix.snap.String(b.Label)
 	if label == snapshot.PreExistingLabel && what != label {
 		return what + " · allocated before the trace"

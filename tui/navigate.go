@@ -7,6 +7,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // onNavigate moves the cursor or the timeline's window; it reports whether the key was one of those.
@@ -197,7 +198,7 @@ func (m *Model) refreshPanes() {
 		return
 	}
 	live := m.ix.liveAt(m.cursor)
-	var before []snapshot.Allocation
+	var before []timeline.Allocation
 	if m.prev != m.cursor && m.prev < m.ix.len() {
 		before = m.ix.tl.LiveAt(m.prev, nil)
 	}

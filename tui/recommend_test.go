@@ -9,7 +9,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -57,7 +57,7 @@ func TestOOMPanel(t *testing.T) {
 	s := fixture(t, "tiny-oom")
 	m := newTestModel(t, s, 160, 48)
 	out := screen(m)
-	r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{})
+	r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
 	sentence, _, _ := strings.Cut(r.OOM.Message, ". GPU")
 	rows, err := playback{}.MeasureFixes(context.Background(), *workload(t, "tiny-oom"))
 	if err != nil {
@@ -91,7 +91,7 @@ func TestOOMPanel(t *testing.T) {
 func TestLeakAnnouncedOnOpen(t *testing.T) {
 	s := fixture(t, "leaky")
 	m := newTestModel(t, s, 160, 48)
-	r := leaks.Analyze(snapshot.NewTimeline(s))
+	r := leaks.Analyze(timeline.New(s))
 	lines := strings.Split(screen(m), "\n")
 	if !strings.Contains(lines[0], "LEAK +"+units.FormatSize(r.LeakPerIteration)+" per iteration") {
 		t.Errorf("title %q does not announce the leak", lines[0])

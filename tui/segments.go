@@ -12,6 +12,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -23,7 +24,7 @@ import (
 type segmentsPane struct {
 	snap      *snapshot.Snapshot
 	at        int
-	segs      []snapshot.SegmentState
+	segs      []timeline.SegmentState
 	selected  int
 	open      bool  // listing the selected segment's blocks
 	offset    int   // the first line of that list shown
@@ -69,7 +70,7 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 	if p.open && p.selected < len(p.segs) {
 		return p.blocksView(s, w, h)
 	}
-	f := snapshot.FragmentationOf(p.segs, nil)
+	f := timeline.FragmentationOf(p.segs, nil)
 	pending := f.Allocated - p.allocated // blocks in segments whose free was requested but not completed
 	unalloc := p.reserved - p.allocated
 	head := fmt.Sprintf("%d segments, %s: %s allocated, %s (%.0f%%) unallocated", len(p.segs),
@@ -116,7 +117,7 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 
 // segmentCells maps a segment's blocks onto width cells: a cell shows a block in use if any part of one
 // falls in it, else a pending free, else free memory.
-func segmentCells(sg snapshot.SegmentState, at, width int) []rune {
+func segmentCells(sg timeline.SegmentState, at, width int) []rune {
 	cells := make([]rune, width)
 	for j := range cells {
 		cells[j] = cellFree

@@ -11,6 +11,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -41,7 +42,7 @@ func TestSegmentsAgreeWithTheReport(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.snap(t)
-			r := triage.Analyze(context.Background(), snapshot.NewTimeline(s), triage.Options{})
+			r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
 			m := newTestModel(t, s, 200, 40)
 			press(m, tc.key, "3")
 			out := screen(m)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // timelinePane draws allocated and reserved memory over the events, the device's capacity, reserved minus
@@ -37,7 +38,7 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	}
 	p.axis.update(p.ix.snap, p.ix.len())
 	cols := p.axis.columns(from, to, plotW)
-	alloc, res := extents(p.ix.tl, snapshot.Allocated, cols), extents(p.ix.tl, snapshot.Reserved, cols)
+	alloc, res := extents(p.ix.tl, timeline.Allocated, cols), extents(p.ix.tl, timeline.Reserved, cols)
 	// Scale to the run; the device's capacity joins the scale when the run comes near it (a run that uses a
 	// sliver of the card would otherwise be a flat line).
 	top := max(maxOf(res), maxOf(alloc), 1)
@@ -192,7 +193,7 @@ func (p *timelinePane) alignedAfter(cols []column) []int64 {
 			out[c] = -1
 			continue
 		}
-		out[c] = p.after.tl.Range(snapshot.Allocated, min(x, y), max(x, y)+1).Max
+		out[c] = p.after.tl.Range(timeline.Allocated, min(x, y), max(x, y)+1).Max
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/triage"
 )
@@ -510,7 +511,7 @@ func TestRanksPane(t *testing.T) {
 	snaps := map[string]*snapshot.Snapshot{files[0]: fixture(t, "tiny-oom"), files[1]: fixture(t, "tiny-oom-fixed")}
 	var reports []*triage.Report
 	for _, f := range files {
-		reports = append(reports, triage.Analyze(context.Background(), snapshot.NewTimeline(snaps[f]), triage.Options{File: f}))
+		reports = append(reports, triage.Analyze(context.Background(), timeline.New(snaps[f]), triage.Options{File: f}))
 	}
 	table := triage.CompareRanks(files, reports, make([]error, 2))
 	load := func(path string) (*snapshot.Snapshot, error) { return snaps[path], nil }

@@ -12,6 +12,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -96,7 +97,7 @@ func checkBugs(ctx context.Context, cfg train.Config, warmup int) ([]bugCheck, e
 		if err != nil {
 			return nil, fmt.Errorf("bug %q: reading the recording back: %w", bug, err)
 		}
-		tl := snapshot.NewTimeline(s)
+		tl := timeline.New(s)
 		zero := int64(0)
 		strict := checkLimits{maxHeld: &zero}
 		r := leaks.Analyze(tl, leaks.Warmup(warmup))

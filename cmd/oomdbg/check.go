@@ -11,8 +11,8 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -91,7 +91,7 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if len(functions) > 0 {
 				opts = append(opts, leaks.IgnoreFunctions(functions...))
 			}
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			r := leaks.Analyze(tl, opts...)
 			res := checkResult(args[0], r, lim)
 			failOnOOM(res, tl)
@@ -181,7 +181,7 @@ func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
 
 // failOnOOM fails a check of a run that ran out of memory: a snapshot that ends in an OOM has too few
 // iterations for the leak check to pass it.
-func failOnOOM(c *check, tl *snapshot.Timeline) {
+func failOnOOM(c *check, tl *timeline.Timeline) {
 	ooms := tl.OOMs()
 	if len(ooms) == 0 {
 		return

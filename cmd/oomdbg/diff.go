@@ -7,8 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -45,7 +45,7 @@ snapshot.`,
 				if err != nil {
 					return memoryError(err, &mem)
 				}
-				reports[i] = triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
+				reports[i] = triage.Analyze(cmd.Context(), timeline.New(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
 			c := triage.Diff(reports[0], reports[1])
 			if format == "text" {

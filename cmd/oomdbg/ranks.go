@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -37,7 +37,7 @@ func reportRanks(ctx context.Context, files []string, mem *memory, warmup int) *
 					errs[i] = memoryError(err, mem)
 					continue
 				}
-				reports[i] = triage.Analyze(ctx, snapshot.NewTimeline(s), triage.Options{File: files[i],
+				reports[i] = triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],
 					Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
 		}()

@@ -11,6 +11,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -86,7 +87,7 @@ snapshots, and thousands of ranks).`,
 			if measure || measureOld {
 				opts.Measurer = sweepMeasurer{timeout: measureTimeout}
 			}
-			return write(triage.Analyze(cmd.Context(), snapshot.NewTimeline(s), opts), cmd.OutOrStdout())
+			return write(triage.Analyze(cmd.Context(), timeline.New(s), opts), cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text, markdown or json")

@@ -17,6 +17,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/export"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -90,7 +91,7 @@ func asTorchPickle(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := export.Torch(f, snapshot.NewTimeline(s)); err != nil {
+	if err := export.Torch(f, timeline.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
@@ -109,7 +110,7 @@ func asTorchPickle(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
 func asStrippedPyTorch(t *testing.T, s *snapshot.Snapshot) *snapshot.Snapshot {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := export.TorchJSON(&buf, snapshot.NewTimeline(s)); err != nil {
+	if err := export.TorchJSON(&buf, timeline.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	p, err := torch.Import(torchtest.StripToPyTorch(t, buf.Bytes()))

@@ -10,6 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -99,7 +100,7 @@ func TestRecordBadConfig(t *testing.T) {
 
 func TestFragmentationRecording(t *testing.T) {
 	s := leakstest.Fragmentation(t, 6)
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	its := tl.Iterations()
 	var prevAlloc, prevRes int64 = -1, -1
 	for _, it := range its[1:] {

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // AtKind says how an At names its event.
@@ -67,18 +67,18 @@ func (a At) String() string {
 }
 
 // Resolve returns the seq of the event a names in tl.
-func (a At) Resolve(tl *snapshot.Timeline) (int, error) { return a.resolve(tl, nil, tl.Len()) }
+func (a At) Resolve(tl *timeline.Timeline) (int, error) { return a.resolve(tl, nil, tl.Len()) }
 
 // resolve is Resolve on a device view whose events came from the seqs of a snapshot of total events (seqs
 // nil: tl is the whole snapshot): an event number names the last event of the view at or before it.
-func (a At) resolve(tl *snapshot.Timeline, seqs []int, total int) (int, error) {
+func (a At) resolve(tl *timeline.Timeline, seqs []int, total int) (int, error) {
 	n := tl.Len()
 	if n == 0 {
 		return 0, fmt.Errorf("the snapshot has no events")
 	}
 	switch a.Kind {
 	case AtPeak:
-		return tl.Peak(snapshot.Allocated).Seq, nil
+		return tl.Peak(timeline.Allocated).Seq, nil
 	case AtOOM:
 		if ooms := tl.OOMs(); len(ooms) > 0 {
 			return ooms[0], nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // The large snapshot: the generated GPT-2-small training loop, 330 iterations, about a million events.
@@ -16,16 +17,16 @@ import (
 var (
 	bigOnce     sync.Once
 	bigSnap     *snapshot.Snapshot
-	bigTimeline *snapshot.Timeline
+	bigTimeline *timeline.Timeline
 )
 
-func bigSnapshot(tb testing.TB) (*snapshot.Snapshot, *snapshot.Timeline) {
+func bigSnapshot(tb testing.TB) (*snapshot.Snapshot, *timeline.Timeline) {
 	tb.Helper()
 	bigOnce.Do(func() {
 		cfg := snapshottest.GPT2Small()
 		cfg.Iterations = 330
 		bigSnap = snapshottest.Trace(cfg)
-		bigTimeline = snapshot.NewTimeline(bigSnap)
+		bigTimeline = timeline.New(bigSnap)
 	})
 	return bigSnap, bigTimeline
 }
@@ -39,15 +40,15 @@ func (c *counter) Write(p []byte) (int, error) {
 }
 
 // formatWriters write each format from a Timeline, as the benchmarks and the size checks use them.
-var formatWriters = map[Format]func(io.Writer, *snapshot.Timeline) error{
+var formatWriters = map[Format]func(io.Writer, *timeline.Timeline) error{
 	FormatTorch:     Torch,
 	FormatTorchJSON: TorchJSON,
-	FormatPprof: func(w io.Writer, tl *snapshot.Timeline) error {
-		return Pprof(w, tl, tl.Peak(snapshot.Allocated).Seq)
+	FormatPprof: func(w io.Writer, tl *timeline.Timeline) error {
+		return Pprof(w, tl, tl.Peak(timeline.Allocated).Seq)
 	},
-	FormatPerfetto: func(w io.Writer, tl *snapshot.Timeline) error { return Perfetto(w, tl, -1) },
-	FormatSVG:      func(w io.Writer, tl *snapshot.Timeline) error { return SVG(w, tl, PlotOptions{Mark: -1}) },
-	FormatPNG:      func(w io.Writer, tl *snapshot.Timeline) error { return PNG(w, tl, PlotOptions{Mark: -1}) },
+	FormatPerfetto: func(w io.Writer, tl *timeline.Timeline) error { return Perfetto(w, tl, -1) },
+	FormatSVG:      func(w io.Writer, tl *timeline.Timeline) error { return SVG(w, tl, PlotOptions{Mark: -1}) },
+	FormatPNG:      func(w io.Writer, tl *timeline.Timeline) error { return PNG(w, tl, PlotOptions{Mark: -1}) },
 }
 
 // TestLargeSnapshot exports a million-event snapshot and checks the files stay a sensible size: the trace
@@ -62,7 +63,7 @@ func TestLargeSnapshot(t *testing.T) {
 	if n < 900_000 {
 		t.Fatalf("the large snapshot has %d events", n)
 	}
-	peak := tl.Peak(snapshot.Allocated).Bytes
+	peak := tl.Peak(timeline.Allocated).Bytes
 	for _, budget := range []int{maxCounterEvents, 100_000} {
 		var trace bytes.Buffer
 		if _, err := perfetto(&trace, tl, traceOptions{mark: -1, budget: budget}); err != nil {

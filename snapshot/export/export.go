@@ -11,6 +11,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Format names an export format.
@@ -112,7 +113,7 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	if err != nil {
 		return "", err
 	}
-	tl := snapshot.NewTimeline(view)
+	tl := timeline.New(view)
 	at := -1
 	if opts.At != nil {
 		if at, err = opts.At.resolve(tl, seqs, len(s.Events)); err != nil {
@@ -131,7 +132,7 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 		return describeTorch(tl), nil
 	case FormatPprof:
 		if at < 0 {
-			at = tl.Peak(snapshot.Allocated).Seq
+			at = tl.Peak(timeline.Allocated).Seq
 		}
 		p, err := pprofProfile(tl, at, origSeq(seqs, at))
 		if err != nil {
@@ -164,7 +165,7 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 }
 
 // describeTorch says what a torch export holds.
-func describeTorch(tl *snapshot.Timeline) string {
+func describeTorch(tl *timeline.Timeline) string {
 	st := tl.Stats()
 	entries := 0
 	for a, n := range st.ByAction {

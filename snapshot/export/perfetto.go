@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Perfetto writes tl's snapshot in the Chrome Trace Event Format (JSON), which ui.perfetto.dev and
@@ -22,7 +23,7 @@ import (
 // Timestamps are microseconds from Event.Time; a snapshot whose times are event indices (Meta.TimeUnit
 // "index") gets one microsecond per event. Counter tracks of a long snapshot are decimated to about a million
 // events in all, keeping the lowest and the highest value of every stretch of events, so no peak is lost.
-func Perfetto(w io.Writer, tl *snapshot.Timeline, mark int) error {
+func Perfetto(w io.Writer, tl *timeline.Timeline, mark int) error {
 	_, err := perfetto(w, tl, traceOptions{mark: mark, budget: maxCounterEvents})
 	return err
 }
@@ -157,7 +158,7 @@ func (a *args) str(k, v string) {
 func (a *args) close() { a.tw.buf = append(a.tw.buf, '}') }
 
 // perfetto writes the trace and returns how many trace events it holds.
-func perfetto(w io.Writer, tl *snapshot.Timeline, o traceOptions) (int, error) {
+func perfetto(w io.Writer, tl *timeline.Timeline, o traceOptions) (int, error) {
 	s := tl.Snapshot()
 	n := tl.Len()
 	tw := &traceWriter{w: bufio.NewWriterSize(w, 64<<10), buf: make([]byte, 0, 64<<10), evs: s.Events[:n],
@@ -304,13 +305,13 @@ func categoryTracks(s *snapshot.Snapshot, n int) []track {
 }
 
 // counters writes the counter tracks.
-func (tw *traceWriter) counters(tl *snapshot.Timeline) {
+func (tw *traceWriter) counters(tl *timeline.Timeline) {
 	budget := tw.o.budget
 	s := tl.Snapshot()
 	n := tl.Len()
 	tracks := []track{
-		seriesTrack("allocated", tl.Values(snapshot.Allocated)),
-		seriesTrack("reserved", tl.Values(snapshot.Reserved)),
+		seriesTrack("allocated", tl.Values(timeline.Allocated)),
+		seriesTrack("reserved", tl.Values(timeline.Reserved)),
 	}
 	if len(s.Meta.Devices) == 1 && s.Meta.Devices[0].Capacity > 0 {
 		c := s.Meta.Devices[0].Capacity
@@ -395,7 +396,7 @@ func decimate(points []point, n, limit int, emit func(point)) {
 }
 
 // spans writes a slice for every iteration and every phase.
-func (tw *traceWriter) spans(tl *snapshot.Timeline) {
+func (tw *traceWriter) spans(tl *timeline.Timeline) {
 	n := tl.Len()
 	for _, it := range tl.Iterations() {
 		name := "setup"
@@ -414,7 +415,7 @@ func (tw *traceWriter) spans(tl *snapshot.Timeline) {
 
 // slice writes an X event over events [start, end): from the first event's time to the time of the event
 // after the last (the next span's first), with the memory it saw.
-func (tw *traceWriter) slice(tl *snapshot.Timeline, tid int, name, cat string, iteration int32, start, end, n int) {
+func (tw *traceWriter) slice(tl *timeline.Timeline, tid int, name, cat string, iteration int32, start, end, n int) {
 	t0, t1 := tw.time(start), tw.time(min(end, n-1))
 	tw.begin('X', tid, name)
 	tw.buf = append(tw.buf, `,"cat":`...)
@@ -432,15 +433,15 @@ func (tw *traceWriter) slice(tl *snapshot.Timeline, tid int, name, cat string, i
 	}
 	a.int("allocated_before", before)
 	a.int("allocated_after", tl.Allocated(end-1))
-	peak := tl.PeakIn(snapshot.Allocated, start, end)
+	peak := tl.PeakIn(timeline.Allocated, start, end)
 	a.int("allocated_peak", peak.Bytes)
-	a.int("reserved_peak", tl.PeakIn(snapshot.Reserved, start, end).Bytes)
+	a.int("reserved_peak", tl.PeakIn(timeline.Reserved, start, end).Bytes)
 	a.close()
 	tw.end()
 }
 
 // instants writes the peak, the OOMs, heap dumps, annotations and the marked event.
-func (tw *traceWriter) instants(tl *snapshot.Timeline) {
+func (tw *traceWriter) instants(tl *timeline.Timeline) {
 	mark := tw.o.mark
 	s := tl.Snapshot()
 	instant := func(scope byte, name string, seq int, more func(a *args)) {
@@ -456,7 +457,7 @@ func (tw *traceWriter) instants(tl *snapshot.Timeline) {
 		a.close()
 		tw.end()
 	}
-	if p := tl.Peak(snapshot.Allocated); p.Seq >= 0 {
+	if p := tl.Peak(timeline.Allocated); p.Seq >= 0 {
 		instant('t', "peak allocated "+units.FormatSize(p.Bytes), p.Seq, func(a *args) {
 			a.int("allocated", p.Bytes)
 			a.int("reserved", tl.Reserved(p.Seq))

@@ -10,11 +10,12 @@ import (
 	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 func TestPerfettoGolden(t *testing.T) {
 	var buf bytes.Buffer
-	if err := Perfetto(&buf, snapshot.NewTimeline(fixture()), 13); err != nil {
+	if err := Perfetto(&buf, timeline.New(fixture()), 13); err != nil {
 		t.Fatal(err)
 	}
 	golden.RequireEqual(t, buf.Bytes())
@@ -53,7 +54,7 @@ func decodeTrace(t *testing.T, data []byte) []traceEvent {
 func TestPerfettoTrace(t *testing.T) {
 	for name, s := range snapshots(t) {
 		t.Run(name, func(t *testing.T) {
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			var buf bytes.Buffer
 			if err := Perfetto(&buf, tl, -1); err != nil {
 				t.Fatal(err)
@@ -83,7 +84,7 @@ func TestPerfettoTrace(t *testing.T) {
 					t.Fatalf("event of phase %q", e.Ph)
 				}
 			}
-			for series, name := range map[snapshot.Series]string{snapshot.Allocated: "allocated", snapshot.Reserved: "reserved"} {
+			for series, name := range map[timeline.Series]string{timeline.Allocated: "allocated", timeline.Reserved: "reserved"} {
 				var want []int64
 				for i, v := range tl.Values(series) {
 					if i == 0 || v != want[len(want)-1] {
@@ -103,7 +104,7 @@ func TestPerfettoTrace(t *testing.T) {
 
 // TestPerfettoSlices counts the fixture's slices: one per iteration (setup included) and one per phase.
 func TestPerfettoSlices(t *testing.T) {
-	tl := snapshot.NewTimeline(fixture())
+	tl := timeline.New(fixture())
 	var buf bytes.Buffer
 	if err := Perfetto(&buf, tl, -1); err != nil {
 		t.Fatal(err)
@@ -125,7 +126,7 @@ func TestPerfettoSlices(t *testing.T) {
 func TestCategoryTracks(t *testing.T) {
 	for name, s := range snapshots(t) {
 		t.Run(name, func(t *testing.T) {
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			tracks := categoryTracks(s, tl.Len())
 			next := make([]int, len(tracks))
 			cur := make([]int64, len(tracks))
@@ -143,8 +144,8 @@ func TestCategoryTracks(t *testing.T) {
 				}
 			}
 			// And by category at the peak, against the Timeline's live set.
-			peak := tl.Peak(snapshot.Allocated).Seq
-			want := snapshot.CategoryBytes(tl.LiveAt(peak, nil))
+			peak := tl.Peak(timeline.Allocated).Seq
+			want := timeline.CategoryBytes(tl.LiveAt(peak, nil))
 			for _, tr := range tracks {
 				c, _ := snapshot.ParseCategory(strings.TrimPrefix(tr.name, "allocated: "))
 				v := int64(0)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // PlotOptions size a timeline plot. Zero fields take the defaults.
@@ -53,16 +54,16 @@ func (o PlotOptions) withDefaults() PlotOptions {
 // maximum per column (never averaged: that would hide the peak), the phases shaded under the allocated
 // curve, the device's capacity as a line when memory comes near it, the peak and each OOM marked, sizes in
 // binary units, and a title naming the workload and the device. Text uses the Liberation fonts, by name.
-func SVG(w io.Writer, tl *snapshot.Timeline, opts PlotOptions) error {
+func SVG(w io.Writer, tl *timeline.Timeline, opts PlotOptions) error {
 	return writePlot(w, tl, FormatSVG, opts)
 }
 
 // PNG writes the plot SVG draws as a PNG image.
-func PNG(w io.Writer, tl *snapshot.Timeline, opts PlotOptions) error {
+func PNG(w io.Writer, tl *timeline.Timeline, opts PlotOptions) error {
 	return writePlot(w, tl, FormatPNG, opts)
 }
 
-func writePlot(w io.Writer, tl *snapshot.Timeline, f Format, opts PlotOptions) error {
+func writePlot(w io.Writer, tl *timeline.Timeline, f Format, opts PlotOptions) error {
 	opts = opts.withDefaults()
 	p, legend, err := newPlot(tl, opts)
 	if err != nil {
@@ -105,9 +106,9 @@ var (
 	}
 )
 
-// timeline is the plot's data: events bucketed into columns by time, each holding the maximum of the
+// plotData is the plot's data: events bucketed into columns by time, each holding the maximum of the
 // series over its events (and the value carried into it), never an average, which would hide the peak.
-type timeline struct {
+type plotData struct {
 	x         []float64 // column centres, in the axis unit
 	allocated []float64 // in the size unit
 	reserved  []float64
@@ -154,13 +155,13 @@ func eventTime(s *snapshot.Snapshot, seq int) int64 {
 }
 
 // columns buckets the events of tl into cols columns of equal time.
-func columns(tl *snapshot.Timeline, cols int, tu, su axisUnit) timeline {
+func columns(tl *timeline.Timeline, cols int, tu, su axisUnit) plotData {
 	s := tl.Snapshot()
 	n := tl.Len()
 	t0, t1 := eventTime(s, 0), eventTime(s, n-1)
 	span := max(t1-t0, 1)
-	alloc, res := tl.Values(snapshot.Allocated), tl.Values(snapshot.Reserved)
-	var tlc timeline
+	alloc, res := tl.Values(timeline.Allocated), tl.Values(timeline.Reserved)
+	var tlc plotData
 	var carryA, carryR int64
 	carryP := snapshot.PhaseNone
 	seq := 0
@@ -190,15 +191,15 @@ func columns(tl *snapshot.Timeline, cols int, tu, su axisUnit) timeline {
 // by phase, the device's capacity as a line (when the memory comes within a tenth of it, or ran out), the
 // peak and each OOM marked, sizes in binary units (GiB for a gibibyte or more), and a title naming the
 // workload and the device.
-func newPlot(tl *snapshot.Timeline, opts PlotOptions) (*plot.Plot, plot.Legend, error) {
+func newPlot(tl *timeline.Timeline, opts PlotOptions) (*plot.Plot, plot.Legend, error) {
 	s := tl.Snapshot()
 	n := tl.Len()
 	legend := plot.NewLegend()
 	if n == 0 {
 		return nil, legend, fmt.Errorf("the snapshot has no events to plot")
 	}
-	peak := tl.Peak(snapshot.Allocated)
-	peakReserved := tl.Peak(snapshot.Reserved)
+	peak := tl.Peak(timeline.Allocated)
+	peakReserved := tl.Peak(timeline.Reserved)
 	var capacity int64
 	if len(s.Meta.Devices) == 1 {
 		capacity = s.Meta.Devices[0].Capacity
@@ -280,7 +281,7 @@ func xys(x, y []float64) plotter.XYs {
 
 // phaseBands shades the area under the allocated curve, column by column, in the colour of the phase that
 // reached the column's maximum.
-type phaseBands struct{ data timeline }
+type phaseBands struct{ data plotData }
 
 func (b *phaseBands) used() [snapshot.NumPhases]bool {
 	var u [snapshot.NumPhases]bool

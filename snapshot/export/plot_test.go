@@ -10,12 +10,13 @@ import (
 	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 func plotBytes(t *testing.T, s *snapshot.Snapshot, f Format, opts PlotOptions) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := writePlot(&buf, snapshot.NewTimeline(s), f, opts); err != nil {
+	if err := writePlot(&buf, timeline.New(s), f, opts); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -98,13 +99,13 @@ func spiky() *snapshot.Snapshot {
 func TestPlotColumnsKeepPeaks(t *testing.T) {
 	for name, s := range map[string]*snapshot.Snapshot{"spike": spiky(), "fixture": fixture(), "oom": recorded(t, "oom"), "tiny": recorded(t, "tiny")} {
 		for _, cols := range []int{7, 100, 1280} {
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			su := sizeUnit(1 << 20)
 			data := columns(tl, cols, timeUnit(1e6, false), su)
 			if len(data.x) != cols {
 				t.Fatalf("%s: %d columns, want %d", name, len(data.x), cols)
 			}
-			peak := float64(tl.Peak(snapshot.Allocated).Bytes) / su.scale
+			peak := float64(tl.Peak(timeline.Allocated).Bytes) / su.scale
 			top, at := 0.0, 0
 			for i, v := range data.allocated {
 				if v > top {
@@ -114,10 +115,10 @@ func TestPlotColumnsKeepPeaks(t *testing.T) {
 			if math.Abs(top-peak) > 1e-9 {
 				t.Errorf("%s, %d columns: highest column %g, peak %g", name, cols, top, peak)
 			}
-			if name == "spike" && data.phase[at] != s.Events[tl.Peak(snapshot.Allocated).Seq].Phase {
+			if name == "spike" && data.phase[at] != s.Events[tl.Peak(timeline.Allocated).Seq].Phase {
 				t.Errorf("%s: the peak column has phase %s", name, data.phase[at])
 			}
-			reserved := float64(tl.Peak(snapshot.Reserved).Bytes) / su.scale
+			reserved := float64(tl.Peak(timeline.Reserved).Bytes) / su.scale
 			for i, v := range data.reserved {
 				if v > reserved+1e-9 || data.allocated[i] > v+1e-9 {
 					t.Fatalf("%s: column %d has allocated %g, reserved %g over the reserved peak %g", name, i, data.allocated[i], v, reserved)

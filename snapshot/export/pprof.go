@@ -8,10 +8,11 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Pprof writes the live set after event at as a gzipped pprof heap profile (see PprofProfile).
-func Pprof(w io.Writer, tl *snapshot.Timeline, at int) error {
+func Pprof(w io.Writer, tl *timeline.Timeline, at int) error {
 	p, err := PprofProfile(tl, at)
 	if err != nil {
 		return err
@@ -28,12 +29,12 @@ func Pprof(w io.Writer, tl *snapshot.Timeline, at int) error {
 //
 // Leaks: export at the end of two iterations (At{Kind: AtIterationEnd}) and compare them with
 // `go tool pprof -diff_base a.pb.gz b.pb.gz`: what grew is what leaked, by stack.
-func PprofProfile(tl *snapshot.Timeline, at int) (*profile.Profile, error) {
+func PprofProfile(tl *timeline.Timeline, at int) (*profile.Profile, error) {
 	return pprofProfile(tl, at, at)
 }
 
 // pprofProfile is PprofProfile for event at, which the snapshot the profile describes numbers number.
-func pprofProfile(tl *snapshot.Timeline, at, number int) (*profile.Profile, error) {
+func pprofProfile(tl *timeline.Timeline, at, number int) (*profile.Profile, error) {
 	n := tl.Len()
 	if n == 0 {
 		return nil, fmt.Errorf("the snapshot has no events")
@@ -108,7 +109,7 @@ type pprofBuilder struct {
 	noStack *profile.Location
 }
 
-func (b *pprofBuilder) add(a *snapshot.Allocation, multiDevice bool) {
+func (b *pprofBuilder) add(a *timeline.Allocation, multiDevice bool) {
 	k := sampleKey{stack: a.Stack, phase: a.Phase, category: a.Category, scope: a.Scope, label: a.Label, iteration: a.Iteration}
 	if multiDevice {
 		k.device = a.Device

@@ -11,6 +11,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // totals sums a profile's inuse_objects and inuse_space.
@@ -27,8 +28,8 @@ func totals(p *profile.Profile) (objects, bytes int64) {
 func TestPprofLiveSet(t *testing.T) {
 	for name, s := range snapshots(t) {
 		t.Run(name, func(t *testing.T) {
-			tl := snapshot.NewTimeline(s)
-			peak := tl.Peak(snapshot.Allocated)
+			tl := timeline.New(s)
+			peak := tl.Peak(timeline.Allocated)
 			p, err := PprofProfile(tl, peak.Seq)
 			if err != nil {
 				t.Fatal(err)
@@ -66,8 +67,8 @@ func TestPprofLiveSet(t *testing.T) {
 
 // TestPprofFixtureSample pins one sample of the fixture's peak: the 8 MiB output that autograd saved.
 func TestPprofFixtureSample(t *testing.T) {
-	tl := snapshot.NewTimeline(fixture())
-	p, err := PprofProfile(tl, tl.Peak(snapshot.Allocated).Seq)
+	tl := timeline.New(fixture())
+	p, err := PprofProfile(tl, tl.Peak(timeline.Allocated).Seq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,12 +106,12 @@ func TestPprofFixtureSample(t *testing.T) {
 // after that event.
 func TestPprofAt(t *testing.T) {
 	s := fixture()
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	tests := map[string]struct {
 		at   string
 		want int // the event
 	}{
-		"peak":            {"peak", tl.Peak(snapshot.Allocated).Seq},
+		"peak":            {"peak", tl.Peak(timeline.Allocated).Seq},
 		"oom":             {"oom", 36},
 		"end":             {"end", len(s.Events) - 1},
 		"iteration end 0": {"iteration-end:0", 29},
@@ -151,7 +152,7 @@ func TestPprofAt(t *testing.T) {
 			t.Errorf("Resolve(%q) found an event", missing)
 		}
 	}
-	noOOM := snapshot.NewTimeline(recorded(t, "tiny"))
+	noOOM := timeline.New(recorded(t, "tiny"))
 	if _, err := (At{Kind: AtOOM}).Resolve(noOOM); err == nil {
 		t.Error("resolved an OOM in a run without one")
 	}

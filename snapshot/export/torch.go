@@ -10,19 +10,20 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Torch writes the snapshot tl indexes as the pickle torch.cuda.memory._dump_snapshot() writes: protocol 4,
 // plain data only, with PyTorch's schema (docs/pytorch-snapshots.md), so pytorch.org/memory_viz, PyTorch's
 // _memory_viz.py and oomdbg itself open it. See the package documentation for how oomdbg's tags map.
-func Torch(w io.Writer, tl *snapshot.Timeline) error {
+func Torch(w io.Writer, tl *timeline.Timeline) error {
 	e := newPickleEncoder(w)
 	writeTorch(e, tl)
 	return e.close()
 }
 
 // TorchJSON writes the same document as Torch in JSON, which memory_viz also opens.
-func TorchJSON(w io.Writer, tl *snapshot.Timeline) error {
+func TorchJSON(w io.Writer, tl *timeline.Timeline) error {
 	e := newJSONEncoder(w)
 	writeTorch(e, tl)
 	return e.close()
@@ -38,7 +39,7 @@ type blockKey struct {
 type torchDoc struct {
 	enc docEncoder
 	s   *snapshot.Snapshot
-	tl  *snapshot.Timeline
+	tl  *timeline.Timeline
 	n   int
 
 	devices []int // devices with events or segments, sorted
@@ -74,7 +75,7 @@ func (c clock) us(t int64) int64 {
 	return c.base + t/1000
 }
 
-func writeTorch(enc docEncoder, tl *snapshot.Timeline) {
+func writeTorch(enc docEncoder, tl *timeline.Timeline) {
 	s := tl.Snapshot()
 	d := &torchDoc{enc: enc, s: s, tl: tl, n: tl.Len(), clock: newClock(s.Meta),
 		segStacks: make(map[blockKey]snapshot.StackID), optimizer: optimizerClass(s.Meta)}
@@ -401,7 +402,7 @@ func poolOf(size int64) string {
 
 // segmentsAt returns the allocator's segments after event seq as the footer would hold them: every segment
 // tiled by its active blocks and its free gaps.
-func segmentsAt(tl *snapshot.Timeline, seq int) []snapshot.Segment {
+func segmentsAt(tl *timeline.Timeline, seq int) []snapshot.Segment {
 	var out []snapshot.Segment
 	for _, ss := range tl.SegmentsAt(seq) {
 		sg := snapshot.Segment{Device: int(ss.Device), Stream: ss.Stream, Addr: ss.Addr, Size: ss.Size,

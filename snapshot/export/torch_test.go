@@ -14,6 +14,7 @@ import (
 	"github.com/charmbracelet/x/exp/golden"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 )
 
@@ -28,17 +29,17 @@ func snapshots(t *testing.T) map[string]*snapshot.Snapshot {
 	return out
 }
 
-func exportBytes(t *testing.T, write func(*bytes.Buffer, *snapshot.Timeline) error, s *snapshot.Snapshot) []byte {
+func exportBytes(t *testing.T, write func(*bytes.Buffer, *timeline.Timeline) error, s *snapshot.Snapshot) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := write(&buf, snapshot.NewTimeline(s)); err != nil {
+	if err := write(&buf, timeline.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
 }
 
-func torchPickle(b *bytes.Buffer, tl *snapshot.Timeline) error { return Torch(b, tl) }
-func torchJSON(b *bytes.Buffer, tl *snapshot.Timeline) error   { return TorchJSON(b, tl) }
+func torchPickle(b *bytes.Buffer, tl *timeline.Timeline) error { return Torch(b, tl) }
+func torchJSON(b *bytes.Buffer, tl *timeline.Timeline) error   { return TorchJSON(b, tl) }
 
 // The golden file pins the whole document for the fixture: every key, value and annotation.
 func TestTorchJSONGolden(t *testing.T) {
@@ -58,7 +59,7 @@ var pickleOpcodes = []string{"APPENDS", "BINFLOAT", "BINGET", "BININT", "BININT1
 func TestTorchLoadsInPython(t *testing.T) {
 	for name, s := range snapshots(t) {
 		t.Run(name, func(t *testing.T) {
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			pk := writeTemp(t, "snapshot.pickle", exportBytes(t, torchPickle, s))
 			js := writeTemp(t, "snapshot.json", exportBytes(t, torchJSON, s))
 			var got struct {
@@ -158,7 +159,7 @@ func TestTorchLoadsInPython(t *testing.T) {
 // that both tell the same story: the allocated and reserved bytes after every allocator action, the peaks,
 // the blocks alive at the peak (place, sizes, stack and category), and the iterations.
 func TestTorchRoundTrip(t *testing.T) {
-	writers := map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON}
+	writers := map[string]func(*bytes.Buffer, *timeline.Timeline) error{"pickle": torchPickle, "json": torchJSON}
 	for name, s := range snapshots(t) {
 		for form, write := range writers {
 			t.Run(name+"/"+form, func(t *testing.T) {
@@ -170,7 +171,7 @@ func TestTorchRoundTrip(t *testing.T) {
 				if origin.Inconsistencies != 0 || origin.BlockSizesEstimated != 0 || origin.PreExistingBlocks+origin.PreExistingSegments != 0 {
 					t.Errorf("the importer found the export inconsistent: %+v", origin)
 				}
-				checkSameTimeline(t, snapshot.NewTimeline(s), snapshot.NewTimeline(im))
+				checkSameTimeline(t, timeline.New(s), timeline.New(im))
 			})
 		}
 	}
@@ -197,7 +198,7 @@ type roundTripBlock struct {
 	IterationAtCreation int32
 }
 
-func blocksAt(tl *snapshot.Timeline, seq int, withIteration bool) []roundTripBlock {
+func blocksAt(tl *timeline.Timeline, seq int, withIteration bool) []roundTripBlock {
 	s := tl.Snapshot()
 	var out []roundTripBlock
 	for _, a := range tl.LiveAt(seq, nil) {
@@ -220,7 +221,7 @@ func blocksAt(tl *snapshot.Timeline, seq int, withIteration bool) []roundTripBlo
 
 // checkSameTimeline compares two Timelines of the same memory history, device by device: PyTorch's format
 // orders the actions of each device, and those of different devices only by time_us.
-func checkSameTimeline(t *testing.T, want, got *snapshot.Timeline) {
+func checkSameTimeline(t *testing.T, want, got *timeline.Timeline) {
 	t.Helper()
 	devices := map[int16]bool{}
 	for _, s := range []*snapshot.Snapshot{want.Snapshot(), got.Snapshot()} {
@@ -244,24 +245,24 @@ func checkSameTimeline(t *testing.T, want, got *snapshot.Timeline) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSameDevice(t, snapshot.NewTimeline(wv), snapshot.NewTimeline(gv))
+		checkSameDevice(t, timeline.New(wv), timeline.New(gv))
 	}
 }
 
-func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
+func checkSameDevice(t *testing.T, want, got *timeline.Timeline) {
 	t.Helper()
 	ws, gs := allocatorSeqs(want.Snapshot()), allocatorSeqs(got.Snapshot())
 	if len(ws) != len(gs) {
 		t.Fatalf("%d allocator events after the round trip, want %d", len(gs), len(ws))
 	}
 	for k := range ws {
-		for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved} {
+		for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
 			if w, g := want.Value(series, ws[k]), got.Value(series, gs[k]); w != g {
 				t.Fatalf("%s after allocator event %d (%s): %d, want %d", series, k, want.Snapshot().Events[ws[k]].Action, g, w)
 			}
 		}
 	}
-	for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved} {
+	for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
 		wp, gp := want.Peak(series), got.Peak(series)
 		wk, _ := slices.BinarySearch(ws, wp.Seq)
 		gk, _ := slices.BinarySearch(gs, gp.Seq)
@@ -269,7 +270,7 @@ func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
 			t.Errorf("%s peak %d at allocator event %d, want %d at %d", series, gp.Bytes, gk, wp.Bytes, wk)
 		}
 	}
-	wp, gp := want.Peak(snapshot.Allocated), got.Peak(snapshot.Allocated)
+	wp, gp := want.Peak(timeline.Allocated), got.Peak(timeline.Allocated)
 	wb, gb := blocksAt(want, wp.Seq, true), blocksAt(got, gp.Seq, true)
 	if len(wb) != len(gb) {
 		t.Errorf("live set at the peak: %d blocks, want %d", len(gb), len(wb))
@@ -280,7 +281,7 @@ func checkSameDevice(t *testing.T, want, got *snapshot.Timeline) {
 			break
 		}
 	}
-	iters := func(tl *snapshot.Timeline) []int32 {
+	iters := func(tl *timeline.Timeline) []int32 {
 		var out []int32
 		for _, it := range tl.Iterations() {
 			if it.Iteration >= 0 && !slices.Contains(out, it.Iteration) {
@@ -460,7 +461,7 @@ func TestTorchMemoryVizHelpers(t *testing.T) {
 				HasTrace              bool
 			}
 			torchtest.Run(t, memoryVizScript, &got, writeTemp(t, "snapshot.pickle", exportBytes(t, torchPickle, s)))
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			segs := segmentsAt(tl, tl.Len()-1)
 			if len(segs) == 0 {
 				t.Fatal("the recording ends with no segment: nothing to compare")
@@ -517,12 +518,12 @@ func TestTorchRoundTripPyTorch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for form, write := range map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
+			for form, write := range map[string]func(*bytes.Buffer, *timeline.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
 				im, err := torch.Import(exportBytes(t, write, orig))
 				if err != nil {
 					t.Fatalf("%s: %v", form, err)
 				}
-				checkSameTimeline(t, snapshot.NewTimeline(orig), snapshot.NewTimeline(im))
+				checkSameTimeline(t, timeline.New(orig), timeline.New(im))
 			}
 		})
 	}
@@ -550,15 +551,15 @@ func TestTorchSameMicrosecond(t *testing.T) {
 	}
 	b.s.Footer = &snapshot.Footer{Segments: []snapshot.Segment{{Device: 0, Addr: segA, Size: 2 * mib, Pool: "small",
 		Blocks: []snapshot.Block{{Addr: segA, Size: 2 * mib, State: stateInactive}}}}}
-	want := snapshot.NewTimeline(b.s)
+	want := timeline.New(b.s)
 
-	for form, write := range map[string]func(*bytes.Buffer, *snapshot.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
+	for form, write := range map[string]func(*bytes.Buffer, *timeline.Timeline) error{"pickle": torchPickle, "json": torchJSON} {
 		t.Run(form, func(t *testing.T) {
 			im, err := torch.Import(exportBytes(t, write, b.s))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := snapshot.NewTimeline(im)
+			got := timeline.New(im)
 			var wantIters, gotIters []int32
 			for id := range want.NumAllocations() {
 				wantIters = append(wantIters, want.Allocation(id, want.Len()-1).Iteration)

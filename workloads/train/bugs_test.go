@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
@@ -115,7 +116,7 @@ func TestNoZeroGradAccumulatesInPlace(t *testing.T) {
 		cfg := DefaultMLP()
 		cfg.Steps, cfg.Bug = steps, bug
 		_, s := record(t, cfg)
-		tl := snapshot.NewTimeline(s)
+		tl := timeline.New(s)
 		var count int
 		var bytes int64
 		for id := range tl.NumAllocations() {
@@ -166,7 +167,7 @@ func TestModuleAttributeHoldsWhatPyTorchHolds(t *testing.T) {
 	cfg := DefaultMLP()
 	cfg.Steps, cfg.Bug = 3, BugModuleAttribute
 	_, s := record(t, cfg)
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	dumps := 0
 	for _, d := range tl.HeapDumps() {
 		if d.Reason != "iteration end" {
@@ -232,7 +233,7 @@ func TestModuleAttributeOnTheGPT(t *testing.T) {
 	}
 	cfg.Device, cfg.Steps, cfg.Bug = "meta", 3, BugModuleAttribute
 	_, s := record(t, cfg)
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	dumps := tl.HeapDumps()
 	last := dumps[len(dumps)-1]
 	want := int64(cfg.Batch * cfg.Seq * 3 * cfg.DModel * tensor.F32.Size())
@@ -261,7 +262,7 @@ func TestModuleAttributeOnTheLlama(t *testing.T) {
 	}
 	cfg.Device, cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers, cfg.Bug = "meta", 3, 1, 64, 2, BugModuleAttribute
 	_, s := record(t, cfg)
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	dumps := tl.HeapDumps()
 	last := dumps[len(dumps)-1]
 	want := int64(cfg.Batch * cfg.Seq * cfg.DModel * cfg.Weights.dtype().Size())

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // TestEmptyCacheCost checks what the loop counts for empty_cache against the recording's own events: the
@@ -26,7 +27,7 @@ func TestEmptyCacheCost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			mallocs := map[int32]int64{}
 			frees := map[int32]int64{}
 			released := map[int32]int64{}
@@ -102,8 +103,8 @@ func TestUnallocatedAtPeak(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tl := snapshot.NewTimeline(s)
-		p := tl.Peak(snapshot.Reserved)
+		tl := timeline.New(s)
+		p := tl.Peak(timeline.Reserved)
 		if p.Bytes != res.PeakReserved || tl.Unallocated(p.Seq) != res.UnallocatedAtPeak || res.UnallocatedAtPeak <= 0 {
 			t.Errorf("%q: peak reserved %d with %d unallocated; the recording has %d with %d", conf,
 				res.PeakReserved, res.UnallocatedAtPeak, p.Bytes, tl.Unallocated(p.Seq))

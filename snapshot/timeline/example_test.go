@@ -1,28 +1,29 @@
-package snapshot_test
+package timeline_test
 
 import (
 	"fmt"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // A timeline of a generated training loop: its peak, the phase it is in, what was alive then, and the whole
 // run drawn eight columns wide, each column the highest allocated bytes under it.
 func ExampleTimeline() {
 	s := snapshottest.Trace(snapshottest.Tiny())
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 
-	peak := tl.Peak(snapshot.Allocated)
+	peak := tl.Peak(timeline.Allocated)
 	span := tl.Phases()[tl.PhaseAt(peak.Seq)]
 	fmt.Printf("%d events; peak of %d KiB after event %d, iteration %d, %s\n", tl.Len(), peak.Bytes>>10, peak.Seq, span.Iteration, span.Phase)
 
 	live := tl.LiveAt(peak.Seq, nil)
-	for _, g := range snapshot.GroupBlocks(live, snapshot.ByCategory)[:3] {
-		fmt.Printf("  %-16s %5d KiB in %d blocks\n", s.GroupName(snapshot.ByCategory, g.Key), g.Bytes>>10, g.Count)
+	for _, g := range timeline.GroupBlocks(live, timeline.ByCategory)[:3] {
+		fmt.Printf("  %-16s %5d KiB in %d blocks\n", timeline.GroupName(s, timeline.ByCategory, g.Key), g.Bytes>>10, g.Count)
 	}
 
-	for _, col := range tl.Columns(snapshot.Allocated, 0, tl.Len(), make([]snapshot.Extent, 8)) {
+	for _, col := range tl.Columns(timeline.Allocated, 0, tl.Len(), make([]timeline.Extent, 8)) {
 		fmt.Print(col.Max>>10, " ")
 	}
 	fmt.Println("KiB")
@@ -38,7 +39,7 @@ func ExampleTimeline() {
 // iteration.
 func ExampleTimeline_Changes() {
 	s := snapshottest.Trace(snapshottest.Tiny())
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	for _, p := range tl.Phases() {
 		if p.Iteration == 0 && p.Phase == snapshot.PhaseForward {
 			c := tl.Changes(p.Start-1, p.End-1) // from before its first event to after its last

@@ -1,10 +1,11 @@
-package snapshot_test
+package timeline_test
 
 import (
 	"slices"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 const mib = int64(1 << 20)
@@ -43,7 +44,7 @@ func fragmentedTrace() *snapshot.Snapshot {
 }
 
 func TestUnallocated(t *testing.T) {
-	tl := snapshot.NewTimeline(fragmentedTrace())
+	tl := timeline.New(fragmentedTrace())
 	// Reserved minus allocated after each event; a new segment counts with the block after it.
 	want := []int64{0, 0, 0, 0, 30 * mib, 30 * mib, 18 * mib, 68 * mib, 68 * mib, 28 * mib, 28 * mib}
 	var got []int64
@@ -85,10 +86,10 @@ func TestUnallocated(t *testing.T) {
 }
 
 func TestFragmentationAt(t *testing.T) {
-	tl := snapshot.NewTimeline(fragmentedTrace())
+	tl := timeline.New(fragmentedTrace())
 	oom := tl.OOMs()[0]
 	f := tl.FragmentationAt(oom, 0, "large")
-	want := snapshot.Fragmentation{Segments: 2, Reserved: 80 * mib, Allocated: 52 * mib, Free: 28 * mib, FreeBlocks: 2,
+	want := timeline.Fragmentation{Segments: 2, Reserved: 80 * mib, Allocated: 52 * mib, Free: 28 * mib, FreeBlocks: 2,
 		Largest: 18 * mib, Split: 28 * mib}
 	if f != want {
 		t.Errorf("at the OOM: %+v\nwant %+v", f, want)
@@ -99,7 +100,7 @@ func TestFragmentationAt(t *testing.T) {
 	if r := f.Ratio(); r != 28.0/80 {
 		t.Errorf("ratio %v, want 0.35", r)
 	}
-	if small := tl.FragmentationAt(oom, 0, "small"); small != (snapshot.Fragmentation{}) {
+	if small := tl.FragmentationAt(oom, 0, "small"); small != (timeline.Fragmentation{}) {
 		t.Errorf("no segment is small: %+v", small)
 	}
 	// After A is freed (event 5), its segment is whole and free: no block in use, so nothing is split.
@@ -110,16 +111,16 @@ func TestFragmentationAt(t *testing.T) {
 
 func TestSegmentPool(t *testing.T) {
 	cases := []struct {
-		seg  snapshot.SegmentState
+		seg  timeline.SegmentState
 		pool string
 	}{
-		{snapshot.SegmentState{Size: 2 * mib, Blocks: []snapshot.Allocation{{Size: 512}}}, "small"},
-		{snapshot.SegmentState{Size: 2 * mib}, "small"},
-		{snapshot.SegmentState{Size: 20 * mib}, "large"},
-		{snapshot.SegmentState{Size: 20 * mib, Blocks: []snapshot.Allocation{{Size: 1<<20 + 512}}}, "large"},
-		{snapshot.SegmentState{Size: 20 * mib, Expandable: true, Blocks: []snapshot.Allocation{{Size: 1 << 20}}}, "small"},
-		{snapshot.SegmentState{Size: 6 * mib, Expandable: true}, "small"},
-		{snapshot.SegmentState{Size: 40 * mib, Expandable: true}, "large"},
+		{timeline.SegmentState{Size: 2 * mib, Blocks: []timeline.Allocation{{Size: 512}}}, "small"},
+		{timeline.SegmentState{Size: 2 * mib}, "small"},
+		{timeline.SegmentState{Size: 20 * mib}, "large"},
+		{timeline.SegmentState{Size: 20 * mib, Blocks: []timeline.Allocation{{Size: 1<<20 + 512}}}, "large"},
+		{timeline.SegmentState{Size: 20 * mib, Expandable: true, Blocks: []timeline.Allocation{{Size: 1 << 20}}}, "small"},
+		{timeline.SegmentState{Size: 6 * mib, Expandable: true}, "small"},
+		{timeline.SegmentState{Size: 40 * mib, Expandable: true}, "large"},
 	}
 	for _, c := range cases {
 		if got := c.seg.Pool(); got != c.pool {

@@ -1,6 +1,10 @@
-package snapshot
+package timeline
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
 
 // Allocation is one allocation: where it is, what it holds and when it lived. Its tags are those of its alloc
 // event, with category and label as of the event the query asked about (a temporary that autograd saved is
@@ -17,12 +21,12 @@ type Allocation struct {
 	Requested int64 // the caller's size
 	Size      int64 // the block's size: what allocated bytes count
 
-	Category  Category
-	Label     StringID
-	Scope     StringID
-	Stack     StackID
-	Phase     Phase // of the alloc
-	Iteration int32 // of the alloc
+	Category  snapshot.Category
+	Label     snapshot.StringID
+	Scope     snapshot.StringID
+	Stack     snapshot.StackID
+	Phase     snapshot.Phase // of the alloc
+	Iteration int32          // of the alloc
 }
 
 // AllocatedAt reports whether the block counts in allocated bytes after event seq.
@@ -52,7 +56,7 @@ func (t *Timeline) block(id int32, at int) Allocation {
 		Category: e.Category, Label: e.Label, Scope: e.Scope, Stack: e.Stack, Phase: e.Phase, Iteration: e.Iteration,
 	}
 	if !b.Category.Valid() {
-		b.Category = CategoryUnknown
+		b.Category = snapshot.CategoryUnknown
 	}
 	for c := bt.first[id]; c >= 0 && int(t.changes[c].seq) <= at; c = t.changes[c].next {
 		b.Category = t.changes[c].cat
@@ -182,8 +186,8 @@ func (t *Timeline) Changes(from, to int) Change {
 }
 
 // CategoryBytes returns the bytes of blocks by category.
-func CategoryBytes(blocks []Allocation) [NumCategories]int64 {
-	var by [NumCategories]int64
+func CategoryBytes(blocks []Allocation) [snapshot.NumCategories]int64 {
+	var by [snapshot.NumCategories]int64
 	for i := range blocks {
 		by[blocks[i].Category] += blocks[i].Size
 	}

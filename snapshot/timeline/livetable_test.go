@@ -1,4 +1,4 @@
-package snapshot
+package timeline
 
 import (
 	"math/rand/v2"

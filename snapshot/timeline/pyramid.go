@@ -1,4 +1,4 @@
-package snapshot
+package timeline
 
 // A pyramid of minima and maxima over a series, so that the lowest and highest value of any range of events
 // costs O(log n) reads however long the range: a timeline of any zoom draws in O(width).

@@ -1,16 +1,19 @@
-package snapshot
+package timeline
 
 import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // Fragmentation: memory the allocator holds that no tensor uses (PyTorch's "reserved but unallocated"), over
 // time and, at any event, block by block.
 
 // growsSegment reports whether a is an event that adds reserved memory for the block handed out next.
-func growsSegment(a Action) bool { return a == ActionSegmentAlloc || a == ActionSegmentMap }
+func growsSegment(a snapshot.Action) bool {
+	return a == snapshot.ActionSegmentAlloc || a == snapshot.ActionSegmentMap
+}
 
 // Unallocated returns reserved minus allocated bytes after event seq: memory the allocator holds that no
 // tensor uses. A new segment (segment_alloc, or segment_map of expandable pages) counts together with the block

@@ -1,4 +1,4 @@
-package snapshot
+package timeline
 
 // Retainer paths: who keeps a block alive, as the nearest heap dump recorded it.
 

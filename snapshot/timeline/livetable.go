@@ -1,4 +1,4 @@
-package snapshot
+package timeline
 
 // liveTable maps a place (device, address) to the block active there: an open-addressing hash table with
 // linear probing and backward-shift deletion. Every alloc and free of a snapshot goes through it, so it is

@@ -1,6 +1,10 @@
-package snapshot
+package timeline
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
 
 // The indexing pass: one loop over the events that keeps the running totals, the block table, the spans and
 // the checkpoints.
@@ -19,7 +23,7 @@ type blockTable struct {
 	free  []uint32 // seq of free_requested; noSeq while allocated
 	done  []uint32 // seq of free_completed; noSeq while active
 	size  []int64  // bytes counted: the block size, or the requested size when the trace has none
-	cat   []Category
+	cat   []snapshot.Category
 	first []int32 // first category change, -1 for none
 }
 
@@ -27,8 +31,8 @@ type blockTable struct {
 type categoryChange struct {
 	seq   uint32
 	next  int32
-	cat   Category
-	label StringID // 0 keeps the label
+	cat   snapshot.Category
+	label snapshot.StringID // 0 keeps the label
 }
 
 // checkpoint is the set of active blocks after event seq: cpBlocks[start:end], in allocation order.
@@ -46,13 +50,13 @@ type liveKey struct {
 // builder is the state the indexing pass carries from one Update to the next.
 type builder struct {
 	cur      [numSeries]int64
-	catBytes [NumCategories]int64
+	catBytes [snapshot.NumCategories]int64
 	live     liveTable // active blocks by place
 	lastCP   int
 	segs     segmentSet
 	dump     int // the heap dump that retain events extend, -1 for none
 	// The tags of the open spans.
-	phase     Phase
+	phase     snapshot.Phase
 	iteration int32
 }
 
@@ -62,7 +66,7 @@ func (b *builder) init() {
 }
 
 // blockBytes is what an alloc counts: the block size, or the requested size when the trace gives none.
-func blockBytes(e *Event) int64 {
+func blockBytes(e *snapshot.Event) int64 {
 	if e.BlockSize > 0 {
 		return e.BlockSize
 	}
@@ -87,15 +91,15 @@ func (t *Timeline) index(start, end int) {
 	for i := range evs {
 		e := &evs[i]
 		seq := start + i
-		if e.Action < numActions {
+		if int(e.Action) < snapshot.NumActions {
 			t.byAction[e.Action]++
 		}
-		if len(t.phases) == 0 || e.Iteration != b.iteration || e.Phase != b.phase && e.Action != ActionIteration {
+		if len(t.phases) == 0 || e.Iteration != b.iteration || e.Phase != b.phase && e.Action != snapshot.ActionIteration {
 			t.spans(e, seq)
 		}
 
 		switch e.Action {
-		case ActionAlloc:
+		case snapshot.ActionAlloc:
 			if old, ok := b.live.get(e.Device, e.Addr); ok {
 				// The address is handed out again, so the block there was freed without a trace of it.
 				if bt.free[old] == noSeq {
@@ -106,7 +110,7 @@ func (t *Timeline) index(start, end int) {
 			size := blockBytes(e)
 			cat := e.Category
 			if !cat.Valid() {
-				cat = CategoryUnknown
+				cat = snapshot.CategoryUnknown
 			}
 			id := int32(len(bt.alloc))
 			bt.alloc = append(bt.alloc, uint32(seq))
@@ -120,7 +124,7 @@ func (t *Timeline) index(start, end int) {
 			cur[Active] += size
 			b.catBytes[cat] += size
 
-		case ActionFreeRequested:
+		case snapshot.ActionFreeRequested:
 			id, ok := b.live.get(e.Device, e.Addr)
 			if !ok {
 				t.stats.UnmatchedFrees++
@@ -132,17 +136,17 @@ func (t *Timeline) index(start, end int) {
 				b.catBytes[bt.cat[id]] -= bt.size[id]
 			}
 
-		case ActionFreeCompleted:
+		case snapshot.ActionFreeCompleted:
 			id, ok := b.live.get(e.Device, e.Addr)
 			if !ok {
-				if i == 0 || evs[i-1].Action != ActionFreeRequested || evs[i-1].Addr != e.Addr {
+				if i == 0 || evs[i-1].Action != snapshot.ActionFreeRequested || evs[i-1].Addr != e.Addr {
 					t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
 				}
 				break
 			}
 			cur = t.release(id, e, seq, cur)
 
-		case ActionCategory:
+		case snapshot.ActionCategory:
 			id, ok := b.live.get(e.Device, e.Addr)
 			if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
 				break
@@ -163,7 +167,7 @@ func (t *Timeline) index(start, end int) {
 				t.changes[l].next = c
 			}
 
-		case ActionSegmentAlloc, ActionSegmentFree, ActionSegmentMap, ActionSegmentUnmap:
+		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap:
 			t.segEvents = append(t.segEvents, uint32(seq))
 			delta, matched := b.segs.apply(e)
 			if !matched {
@@ -171,17 +175,17 @@ func (t *Timeline) index(start, end int) {
 			}
 			cur[Reserved] += delta
 
-		case ActionOOM:
+		case snapshot.ActionOOM:
 			t.ooms = append(t.ooms, seq)
 
-		case ActionAnnotation:
+		case snapshot.ActionAnnotation:
 			t.notes = append(t.notes, seq)
 
-		case ActionHeapDump:
+		case snapshot.ActionHeapDump:
 			b.dump = len(t.dumps)
 			t.dumps = append(t.dumps, HeapDump{Seq: seq, Reason: t.s.String(e.Text), Phase: e.Phase, Iteration: e.Iteration})
 
-		case ActionRetain:
+		case snapshot.ActionRetain:
 			if b.dump >= 0 {
 				d := &t.dumps[b.dump]
 				if d.Seq+d.Edges+1 == seq {
@@ -211,7 +215,7 @@ func (t *Timeline) index(start, end int) {
 
 // release ends block id at seq (event e names its place): its free completed, and was requested if that
 // was not recorded.
-func (t *Timeline) release(id int32, e *Event, seq int, cur [numSeries]int64) [numSeries]int64 {
+func (t *Timeline) release(id int32, e *snapshot.Event, seq int, cur [numSeries]int64) [numSeries]int64 {
 	b, bt := &t.b, &t.blocks
 	if bt.free[id] == noSeq {
 		bt.free[id] = uint32(seq)
@@ -236,7 +240,7 @@ func (bt *blockTable) grow(n int) {
 
 // spans opens a new iteration or phase span when event e starts one. It runs before e is applied, so a
 // span's Before holds the bytes before its first event.
-func (t *Timeline) spans(e *Event, seq int) {
+func (t *Timeline) spans(e *snapshot.Event, seq int) {
 	if n := len(t.iterations); n == 0 || t.iterations[n-1].Iteration != e.Iteration {
 		if n > 0 {
 			t.iterations[n-1].End = seq
@@ -245,7 +249,7 @@ func (t *Timeline) spans(e *Event, seq int) {
 	}
 	// An iteration marker carries the new iteration but still the previous phase: it opens no phase span.
 	n := len(t.phases)
-	if n > 0 && (e.Action == ActionIteration || t.phases[n-1].Phase == e.Phase && t.phases[n-1].Iteration == e.Iteration) {
+	if n > 0 && (e.Action == snapshot.ActionIteration || t.phases[n-1].Phase == e.Phase && t.phases[n-1].Iteration == e.Iteration) {
 		return
 	}
 	if n > 0 {

@@ -1,4 +1,4 @@
-package snapshot_test
+package timeline_test
 
 import (
 	"math/rand/v2"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // model is a plain replay of the Timeline's accounting rules, written for clarity, not speed: the truth the
@@ -215,11 +216,11 @@ func TestTimelineSeriesAndLiveSets(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			sample := func(seq int) bool { return seq%97 == 0 || seq == len(s.Events)-1 }
 			m := runModel(s.Events, sample)
-			tl := snapshot.NewTimeline(s)
+			tl := timeline.New(s)
 			if tl.Len() != len(s.Events) {
 				t.Fatalf("Len %d, want %d", tl.Len(), len(s.Events))
 			}
-			for k, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved, snapshot.Active} {
+			for k, series := range []timeline.Series{timeline.Allocated, timeline.Reserved, timeline.Active} {
 				got := tl.Values(series)
 				for seq, want := range m.series[k] {
 					if got[seq] != want {
@@ -229,7 +230,7 @@ func TestTimelineSeriesAndLiveSets(t *testing.T) {
 				if i := slices.IndexFunc(got, func(v int64) bool { return v < 0 }); i >= 0 {
 					t.Fatalf("%s negative after event %d", series, i)
 				}
-				want := snapshot.Peak{Bytes: slices.Max(m.series[k]), Seq: slices.Index(m.series[k], slices.Max(m.series[k]))}
+				want := timeline.Peak{Bytes: slices.Max(m.series[k]), Seq: slices.Index(m.series[k], slices.Max(m.series[k]))}
 				if p := tl.Peak(series); p != want {
 					t.Errorf("%s peak %+v, want %+v", series, p, want)
 				}
@@ -241,7 +242,7 @@ func TestTimelineSeriesAndLiveSets(t *testing.T) {
 	}
 }
 
-func checkLive(t *testing.T, tl *snapshot.Timeline, seq int, want []modelBlock) {
+func checkLive(t *testing.T, tl *timeline.Timeline, seq int, want []modelBlock) {
 	t.Helper()
 	active := tl.ActiveAt(seq, nil)
 	live := tl.LiveAt(seq, nil)
@@ -279,9 +280,9 @@ func checkLive(t *testing.T, tl *snapshot.Timeline, seq int, want []modelBlock) 
 func TestTimelineUpdate(t *testing.T) {
 	for name, s := range traces(t) {
 		t.Run(name, func(t *testing.T) {
-			whole := snapshot.NewTimeline(s)
+			whole := timeline.New(s)
 			grown := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks}
-			tl := snapshot.NewTimeline(grown)
+			tl := timeline.New(grown)
 			rng := rand.New(rand.NewPCG(3, 4))
 			for len(grown.Events) < len(s.Events) {
 				n := min(len(s.Events)-len(grown.Events), 1+rng.IntN(3000))
@@ -290,7 +291,7 @@ func TestTimelineUpdate(t *testing.T) {
 					t.Fatalf("Update indexed %d events, want %d", got, n)
 				}
 			}
-			for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved, snapshot.Active} {
+			for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved, timeline.Active} {
 				if !slices.Equal(tl.Values(series), whole.Values(series)) {
 					t.Fatalf("%s differs", series)
 				}
@@ -316,7 +317,7 @@ func TestTimelineUpdate(t *testing.T) {
 
 func TestTimelineRanges(t *testing.T) {
 	s := traces(t)["hostile2"]
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 2000 {
 		from := rng.IntN(tl.Len())
@@ -324,29 +325,29 @@ func TestTimelineRanges(t *testing.T) {
 		if rng.IntN(4) == 0 {
 			to = min(tl.Len(), from+1+rng.IntN(40))
 		}
-		for _, series := range []snapshot.Series{snapshot.Allocated, snapshot.Reserved, snapshot.Active} {
+		for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved, timeline.Active} {
 			vals := tl.Values(series)[from:to]
-			want := snapshot.Extent{Min: slices.Min(vals), Max: slices.Max(vals)}
+			want := timeline.Extent{Min: slices.Min(vals), Max: slices.Max(vals)}
 			if got := tl.Range(series, from, to); got != want {
 				t.Fatalf("%s range [%d, %d) = %v, want %v", series, from, to, got, want)
 			}
-			wantPeak := snapshot.Peak{Bytes: want.Max, Seq: from + slices.Index(vals, want.Max)}
+			wantPeak := timeline.Peak{Bytes: want.Max, Seq: from + slices.Index(vals, want.Max)}
 			if got := tl.PeakIn(series, from, to); got != wantPeak {
 				t.Fatalf("%s peak in [%d, %d) = %+v, want %+v", series, from, to, got, wantPeak)
 			}
 		}
 	}
-	if got := tl.Range(snapshot.Allocated, 10, 10); got != (snapshot.Extent{}) {
+	if got := tl.Range(timeline.Allocated, 10, 10); got != (timeline.Extent{}) {
 		t.Errorf("empty range = %v", got)
 	}
-	if got := tl.PeakIn(snapshot.Allocated, 5, 2); got.Seq != -1 {
+	if got := tl.PeakIn(timeline.Allocated, 5, 2); got.Seq != -1 {
 		t.Errorf("peak of an empty range = %+v", got)
 	}
 }
 
 func TestTimelineColumns(t *testing.T) {
-	tl := snapshot.NewTimeline(traces(t)["hostile"])
-	vals := tl.Values(snapshot.Allocated)
+	tl := timeline.New(traces(t)["hostile"])
+	vals := tl.Values(timeline.Allocated)
 	tests := map[string]struct{ from, to, width int }{
 		"whole, narrow":        {0, tl.Len(), 80},
 		"zoomed":               {1234, 1500, 200},
@@ -356,7 +357,7 @@ func TestTimelineColumns(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			cols := tl.Columns(snapshot.Allocated, tc.from, tc.to, make([]snapshot.Extent, tc.width))
+			cols := tl.Columns(timeline.Allocated, tc.from, tc.to, make([]timeline.Extent, tc.width))
 			to := min(tc.to, tl.Len())
 			n := to - tc.from
 			for c, got := range cols {
@@ -365,7 +366,7 @@ func TestTimelineColumns(t *testing.T) {
 					hi = lo + 1
 				}
 				hi = min(hi, to)
-				want := snapshot.Extent{Min: slices.Min(vals[lo:hi]), Max: slices.Max(vals[lo:hi])}
+				want := timeline.Extent{Min: slices.Min(vals[lo:hi]), Max: slices.Max(vals[lo:hi])}
 				if got != want {
 					t.Fatalf("column %d = %v, want %v", c, got, want)
 				}
@@ -378,7 +379,7 @@ func TestTimelineColumns(t *testing.T) {
 // markers, and the bytes by category at their edges against the live sets.
 func TestTimelineSpans(t *testing.T) {
 	s := traces(t)["tiny"]
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	var markers []int
 	for i, e := range s.Events {
 		if e.Action == snapshot.ActionPhase {
@@ -400,7 +401,7 @@ func TestTimelineSpans(t *testing.T) {
 		if p.End != want {
 			t.Errorf("span %d ends at %d, want %d", i, p.End, want)
 		}
-		if p.Before != snapshot.CategoryBytes(tl.LiveAt(p.Start-1, nil)) || p.After != snapshot.CategoryBytes(tl.LiveAt(p.End-1, nil)) {
+		if p.Before != timeline.CategoryBytes(tl.LiveAt(p.Start-1, nil)) || p.After != timeline.CategoryBytes(tl.LiveAt(p.End-1, nil)) {
 			t.Errorf("span %d (%s %d): bytes by category at its edges disagree with the live sets", i, p.Phase, p.Iteration)
 		}
 		if e := s.Events[p.Start]; e.Phase != p.Phase || e.Iteration != p.Iteration {
@@ -433,7 +434,7 @@ func TestTimelineSpans(t *testing.T) {
 
 func TestTimelineRetainers(t *testing.T) {
 	s := traces(t)["leak"]
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	dumps := tl.HeapDumps()
 	if len(dumps) != 6 {
 		t.Fatalf("%d heap dumps, want one per iteration (6)", len(dumps))
@@ -485,7 +486,7 @@ func TestTimelineRetainers(t *testing.T) {
 
 func TestTimelineChanges(t *testing.T) {
 	s := traces(t)["hostile"]
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	rng := rand.New(rand.NewPCG(7, 8))
 	for range 200 {
 		from := rng.IntN(tl.Len() - 1)
@@ -511,7 +512,7 @@ func TestTimelineChanges(t *testing.T) {
 				freed = append(freed, b.Alloc)
 			}
 		}
-		allocs := func(bs []snapshot.Allocation) []int {
+		allocs := func(bs []timeline.Allocation) []int {
 			var out []int
 			for _, b := range bs {
 				out = append(out, b.Alloc)
@@ -548,9 +549,9 @@ func TestTimelinePreexisting(t *testing.T) {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	tl := snapshot.NewTimeline(&snapshot.Snapshot{Events: evs})
+	tl := timeline.New(&snapshot.Snapshot{Events: evs})
 	want := []int64{0, 0, 0, 700, 700, 0}
-	if got := tl.Values(snapshot.Allocated); !slices.Equal(got, want) {
+	if got := tl.Values(timeline.Allocated); !slices.Equal(got, want) {
 		t.Errorf("allocated %v, want %v (the requested size, as the trace has no block size)", got, want)
 	}
 	st := tl.Stats()
@@ -569,7 +570,7 @@ func TestTimelinePreexisting(t *testing.T) {
 // event with the final state the footer records.
 func TestTimelineSegments(t *testing.T) {
 	s := traces(t)["leak"]
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	segs := tl.SegmentsAt(tl.Len() - 1)
 	want := s.Footer.Segments
 	if len(segs) != len(want) {
@@ -631,8 +632,8 @@ func TestSegmentsExpandable(t *testing.T) {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	tl := snapshot.NewTimeline(&snapshot.Snapshot{Events: evs})
-	if got := tl.Values(snapshot.Reserved); !slices.Equal(got, []int64{20 * mib, 40 * mib, 40 * mib, 36 * mib, 36 * mib}) {
+	tl := timeline.New(&snapshot.Snapshot{Events: evs})
+	if got := tl.Values(timeline.Reserved); !slices.Equal(got, []int64{20 * mib, 40 * mib, 40 * mib, 36 * mib, 36 * mib}) {
 		t.Errorf("reserved %v", got)
 	}
 	if tl.Stats().UnmatchedSegmentFrees != 1 {
@@ -640,7 +641,7 @@ func TestSegmentsExpandable(t *testing.T) {
 	}
 	segs := tl.SegmentsAt(2)
 	if len(segs) != 1 || segs[0].Size != 40*mib || !segs[0].Expandable || len(segs[0].Blocks) != 1 ||
-		!slices.Equal(segs[0].Gaps, []snapshot.Gap{{Addr: base + uint64(30*mib), Size: 10 * mib}}) {
+		!slices.Equal(segs[0].Gaps, []timeline.Gap{{Addr: base + uint64(30*mib), Size: 10 * mib}}) {
 		t.Fatalf("after two mappings: %+v", segs)
 	}
 	segs = tl.SegmentsAt(4)
@@ -651,12 +652,12 @@ func TestSegmentsExpandable(t *testing.T) {
 
 func TestGroupBlocks(t *testing.T) {
 	s := snapshottest.Trace(snapshottest.Tiny())
-	tl := snapshot.NewTimeline(s)
-	peak := tl.Peak(snapshot.Allocated)
+	tl := timeline.New(s)
+	peak := tl.Peak(timeline.Allocated)
 	live := tl.LiveAt(peak.Seq, nil)
-	for _, d := range []snapshot.Dimension{snapshot.ByCategory, snapshot.ByPhase, snapshot.ByIteration, snapshot.ByScope, snapshot.ByStack, snapshot.ByLabel} {
+	for _, d := range []timeline.Dimension{timeline.ByCategory, timeline.ByPhase, timeline.ByIteration, timeline.ByScope, timeline.ByStack, timeline.ByLabel} {
 		t.Run(d.String(), func(t *testing.T) {
-			groups := snapshot.GroupBlocks(live, d)
+			groups := timeline.GroupBlocks(live, d)
 			var sum int64
 			count := 0
 			for i, g := range groups {
@@ -665,7 +666,7 @@ func TestGroupBlocks(t *testing.T) {
 				if i > 0 && g.Bytes > groups[i-1].Bytes {
 					t.Errorf("group %d (%d bytes) after a smaller one", i, g.Bytes)
 				}
-				if s.GroupName(d, g.Key) == "" {
+				if timeline.GroupName(s, d, g.Key) == "" {
 					t.Errorf("group %d has no name", i)
 				}
 			}
@@ -674,76 +675,11 @@ func TestGroupBlocks(t *testing.T) {
 			}
 		})
 	}
-	by := snapshot.CategoryBytes(live)
-	for _, g := range snapshot.GroupBlocks(live, snapshot.ByCategory) {
+	by := timeline.CategoryBytes(live)
+	for _, g := range timeline.GroupBlocks(live, timeline.ByCategory) {
 		if by[g.Key] != g.Bytes {
 			t.Errorf("category %s: group of %d bytes, CategoryBytes %d", snapshot.Category(g.Key), g.Bytes, by[g.Key])
 		}
-	}
-}
-
-func TestShortFunction(t *testing.T) {
-	tests := map[string]string{
-		"github.com/oomdbg/oomdbg/workloads/nn.(*Linear).Forward": "nn.(*Linear).Forward",
-		"main.main":                          "main.main",
-		"forward":                            "forward",
-		"example.com/a/b.F[example.com/c.T]": "b.F[example.com/c.T]",
-		"at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>)": "at::native::empty_cuda(c10::ArrayRef<long>, std::optional<c10::ScalarType>)",
-	}
-	for in, want := range tests {
-		if got := snapshot.ShortFunction(in); got != want {
-			t.Errorf("ShortFunction(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestUserFrames(t *testing.T) {
-	s := &snapshot.Snapshot{Strings: []string{""}}
-	str := func(v string) snapshot.StringID {
-		s.Strings = append(s.Strings, v)
-		return snapshot.StringID(len(s.Strings) - 1)
-	}
-	frame := func(fn, file string, line int32) snapshot.FrameID {
-		s.Frames = append(s.Frames, snapshot.Frame{Function: str(fn), File: str(file), Line: line})
-		return snapshot.FrameID(len(s.Frames) - 1)
-	}
-	s.Frames = []snapshot.Frame{{}}
-	s.Stacks = [][]snapshot.FrameID{nil,
-		{frame("github.com/oomdbg/oomdbg/workloads/device.(*Device).Malloc", "/w/device.go", 85),
-			frame("github.com/oomdbg/oomdbg/workloads/tensor.(*Runtime).newStorage", "/w/storage.go", 33),
-			frame("github.com/oomdbg/oomdbg/workloads/tensor.Linear", "/w/ops_matmul.go", 20),
-			frame("github.com/oomdbg/oomdbg/workloads/nn.(*Linear).Forward", "/w/module.go", 44),
-			frame("github.com/oomdbg/oomdbg/workloads/train.(*run).microStep", "/w/run.go", 247)},
-		{frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long)", "??", 0),
-			frame("at::native::empty_cuda", "/pytorch/aten/src/ATen/native/cuda/EmptyTensor.cpp", 10),
-			frame("forward", "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py", 125),
-			frame("train_step", "train.py", 42)},
-		{frame("runtime.mallocgc", "malloc.go", 1)},
-		{frame("cfunction_call", "", 0), frame("forward", "/torch/nn/modules/linear.py", 114),
-			frame("method_vectorcall", "", 0), frame("at::native::addmm_out_cuda", "Blas.cpp", 10), frame("main", "train.py", 9)},
-	}
-	tests := map[string]struct {
-		stack snapshot.StackID
-		max   int
-		want  []string
-	}{
-		"go":                      {1, 0, []string{"nn.(*Linear).Forward module.go:44", "train.(*run).microStep run.go:247"}},
-		"go, one":                 {1, 1, []string{"nn.(*Linear).Forward module.go:44"}},
-		"python":                  {2, 0, []string{"forward linear.py:125", "train_step train.py:42"}},
-		"all plumb":               {3, 0, []string{"runtime.mallocgc malloc.go:1"}},
-		"python, natives between": {4, 0, []string{"forward linear.py:114", "main train.py:9"}},
-		"none":                    {0, 0, nil},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			var got []string
-			for _, f := range s.UserFrames(tc.stack, tc.max) {
-				got = append(got, s.FrameString(f))
-			}
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("got %q, want %q", got, tc.want)
-			}
-		})
 	}
 }
 
@@ -751,7 +687,7 @@ func TestUserFrames(t *testing.T) {
 // that a block is found by its place while it lives.
 func TestAllocationAsOf(t *testing.T) {
 	s := snapshottest.Trace(snapshottest.Tiny())
-	tl := snapshot.NewTimeline(s)
+	tl := timeline.New(s)
 	changed := 0
 	for seq, e := range s.Events {
 		if e.Action != snapshot.ActionCategory {

@@ -1,4 +1,4 @@
-package snapshot_test
+package timeline_test
 
 import (
 	"math/rand/v2"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // The Timeline benchmarks run on the generated GPT-2-small training loop: benchConfig's 124,000 events for
@@ -17,10 +18,10 @@ import (
 var (
 	bigOnce     sync.Once
 	bigSnapshot *snapshot.Snapshot
-	bigTimeline *snapshot.Timeline
+	bigTimeline *timeline.Timeline
 )
 
-func bigTrace(b *testing.B) (*snapshot.Snapshot, *snapshot.Timeline) {
+func bigTrace(b *testing.B) (*snapshot.Snapshot, *timeline.Timeline) {
 	b.Helper()
 	bigOnce.Do(func() {
 		cfg := snapshottest.GPT2Small()
@@ -29,7 +30,7 @@ func bigTrace(b *testing.B) (*snapshot.Snapshot, *snapshot.Timeline) {
 		last := s.Events[len(s.Events)-1]
 		s.Events = append(s.Events, snapshot.Event{Seq: uint64(len(s.Events)), Time: last.Time + 1, Action: snapshot.ActionOOM,
 			Size: 1 << 30, BlockSize: 1 << 30, Phase: last.Phase, Iteration: last.Iteration})
-		bigSnapshot, bigTimeline = s, snapshot.NewTimeline(s)
+		bigSnapshot, bigTimeline = s, timeline.New(s)
 	})
 	return bigSnapshot, bigTimeline
 }
@@ -37,7 +38,7 @@ func bigTrace(b *testing.B) (*snapshot.Snapshot, *snapshot.Timeline) {
 func benchmarkBuild(b *testing.B, s *snapshot.Snapshot) {
 	b.ReportAllocs()
 	for b.Loop() {
-		snapshot.NewTimeline(s)
+		timeline.New(s)
 	}
 	b.ReportMetric(float64(len(s.Events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
@@ -55,13 +56,13 @@ func BenchmarkTimeline10M(b *testing.B) {
 // their breakdown by category, scope and stack.
 func BenchmarkPeakQuery(b *testing.B) {
 	s, tl := bigTrace(b)
-	var live []snapshot.Allocation
+	var live []timeline.Allocation
 	for b.Loop() {
-		p := tl.Peak(snapshot.Allocated)
+		p := tl.Peak(timeline.Allocated)
 		live = tl.LiveAt(p.Seq, live[:0])
-		for _, d := range []snapshot.Dimension{snapshot.ByCategory, snapshot.ByScope, snapshot.ByStack} {
-			for _, g := range snapshot.GroupBlocks(live, d)[:1] {
-				_ = s.GroupName(d, g.Key)
+		for _, d := range []timeline.Dimension{timeline.ByCategory, timeline.ByScope, timeline.ByStack} {
+			for _, g := range timeline.GroupBlocks(live, d)[:1] {
+				_ = timeline.GroupName(s, d, g.Key)
 			}
 		}
 	}
@@ -72,12 +73,12 @@ func BenchmarkPeakQuery(b *testing.B) {
 // it happened in.
 func BenchmarkOOMQuery(b *testing.B) {
 	_, tl := bigTrace(b)
-	var live []snapshot.Allocation
+	var live []timeline.Allocation
 	for b.Loop() {
 		oom := tl.OOMs()[0]
 		live = tl.LiveAt(oom, live[:0])
-		for _, d := range []snapshot.Dimension{snapshot.ByCategory, snapshot.ByScope, snapshot.ByStack} {
-			snapshot.GroupBlocks(live, d)
+		for _, d := range []timeline.Dimension{timeline.ByCategory, timeline.ByScope, timeline.ByStack} {
+			timeline.GroupBlocks(live, d)
 		}
 		_ = tl.Phases()[tl.PhaseAt(oom)]
 	}
@@ -88,7 +89,7 @@ func BenchmarkOOMQuery(b *testing.B) {
 func BenchmarkLiveAt(b *testing.B) {
 	_, tl := bigTrace(b)
 	rng := rand.New(rand.NewPCG(1, 2))
-	var live []snapshot.Allocation
+	var live []timeline.Allocation
 	for b.Loop() {
 		live = tl.LiveAt(rng.IntN(tl.Len()), live[:0])
 	}
@@ -97,10 +98,10 @@ func BenchmarkLiveAt(b *testing.B) {
 // BenchmarkColumns draws the whole timeline 200 columns wide.
 func BenchmarkColumns(b *testing.B) {
 	_, tl := bigTrace(b)
-	cols := make([]snapshot.Extent, 200)
+	cols := make([]timeline.Extent, 200)
 	for b.Loop() {
-		tl.Columns(snapshot.Allocated, 0, tl.Len(), cols)
-		tl.Columns(snapshot.Reserved, 0, tl.Len(), cols)
+		tl.Columns(timeline.Allocated, 0, tl.Len(), cols)
+		tl.Columns(timeline.Reserved, 0, tl.Len(), cols)
 	}
 }
 
@@ -123,4 +124,11 @@ func BenchmarkRetainerPath(b *testing.B) {
 			b.Fatal("no retainer for the first parameter")
 		}
 	}
+}
+
+// benchConfig is the trace the smaller benchmarks use: GPT-2 small, 40 iterations, about 124,000 events.
+func benchConfig() snapshottest.Config {
+	cfg := snapshottest.GPT2Small()
+	cfg.Iterations = 40
+	return cfg
 }

@@ -1,8 +1,10 @@
-package snapshot
+package timeline
 
 import (
 	"cmp"
 	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // The allocator's segments at any event, replayed from the segment events and the live blocks.
@@ -63,15 +65,15 @@ type segmentSet struct {
 
 // apply applies a segment event and returns the change of reserved bytes. matched is false for a free or
 // unmap of memory the set does not hold (reserved before the trace began).
-func (ss *segmentSet) apply(e *Event) (delta int64, matched bool) {
+func (ss *segmentSet) apply(e *snapshot.Event) (delta int64, matched bool) {
 	size := max(e.Size, 0)
 	key := liveKey{e.Device, e.Addr}
 	i, found := slices.BinarySearchFunc(ss.segs, key, compareRange)
 	switch e.Action {
-	case ActionSegmentAlloc:
+	case snapshot.ActionSegmentAlloc:
 		ss.segs = slices.Insert(ss.segs, i, segRange{device: e.Device, stream: e.Stream, addr: e.Addr, size: size})
 		return size, true
-	case ActionSegmentMap:
+	case snapshot.ActionSegmentMap:
 		// Pages mapped right after a mapped range extend it.
 		if i > 0 {
 			if p := &ss.segs[i-1]; p.expandable && p.device == e.Device && p.end() == e.Addr {
@@ -81,14 +83,14 @@ func (ss *segmentSet) apply(e *Event) (delta int64, matched bool) {
 		}
 		ss.segs = slices.Insert(ss.segs, i, segRange{device: e.Device, stream: e.Stream, addr: e.Addr, size: size, expandable: true})
 		return size, true
-	case ActionSegmentFree:
+	case snapshot.ActionSegmentFree:
 		if !found {
 			return 0, false
 		}
 		size = ss.segs[i].size
 		ss.segs = slices.Delete(ss.segs, i, i+1)
 		return -size, true
-	case ActionSegmentUnmap:
+	case snapshot.ActionSegmentUnmap:
 		return ss.unmap(e.Device, e.Addr, e.Addr+uint64(size))
 	}
 	return 0, true

@@ -1,15 +1,21 @@
-package snapshot
+// Package timeline indexes a snapshot's events for the questions a memory debugger asks at any event: the
+// allocated, reserved and active bytes after it and their peaks, the phase and iteration it belongs to, the
+// blocks alive then with what they held and who retained them, and the allocator's segments. The events and
+// their tables live in package snapshot; this package reads them and keeps only what answers the queries.
+package timeline
 
 import (
 	"math"
 	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // Timeline indexes a snapshot for the questions a memory debugger asks at any event: how many bytes were
 // allocated, reserved and active after it; where the peak is; which phase and iteration it belongs to; which
 // blocks were alive, what they held and who retained them; what the allocator's segments looked like.
 //
-// NewTimeline builds it in one pass over the events and Update indexes events appended to the snapshot since
+// New builds it in one pass over the events and Update indexes events appended to the snapshot since
 // (a recording being followed). Memory is bounded per event and holds no per-event heap objects: three int64
 // series (24 bytes an event), their min/max pyramids (about 3 bytes), a table of 25 bytes per allocation
 // and 16 per category change, and checkpoints of the live set that take at most 4 bytes an event. Queries that
@@ -21,10 +27,10 @@ import (
 // mapped) the allocator holds. Frees of blocks allocated before the trace began, as in imported PyTorch
 // snapshots, are counted in Stats and otherwise ignored, so no total ever goes negative.
 //
-// A Timeline indexes at most MaxTimelineEvents events. Queries do not change it and may run concurrently;
+// A Timeline indexes at most MaxEvents events. Queries do not change it and may run concurrently;
 // Update must not run concurrently with queries.
 type Timeline struct {
-	s *Snapshot
+	s *snapshot.Snapshot
 	n int // events indexed
 
 	series [numSeries][]int64
@@ -44,14 +50,14 @@ type Timeline struct {
 	segEvents  []uint32
 
 	peaks    [numSeries]Peak
-	byAction [NumActions]int
-	stats    TimelineStats
+	byAction [snapshot.NumActions]int
+	stats    Stats
 
 	b builder // the state of the pass, kept for Update
 }
 
-// MaxTimelineEvents is the most events a Timeline indexes; events past it are left out.
-const MaxTimelineEvents = math.MaxUint32 - 1
+// MaxEvents is the most events a Timeline indexes; events past it are left out.
+const MaxEvents = math.MaxUint32 - 1
 
 // Series names one of the byte counts a Timeline keeps for every event.
 type Series uint8
@@ -85,13 +91,13 @@ type Peak struct {
 
 // PhaseSpan is a run of events in one phase of one iteration, [Start, End).
 type PhaseSpan struct {
-	Phase     Phase
+	Phase     snapshot.Phase
 	Iteration int32
 	Start     int
 	End       int
 	// Before and After are the allocated bytes by category before the span's first event and after its
 	// last.
-	Before, After [NumCategories]int64
+	Before, After [snapshot.NumCategories]int64
 }
 
 // IterationSpan is the run of events of one training iteration, [Start, End). Setup is iteration -1. A
@@ -107,16 +113,16 @@ type IterationSpan struct {
 type HeapDump struct {
 	Seq       int
 	Reason    string // "iteration end", "oom", "interrupted", ...
-	Phase     Phase
+	Phase     snapshot.Phase
 	Iteration int32
 	Edges     int
 }
 
-// TimelineStats counts what a Timeline indexed.
-type TimelineStats struct {
+// Stats counts what a Timeline indexed.
+type Stats struct {
 	Events   int
-	ByAction [NumActions]int // events per Action
-	Blocks   int             // allocations
+	ByAction [snapshot.NumActions]int // events per snapshot.Action
+	Blocks   int                      // allocations
 	// UnmatchedFrees counts free events of blocks the trace never allocated (allocated before it began);
 	// UnmatchedSegmentFrees the same for segments.
 	UnmatchedFrees        int
@@ -126,8 +132,8 @@ type TimelineStats struct {
 	ReusedAddresses int
 }
 
-// NewTimeline indexes the events of s. The Timeline keeps s: queries read the events and tables from it.
-func NewTimeline(s *Snapshot) *Timeline {
+// New indexes the events of s. The Timeline keeps s: queries read the events and tables from it.
+func New(s *snapshot.Snapshot) *Timeline {
 	t := &Timeline{s: s}
 	t.b.init()
 	for i := range t.peaks {
@@ -137,10 +143,10 @@ func NewTimeline(s *Snapshot) *Timeline {
 	return t
 }
 
-// Update indexes the events appended to the snapshot since the last call (or NewTimeline) and returns how
+// Update indexes the events appended to the snapshot since the last call (or New) and returns how
 // many there were.
 func (t *Timeline) Update() int {
-	end := min(len(t.s.Events), MaxTimelineEvents)
+	end := min(len(t.s.Events), MaxEvents)
 	if end <= t.n {
 		return 0
 	}
@@ -154,7 +160,7 @@ func (t *Timeline) Update() int {
 }
 
 // Snapshot returns the snapshot the Timeline indexes.
-func (t *Timeline) Snapshot() *Snapshot { return t.s }
+func (t *Timeline) Snapshot() *snapshot.Snapshot { return t.s }
 
 // Len returns the number of events indexed.
 func (t *Timeline) Len() int { return t.n }
@@ -247,7 +253,7 @@ func (t *Timeline) OOMs() []int { return t.ooms }
 func (t *Timeline) Annotations() []int { return t.notes }
 
 // Stats returns what the Timeline indexed.
-func (t *Timeline) Stats() TimelineStats {
+func (t *Timeline) Stats() Stats {
 	st := t.stats
 	st.Events = t.n
 	st.ByAction = t.byAction
@@ -258,7 +264,7 @@ func (t *Timeline) Stats() TimelineStats {
 // SeqAtTime returns the first event whose Time is at least ns (Len if none). Event times never decrease.
 func (t *Timeline) SeqAtTime(ns int64) int {
 	evs := t.s.Events[:t.n]
-	i, _ := slices.BinarySearchFunc(evs, ns, func(e Event, ns int64) int {
+	i, _ := slices.BinarySearchFunc(evs, ns, func(e snapshot.Event, ns int64) int {
 		if e.Time < ns {
 			return -1
 		}
