@@ -13,6 +13,7 @@ const module = "github.com/oomdbg/oomdbg/"
 // as rules: data (snapshot) at the bottom, analysis (leaks, triage) on it, the workload runtime beside
 // them, the TUI and the command line on top. A package missing here fails the test until it is placed.
 var layers = map[string][]string{
+	"internal/addrmap":           nil,
 	"internal/nvmlib":            nil,
 	"internal/optimrules":        nil,
 	"internal/periodic":          nil,
@@ -23,16 +24,16 @@ var layers = map[string][]string{
 	"internal/units":             nil,
 	"internal/words":             nil,
 	"snapshot":                   {"internal/torchrules"},
-	"snapshot/timeline":          {"snapshot", "internal/torchrules"},
+	"snapshot/timeline":          {"snapshot", "internal/addrmap", "internal/torchrules"},
 	"snapshot/torch":             {"snapshot", "internal/pickle", "internal/periodic", "internal/torchrules"},
 	"snapshot/load":              {"snapshot", "snapshot/torch", "internal/pickle", "internal/periodic", "internal/torchrules", "internal/units"},
-	"snapshot/export":            {"snapshot", "snapshot/timeline", "internal/torchrules", "internal/units"},
+	"snapshot/export":            {"snapshot", "snapshot/timeline", "internal/addrmap", "internal/torchrules", "internal/units"},
 	"snapshot/snapshottest":      {"snapshot", "internal/torchrules"},
 	"snapshot/transform":         {"snapshot", "internal/"},
 	"tracer":                     {"snapshot", "internal/torchrules"},
 	"tracer/nvml":                {"internal/nvmlib", "internal/units"},
-	"leaks":                      {"snapshot", "snapshot/timeline", "internal/torchrules", "internal/units"},
-	"triage":                     {"snapshot", "snapshot/timeline", "leaks", "internal/torchrules", "internal/units"},
+	"leaks":                      {"snapshot", "snapshot/timeline", "internal/addrmap", "internal/torchrules", "internal/units"},
+	"triage":                     {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/torchrules", "internal/units"},
 	"workloads/alloc":            {"internal/torchrules"},
 	"workloads/alloc/replay":     {"workloads/alloc", "snapshot", "snapshot/torch", "internal/"},
 	"workloads/device":           {"workloads/alloc", "internal/torchrules"},

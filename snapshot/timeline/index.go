@@ -3,6 +3,7 @@ package timeline
 import (
 	"slices"
 
+	"github.com/oomdbg/oomdbg/internal/addrmap"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -51,7 +52,7 @@ type liveKey struct {
 type builder struct {
 	cur      [numSeries]int64
 	catBytes [snapshot.NumCategories]int64
-	live     liveTable // active blocks by place
+	live     addrmap.Map // active blocks by place
 	lastCP   int
 	segs     segmentSet
 	dump     int // the heap dump that retain events extend, -1 for none
@@ -61,7 +62,7 @@ type builder struct {
 }
 
 func (b *builder) init() {
-	b.live.init()
+	b.live = addrmap.Map{}
 	b.lastCP, b.dump = -1, -1
 }
 
@@ -100,7 +101,7 @@ func (t *Timeline) index(start, end int) {
 
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			if old, ok := b.live.get(e.Device, e.Addr); ok {
+			if old, ok := b.live.Get(e.Device, e.Addr); ok {
 				// The address is handed out again, so the block there was freed without a trace of it.
 				if bt.free[old] == noSeq {
 					t.stats.ReusedAddresses++
@@ -119,13 +120,13 @@ func (t *Timeline) index(start, end int) {
 			bt.size = append(bt.size, size)
 			bt.cat = append(bt.cat, cat)
 			bt.first = append(bt.first, -1)
-			b.live.put(e.Device, e.Addr, id)
+			b.live.Put(e.Device, e.Addr, id)
 			cur[Allocated] += size
 			cur[Active] += size
 			b.catBytes[cat] += size
 
 		case snapshot.ActionFreeRequested:
-			id, ok := b.live.get(e.Device, e.Addr)
+			id, ok := b.live.Get(e.Device, e.Addr)
 			if !ok {
 				t.stats.UnmatchedFrees++
 				break
@@ -137,7 +138,7 @@ func (t *Timeline) index(start, end int) {
 			}
 
 		case snapshot.ActionFreeCompleted:
-			id, ok := b.live.get(e.Device, e.Addr)
+			id, ok := b.live.Get(e.Device, e.Addr)
 			if !ok {
 				if i == 0 || evs[i-1].Action != snapshot.ActionFreeRequested || evs[i-1].Addr != e.Addr {
 					t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
@@ -147,7 +148,7 @@ func (t *Timeline) index(start, end int) {
 			cur = t.release(id, e, seq, cur)
 
 		case snapshot.ActionCategory:
-			id, ok := b.live.get(e.Device, e.Addr)
+			id, ok := b.live.Get(e.Device, e.Addr)
 			if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
 				break
 			}
@@ -200,7 +201,7 @@ func (t *Timeline) index(start, end int) {
 				p.Bytes, p.Seq = cur[k], seq
 			}
 		}
-		if seq-b.lastCP >= max(checkpointEvery, b.live.n) {
+		if seq-b.lastCP >= max(checkpointEvery, b.live.Len()) {
 			t.checkpoint(seq)
 		}
 	}
@@ -224,7 +225,7 @@ func (t *Timeline) release(id int32, e *snapshot.Event, seq int, cur [numSeries]
 	}
 	bt.done[id] = uint32(seq)
 	cur[Active] -= bt.size[id]
-	b.live.del(e.Device, e.Addr)
+	b.live.Del(e.Device, e.Addr)
 	return cur
 }
 
@@ -262,7 +263,7 @@ func (t *Timeline) spans(e *snapshot.Event, seq int) {
 // checkpoint records the active blocks after event seq.
 func (t *Timeline) checkpoint(seq int) {
 	start := len(t.cpBlocks)
-	t.cpBlocks = t.b.live.appendIDs(t.cpBlocks)
+	t.cpBlocks = t.b.live.AppendValues(t.cpBlocks)
 	slices.Sort(t.cpBlocks[start:]) // allocation order
 	t.checkpoints = append(t.checkpoints, checkpoint{seq: seq, start: start, end: len(t.cpBlocks)})
 	t.b.lastCP = seq

@@ -1,4 +1,4 @@
-package timeline
+package addrmap
 
 import (
 	"math/rand/v2"
@@ -6,11 +6,10 @@ import (
 	"testing"
 )
 
-// TestLiveTable runs random puts, gets and deletes against a map, through several resizes and with
+// TestMap runs random puts, gets and deletes against a map, through several resizes and with
 // addresses that collide in their low bits, as caching-allocator addresses do.
-func TestLiveTable(t *testing.T) {
-	var lt liveTable
-	lt.init()
+func TestMap(t *testing.T) {
+	var lt Map
 	type key struct {
 		device int16
 		addr   uint64
@@ -22,24 +21,27 @@ func TestLiveTable(t *testing.T) {
 		if i > 100000 {
 			k.addr = uint64(rng.IntN(300)) << 40 // far apart, same low bits
 		}
-		switch id, ok := lt.get(k.device, k.addr); {
+		switch id, ok := lt.Get(k.device, k.addr); {
 		case ok != (want[k] != 0) || ok && id != want[k]-1:
 			t.Fatalf("op %d: get(%v) = %d, %v; want %d", i, k, id, ok, want[k]-1)
+		case ok && rng.IntN(3) == 0:
+			lt.Set(k.device, k.addr, int32(i))
+			want[k] = int32(i) + 1
 		case ok && rng.IntN(2) == 0:
-			lt.del(k.device, k.addr)
+			lt.Del(k.device, k.addr)
 			delete(want, k)
 		case !ok:
-			lt.put(k.device, k.addr, int32(i))
+			lt.Put(k.device, k.addr, int32(i))
 			want[k] = int32(i) + 1
 		}
-		if lt.n != len(want) {
+		if lt.Len() != len(want) {
 			t.Fatalf("op %d: %d entries, want %d", i, lt.n, len(want))
 		}
 	}
-	if len(lt.slots) <= liveTableMin {
+	if len(lt.slots) <= minSlots {
 		t.Errorf("the table never grew (%d slots)", len(lt.slots))
 	}
-	ids := lt.appendIDs(nil)
+	ids := lt.AppendValues(nil)
 	var wantIDs []int32
 	for _, id := range want {
 		wantIDs = append(wantIDs, id-1)
