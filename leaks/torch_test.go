@@ -347,7 +347,7 @@ func TestInferenceAgainstRecording(t *testing.T) {
 			wrongIter := 0
 			for id := range n {
 				ra, ia := rtl.Allocation(id, rtl.Len()-1), itl.Allocation(id, itl.Len()-1)
-				if rec.Events[ra.Alloc].Iteration != imp.Events[ia.Alloc].Iteration {
+				if rec.Events.At(ra.Alloc).Iteration != imp.Events.At(ia.Alloc).Iteration {
 					wrongIter++
 				}
 			}
@@ -496,7 +496,7 @@ func TestPhasesAgainstRecording(t *testing.T) {
 // traceEvents returns the events a PyTorch trace holds: the allocator's, without the runtime's markers.
 func traceEvents(s *snapshot.Snapshot) []snapshot.Event {
 	var out []snapshot.Event
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionPhase, snapshot.ActionIteration, snapshot.ActionCategory, snapshot.ActionRetain,
 			snapshot.ActionHeapDump, snapshot.ActionSample, snapshot.ActionAnnotation:

@@ -50,17 +50,18 @@ func writeTrace(w io.Writer, s *snapshot.Snapshot, events []snapshot.Event, opts
 
 func BenchmarkWrite(b *testing.B) {
 	s := snapshottest.Trace(benchConfig())
-	events := make([]snapshot.Event, len(s.Events))
+	orig := s.Events.Slice(0, s.Events.Len())
+	events := make([]snapshot.Event, len(orig))
 	var w countingWriter
 	b.ReportAllocs()
 	for b.Loop() {
-		copy(events, s.Events)
+		copy(events, orig)
 		w.n = 0
 		if err := writeTrace(&w, s, events); err != nil {
 			b.Fatal(err)
 		}
 	}
-	n := float64(len(s.Events))
+	n := float64(s.Events.Len())
 	b.ReportMetric(n*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(w.n)/n, "bytes/event")
 }
@@ -76,7 +77,6 @@ func encoded(b *testing.B) []byte {
 
 func BenchmarkRead(b *testing.B) {
 	data := encoded(b)
-	var dst []snapshot.Event
 	var n int
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
@@ -85,17 +85,17 @@ func BenchmarkRead(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		n = 0
+		var dst snapshot.Events
 		for {
-			dst, err = r.ReadChunk(dst[:0])
+			err = r.ReadChunk(&dst)
 			if err == io.EOF {
 				break
 			}
 			if err != nil {
 				b.Fatal(err)
 			}
-			n += len(dst)
 		}
+		n = dst.Len()
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
@@ -122,16 +122,20 @@ func BenchmarkNext(b *testing.B) {
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
+// BenchmarkReadAll reads a whole snapshot into memory, and reports what its events cost there.
 func BenchmarkReadAll(b *testing.B) {
 	data := encoded(b)
 	var n int
+	var resident int64
 	b.ReportAllocs()
 	for b.Loop() {
 		s, err := snapshot.Read(bytes.NewReader(data))
 		if err != nil {
 			b.Fatal(err)
 		}
-		n = len(s.Events)
+		n = s.Events.Len()
+		resident = s.Events.Bytes()
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(resident)/float64(n), "resident-B/event")
 }

@@ -42,6 +42,6 @@ func TestFlippedBits(t *testing.T) {
 		if de.Offset != int64(at) {
 			t.Fatalf("flip at %d: error at offset %d, want the chunk at %d", off, de.Offset, at)
 		}
-		sameEvents(t, s.Events, full.Events[:want])
+		sameEvents(t, s.Events, full.Events.Slice(0, want))
 	}
 }

@@ -28,8 +28,7 @@ func (s *Snapshot) DeviceView(device int) (*Snapshot, []int, error) {
 	for _, d := range s.Meta.Devices {
 		found = found || d.Index == device
 	}
-	for i := range s.Events {
-		e := &s.Events[i]
+	for _, e := range s.Events.All() {
 		if !sharedMarker(e.Action) {
 			found = found || int(e.Device) == device
 			others = others || int(e.Device) != device
@@ -56,16 +55,15 @@ func (s *Snapshot) DeviceView(device int) (*Snapshot, []int, error) {
 		}
 	}
 	var seqs []int
-	for i := range s.Events {
-		e := s.Events[i]
+	for i, e := range s.Events.All() {
 		if sharedMarker(e.Action) || int(e.Device) == device {
-			e.Seq = uint64(len(view.Events))
-			view.Events = append(view.Events, e)
+			view.Events.Append(&e)
 			seqs = append(seqs, i)
 		}
 	}
+	view.Events.releasePacker()
 	if f := s.Footer; f != nil {
-		vf := &Footer{Summary: Summary{Events: uint64(len(view.Events)), EndTime: f.Summary.EndTime}}
+		vf := &Footer{Summary: Summary{Events: uint64(view.Events.Len()), EndTime: f.Summary.EndTime}}
 		for _, sg := range f.Segments {
 			if sg.Device == device {
 				vf.Segments = append(vf.Segments, sg)
@@ -90,8 +88,8 @@ func sharedMarker(a Action) bool {
 // devices of its allocator events and of its final segments. A recording of one device returns it.
 func (s *Snapshot) DevicesWithMemory() []int {
 	seen := map[int]bool{}
-	for i := range s.Events {
-		if e := &s.Events[i]; !sharedMarker(e.Action) {
+	for _, e := range s.Events.All() {
+		if !sharedMarker(e.Action) {
 			switch e.Action {
 			case ActionAlloc, ActionSegmentAlloc, ActionSegmentMap:
 				seen[int(e.Device)] = true

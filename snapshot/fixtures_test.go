@@ -250,21 +250,21 @@ func readAll(t testing.TB, data []byte, opts ...snapshot.ReaderOption) *snapshot
 		}
 		next = append(next, e)
 	}
-	if !reflect.DeepEqual(next, s.Events) && len(next)+len(s.Events) > 0 {
-		t.Fatalf("Next and Read disagree: %d and %d events", len(next), len(s.Events))
+	if got := s.Events.Slice(0, s.Events.Len()); !reflect.DeepEqual(next, got) && len(next)+len(got) > 0 {
+		t.Fatalf("Next and Read disagree: %d and %d events", len(next), s.Events.Len())
 	}
 	return s
 }
 
 // sameEvents fails unless got equals want, naming the first difference.
-func sameEvents(t testing.TB, got, want []snapshot.Event) {
+func sameEvents(t testing.TB, got snapshot.Events, want []snapshot.Event) {
 	t.Helper()
-	for i := range min(len(got), len(want)) {
-		if got[i] != want[i] {
-			t.Fatalf("event %d:\n got %+v\nwant %+v", i, got[i], want[i])
+	for i, e := range got.Range(0, len(want)) {
+		if e != want[i] {
+			t.Fatalf("event %d:\n got %+v\nwant %+v", i, e, want[i])
 		}
 	}
-	if len(got) != len(want) {
-		t.Fatalf("got %d events, want %d", len(got), len(want))
+	if got.Len() != len(want) {
+		t.Fatalf("got %d events, want %d", got.Len(), len(want))
 	}
 }

@@ -54,7 +54,7 @@ func checkRead(t *testing.T, data []byte) {
 	if s.Warning != nil && !errors.Is(s.Warning, snapshot.ErrTruncated) {
 		t.Fatalf("warning %v", s.Warning)
 	}
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		if e.Seq != uint64(i) || !e.Action.Valid() || !e.Phase.Valid() || !e.Category.Valid() ||
 			int(e.Scope) >= len(s.Strings) || int(e.Label) >= len(s.Strings) || int(e.Text) >= len(s.Strings) ||
 			int(e.Stack) >= len(s.Stacks) {
@@ -76,8 +76,8 @@ func checkRead(t *testing.T, data []byte) {
 	for {
 		_, err := r.Next()
 		if err != nil {
-			if readErr == nil && (err != io.EOF || n != len(s.Events)) {
-				t.Fatalf("Next: %d events then %v; Read: %d events", n, err, len(s.Events))
+			if readErr == nil && (err != io.EOF || n != s.Events.Len()) {
+				t.Fatalf("Next: %d events then %v; Read: %d events", n, err, s.Events.Len())
 			}
 			break
 		}

@@ -48,10 +48,10 @@ func TestReadVersion1(t *testing.T) {
 	if !reflect.DeepEqual(s.Footer, testFooter(21)) || !reflect.DeepEqual(s.Meta, testMeta()) || s.Warning != nil {
 		t.Errorf("footer %v, meta %v, warning %v", s.Footer, s.Meta, s.Warning)
 	}
-	if got := s.String(s.Events[3].Label); got != "f32[8,1024,2304] qkv.out" {
+	if got := s.String(s.Events.At(3).Label); got != "f32[8,1024,2304] qkv.out" {
 		t.Errorf("label of event 3 = %q", got)
 	}
-	if got := s.Frame(s.Stack(s.Events[3].Stack)[1]); s.String(got.Function) != "github.com/oomdbg/oomdbg/workloads/nn.(*Linear).Forward" || got.Line != 44 {
+	if got := s.Frame(s.Stack(s.Events.At(3).Stack)[1]); s.String(got.Function) != "github.com/oomdbg/oomdbg/workloads/nn.(*Linear).Forward" || got.Line != 44 {
 		t.Errorf("outer frame of event 3's stack = %+v", got)
 	}
 }

@@ -122,7 +122,7 @@ func TestLimits(t *testing.T) {
 			if !errors.Is(err, snapshot.ErrLimit) {
 				t.Fatalf("err = %v, want ErrLimit", err)
 			}
-			if name == "events" && (s == nil || len(s.Events) > 1000) {
+			if name == "events" && (s == nil || s.Events.Len() > 1000) {
 				t.Fatalf("the events limit must keep the prefix within it")
 			}
 		})
@@ -155,8 +155,8 @@ func TestWindowLimit(t *testing.T) {
 	}
 	// With a limit that allows the window, the same file reads.
 	s, err := snapshot.Read(bytes.NewReader(data), snapshot.WithLimits(snapshot.Limits{WindowBytes: 256 << 20}))
-	if err != nil || len(s.Events) != 1 {
-		t.Fatalf("with a larger window limit: %v, %d events", err, len(s.Events))
+	if err != nil || s.Events.Len() != 1 {
+		t.Fatalf("with a larger window limit: %v, %d events", err, s.Events.Len())
 	}
 }
 
@@ -219,8 +219,8 @@ func TestCraftedPayloads(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s, err := snapshot.Read(bytes.NewReader(tt.data))
 			if tt.err == nil {
-				if err != nil || s.Warning != nil || len(s.Events) != tt.n {
-					t.Fatalf("err = %v, warning = %v, %d events; want %d events", err, s.Warning, len(s.Events), tt.n)
+				if err != nil || s.Warning != nil || s.Events.Len() != tt.n {
+					t.Fatalf("err = %v, warning = %v, %d events; want %d events", err, s.Warning, s.Events.Len(), tt.n)
 				}
 				return
 			}
@@ -228,8 +228,8 @@ func TestCraftedPayloads(t *testing.T) {
 			if !errors.Is(err, tt.err) || !errors.As(err, &de) {
 				t.Fatalf("err = %v, want a *DecodeError wrapping %v", err, tt.err)
 			}
-			if s != nil && len(s.Events) != tt.n {
-				t.Fatalf("%d events before the error, want %d", len(s.Events), tt.n)
+			if s != nil && s.Events.Len() != tt.n {
+				t.Fatalf("%d events before the error, want %d", s.Events.Len(), tt.n)
 			}
 		})
 	}
@@ -243,7 +243,8 @@ func TestStickyError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err1 := r.Next()
-	_, err2 := r.ReadChunk(nil)
+	var evs snapshot.Events
+	err2 := r.ReadChunk(&evs)
 	if err1 == nil || err1 == io.EOF || err1 != err2 {
 		t.Fatalf("errors %v then %v; want the same decode error", err1, err2)
 	}
@@ -268,8 +269,8 @@ func TestBombs(t *testing.T) {
 			if !errors.Is(err, snapshot.ErrLimit) {
 				t.Fatalf("err = %v, want ErrLimit", err)
 			}
-			if max := uint64(snapshot.DensityAllowance) + 64*uint64(len(data)); s == nil || uint64(len(s.Events)) > max {
-				t.Fatalf("read %d events before refusing; the density cap allows %d", len(s.Events), max)
+			if max := uint64(snapshot.DensityAllowance) + 64*uint64(len(data)); s == nil || uint64(s.Events.Len()) > max {
+				t.Fatalf("read %d events before refusing; the density cap allows %d", s.Events.Len(), max)
 			}
 			// What was decoded, plus the decoder's buffers: nowhere near what the file declares.
 			if n > 64<<20 {
@@ -280,10 +281,10 @@ func TestBombs(t *testing.T) {
 	// The bombs are valid files: under limits that allow their density they read back whole.
 	data := snapshottest.Bomb(3, 1<<16)
 	s, err := snapshot.Read(bytes.NewReader(data), snapshot.WithLimits(snapshot.Limits{EventsPerByte: 1 << 20, ChunkRatio: 1 << 20}))
-	if err != nil || len(s.Events) != 3<<16 || !errors.Is(s.Warning, snapshot.ErrTruncated) {
-		t.Fatalf("read %d events, err %v, warning %v; want %d events cut short", len(s.Events), err, s.Warning, 3<<16)
+	if err != nil || s.Events.Len() != 3<<16 || !errors.Is(s.Warning, snapshot.ErrTruncated) {
+		t.Fatalf("read %d events, err %v, warning %v; want %d events cut short", s.Events.Len(), err, s.Warning, 3<<16)
 	}
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		if e.Action != snapshot.ActionAnnotation || e.Seq != uint64(i) {
 			t.Fatalf("event %d is %+v, want an annotation", i, e)
 		}

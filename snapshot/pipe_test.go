@@ -82,8 +82,8 @@ func TestPipeWriterDies(t *testing.T) {
 		pw.Close()
 	}()
 	s, err := snapshot.Read(pr)
-	if err != nil || len(s.Events) != 1 || !errors.Is(s.Warning, snapshot.ErrTruncated) {
-		t.Fatalf("err %v, %d events, warning %v", err, len(s.Events), s.Warning)
+	if err != nil || s.Events.Len() != 1 || !errors.Is(s.Warning, snapshot.ErrTruncated) {
+		t.Fatalf("err %v, %d events, warning %v", err, s.Events.Len(), s.Warning)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -42,6 +43,9 @@ type Reader struct {
 	pos int
 	hdr [chunkHeaderSize]byte // the chunk header being read; a field so that it is not allocated per chunk
 
+	size  int64 // the input's size when it is a file, else 0
+	sized bool  // presize has run
+
 	footer  *Footer
 	warning error
 	err     error // sticky
@@ -74,6 +78,11 @@ func NewReader(r io.Reader, opts ...ReaderOption) (*Reader, error) {
 	if cfg.ctx != nil {
 		rd.ctx = cfg.ctx
 		rd.r = newFollower(cfg.ctx, r, cfg.interval)
+	}
+	if f, ok := r.(interface{ Stat() (os.FileInfo, error) }); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			rd.size = fi.Size()
+		}
 	}
 	if err := rd.readHeader(); err != nil {
 		return nil, err
@@ -146,15 +155,38 @@ func (r *Reader) Next() (Event, error) {
 }
 
 // ReadChunk appends the events of the next chunk (or what Next left of the current one) to dst. It is the
-// fast way to read a snapshot: events are decoded straight into dst. At the end it returns dst unchanged and
-// io.EOF.
-func (r *Reader) ReadChunk(dst []Event) ([]Event, error) {
-	if r.pos < len(r.buf) {
-		dst = append(dst, r.buf[r.pos:]...)
-		r.pos = len(r.buf)
-		return dst, nil
+// fast way to read a snapshot. At the end it appends nothing and returns io.EOF.
+//
+// Reading a file, ReadChunk sizes dst's columns once from the file's size and the events per byte of the
+// chunks read so far, so that they are not copied as they grow.
+func (r *Reader) ReadChunk(dst *Events) error {
+	if r.pos >= len(r.buf) {
+		buf, err := r.readEvents(r.buf[:0])
+		r.buf, r.pos = buf, 0
+		if err != nil {
+			return err
+		}
 	}
-	return r.readEvents(dst)
+	r.presize(dst)
+	for i := r.pos; i < len(r.buf); i++ {
+		dst.Append(&r.buf[i])
+	}
+	r.pos = len(r.buf)
+	return nil
+}
+
+// presize grows dst once to hold the events the rest of the file is expected to hold, judged by the events
+// per byte so far. It waits for a few chunks so that the ratio is a fair one.
+func (r *Reader) presize(dst *Events) {
+	if r.sized || r.size <= 0 || r.model.events < 1<<16 || r.off <= 0 {
+		return
+	}
+	r.sized = true
+	rest := max(r.size-r.off, 0)
+	want := float64(r.model.events) * float64(rest) / float64(r.off) * 1.02
+	if want < float64(MaxEvents) {
+		dst.Grow(int(want) + len(r.buf))
+	}
 }
 
 // String returns the string with the given ID, "" for 0 or an ID not read yet.

@@ -10,7 +10,7 @@ import (
 // entry ("" for strings, no frames for stacks), so a lookup is an index.
 type Snapshot struct {
 	Meta    Meta
-	Events  []Event // in Seq order; Events[i].Seq == i
+	Events  Events // in Seq order
 	Strings []string
 	Frames  []Frame
 	Stacks  [][]FrameID // innermost frame first
@@ -52,22 +52,11 @@ func Read(r io.Reader, opts ...ReaderOption) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Snapshot{Meta: rd.Meta()}
-	for {
-		s.Events, err = rd.ReadChunk(s.Events)
-		if err != nil {
-			break
-		}
+	s := &Snapshot{}
+	for err == nil {
+		err = rd.ReadInto(s)
 	}
-	t := &rd.tables
-	s.Strings = t.strings
-	s.Frames = t.frames
-	s.Stacks = make([][]FrameID, len(t.stackEnds))
-	for id := 1; id < len(t.stackEnds); id++ {
-		s.Stacks[id] = t.stack(StackID(id))
-	}
-	s.Footer = rd.Footer()
-	s.Warning = rd.Warning()
+	s.Events.releasePacker()
 	if err == io.EOF {
 		err = nil
 	}

@@ -1,45 +1,31 @@
 package snapshot
 
-// Delta is what a Reader has read beyond what a Snapshot holds: the table entries and the end of the file.
-// A program that shows a snapshot while it streams in (a pipe, a growing file) reads chunks in one goroutine
-// and applies each Delta to its Snapshot in another.
-type Delta struct {
-	Events  []Event
-	Strings []string    // from the Snapshot's len(Strings) on
-	Frames  []Frame     // from len(Frames) on
-	Stacks  [][]FrameID // from len(Stacks) on
-	Footer  *Footer     // set once the end chunk is read
-	Warning error
-}
-
-// DeltaSince returns the table entries read beyond counts of strings, frames and stacks a Snapshot already
-// holds (0, 0, 0 for an empty one), with the footer and warning; the caller adds the events it read with
-// ReadChunk. The entries are copies: the Reader may go on reading while the caller uses them.
-func (r *Reader) DeltaSince(strings, frames, stacks int) Delta {
+// ReadInto reads the next chunk into s: its events onto s.Events, its new table entries onto s's tables, and
+// the footer and warning once the input ends. s must be empty or filled by earlier calls on the same Reader.
+// It returns io.EOF after the last chunk, a *DecodeError for damaged input (s then holds what came before).
+//
+// A program that shows a snapshot while it streams in (a pipe, a growing file) reads with ReadInto in one
+// goroutine and hands View copies to another: what ReadInto adds never changes what a View holds.
+func (r *Reader) ReadInto(s *Snapshot) error {
+	err := r.ReadChunk(&s.Events)
 	t := &r.tables
-	d := Delta{Footer: r.Footer(), Warning: r.Warning()}
-	if strings < len(t.strings) {
-		d.Strings = append([]string(nil), t.strings[strings:]...)
+	s.Meta = r.meta
+	s.Strings, s.Frames = t.strings, t.frames
+	if len(s.Stacks) == 0 {
+		s.Stacks = append(s.Stacks, nil)
 	}
-	if frames < len(t.frames) {
-		d.Frames = append([]Frame(nil), t.frames[frames:]...)
+	for id := len(s.Stacks); id < len(t.stackEnds); id++ {
+		s.Stacks = append(s.Stacks, t.stack(StackID(id)))
 	}
-	for id := stacks; id < len(t.stackEnds); id++ {
-		d.Stacks = append(d.Stacks, append([]FrameID(nil), t.stack(StackID(id))...))
-	}
-	return d
+	s.Footer, s.Warning = r.Footer(), r.Warning()
+	return err
 }
 
-// Apply appends d to s.
-func (s *Snapshot) Apply(d Delta) {
-	s.Events = append(s.Events, d.Events...)
-	s.Strings = append(s.Strings, d.Strings...)
-	s.Frames = append(s.Frames, d.Frames...)
-	s.Stacks = append(s.Stacks, d.Stacks...)
-	if d.Footer != nil {
-		s.Footer = d.Footer
-	}
-	if d.Warning != nil {
-		s.Warning = d.Warning
-	}
+// View returns a read-only copy of s that shares its memory. It stays valid while s grows by ReadInto or
+// Events.Append: they only add to what s holds.
+func (s *Snapshot) View() *Snapshot {
+	v := *s
+	v.Events = s.Events.View()
+	v.Strings, v.Frames, v.Stacks = clip(s.Strings), clip(s.Frames), clip(s.Stacks)
+	return &v
 }

@@ -73,7 +73,7 @@ func TestTruncateEveryOffset(t *testing.T) {
 				boundary = c.end
 			}
 		}
-		sameEvents(t, s.Events, full.Events[:want])
+		sameEvents(t, s.Events, full.Events.Slice(0, want))
 		if cut == len(data) {
 			if s.Warning != nil || s.Footer == nil {
 				t.Fatalf("whole file: warning %v, footer %v", s.Warning, s.Footer)
@@ -112,7 +112,7 @@ func TestTruncateStreaming(t *testing.T) {
 				if err != nil {
 					t.Fatalf("cut %d: %v", cut, err)
 				}
-				if e != full.Events[n] {
+				if e != full.Events.At(n) {
 					t.Fatalf("cut %d: event %d differs", cut, n)
 				}
 				n++
@@ -164,7 +164,7 @@ func TestZeroFilledTail(t *testing.T) {
 	for _, c := range chunks[:4] {
 		want += c.events
 	}
-	sameEvents(t, s.Events, full.Events[:want])
+	sameEvents(t, s.Events, full.Events.Slice(0, want))
 	var tw *snapshot.TruncatedError
 	if !errors.As(s.Warning, &tw) || tw.Offset != int64(cut) {
 		t.Fatalf("warning = %v, want truncation at %d", s.Warning, cut)

@@ -87,7 +87,7 @@ func TestDevicesAgainstCPython(t *testing.T) {
 					t.Errorf("device %d: peak %d allocated, %d reserved; end %d, %d; CPython reads %+v", d.Index,
 						d.PeakAllocated, d.PeakReserved, d.EndAllocated, d.EndReserved, w)
 				}
-				if d.PeakEvent < 0 || d.PeakEvent >= len(s.Events) || int(s.Events[d.PeakEvent].Device) != d.Index && s.Events[d.PeakEvent].Action <= snapshot.ActionOOM {
+				if d.PeakEvent < 0 || d.PeakEvent >= s.Events.Len() || int(s.Events.At(d.PeakEvent).Device) != d.Index && s.Events.At(d.PeakEvent).Action <= snapshot.ActionOOM {
 					t.Errorf("device %d: peak at event %d, not one of its own", d.Index, d.PeakEvent)
 				}
 				sum += d.EndAllocated

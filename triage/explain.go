@@ -16,7 +16,7 @@ func peak(tl *timeline.Timeline, top int) Peak {
 	pa, pr := tl.Peak(timeline.Allocated), tl.Peak(timeline.Reserved)
 	p := Peak{Allocated: pa.Bytes, Event: pa.Seq, Reserved: pr.Bytes, ReservedEvent: pr.Seq, Phase: snapshot.PhaseNone.String()}
 	if pa.Seq >= 0 {
-		e := &s.Events[pa.Seq]
+		e := s.Events.At(pa.Seq)
 		p.Time, p.Phase, p.Iteration = e.Time, e.Phase.String(), e.Iteration
 	}
 	p.Alive = alive(s, tl.LiveAt(pa.Seq, nil), top)
@@ -30,7 +30,7 @@ func oom(tl *timeline.Timeline, top int) *OOM {
 	}
 	s := tl.Snapshot()
 	seq := ooms[0]
-	e := &s.Events[seq]
+	e := s.Events.At(seq)
 	o := &OOM{
 		Event: seq, Phase: e.Phase.String(), Iteration: e.Iteration,
 		Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree,
@@ -40,7 +40,7 @@ func oom(tl *timeline.Timeline, top int) *OOM {
 	if o.AllocSize <= 0 {
 		o.AllocSize = o.Requested
 	}
-	o.Message, o.Exact = oomMessage(s.Meta, e, o.AllocSize, o.Allocated, o.Reserved)
+	o.Message, o.Exact = oomMessage(s.Meta, &e, o.AllocSize, o.Allocated, o.Reserved)
 	oomFragmentation(tl, o, e.Device)
 	o.Alive = alive(s, tl.LiveAt(seq, nil), top)
 	return o

@@ -72,10 +72,10 @@ type Replayed struct {
 // the sentence that explains it ("the 1.20 GiB request fits in none of 37 free blocks totalling ...").
 func DiagnoseOOM(tl *timeline.Timeline, seq int) (kind, diagnosis string) {
 	s := tl.Snapshot()
-	if seq < 0 || seq >= tl.Len() || s.Events[seq].Action != snapshot.ActionOOM {
+	if seq < 0 || seq >= tl.Len() || s.Events.Action(seq) != snapshot.ActionOOM {
 		return "", ""
 	}
-	e := &s.Events[seq]
+	e := s.Events.At(seq)
 	o := &OOM{Event: seq, Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree, Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq)}
 	if o.AllocSize <= 0 {
 		o.AllocSize = o.Requested

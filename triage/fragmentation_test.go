@@ -34,7 +34,7 @@ func handTrace() *snapshot.Snapshot {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	return &snapshot.Snapshot{Events: evs, Meta: snapshot.Meta{Source: "oomdbg",
+	return &snapshot.Snapshot{Events: snapshot.EventsOf(evs...), Meta: snapshot.Meta{Source: "oomdbg",
 		Devices: []snapshot.DeviceInfo{{Index: 0, Kind: "meta", Capacity: 100 * mib}}}}
 }
 
@@ -96,7 +96,9 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 
 	// 60 MiB is more than the 28 free in the segments and the 20 on the device: capacity.
 	s := handTrace()
-	s.Events[10].Size, s.Events[10].BlockSize = 60*mib, 60*mib
+	evs := s.Events.Slice(0, s.Events.Len())
+	evs[10].Size, evs[10].BlockSize = 60*mib, 60*mib
+	s.Events = snapshot.EventsOf(evs...)
 	if r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{}); r.OOM.Kind != triage.OOMCapacity ||
 		!strings.HasSuffix(r.OOM.Diagnosis, "a capacity OOM. 52.00 MiB allocated plus the request is 112.00 MiB, more than the 100.00 MiB the allocator could have") {
 		t.Errorf("60 MiB: %s: %s", r.OOM.Kind, r.OOM.Diagnosis)

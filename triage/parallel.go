@@ -71,8 +71,8 @@ func host(s *snapshot.Snapshot) *Host {
 	for c := range snapshot.NumCategories {
 		h.ByCategory[snapshot.Category(c).String()] = 0
 	}
-	for i := range s.Events {
-		e := &s.Events[i]
+	for _, ep := range s.Events.All() {
+		e := &ep
 		if e.Action != snapshot.ActionSample || e.Device != snapshot.HostDeviceIndex {
 			continue
 		}

@@ -373,8 +373,8 @@ func source(s *snapshot.Snapshot, tl *timeline.Timeline, file string) Source {
 	}
 	var rebuilt [snapshot.NumActions]int
 	if s.Meta.Source != "oomdbg" { // only importers rebuild state
-		for i := range s.Events {
-			if e := &s.Events[i]; e.Action.Valid() && s.Reconstructed(e) {
+		for _, ep := range s.Events.All() {
+			if e := &ep; e.Action.Valid() && s.Reconstructed(e) {
 				rebuilt[e.Action]++
 			}
 		}

@@ -547,11 +547,11 @@ func TestTorchSizeInMessage(t *testing.T) {
 	// PyTorch's format_size bounds are inclusive: exactly 1 MiB prints as 1024.00 KiB.
 	s := &snapshot.Snapshot{
 		Meta: snapshot.Meta{Source: "oomdbg", Devices: []snapshot.DeviceInfo{{Kind: "cuda", Capacity: 1 << 30}}},
-		Events: []snapshot.Event{
+		Events: snapshot.EventsOf([]snapshot.Event{
 			{Action: snapshot.ActionAlloc, Addr: 0x1000, Size: 1024, BlockSize: 1024},
 			{Seq: 1, Action: snapshot.ActionSegmentAlloc, Addr: 0x1000, Size: 1 << 20},
 			{Seq: 2, Action: snapshot.ActionOOM, Size: 1 << 20, BlockSize: 1 << 20, DeviceFree: 1 << 30},
-		},
+		}...),
 	}
 	r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
 	want := "CUDA out of memory. Tried to allocate 1024.00 KiB. GPU 0 has a total capacity of 1024.00 MiB of which 1024.00 MiB is free. " +

@@ -235,13 +235,13 @@ func (m *Model) onStream(msg streamMsg) tea.Cmd {
 
 // readMore asks for the stream's next chunk.
 func (m *Model) readMore() tea.Cmd {
-	return nextChunk(m.stream, len(m.snap.Strings), len(m.snap.Frames), len(m.snap.Stacks))
+	return nextChunk(m.stream)
 }
 
 // onChunk adds a chunk's events, keeping the cursor where it was unless loading ended.
 func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 	follow := m.cursor >= m.ix.len()-1 // a cursor at the end follows the stream
-	m.snap.Apply(msg.delta)
+	*m.snap = *msg.snap
 	m.ix.extend()
 	if !m.zoomed {
 		m.viewFrom, m.viewTo = 0, m.ix.len()

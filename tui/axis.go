@@ -2,6 +2,7 @@ package tui
 
 import (
 	"slices"
+	"sort"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
@@ -35,7 +36,7 @@ func (a *axis) update(s *snapshot.Snapshot, n int) {
 		a.run, a.indexed = a.run[:0], 0
 	}
 	for i := a.indexed; i < n; i++ {
-		if !marker(s.Events[i].Action) {
+		if !marker(s.Events.Action(i)) {
 			a.run = append(a.run, int32(i))
 		}
 	}
@@ -87,22 +88,16 @@ func (a *axis) columns(from, to, width int) []column {
 // timeColumns splits events [from, to) into width equal spans of recorded time; a span without an event
 // repeats the event before it (memory stays as it was). Nil when the events carry no time.
 func (a *axis) timeColumns(from, to, width int) []column {
-	if a.snap == nil || to > len(a.snap.Events) {
+	if a.snap == nil || to > a.snap.Events.Len() {
 		return nil
 	}
-	evs := a.snap.Events
-	if to-from < 2 || evs[to-1].Time <= evs[from].Time {
+	evs := &a.snap.Events
+	if to-from < 2 || evs.Time(to-1) <= evs.Time(from) {
 		return nil
 	}
-	t0, span := evs[from].Time, evs[to-1].Time-evs[from].Time
+	t0, span := evs.Time(from), evs.Time(to-1)-evs.Time(from)
 	at := func(t int64) int { // the first event at or after t, within [from, to]
-		i, _ := slices.BinarySearchFunc(evs[from:to], t, func(e snapshot.Event, t int64) int {
-			if e.Time < t {
-				return -1
-			}
-			return 1
-		})
-		return from + i
+		return from + sort.Search(to-from, func(i int) bool { return evs.Time(from+i) >= t })
 	}
 	cols := make([]column, width)
 	for c := range width {

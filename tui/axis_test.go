@@ -16,7 +16,7 @@ func TestAxisLeavesOutBookkeeping(t *testing.T) {
 	m := newTestModel(t, s, 80, 24)
 	// The allocator's events and device readings are the run; the rest are markers.
 	runs, before := 0, 0
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionSegmentAlloc,
 			snapshot.ActionSegmentFree, snapshot.ActionOOM, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap,
@@ -29,22 +29,22 @@ func TestAxisLeavesOutBookkeeping(t *testing.T) {
 	}
 	const width = 70
 	var a axis
-	a.update(s, len(s.Events))
-	cols := a.columns(0, len(s.Events), width)
+	a.update(s, s.Events.Len())
+	cols := a.columns(0, s.Events.Len(), width)
 	want := 0 // the column whose share of the run's events holds the OOM's
 	for c := range width {
 		if c*runs/width <= before {
 			want = c
 		}
 	}
-	byEvents := m.ix.oom * width / len(s.Events) // where counting every event put it
+	byEvents := m.ix.oom * width / s.Events.Len() // where counting every event put it
 	if c := columnOf(cols, m.ix.oom); c != want || want-byEvents < 10 {
 		t.Errorf("the OOM is in column %d, want %d (by events, it was in %d)", c, want, byEvents)
 	}
 	for c, col := range cols {
 		k := 0
 		for i := col.from; i < col.to; i++ {
-			if !marker(s.Events[i].Action) {
+			if !marker(s.Events.At(i).Action) {
 				k++
 			}
 		}
@@ -65,15 +65,15 @@ func TestTimeAxis(t *testing.T) {
 	}
 	const width = 50
 	screen(m) // the timeline takes in the events as it draws
-	cols := m.timeline.axis.columns(0, len(s.Events), width)
-	t0, t1 := s.Events[0].Time, s.Events[len(s.Events)-1].Time
+	cols := m.timeline.axis.columns(0, s.Events.Len(), width)
+	t0, t1 := s.Events.At(0).Time, s.Events.At(s.Events.Len()-1).Time
 	if t1 <= t0 {
 		t.Fatal("the fixture's events carry no time")
 	}
-	for _, i := range []int{len(s.Events) / 3, len(s.Events) / 2, m.ix.oom} {
-		want := min(int((s.Events[i].Time-t0)*width/(t1-t0)), width-1)
-		if c := columnOf(cols, i); c != want && !(c == want-1 && s.Events[i].Time == t0+(t1-t0)*int64(want)/width) {
-			t.Errorf("event %d at %d ns is in column %d, its time says %d", i, s.Events[i].Time-t0, c, want)
+	for _, i := range []int{s.Events.Len() / 3, s.Events.Len() / 2, m.ix.oom} {
+		want := min(int((s.Events.At(i).Time-t0)*width/(t1-t0)), width-1)
+		if c := columnOf(cols, i); c != want && !(c == want-1 && s.Events.At(i).Time == t0+(t1-t0)*int64(want)/width) {
+			t.Errorf("event %d at %d ns is in column %d, its time says %d", i, s.Events.At(i).Time-t0, c, want)
 		}
 	}
 	press(m, "t")
@@ -95,7 +95,7 @@ func TestAxisFollowsADeviceView(t *testing.T) {
 		press(m, "d")
 		screen(m)
 		n := 0
-		for _, e := range m.snap.Events {
+		for _, e := range m.snap.Events.All() {
 			if !marker(e.Action) {
 				n++
 			}

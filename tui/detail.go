@@ -30,7 +30,7 @@ func (p *livePane) detailLines(s Styles, b timeline.Allocation, w int) []string 
 	}
 	switch {
 	case b.Free >= 0:
-		e := &snap.Events[b.Free]
+		e := snap.Events.At(b.Free)
 		lines = append(lines, cut(fmt.Sprintf("  freed at event %d: iteration %d, %s; alive for %d events", b.Free, e.Iteration, e.Phase, b.Free-b.Alloc)))
 	default:
 		lines = append(lines, cut(fmt.Sprintf("  never freed: alive to the last event (%d), %d events", p.ix.len()-1, p.ix.len()-1-b.Alloc)))

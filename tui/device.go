@@ -34,10 +34,14 @@ type devicePane struct {
 // setData finds the last device reading at or before event at.
 func (p *devicePane) setData(ix *index, at int) {
 	p.sampled = false
-	evs := ix.snap.Events
+	evs := &ix.snap.Events
+	actions := evs.Actions()
 	for i := at; i >= 0; i-- {
-		if evs[i].Action == snapshot.ActionSample && ix.snap.String(evs[i].Text) == "nvml.used" {
-			p.sampled, p.driverUsed, p.reserv = true, evs[i].Size, ix.reserved(at)
+		if actions[i] != snapshot.ActionSample {
+			continue
+		}
+		if e := evs.At(i); ix.snap.String(e.Text) == "nvml.used" {
+			p.sampled, p.driverUsed, p.reserv = true, e.Size, ix.reserved(at)
 			return
 		}
 	}

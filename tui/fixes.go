@@ -442,7 +442,7 @@ func (p *fixesPane) onStream(msg fixStreamMsg) tea.Cmd {
 }
 
 func (p *fixesPane) readMore() tea.Cmd {
-	next := nextChunk(p.stream, len(p.progress.Strings), len(p.progress.Frames), len(p.progress.Stacks))
+	next := nextChunk(p.stream)
 	return func() tea.Msg { return fixChunkMsg(next().(chunkMsg)) }
 }
 
@@ -452,7 +452,7 @@ func (p *fixesPane) onChunk(msg fixChunkMsg) tea.Cmd {
 	if p.progress == nil { // cancelled meanwhile
 		return nil
 	}
-	p.progress.Apply(msg.delta)
+	*p.progress = *msg.snap
 	switch {
 	case msg.err != nil:
 		return func() tea.Msg { return fixResultMsg{err: msg.err} }
@@ -503,8 +503,7 @@ func summarize(ix *index) *runSummary {
 	if ix.peak >= 0 {
 		r.atPeak = byCategory(ix.liveAt(ix.peak))
 	}
-	for i := range ix.snap.Events {
-		e := &ix.snap.Events[i]
+	for _, e := range ix.snap.Events.All() {
 		if e.Action != snapshot.ActionAlloc {
 			continue
 		}
@@ -592,9 +591,10 @@ func choiceCells(opts []string, chosen, width int) string {
 // comparison is the before/after table.
 func (p *fixesPane) comparison(s Styles, w int) []string {
 	switch {
-	case p.running != nil && p.progress != nil && len(p.progress.Events) > 0:
-		last := p.progress.Events[len(p.progress.Events)-1]
-		return []string{s.Warn.Render(fmt.Sprintf("re-running… %d events, iteration %d, %s", len(p.progress.Events), last.Iteration, last.Phase))}
+	case p.running != nil && p.progress != nil && p.progress.Events.Len() > 0:
+		n := p.progress.Events.Len()
+		phase, iteration := p.progress.Events.Phase(n - 1)
+		return []string{s.Warn.Render(fmt.Sprintf("re-running… %d events, iteration %d, %s", n, iteration, phase))}
 	case p.running != nil:
 		return []string{s.Warn.Render("re-running…")}
 	case p.err != nil:

@@ -73,7 +73,7 @@ func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 			if p.selected >= len(p.res.Suspects) {
 				what = "the held group's"
 			}
-			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here at the end of iteration %d", what, ex.Alloc, m.ix.snap.Events[at].Iteration), false)
+			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here at the end of iteration %d", what, ex.Alloc, m.ix.snap.Events.At(at).Iteration), false)
 		}
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 // may still be growing.
 type stream struct {
 	r     *snapshot.Reader
+	snap  *snapshot.Snapshot // what was read so far; the model gets Views of it
 	close func()
 }
 
@@ -27,11 +28,11 @@ type streamMsg struct {
 	err  error
 }
 
-// chunkMsg carries what one read brought: events and new table entries; done when the stream ended.
+// chunkMsg carries a View of what the stream has read so far; done when the stream ended.
 type chunkMsg struct {
-	delta snapshot.Delta
-	done  bool
-	err   error
+	snap *snapshot.Snapshot
+	done bool
+	err  error
 }
 
 // recordWorkload starts run recording w into a pipe and opens the pipe's other end.
@@ -47,7 +48,7 @@ func recordWorkload(ctx context.Context, run Runner, w Workload) tea.Cmd {
 			pr.CloseWithError(err)
 			return streamMsg{err: fmt.Errorf("recording %s: %w", w.Name, err)}
 		}
-		return streamMsg{s: &stream{r: r, close: func() { pr.Close() }}, meta: r.Meta()}
+		return streamMsg{s: &stream{r: r, snap: &snapshot.Snapshot{}, close: func() { pr.Close() }}, meta: r.Meta()}
 	}
 }
 
@@ -73,21 +74,19 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 			closeIn()
 			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
 		}
-		return streamMsg{s: &stream{r: r, close: closeIn}, meta: r.Meta()}
+		return streamMsg{s: &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn}, meta: r.Meta()}
 	}
 }
 
-// nextChunk reads the stream's next chunk; have holds the table sizes the model's snapshot already has.
-func nextChunk(s *stream, strings, frames, stacks int) tea.Cmd {
+// nextChunk reads the stream's next chunk.
+func nextChunk(s *stream) tea.Cmd {
 	return func() tea.Msg {
-		evs, err := s.r.ReadChunk(nil)
-		d := s.r.DeltaSince(strings, frames, stacks)
-		d.Events = evs
+		err := s.r.ReadInto(s.snap)
 		if err == nil {
-			return chunkMsg{delta: d}
+			return chunkMsg{snap: s.snap.View()}
 		}
 		s.close()
-		msg := chunkMsg{delta: d, done: true}
+		msg := chunkMsg{snap: s.snap.View(), done: true}
 		if !errors.Is(err, io.EOF) {
 			msg.err = err
 		}

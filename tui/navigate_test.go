@@ -78,7 +78,7 @@ func TestSmallDefects(t *testing.T) {
 	t.Run("the status gives the event's own change", func(t *testing.T) {
 		m := newTestModel(t, fixture(t, "tiny-oom"), 160, 30)
 		press(m, "p") // from the OOM to the peak: the change since the last stop is not the event's
-		e := m.snap.Events[m.Cursor()]
+		e := m.snap.Events.At(m.Cursor())
 		if e.Action != snapshot.ActionAlloc {
 			t.Fatalf("the peak is a %v event", e.Action)
 		}

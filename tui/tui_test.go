@@ -185,7 +185,7 @@ func TestNavigation(t *testing.T) {
 		{[]string{"}"}, atEvent(m, ix.iters[1])},
 		{[]string{"{"}, atEvent(m, ix.iters[0])},
 		{[]string{"]"}, func() error { // the next phase begins with a phase marker
-			if e := s.Events[m.Cursor()]; e.Action != snapshot.ActionPhase {
+			if e := s.Events.At(m.Cursor()); e.Action != snapshot.ActionPhase {
 				return fmt.Errorf("] landed on a %v event, want a phase marker", e.Action)
 			}
 			return nil
@@ -372,18 +372,18 @@ func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 	if m.snap.Footer == nil {
 		t.Error("the streamed snapshot has no footer")
 	}
-	if want := fixture(t, "tiny-oom"); len(want.Events) != len(m.snap.Events) {
-		t.Errorf("streamed %d events, a recording of the same run has %d", len(m.snap.Events), len(want.Events))
+	if want := fixture(t, "tiny-oom"); want.Events.Len() != m.snap.Events.Len() {
+		t.Errorf("streamed %d events, a recording of the same run has %d", m.snap.Events.Len(), want.Events.Len())
 	}
 }
 
 func TestDevicePaneComparesDriverReadingsWithReserved(t *testing.T) {
 	s := &snapshot.Snapshot{Strings: []string{"", "nvml.used"}, Stacks: [][]snapshot.FrameID{nil}, Frames: []snapshot.Frame{{}}}
-	s.Events = []snapshot.Event{
+	s.Events = snapshot.EventsOf([]snapshot.Event{
 		{Seq: 0, Action: snapshot.ActionSegmentAlloc, Addr: 1 << 40, Size: 20 << 20},
 		{Seq: 1, Action: snapshot.ActionAlloc, Addr: 1 << 40, Size: 10 << 20, BlockSize: 10 << 20},
 		{Seq: 2, Action: snapshot.ActionSample, Size: 532 << 20, Text: 1},
-	}
+	}...)
 	m := newTestModel(t, s, 100, 30)
 	press(m, "6", "G")
 	out := screen(m)

@@ -156,7 +156,7 @@ func (m *Model) paneView() string {
 // statusView is two lines: where the cursor is, with the change since the previous stop, and a message.
 func (m *Model) statusView() []string {
 	ix, c := m.ix, m.cursor
-	e := &m.snap.Events[c]
+	action := m.snap.Events.Action(c)
 	sp := ix.spanAt(c)
 	// The event's own change: what this allocation or free did, not the distance from the last stop.
 	var delta int64
@@ -166,7 +166,7 @@ func (m *Model) statusView() []string {
 		delta = ix.allocated(0)
 	}
 	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1, sp.iteration,
-		sp.phase, e.Action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
+		sp.phase, action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
 	msg := m.status
 	style := m.styles.Muted
 	if m.statusIsError {

@@ -68,12 +68,12 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 				incomplete = s.Warning
 			}
 			switch {
-			case err != nil && (s == nil || len(s.Events) == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
+			case err != nil && (s == nil || s.Events.Len() == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
 				return err
 			case incomplete != nil && !allowTruncated:
-				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, len(s.Events))
+				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, s.Events.Len())
 			case incomplete != nil:
-				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, len(s.Events))
+				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, s.Events.Len())
 			}
 			var lim checkLimits
 			set := func(flag string, v uint64) *int64 {
@@ -186,7 +186,7 @@ func failOnOOM(c *check, tl *timeline.Timeline) {
 	if len(ooms) == 0 {
 		return
 	}
-	e := tl.Snapshot().Events[ooms[0]]
+	e := tl.Snapshot().Events.At(ooms[0])
 	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", ooms[0], e.Iteration, e.Phase)
 	c.Failures = append([]string{reason}, c.Failures...)
 	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false

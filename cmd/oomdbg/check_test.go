@@ -168,7 +168,7 @@ func BenchmarkCheck(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	events := len(s.Events)
+	events := s.Events.Len()
 	b.ResetTimer()
 	for b.Loop() {
 		if code, stdout, stderr := runCmd("check", path); code != exitOK {

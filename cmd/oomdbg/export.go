@@ -196,8 +196,8 @@ func loadForExport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapsh
 			fmt.Fprintf(stderr, "oomdbg: warning: %v\n", s.Warning)
 		}
 		return s, nil
-	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
-		fmt.Fprintf(stderr, "oomdbg: warning: %v; exporting the %d events before the damage\n", err, len(s.Events))
+	case s != nil && s.Events.Len() > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
+		fmt.Fprintf(stderr, "oomdbg: warning: %v; exporting the %d events before the damage\n", err, s.Events.Len())
 		return s, nil
 	}
 	return nil, err

@@ -125,7 +125,7 @@ func TestPinnedFigures(t *testing.T) {
 	scores := int64(medium.Batch) * int64(medium.Heads) * int64(medium.Seq) * int64(medium.Seq) * 4
 	oom := readFixture(t, "oom")
 	var tried int64 = -1
-	for _, e := range oom.Events {
+	for _, e := range oom.Events.All() {
 		if e.Action == snapshot.ActionOOM {
 			tried = e.BlockSize
 		}
@@ -148,7 +148,7 @@ func readFixture(t *testing.T, name string) *snapshot.Snapshot {
 // file's end) and the peak, counting blocks from alloc to free_requested as PyTorch's allocated_bytes does.
 func walk(s *snapshot.Snapshot) (ends []int64, peak int64) {
 	var now int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			now += e.BlockSize
@@ -168,7 +168,7 @@ func walk(s *snapshot.Snapshot) (ends []int64, peak int64) {
 func reservedAtIterationEnds(s *snapshot.Snapshot) []int64 {
 	var ends []int64
 	var reserved int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
 			reserved += e.Size

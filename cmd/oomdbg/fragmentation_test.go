@@ -34,7 +34,7 @@ func gapsAt(t *testing.T, s *snapshot.Snapshot, end int) (gaps []int64, allocate
 	t.Helper()
 	segs := map[uint64]int64{}
 	active := map[uint64]int64{}
-	for _, e := range s.Events[:end+1] {
+	for _, e := range s.Events.Slice(0, end+1) {
 		switch e.Action {
 		case snapshot.ActionSegmentAlloc:
 			segs[e.Addr] = e.Size
@@ -90,11 +90,11 @@ func gib(n int64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
 func TestFragmentationOOM(t *testing.T) {
 	dir := testFiles(t)
 	s := readFixture(t, "varlen")
-	oom := slices.IndexFunc(s.Events, func(e snapshot.Event) bool { return e.Action == snapshot.ActionOOM })
+	oom := slices.IndexFunc(s.Events.Actions(), func(a snapshot.Action) bool { return a == snapshot.ActionOOM })
 	if oom < 0 {
 		t.Fatal("the fixture has no OOM")
 	}
-	request := s.Events[oom].Size
+	request := s.Events.At(oom).Size
 	gaps, allocated, reserved := gapsAt(t, s, oom)
 	usable := s.Meta.Devices[0].Capacity - s.Meta.Devices[0].ContextReserve
 	var free, largest int64

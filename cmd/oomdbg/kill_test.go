@@ -101,7 +101,7 @@ func killOnce(t *testing.T, bin string, after time.Duration, wantIterations int)
 		t.Fatalf("warning %v, footer %v: want a recording cut short", s.Warning, s.Footer != nil)
 	}
 	iterations := 0
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionIteration {
 			iterations++
 		}
@@ -109,13 +109,13 @@ func killOnce(t *testing.T, bin string, after time.Duration, wantIterations int)
 	if complete := max(iterations-1, 0); complete < wantIterations {
 		t.Fatalf("%d complete iterations, want at least %d", complete, wantIterations)
 	}
-	if len(s.Events) == 0 {
+	if s.Events.Len() == 0 {
 		return 0, false // killed before the first chunk: nothing was recorded to lose
 	}
-	last := time.Duration(s.Events[len(s.Events)-1].Time)
+	last := time.Duration(s.Events.Time(s.Events.Len() - 1))
 	loss := killed.Sub(s.Meta.Created) - last
 	t.Logf("%d events, %d iterations begun; the last recorded %v into the run, killed at %v: lost %v",
-		len(s.Events), iterations, last, killed.Sub(s.Meta.Created), loss)
+		s.Events.Len(), iterations, last, killed.Sub(s.Meta.Created), loss)
 	return loss, true
 }
 

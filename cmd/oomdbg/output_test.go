@@ -174,7 +174,7 @@ func TestRunTargets(t *testing.T) {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
 		s, err := snapshot.Read(strings.NewReader(stdout))
-		if err != nil || s.Footer == nil || len(s.Events) == 0 {
+		if err != nil || s.Footer == nil || s.Events.Len() == 0 {
 			t.Fatalf("stdout is not a complete snapshot: %v", err)
 		}
 		if !strings.Contains(stderr, "snapshot   standard output (") || !strings.Contains(stderr, "steps      2 of 2") {

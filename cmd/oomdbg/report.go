@@ -133,8 +133,8 @@ func loadForReport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapsh
 	switch {
 	case err == nil:
 		return s, nil
-	case s != nil && len(s.Events) > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
-		fmt.Fprintf(stderr, "oomdbg: warning: %v; reporting the %d events before the damage\n", err, len(s.Events))
+	case s != nil && s.Events.Len() > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
+		fmt.Fprintf(stderr, "oomdbg: warning: %v; reporting the %d events before the damage\n", err, s.Events.Len())
 		if s.Warning == nil {
 			s.Warning = err
 		}

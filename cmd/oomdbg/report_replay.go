@@ -22,8 +22,8 @@ type oomReplayer struct{ mem *memory }
 // ServeOOM implements triage.Replayer.
 func (r oomReplayer) ServeOOM(_ context.Context, s *snapshot.Snapshot) (*triage.Replays, error) {
 	if r.mem != nil {
-		if need := int64(len(s.Events)) * costReplay; uint64(need) > r.mem.resolve() {
-			return nil, fmt.Errorf("replaying %d events needs about %s, more than --max-memory", len(s.Events), units.FormatSize(need))
+		if need := int64(s.Events.Len()) * costReplay; uint64(need) > r.mem.resolve() {
+			return nil, fmt.Errorf("replaying %d events needs about %s, more than --max-memory", s.Events.Len(), units.FormatSize(need))
 		}
 	}
 	recorded, _ := replay.RecordedSettings(s)

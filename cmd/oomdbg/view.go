@@ -144,7 +144,7 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
 		s, err := openSnapshot(path, mem, costView)
-		if err != nil && (s == nil || len(s.Events) == 0) {
+		if err != nil && (s == nil || s.Events.Len() == 0) {
 			return nil, err
 		}
 		return s, nil

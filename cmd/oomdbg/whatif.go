@@ -141,7 +141,7 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 			// Accumulation repeats forward and backward: the transformed trace and its replay hold about
 			// K times the events, two copies of each (measured: 960 bytes an event at K = 4).
 			if k := int64(max(o.accum, 1)); k > 1 {
-				need := int64(len(s.Events)) * (costWhatIf + (k-1)*2*snapshot.EventBytes)
+				need := int64(s.Events.Len()) * (costWhatIf + (k-1)*2*snapshot.EventBytes)
 				if limit := mem.resolve(); uint64(need) > limit {
 					return fmt.Errorf("%s: accumulating %d micro-batches would hold about %s, more than the %s "+
 						"--max-memory allows", args[0], k, units.FormatSize(need), units.FormatSize(limit))

@@ -20,7 +20,7 @@ var (
 func millionEventTrace(b *testing.B) *snapshot.Snapshot {
 	whatIfTraceOnce.Do(func() {
 		cfg := whatIfShapes()["gpt L6 d384 T128 B16"]
-		for cfg.Steps = 1; ; cfg.Steps = cfg.Steps*1_000_000/len(whatIfTrace.Events) + 1 {
+		for cfg.Steps = 1; ; cfg.Steps = cfg.Steps*1_000_000/whatIfTrace.Events.Len() + 1 {
 			var buf bytes.Buffer
 			if _, err := train.Record(context.Background(), cfg, &buf, train.RecordOptions{}); err != nil {
 				b.Fatal(err)
@@ -29,7 +29,7 @@ func millionEventTrace(b *testing.B) *snapshot.Snapshot {
 			if whatIfTrace, err = snapshot.Read(&buf); err != nil {
 				b.Fatal(err)
 			}
-			if len(whatIfTrace.Events) >= 1_000_000 {
+			if whatIfTrace.Events.Len() >= 1_000_000 {
 				break
 			}
 		}
@@ -55,7 +55,7 @@ func BenchmarkWhatIf(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(len(s.Events)), "events")
+			b.ReportMetric(float64(s.Events.Len()), "events")
 		})
 	}
 }

@@ -117,9 +117,7 @@ func trimStacks(s *snapshot.Snapshot, keep bool) {
 		remap[id+1] = nid
 	}
 	s.Stacks = stacks
-	for i := range s.Events {
-		s.Events[i].Stack = remap[s.Events[i].Stack]
-	}
+	s.Events.MapStacks(func(id snapshot.StackID) snapshot.StackID { return remap[id] })
 }
 
 // Clock returns a tracer clock that advances 100 ns per reading, for reproducible recordings.
@@ -146,8 +144,7 @@ func Rewrite(w io.Writer, s *snapshot.Snapshot) error {
 	}
 	stacks := map[snapshot.StackID]snapshot.StackID{0: 0}
 	var frames []snapshot.FrameID
-	for i := range s.Events {
-		e := s.Events[i]
+	for _, e := range s.Events.All() {
 		e.Scope, e.Label, e.Text = str(e.Scope), str(e.Label), str(e.Text)
 		st, ok := stacks[e.Stack]
 		if !ok {

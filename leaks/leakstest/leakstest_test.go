@@ -38,9 +38,9 @@ func TestEncodeIsReproducible(t *testing.T) {
 	if s.Footer.Summary.PeakAllocated != res.PeakAllocated {
 		t.Errorf("the footer's peak %d, the run's %d", s.Footer.Summary.PeakAllocated, res.PeakAllocated)
 	}
-	for i := 1; i < len(s.Events); i++ {
-		if s.Events[i].Time-s.Events[i-1].Time != 100 {
-			t.Fatalf("event %d is %d ns after the one before, want 100", i, s.Events[i].Time-s.Events[i-1].Time)
+	for i := 1; i < s.Events.Len(); i++ {
+		if s.Events.At(i).Time-s.Events.At(i-1).Time != 100 {
+			t.Fatalf("event %d is %d ns after the one before, want 100", i, s.Events.At(i).Time-s.Events.At(i-1).Time)
 		}
 	}
 }

@@ -59,7 +59,7 @@ func TestLargeSnapshot(t *testing.T) {
 		t.Skip("a million events: not in -short")
 	}
 	s, tl := bigSnapshot(t)
-	n := len(s.Events)
+	n := s.Events.Len()
 	if n < 900_000 {
 		t.Fatalf("the large snapshot has %d events", n)
 	}
@@ -116,7 +116,7 @@ func BenchmarkExport(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(len(s.Events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			b.ReportMetric(float64(s.Events.Len())*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
 }

@@ -116,7 +116,7 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	tl := timeline.New(view)
 	at := -1
 	if opts.At != nil {
-		if at, err = opts.At.resolve(tl, seqs, len(s.Events)); err != nil {
+		if at, err = opts.At.resolve(tl, seqs, s.Events.Len()); err != nil {
 			return "", err
 		}
 	}

@@ -64,9 +64,13 @@ type frame struct {
 
 // add appends an event at the next seq; its time is 1.25 µs a step from 0.3 µs.
 func (b *builder) add(e snapshot.Event) {
-	e.Seq = uint64(len(b.s.Events))
-	e.Time = int64(e.Seq)*1250 + 300
-	b.s.Events = append(b.s.Events, e)
+	b.addAt(e, int64(b.s.Events.Len())*1250+300)
+}
+
+// addAt appends e at time ns.
+func (b *builder) addAt(e snapshot.Event, ns int64) {
+	e.Time = ns
+	b.s.Events.Append(&e)
 }
 
 const (
@@ -181,7 +185,7 @@ func fixture() *snapshot.Snapshot {
 		{Addr: segA + 18944, Size: 2*mib - 18944, State: stateInactive},
 	}
 	b.s.Footer = &snapshot.Footer{
-		Summary:  snapshot.Summary{Events: uint64(len(b.s.Events))},
+		Summary:  snapshot.Summary{Events: uint64(b.s.Events.Len())},
 		Segments: []snapshot.Segment{{Device: 0, Addr: segA, Size: 2 * mib, Pool: "small", Blocks: blocks}},
 	}
 	return b.s
@@ -192,14 +196,14 @@ func twoDevices() *snapshot.Snapshot {
 	s := fixture()
 	s.Meta.Devices = append(s.Meta.Devices, snapshot.DeviceInfo{Index: 1, Name: "simulated GPU 1 (meta)", Kind: "meta", Capacity: 64 * mib})
 	const segC = 0x7e0000000000
-	last := s.Events[len(s.Events)-1]
+	last := s.Events.At(s.Events.Len() - 1)
 	for _, e := range []snapshot.Event{
 		{Action: snapshot.ActionSegmentAlloc, Device: 1, Addr: segC, Size: 20 * mib},
 		{Action: snapshot.ActionAlloc, Device: 1, Addr: segC, Size: 12 * mib, BlockSize: 12 * mib, Category: snapshot.CategoryActivation},
 	} {
-		e.Seq, e.Time = uint64(len(s.Events)), last.Time+int64(len(s.Events))
+		e.Seq, e.Time = uint64(s.Events.Len()), last.Time+int64(s.Events.Len())
 		e.Phase, e.Iteration = last.Phase, last.Iteration
-		s.Events = append(s.Events, e)
+		s.Events.Append(&e)
 	}
 	s.Footer.Segments = append(s.Footer.Segments, snapshot.Segment{Device: 1, Addr: segC, Size: 20 * mib, Pool: "large", Blocks: []snapshot.Block{
 		{Addr: segC, Size: 12 * mib, Requested: 12 * mib, State: stateAllocated},

@@ -54,7 +54,8 @@ const (
 type traceWriter struct {
 	w      *bufio.Writer
 	buf    []byte
-	evs    []snapshot.Event
+	evs    *snapshot.Events
+	n      int  // events exported
 	index  bool // times are event indices
 	o      traceOptions
 	events int
@@ -109,11 +110,11 @@ func (tw *traceWriter) at(seq int) {
 }
 
 func (tw *traceWriter) time(seq int) int64 {
-	seq = max(0, min(seq, len(tw.evs)-1))
+	seq = max(0, min(seq, tw.n-1))
 	if tw.index {
 		return int64(seq)
 	}
-	return tw.evs[seq].Time
+	return tw.evs.Time(seq)
 }
 
 // end closes the event and hands full buffers to the writer.
@@ -161,7 +162,7 @@ func (a *args) close() { a.tw.buf = append(a.tw.buf, '}') }
 func perfetto(w io.Writer, tl *timeline.Timeline, o traceOptions) (int, error) {
 	s := tl.Snapshot()
 	n := tl.Len()
-	tw := &traceWriter{w: bufio.NewWriterSize(w, 64<<10), buf: make([]byte, 0, 64<<10), evs: s.Events[:n],
+	tw := &traceWriter{w: bufio.NewWriterSize(w, 64<<10), buf: make([]byte, 0, 64<<10), evs: &s.Events, n: n,
 		index: s.Meta.TimeUnit == "index", o: o}
 	tw.buf = append(tw.buf, `{"displayTimeUnit":"ms","otherData":{"tool":"oomdbg","title":`...)
 	tw.buf = appendJSONString(tw.buf, Title(s.Meta))
@@ -259,8 +260,8 @@ func categoryTracks(s *snapshot.Snapshot, n int) []track {
 			change(seq, b.cat, -b.size)
 		}
 	}
-	for seq := range s.Events[:n] {
-		e := &s.Events[seq]
+	for seq, ev := range s.Events.Range(0, n) {
+		e := &ev
 		k := blockKey{e.Device, e.Addr}
 		switch e.Action {
 		case snapshot.ActionAlloc:
@@ -320,8 +321,8 @@ func (tw *traceWriter) counters(tl *timeline.Timeline) {
 	tracks = append(tracks, categoryTracks(s, n)...)
 	// Device readings (NVML's used bytes next to the allocator's reserved bytes), one track per source.
 	readings := make(map[snapshot.StringID]int)
-	for seq := range s.Events[:n] {
-		e := &s.Events[seq]
+	for seq, ev := range s.Events.Range(0, n) {
+		e := &ev
 		if e.Action != snapshot.ActionSample {
 			continue
 		}
@@ -464,7 +465,7 @@ func (tw *traceWriter) instants(tl *timeline.Timeline) {
 		})
 	}
 	for _, seq := range tl.OOMs() {
-		e := &s.Events[seq]
+		e := s.Events.At(seq)
 		instant('g', "OOM allocating "+units.FormatSize(e.BlockSize), seq, func(a *args) {
 			a.int("requested", e.Size)
 			a.int("alloc_size", e.BlockSize)
@@ -485,7 +486,7 @@ func (tw *traceWriter) instants(tl *timeline.Timeline) {
 		})
 	}
 	for _, seq := range tl.Annotations() {
-		e := &s.Events[seq]
+		e := s.Events.At(seq)
 		name := s.String(e.Text)
 		if l := s.String(e.Label); l != "" {
 			name += " (" + l + ")"

@@ -140,7 +140,7 @@ func TestCategoryTracks(t *testing.T) {
 					sum += cur[k]
 				}
 				if sum != tl.Allocated(seq) {
-					t.Fatalf("after event %d (%s) the categories hold %d bytes, the Timeline %d", seq, s.Events[seq].Action, sum, tl.Allocated(seq))
+					t.Fatalf("after event %d (%s) the categories hold %d bytes, the Timeline %d", seq, s.Events.At(seq).Action, sum, tl.Allocated(seq))
 				}
 			}
 			// And by category at the peak, against the Timeline's live set.

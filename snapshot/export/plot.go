@@ -151,7 +151,12 @@ func eventTime(s *snapshot.Snapshot, seq int) int64 {
 	if s.Meta.TimeUnit == "index" {
 		return int64(seq)
 	}
-	return s.Events[seq].Time
+	return s.Events.Time(seq)
+}
+
+func phaseOf(s *snapshot.Snapshot, seq int) snapshot.Phase {
+	p, _ := s.Events.Phase(seq)
+	return p
 }
 
 // columns buckets the events of tl into cols columns of equal time.
@@ -171,10 +176,10 @@ func columns(tl *timeline.Timeline, cols int, tu, su axisUnit) plotData {
 		ma, mr, ph := carryA, carryR, carryP
 		for ; seq < n && (eventTime(s, seq) < hi || c == cols-1); seq++ {
 			if alloc[seq] > ma || seq == 0 {
-				ma, ph = alloc[seq], s.Events[seq].Phase
+				ma, ph = alloc[seq], phaseOf(s, seq)
 			}
 			mr = max(mr, res[seq])
-			carryA, carryR, carryP = alloc[seq], res[seq], s.Events[seq].Phase
+			carryA, carryR, carryP = alloc[seq], res[seq], phaseOf(s, seq)
 		}
 		tlc.left = append(tlc.left, float64(lo-t0)/tu.scale)
 		tlc.right = append(tlc.right, float64(hi-t0)/tu.scale)
@@ -256,7 +261,7 @@ func newPlot(tl *timeline.Timeline, opts PlotOptions) (*plot.Plot, plot.Legend, 
 			text: "peak " + units.FormatSize(peak.Bytes), color: allocatedColor})
 	}
 	for _, seq := range ooms {
-		e := &s.Events[seq]
+		e := s.Events.At(seq)
 		marks.lines = append(marks.lines, mark{x: x(seq), text: "OOM (" + units.FormatSize(e.BlockSize) + ")", color: oomColor})
 	}
 	if opts.Mark >= 0 && opts.Mark < n {

@@ -115,7 +115,7 @@ func TestPlotColumnsKeepPeaks(t *testing.T) {
 			if math.Abs(top-peak) > 1e-9 {
 				t.Errorf("%s, %d columns: highest column %g, peak %g", name, cols, top, peak)
 			}
-			if name == "spike" && data.phase[at] != s.Events[tl.Peak(timeline.Allocated).Seq].Phase {
+			if name == "spike" && data.phase[at] != s.Events.At(tl.Peak(timeline.Allocated).Seq).Phase {
 				t.Errorf("%s: the peak column has phase %s", name, data.phase[at])
 			}
 			reserved := float64(tl.Peak(timeline.Reserved).Bytes) / su.scale

@@ -43,7 +43,7 @@ func pprofProfile(tl *timeline.Timeline, at, number int) (*profile.Profile, erro
 		return nil, fmt.Errorf("event %d is outside the snapshot's %d events", at, n)
 	}
 	s := tl.Snapshot()
-	e := &s.Events[at]
+	e := s.Events.At(at)
 	p := &profile.Profile{
 		SampleType: []*profile.ValueType{
 			{Type: "inuse_objects", Unit: "count"},

@@ -113,11 +113,11 @@ func TestPprofAt(t *testing.T) {
 	}{
 		"peak":            {"peak", tl.Peak(timeline.Allocated).Seq},
 		"oom":             {"oom", 36},
-		"end":             {"end", len(s.Events) - 1},
+		"end":             {"end", s.Events.Len() - 1},
 		"iteration end 0": {"iteration-end:0", 29},
 		"an event":        {"13", 13},
 		"the first event": {"0", 0},
-		"iteration end 1": {"iteration-end:1", len(s.Events) - 1},
+		"iteration end 1": {"iteration-end:1", s.Events.Len() - 1},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

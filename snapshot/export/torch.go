@@ -100,8 +100,8 @@ func (d *torchDoc) scan() {
 	seen := make(map[int]bool)
 	categorized, unknown := false, false
 	id := 0
-	for i := range d.s.Events[:d.n] {
-		e := &d.s.Events[i]
+	for _, ev := range d.s.Events.Range(0, d.n) {
+		e := &ev
 		if !isAllocatorAction(e.Action) {
 			continue
 		}
@@ -212,8 +212,8 @@ func (d *torchDoc) writeDeviceTrace(dev int16) {
 	live := make(map[uint64]liveBlock)
 	segs := make(map[uint64]snapshot.StackID) // the stack that created each segment, as of the entry
 	id := 0                                   // allocation IDs count the alloc events of every device, as the Timeline does
-	for i := range d.s.Events[:d.n] {
-		e := &d.s.Events[i]
+	for i, ev := range d.s.Events.Range(0, d.n) {
+		e := &ev
 		if !isAllocatorAction(e.Action) {
 			continue
 		}
@@ -491,7 +491,7 @@ func (d *torchDoc) annotations() []annotation {
 		add(end, rankPhaseEnd, false, name)
 	}
 	for _, seq := range d.tl.Annotations() {
-		e := &d.s.Events[seq]
+		e := d.s.Events.At(seq)
 		name, stage := d.s.String(e.Text), d.s.String(e.Label)
 		switch stage {
 		case "START", "END": // a record_function boundary imported from PyTorch
@@ -518,7 +518,7 @@ func (d *torchDoc) placeTimes(placed []placedAnnotation) []annotation {
 	out := make([]annotation, len(placed))
 	if !d.clock.known {
 		for i, p := range placed {
-			p.timeUS = d.clock.us(d.s.Events[min(p.seq, d.n-1)].Time)
+			p.timeUS = d.clock.us(d.s.Events.Time(min(p.seq, d.n-1)))
 			out[i] = p.annotation
 		}
 		return out
@@ -529,7 +529,7 @@ func (d *torchDoc) placeTimes(placed []placedAnnotation) []annotation {
 	for seq := 0; seq <= d.n; seq++ {
 		for ; j < len(placed) && placed[j].seq <= seq; j++ {
 			a := placed[j].annotation
-			t := max(d.clock.us(d.s.Events[min(placed[j].seq, d.n-1)].Time), lastAnnot)
+			t := max(d.clock.us(d.s.Events.Time(min(placed[j].seq, d.n-1))), lastAnnot)
 			if lastEntry != none {
 				if a.start {
 					t = max(t, lastEntry+1)
@@ -548,11 +548,10 @@ func (d *torchDoc) placeTimes(placed []placedAnnotation) []annotation {
 		if seq == d.n {
 			break
 		}
-		e := &d.s.Events[seq]
-		if !isAllocatorAction(e.Action) {
+		if !isAllocatorAction(d.s.Events.Action(seq)) {
 			continue
 		}
-		natural := d.clock.us(e.Time)
+		natural := d.clock.us(d.s.Events.Time(seq))
 		t := max(natural, lastEntry, minEntry)
 		if t != natural {
 			if d.moved == nil {

@@ -92,8 +92,7 @@ func TestTorchLoadsInPython(t *testing.T) {
 			var want []map[string]int
 			stacks := make(map[snapshot.StackID]bool)
 			allocStack := make(map[blockKey]snapshot.StackID)
-			for i := range s.Events {
-				e := &s.Events[i]
+			for _, e := range s.Events.All() {
 				switch e.Action {
 				case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionSegmentAlloc,
 					snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap, snapshot.ActionOOM:
@@ -180,8 +179,8 @@ func TestTorchRoundTrip(t *testing.T) {
 // allocatorSeqs returns the seqs of the allocator's actions: the events both sides of a round trip have.
 func allocatorSeqs(s *snapshot.Snapshot) []int {
 	var seqs []int
-	for i := range s.Events {
-		if isAllocatorAction(s.Events[i].Action) {
+	for i := range s.Events.Len() {
+		if isAllocatorAction(s.Events.At(i).Action) {
 			seqs = append(seqs, i)
 		}
 	}
@@ -225,9 +224,9 @@ func checkSameTimeline(t *testing.T, want, got *timeline.Timeline) {
 	t.Helper()
 	devices := map[int16]bool{}
 	for _, s := range []*snapshot.Snapshot{want.Snapshot(), got.Snapshot()} {
-		for i := range s.Events {
-			if isAllocatorAction(s.Events[i].Action) {
-				devices[s.Events[i].Device] = true
+		for i := range s.Events.Len() {
+			if isAllocatorAction(s.Events.At(i).Action) {
+				devices[s.Events.At(i).Device] = true
 			}
 		}
 	}
@@ -258,7 +257,7 @@ func checkSameDevice(t *testing.T, want, got *timeline.Timeline) {
 	for k := range ws {
 		for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
 			if w, g := want.Value(series, ws[k]), got.Value(series, gs[k]); w != g {
-				t.Fatalf("%s after allocator event %d (%s): %d, want %d", series, k, want.Snapshot().Events[ws[k]].Action, g, w)
+				t.Fatalf("%s after allocator event %d (%s): %d, want %d", series, k, want.Snapshot().Events.At(ws[k]).Action, g, w)
 			}
 		}
 	}
@@ -536,10 +535,7 @@ func TestTorchSameMicrosecond(t *testing.T) {
 	b := newBuilder(fixtureMeta())
 	type ev = snapshot.Event
 	st := b.stack(frame{"main.main", "/src/main.go", 1})
-	add := func(e ev, ns int64) {
-		b.add(e)
-		b.s.Events[len(b.s.Events)-1].Time = ns
-	}
+	add := b.addAt
 	add(ev{Action: snapshot.ActionSegmentAlloc, Addr: segA, Size: 2 * mib, Stack: st, Iteration: -1}, 100)
 	for i, it := range []int32{0, 1, 2} {
 		base := int64(i) * 450 // iterations 0 and 1 in microsecond 0, iteration 2 across 0 and 1
@@ -571,7 +567,7 @@ func TestTorchSameMicrosecond(t *testing.T) {
 				t.Errorf("allocations in iterations %v after the round trip, want %v", gotIters, wantIters)
 			}
 			// Three boundaries share microseconds 0 and 1: each may take a microsecond of its own.
-			for i, e := range im.Events {
+			for i, e := range im.Events.All() {
 				if e.Action == snapshot.ActionAlloc || e.Action == snapshot.ActionFreeCompleted {
 					if us := e.Time / 1000; us > 4 {
 						t.Errorf("event %d (%s) at %d us; the events span 1.5 us, and 3 boundaries move them by 3 at most", i, e.Action, us)

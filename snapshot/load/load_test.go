@@ -88,8 +88,8 @@ func TestFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.Meta.Source != tc.source || len(s.Events) != tc.events {
-				t.Errorf("source %q with %d events, want %q with %d", s.Meta.Source, len(s.Events), tc.source, tc.events)
+			if s.Meta.Source != tc.source || s.Events.Len() != tc.events {
+				t.Errorf("source %q with %d events, want %q with %d", s.Meta.Source, s.Events.Len(), tc.source, tc.events)
 			}
 		})
 	}
@@ -118,7 +118,7 @@ func TestFIFO(t *testing.T) {
 				f.Close()
 			}()
 			s, err := File(fifo)
-			if err != nil || len(s.Events) == 0 {
+			if err != nil || s.Events.Len() == 0 {
 				t.Fatalf("read %v, %v", s, err)
 			}
 		})
@@ -132,7 +132,7 @@ func TestFIFO(t *testing.T) {
 			t.Cleanup(func() { os.Stdin = stdin; r.Close() })
 			go func() { w.Write(data); w.Close() }()
 			s, err := File("-")
-			if err != nil || len(s.Events) == 0 {
+			if err != nil || s.Events.Len() == 0 {
 				t.Fatalf("read %v, %v", s, err)
 			}
 		})
@@ -182,7 +182,7 @@ func TestBudget(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s, err := File(tc.path, WithBudget(tc.budget))
 			if tc.fits {
-				if err != nil || len(s.Events) == 0 {
+				if err != nil || s.Events.Len() == 0 {
 					t.Fatalf("read %v, %v", s, err)
 				}
 				return

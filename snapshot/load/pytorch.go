@@ -25,8 +25,8 @@ func importPyTorch(in *Input, b Budget) (*snapshot.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", in.Path, err)
 	}
-	if n := b.MaxEvents(); n > 0 && uint64(len(s.Events)) > n {
-		return nil, &MemoryError{Path: in.Path, Events: n, Need: int64(len(s.Events)) * perEvent(b), Budget: b}
+	if n := b.MaxEvents(); n > 0 && uint64(s.Events.Len()) > n {
+		return nil, &MemoryError{Path: in.Path, Events: n, Need: int64(s.Events.Len()) * perEvent(b), Budget: b}
 	}
 	return s, nil
 }

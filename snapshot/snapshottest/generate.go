@@ -101,7 +101,7 @@ func Trace(cfg Config) *snapshot.Snapshot {
 		panic(err) // the in-memory sink does not fail
 	}
 	return &snapshot.Snapshot{
-		Meta: Meta(cfg), Events: m.events, Strings: m.strings, Frames: m.frames, Stacks: m.stacks, Footer: footer,
+		Meta: Meta(cfg), Events: m.events.View(), Strings: m.strings, Frames: m.frames, Stacks: m.stacks, Footer: footer,
 	}
 }
 

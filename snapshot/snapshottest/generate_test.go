@@ -47,9 +47,9 @@ func TestTraceInvariants(t *testing.T) {
 			byAction := map[string]uint64{}
 			iterations, phase := 0, snapshot.PhaseNone
 			label := regexp.MustCompile(`^(f32|u8|i64)\[[0-9,]*\] [a-z_0-9.]+$`)
-			for i, e := range s.Events {
+			for i, e := range s.Events.All() {
 				byAction[e.Action.String()]++
-				if i > 0 && e.Time <= s.Events[i-1].Time {
+				if i > 0 && e.Time <= s.Events.At(i-1).Time {
 					t.Fatalf("event %d: time does not advance", i)
 				}
 				switch e.Action {
@@ -89,7 +89,7 @@ func TestTraceInvariants(t *testing.T) {
 						t.Fatalf("event %d: %v of a block that is not live", i, e.Action)
 					}
 				case snapshot.ActionFreeCompleted:
-					if _, ok := live[e.Addr]; !ok || s.Events[i-1].Action != snapshot.ActionFreeRequested {
+					if _, ok := live[e.Addr]; !ok || s.Events.At(i-1).Action != snapshot.ActionFreeRequested {
 						t.Fatalf("event %d: free_completed without free_requested", i)
 					}
 					delete(live, e.Addr)
@@ -102,7 +102,7 @@ func TestTraceInvariants(t *testing.T) {
 					}
 					phase = e.Phase
 				case snapshot.ActionRetain:
-					if prev := s.Events[i-1].Action; prev != snapshot.ActionRetain && prev != snapshot.ActionHeapDump {
+					if prev := s.Events.At(i - 1).Action; prev != snapshot.ActionRetain && prev != snapshot.ActionHeapDump {
 						t.Fatalf("event %d: retain outside a heap dump", i)
 					}
 				}
@@ -111,7 +111,7 @@ func TestTraceInvariants(t *testing.T) {
 				t.Errorf("%d iterations, want %d", iterations, cfg.Iterations)
 			}
 			sum := s.Footer.Summary
-			if sum.Events != uint64(len(s.Events)) || !reflect.DeepEqual(sum.ByAction, byAction) ||
+			if sum.Events != uint64(s.Events.Len()) || !reflect.DeepEqual(sum.ByAction, byAction) ||
 				sum.PeakAllocated != peak || sum.PeakAllocatedSeq != peakSeq || sum.PeakReserved != reserved {
 				t.Errorf("footer summary %+v disagrees with the events (peak %d at %d, reserved %d)", sum, peak, peakSeq, reserved)
 			}
@@ -145,7 +145,7 @@ func TestSteadyState(t *testing.T) {
 		addr  uint64
 	}
 	var iters [][]alloc
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionIteration:
 			iters = append(iters, nil)
@@ -169,7 +169,7 @@ func TestLeakLoss(t *testing.T) {
 	cfg.LeakLoss = true
 	s := snapshottest.Trace(cfg)
 	var dumps, history []int
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionHeapDump:
 			dumps = append(dumps, 0)

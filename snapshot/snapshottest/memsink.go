@@ -9,7 +9,7 @@ import (
 // memSink collects a trace in memory. It interns independently of snapshot.Writer, by the same rule (dense
 // IDs in first-use order, 0 for "" and the empty stack), so that it is a truth to test the Writer against.
 type memSink struct {
-	events   []snapshot.Event
+	events   snapshot.Events
 	strings  []string
 	frames   []snapshot.Frame
 	stacks   [][]snapshot.FrameID
@@ -71,7 +71,7 @@ func (m *memSink) InternStack(frames []snapshot.FrameID) snapshot.StackID {
 }
 
 func (m *memSink) Write(e *snapshot.Event) error {
-	e.Seq = uint64(len(m.events))
-	m.events = append(m.events, *e)
+	e.Seq = uint64(m.events.Len())
+	m.events.Append(e)
 	return nil
 }

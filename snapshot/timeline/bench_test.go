@@ -27,8 +27,8 @@ func bigTrace(b *testing.B) (*snapshot.Snapshot, *timeline.Timeline) {
 		cfg := snapshottest.GPT2Small()
 		cfg.Iterations = 4350
 		s := snapshottest.Trace(cfg)
-		last := s.Events[len(s.Events)-1]
-		s.Events = append(s.Events, snapshot.Event{Seq: uint64(len(s.Events)), Time: last.Time + 1, Action: snapshot.ActionOOM,
+		last := s.Events.At(s.Events.Len() - 1)
+		s.Events.Append(&snapshot.Event{Time: last.Time + 1, Action: snapshot.ActionOOM,
 			Size: 1 << 30, BlockSize: 1 << 30, Phase: last.Phase, Iteration: last.Iteration})
 		bigSnapshot, bigTimeline = s, timeline.New(s)
 	})
@@ -40,7 +40,7 @@ func benchmarkBuild(b *testing.B, s *snapshot.Snapshot) {
 	for b.Loop() {
 		timeline.New(s)
 	}
-	b.ReportMetric(float64(len(s.Events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(s.Events.Len())*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
 func BenchmarkTimeline(b *testing.B) {

@@ -23,7 +23,7 @@ func (t *Timeline) Unallocated(seq int) int64 {
 	if seq < 0 || seq >= t.n {
 		return 0
 	}
-	for seq+1 < t.n && growsSegment(t.s.Events[seq].Action) {
+	for seq+1 < t.n && growsSegment(t.s.Events.Action(seq)) {
 		seq++
 	}
 	return max(0, t.Reserved(seq)-t.Allocated(seq))
@@ -76,7 +76,7 @@ func (t *Timeline) unallocatedMax(from, to int) int64 {
 			end = int(t.segEvents[i])
 		}
 		switch {
-		case !growsSegment(t.s.Events[start].Action):
+		case !growsSegment(t.s.Events.Action(start)):
 			best = max(best, t.Reserved(start)-t.Range(Allocated, start, end).Min)
 		case start+1 < end: // a new segment counts with the events after it, which hold its block
 			best = max(best, t.Reserved(start)-t.Range(Allocated, start+1, end).Min)

@@ -40,7 +40,7 @@ func fragmentedTrace() *snapshot.Snapshot {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	return &snapshot.Snapshot{Events: evs}
+	return &snapshot.Snapshot{Events: snapshot.EventsOf(evs...)}
 }
 
 func TestUnallocated(t *testing.T) {

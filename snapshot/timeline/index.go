@@ -88,10 +88,9 @@ func (t *Timeline) index(start, end int) {
 	if grow := (end - start) / 4; cap(bt.alloc)-len(bt.alloc) < grow {
 		bt.grow(grow)
 	}
-	evs := t.s.Events[start:end]
-	for i := range evs {
-		e := &evs[i]
-		seq := start + i
+	var prev snapshot.Event
+	for seq, ev := range t.s.Events.Range(start, end) {
+		e := &ev
 		if int(e.Action) < snapshot.NumActions {
 			t.byAction[e.Action]++
 		}
@@ -140,7 +139,7 @@ func (t *Timeline) index(start, end int) {
 		case snapshot.ActionFreeCompleted:
 			id, ok := b.live.Get(e.Device, e.Addr)
 			if !ok {
-				if i == 0 || evs[i-1].Action != snapshot.ActionFreeRequested || evs[i-1].Addr != e.Addr {
+				if seq == start || prev.Action != snapshot.ActionFreeRequested || prev.Addr != e.Addr {
 					t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
 				}
 				break
@@ -204,6 +203,7 @@ func (t *Timeline) index(start, end int) {
 		if seq-b.lastCP >= max(checkpointEvery, b.live.Len()) {
 			t.checkpoint(seq)
 		}
+		prev = ev
 	}
 	b.cur = cur
 	if n := len(t.phases); n > 0 {

@@ -49,7 +49,8 @@ func seqOrNone(s uint32) int {
 
 func (t *Timeline) block(id int32, at int) Allocation {
 	bt := &t.blocks
-	e := &t.s.Events[bt.alloc[id]]
+	ev := t.s.Events.At(int(bt.alloc[id]))
+	e := &ev
 	b := Allocation{
 		ID: int(id), Alloc: int(bt.alloc[id]), Free: seqOrNone(bt.free[id]), Released: seqOrNone(bt.done[id]),
 		Device: e.Device, Stream: e.Stream, Addr: e.Addr, Requested: e.Size, Size: bt.size[id],
@@ -133,7 +134,7 @@ func (t *Timeline) AllocationAt(device int16, addr uint64, seq int) (Allocation,
 		if e := t.blocks.done[id]; e != noSeq && int(e) <= seq {
 			return
 		}
-		ev := &t.s.Events[t.blocks.alloc[id]]
+		ev := t.s.Events.At(int(t.blocks.alloc[id]))
 		if ev.Addr == addr && ev.Device == device {
 			found = id
 		}

@@ -49,7 +49,7 @@ func (t *Timeline) RetainerPath(b Allocation, at int) (RetainerPath, bool) {
 		return RetainerPath{}, false
 	}
 	d := t.dumps[best]
-	edges := t.s.Events[d.Seq+1 : d.Seq+1+d.Edges]
+	edges := t.s.Events.Slice(d.Seq+1, d.Seq+1+d.Edges)
 	start := -1
 	for i := range edges {
 		if edges[i].Addr == b.Addr && edges[i].Device == b.Device && b.Addr != 0 {

@@ -135,7 +135,8 @@ func (t *Timeline) SegmentsAt(seq int) []SegmentState {
 		if int(s) > seq {
 			break
 		}
-		ss.apply(&t.s.Events[s])
+		e := t.s.Events.At(int(s))
+		ss.apply(&e)
 	}
 	if len(ss.segs) == 0 {
 		return nil

@@ -7,6 +7,7 @@ package timeline
 import (
 	"math"
 	"slices"
+	"sort"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -146,7 +147,7 @@ func New(s *snapshot.Snapshot) *Timeline {
 // Update indexes the events appended to the snapshot since the last call (or New) and returns how
 // many there were.
 func (t *Timeline) Update() int {
-	end := min(len(t.s.Events), MaxEvents)
+	end := min(t.s.Events.Len(), MaxEvents)
 	if end <= t.n {
 		return 0
 	}
@@ -263,12 +264,5 @@ func (t *Timeline) Stats() Stats {
 
 // SeqAtTime returns the first event whose Time is at least ns (Len if none). Event times never decrease.
 func (t *Timeline) SeqAtTime(ns int64) int {
-	evs := t.s.Events[:t.n]
-	i, _ := slices.BinarySearchFunc(evs, ns, func(e snapshot.Event, ns int64) int {
-		if e.Time < ns {
-			return -1
-		}
-		return 1
-	})
-	return i
+	return sort.Search(t.n, func(i int) bool { return t.s.Events.Time(i) >= ns })
 }

@@ -203,10 +203,10 @@ func traces(t testing.TB) map[string]*snapshot.Snapshot {
 	return map[string]*snapshot.Snapshot{
 		"tiny":     snapshottest.Trace(snapshottest.Tiny()),
 		"leak":     snapshottest.Trace(leak),
-		"hostile":  {Events: randomTrace(1, 5000), Strings: []string{"", "a", "b", "c", "d"}},
-		"hostile2": {Events: randomTrace(2, 20000), Strings: []string{"", "a", "b", "c", "d"}},
+		"hostile":  {Events: snapshot.EventsOf(randomTrace(1, 5000)...), Strings: []string{"", "a", "b", "c", "d"}},
+		"hostile2": {Events: snapshot.EventsOf(randomTrace(2, 20000)...), Strings: []string{"", "a", "b", "c", "d"}},
 		// Long enough for several checkpoints of the live set.
-		"hostile3":   {Events: randomTrace(3, 120000), Strings: []string{"", "a", "b", "c", "d"}},
+		"hostile3":   {Events: snapshot.EventsOf(randomTrace(3, 120000)...), Strings: []string{"", "a", "b", "c", "d"}},
 		"gpt2-small": snapshottest.Trace(snapshottest.GPT2Small()),
 	}
 }
@@ -214,17 +214,17 @@ func traces(t testing.TB) map[string]*snapshot.Snapshot {
 func TestTimelineSeriesAndLiveSets(t *testing.T) {
 	for name, s := range traces(t) {
 		t.Run(name, func(t *testing.T) {
-			sample := func(seq int) bool { return seq%97 == 0 || seq == len(s.Events)-1 }
-			m := runModel(s.Events, sample)
+			sample := func(seq int) bool { return seq%97 == 0 || seq == s.Events.Len()-1 }
+			m := runModel(s.Events.Slice(0, s.Events.Len()), sample)
 			tl := timeline.New(s)
-			if tl.Len() != len(s.Events) {
-				t.Fatalf("Len %d, want %d", tl.Len(), len(s.Events))
+			if tl.Len() != s.Events.Len() {
+				t.Fatalf("Len %d, want %d", tl.Len(), s.Events.Len())
 			}
 			for k, series := range []timeline.Series{timeline.Allocated, timeline.Reserved, timeline.Active} {
 				got := tl.Values(series)
 				for seq, want := range m.series[k] {
 					if got[seq] != want {
-						t.Fatalf("%s after event %d (%s) = %d, want %d", series, seq, s.Events[seq].Action, got[seq], want)
+						t.Fatalf("%s after event %d (%s) = %d, want %d", series, seq, s.Events.At(seq).Action, got[seq], want)
 					}
 				}
 				if i := slices.IndexFunc(got, func(v int64) bool { return v < 0 }); i >= 0 {
@@ -284,9 +284,11 @@ func TestTimelineUpdate(t *testing.T) {
 			grown := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks}
 			tl := timeline.New(grown)
 			rng := rand.New(rand.NewPCG(3, 4))
-			for len(grown.Events) < len(s.Events) {
-				n := min(len(s.Events)-len(grown.Events), 1+rng.IntN(3000))
-				grown.Events = append(grown.Events, s.Events[len(grown.Events):len(grown.Events)+n]...)
+			for grown.Events.Len() < s.Events.Len() {
+				n := min(s.Events.Len()-grown.Events.Len(), 1+rng.IntN(3000))
+				for _, e := range s.Events.Range(grown.Events.Len(), grown.Events.Len()+n) {
+					grown.Events.Append(&e)
+				}
 				if got := tl.Update(); got != n {
 					t.Fatalf("Update indexed %d events, want %d", got, n)
 				}
@@ -303,7 +305,7 @@ func TestTimelineUpdate(t *testing.T) {
 				!slices.Equal(tl.HeapDumps(), whole.HeapDumps()) || tl.Stats() != whole.Stats() {
 				t.Fatal("spans, heap dumps or stats differ")
 			}
-			for seq := 0; seq < len(s.Events); seq += 211 {
+			for seq := 0; seq < s.Events.Len(); seq += 211 {
 				if a, b := tl.LiveAt(seq, nil), whole.LiveAt(seq, nil); !slices.Equal(a, b) {
 					t.Fatalf("live sets after event %d differ", seq)
 				}
@@ -381,7 +383,7 @@ func TestTimelineSpans(t *testing.T) {
 	s := traces(t)["tiny"]
 	tl := timeline.New(s)
 	var markers []int
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		if e.Action == snapshot.ActionPhase {
 			markers = append(markers, i)
 		}
@@ -394,7 +396,7 @@ func TestTimelineSpans(t *testing.T) {
 		if p.Start != markers[i] {
 			t.Errorf("span %d starts at %d, want the marker at %d", i, p.Start, markers[i])
 		}
-		want := len(s.Events) // the last span runs to the end
+		want := s.Events.Len() // the last span runs to the end
 		if i+1 < len(markers) {
 			want = markers[i+1]
 		}
@@ -404,7 +406,7 @@ func TestTimelineSpans(t *testing.T) {
 		if p.Before != timeline.CategoryBytes(tl.LiveAt(p.Start-1, nil)) || p.After != timeline.CategoryBytes(tl.LiveAt(p.End-1, nil)) {
 			t.Errorf("span %d (%s %d): bytes by category at its edges disagree with the live sets", i, p.Phase, p.Iteration)
 		}
-		if e := s.Events[p.Start]; e.Phase != p.Phase || e.Iteration != p.Iteration {
+		if e := s.Events.At(p.Start); e.Phase != p.Phase || e.Iteration != p.Iteration {
 			t.Errorf("span %d is %s/%d, its marker %s/%d", i, p.Phase, p.Iteration, e.Phase, e.Iteration)
 		}
 		if got := tl.PhaseAt(p.End - 1); got != i {
@@ -420,14 +422,14 @@ func TestTimelineSpans(t *testing.T) {
 		if it.Iteration != want[i] {
 			t.Errorf("iteration span %d is %d, want %d", i, it.Iteration, want[i])
 		}
-		if i > 0 && s.Events[it.Start].Action != snapshot.ActionIteration {
-			t.Errorf("iteration %d starts at a %s event, want its marker", it.Iteration, s.Events[it.Start].Action)
+		if i > 0 && s.Events.At(it.Start).Action != snapshot.ActionIteration {
+			t.Errorf("iteration %d starts at a %s event, want its marker", it.Iteration, s.Events.At(it.Start).Action)
 		}
 		if tl.IterationAt(it.Start) != i || tl.IterationAt(it.End-1) != i {
 			t.Errorf("IterationAt disagrees with span %d", i)
 		}
 	}
-	if tl.PhaseAt(-1) != -1 || tl.IterationAt(len(s.Events)) != -1 {
+	if tl.PhaseAt(-1) != -1 || tl.IterationAt(s.Events.Len()) != -1 {
 		t.Error("PhaseAt or IterationAt found a span outside the events")
 	}
 }
@@ -441,11 +443,11 @@ func TestTimelineRetainers(t *testing.T) {
 	}
 	for _, d := range dumps {
 		for i := d.Seq + 1; i <= d.Seq+d.Edges; i++ {
-			if s.Events[i].Action != snapshot.ActionRetain {
-				t.Fatalf("heap dump at %d claims a %s event at %d", d.Seq, s.Events[i].Action, i)
+			if s.Events.At(i).Action != snapshot.ActionRetain {
+				t.Fatalf("heap dump at %d claims a %s event at %d", d.Seq, s.Events.At(i).Action, i)
 			}
 		}
-		if next := d.Seq + d.Edges + 1; next < len(s.Events) && s.Events[next].Action == snapshot.ActionRetain {
+		if next := d.Seq + d.Edges + 1; next < s.Events.Len() && s.Events.At(next).Action == snapshot.ActionRetain {
 			t.Fatalf("heap dump at %d misses the retain event at %d", d.Seq, next)
 		}
 	}
@@ -549,7 +551,7 @@ func TestTimelinePreexisting(t *testing.T) {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	tl := timeline.New(&snapshot.Snapshot{Events: evs})
+	tl := timeline.New(&snapshot.Snapshot{Events: snapshot.EventsOf(evs...)})
 	want := []int64{0, 0, 0, 700, 700, 0}
 	if got := tl.Values(timeline.Allocated); !slices.Equal(got, want) {
 		t.Errorf("allocated %v, want %v (the requested size, as the trace has no block size)", got, want)
@@ -632,7 +634,7 @@ func TestSegmentsExpandable(t *testing.T) {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	tl := timeline.New(&snapshot.Snapshot{Events: evs})
+	tl := timeline.New(&snapshot.Snapshot{Events: snapshot.EventsOf(evs...)})
 	if got := tl.Values(timeline.Reserved); !slices.Equal(got, []int64{20 * mib, 40 * mib, 40 * mib, 36 * mib, 36 * mib}) {
 		t.Errorf("reserved %v", got)
 	}
@@ -689,7 +691,7 @@ func TestAllocationAsOf(t *testing.T) {
 	s := snapshottest.Trace(snapshottest.Tiny())
 	tl := timeline.New(s)
 	changed := 0
-	for seq, e := range s.Events {
+	for seq, e := range s.Events.All() {
 		if e.Action != snapshot.ActionCategory {
 			continue
 		}
@@ -698,9 +700,9 @@ func TestAllocationAsOf(t *testing.T) {
 			t.Fatalf("category event %d: no block at %#x", seq, e.Addr)
 		}
 		before, after := tl.Allocation(b.ID, seq-1), tl.Allocation(b.ID, seq)
-		if after.Category != e.Category || before.Category != s.Events[b.Alloc].Category {
+		if after.Category != e.Category || before.Category != s.Events.At(b.Alloc).Category {
 			t.Fatalf("block %d: %s before the change at %d, %s after; want %s then %s", b.ID, before.Category, seq,
-				after.Category, s.Events[b.Alloc].Category, e.Category)
+				after.Category, s.Events.At(b.Alloc).Category, e.Category)
 		}
 		changed++
 		if b.Released >= 0 {

@@ -31,7 +31,7 @@ func benchmarkImport(b *testing.B, name string) {
 		}
 	}
 	b.ReportMetric(float64(buf.Len())/float64(len(data)), "native/pickle")
-	b.ReportMetric(float64(buf.Len())/float64(max(len(s.Events), 1)), "native-B/event")
+	b.ReportMetric(float64(buf.Len())/float64(max(s.Events.Len(), 1)), "native-B/event")
 }
 
 // benchmarkImportReader measures ImportReader on a real snapshot held in memory: the stream path ImportFile
@@ -97,8 +97,8 @@ func writeNative(buf *bytes.Buffer, s *snapshot.Snapshot) error {
 	for _, st := range s.Stacks[1:] {
 		w.InternStack(st)
 	}
-	for i := range s.Events {
-		e := s.Events[i]
+	for i := range s.Events.Len() {
+		e := s.Events.At(i)
 		if err := w.Write(&e); err != nil {
 			return err
 		}

@@ -442,7 +442,7 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	for _, d := range im.devices {
 		meta.Devices = append(meta.Devices, snapshot.DeviceInfo{Index: d, Name: "cuda:" + strconv.Itoa(d), Kind: "unknown"})
 	}
-	s := &snapshot.Snapshot{Meta: meta, Events: em.events, Strings: im.tab.strings, Frames: im.tab.frames, Stacks: im.tab.stacks}
+	s := &snapshot.Snapshot{Meta: meta, Strings: im.tab.strings, Frames: im.tab.frames, Stacks: im.tab.stacks}
 	if err := em.infer(s); err != nil {
 		return nil, err
 	}
@@ -458,9 +458,34 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	if segs == nil {
 		segs = []snapshot.Segment{}
 	}
-	s.Events, s.Strings = em.events, im.tab.strings
+	s.Strings = im.tab.strings
 	s.Footer = &snapshot.Footer{Summary: summarize(em.events), Segments: segs}
+	if err := em.columns(s); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// columns moves the events, written and inferred as a slice, into s's columns, which share what events
+// repeat: the columns are counted in the budget, and the slice released once they hold everything.
+func (em *emitter) columns(s *snapshot.Snapshot) error {
+	var ev snapshot.Events
+	ev.Grow(len(em.events))
+	charged := int64(0)
+	for i := range em.events {
+		ev.Append(&em.events[i])
+		if i%4096 == 4095 || i == len(em.events)-1 {
+			b := ev.Bytes()
+			if err := em.im.mem.add(b-charged, "building the events"); err != nil {
+				return err
+			}
+			charged = b
+		}
+	}
+	em.im.mem.release(int64(cap(em.events)) * eventBytes)
+	em.events = nil
+	s.Events = ev.View()
+	return nil
 }
 
 // infer applies what Infer finds in the trace written so far (s, whose events are em.events): iteration
@@ -475,7 +500,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 		return &ImportError{Offset: -1, Err: err}
 	}
 	s.Meta.Workload = origin
-	inf := Infer(s)
+	inf := inferEvents(s, em.events)
 	im.origin.Iterations = inf.Iterations.String()
 	s.Meta.Iterations = im.origin.Iterations
 

@@ -59,7 +59,7 @@ func TestFixturesAgainstPython(t *testing.T) {
 			}
 			recorded := map[string]uint64{}
 			synthAllocs := 0
-			for _, e := range s.Events {
+			for _, e := range s.Events.All() {
 				switch {
 				case s.String(e.Label) == PreExistingLabel:
 					if e.Action == snapshot.ActionAlloc {
@@ -76,7 +76,7 @@ func TestFixturesAgainstPython(t *testing.T) {
 				t.Errorf("recorded events by action %v, Python counts %v", recorded, truth.Actions)
 			}
 			forward := 0
-			for _, e := range s.Events {
+			for _, e := range s.Events.All() {
 				if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseForward && s.String(e.Label) != PreExistingLabel {
 					forward++
 				}
@@ -134,7 +134,7 @@ func peaks(s *snapshot.Snapshot) (active, reserved, allocatedEnd map[int]int64) 
 	active, reserved, allocatedEnd = map[int]int64{}, map[int]int64{}, map[int]int64{}
 	curActive, curReserved := map[int]int64{}, map[int]int64{}
 	requested := map[[2]uint64]int64{}
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		d := int(e.Device)
 		key := [2]uint64{uint64(d), e.Addr}
 		switch e.Action {

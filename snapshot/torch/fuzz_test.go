@@ -89,7 +89,7 @@ func checkWellFormed(t *testing.T, s *snapshot.Snapshot) {
 			t.Fatal("frame refers to an undefined string")
 		}
 	}
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		switch {
 		case e.Seq != uint64(i):
 			t.Fatalf("event %d has Seq %d", i, e.Seq)
@@ -99,11 +99,11 @@ func checkWellFormed(t *testing.T, s *snapshot.Snapshot) {
 			t.Fatalf("event %d refers to an undefined table entry", i)
 		case !devices[e.Device]:
 			t.Fatalf("event %d on device %d, not in the metadata", i, e.Device)
-		case i > 0 && e.Time < s.Events[i-1].Time:
+		case i > 0 && e.Time < s.Events.At(i-1).Time:
 			t.Fatalf("event %d goes back in time", i)
 		}
 	}
-	if s.Footer == nil || s.Footer.Summary.Events != uint64(len(s.Events)) {
+	if s.Footer == nil || s.Footer.Summary.Events != uint64(s.Events.Len()) {
 		t.Fatal("footer missing or miscounted")
 	}
 }

@@ -34,7 +34,7 @@ func importTestdata(t *testing.T, name string, opts ...Option) *snapshot.Snapsho
 
 // findEvent returns the first event of the action at addr on device dev that is (or is not) pre-existing.
 func findEvent(s *snapshot.Snapshot, a snapshot.Action, dev int16, addr uint64, pre bool) (snapshot.Event, bool) {
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == a && e.Device == dev && e.Addr == addr && (s.String(e.Label) == PreExistingLabel) == pre {
 			return e, true
 		}
@@ -187,7 +187,7 @@ func checkScenario(t *testing.T, s *snapshot.Snapshot, segmentsOnly bool) {
 	}
 	// The allocated bytes at the end equal PyTorch's own count in the final state.
 	var allocated, want int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Device != 0 {
 			continue
 		}
@@ -267,7 +267,7 @@ func checkPhases(t *testing.T, s *snapshot.Snapshot, phases, iterations bool) {
 	// Markers: each phase change is announced, and the iteration marker opens step 3.
 	var markers []snapshot.Phase
 	iterMarkers := 0
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionPhase:
 			markers = append(markers, e.Phase)
@@ -298,7 +298,7 @@ func checkTags(t *testing.T, s *snapshot.Snapshot, tags, annotate bool) {
 		t.Errorf("category of the second small alloc %v (tags %v)", e.Category, tags)
 	}
 	var notes []string
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionAnnotation {
 			notes = append(notes, s.String(e.Label)+" "+s.String(e.Text))
 		}

@@ -161,7 +161,7 @@ func TestHostile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s, err := Import(tc.data)
 			if err == nil {
-				t.Fatalf("imported %d events, want an error", len(s.Events))
+				t.Fatalf("imported %d events, want an error", s.Events.Len())
 			}
 			var ie *ImportError
 			if !errors.As(err, &ie) {
@@ -362,8 +362,8 @@ func TestUnknownActions(t *testing.T) {
 	if !reflect.DeepEqual(o.SkippedActions, map[string]int{"defragment": 2}) || o.TraceEntries != 2 {
 		t.Errorf("skipped %v of %d entries, want defragment: 2 of 2", o.SkippedActions, o.TraceEntries)
 	}
-	if len(s.Events) != 0 || s.Meta.TimeUnit != "index" || !s.Meta.Created.IsZero() {
-		t.Errorf("%d events, time unit %q, created %v; want none, index, zero", len(s.Events), s.Meta.TimeUnit, s.Meta.Created)
+	if s.Events.Len() != 0 || s.Meta.TimeUnit != "index" || !s.Meta.Created.IsZero() {
+		t.Errorf("%d events, time unit %q, created %v; want none, index, zero", s.Events.Len(), s.Meta.TimeUnit, s.Meta.Created)
 	}
 }
 
@@ -420,7 +420,7 @@ func TestExpandableMappedDuringTheTrace(t *testing.T) {
 		t.Errorf("%d inconsistencies in a consistent trace", o.Inconsistencies)
 	}
 	var maps int
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionSegmentMap {
 			maps++
 		}
@@ -458,7 +458,7 @@ func TestSettingsStringParsedAsPyTorch(t *testing.T) {
 				t.Errorf("settings %q, want the recorded string %q", s.Meta.AllocatorSettings, tc.conf)
 			}
 			var found bool
-			for _, e := range s.Events {
+			for _, e := range s.Events.All() {
 				if e.Action == snapshot.ActionOOM {
 					found = true
 					if e.BlockSize != tc.segment {

@@ -50,7 +50,12 @@ func (inf *Inference) Block(seq int) (BlockTag, bool) {
 // reconstructed as alive before the trace; it never changes s. Import applies its result; other code calls
 // it to ask why a block has its category. Iterations a snapshot already marks (ProfilerStep#N) are kept.
 func Infer(s *snapshot.Snapshot) *Inference {
-	t := newTrace(s)
+	return inferEvents(s, s.Events.Slice(0, s.Events.Len()))
+}
+
+// inferEvents is Infer over s's events as a slice: the import's, which it still writes to.
+func inferEvents(s *snapshot.Snapshot, events []snapshot.Event) *Inference {
+	t := newTrace(s, events)
 	inf := &Inference{}
 	inf.Iterations, inf.Boundaries = t.iterations()
 	inf.Blocks = t.blocks(inf.Boundaries)
@@ -60,12 +65,13 @@ func Infer(s *snapshot.Snapshot) *Inference {
 // trace is what the inference passes read: a snapshot's events in order, and what each stack says.
 type trace struct {
 	s      *snapshot.Snapshot
+	events []snapshot.Event
 	stacks []stackFacts
 	origin Origin
 }
 
-func newTrace(s *snapshot.Snapshot) *trace {
-	t := &trace{s: s, stacks: readStacks(s)}
+func newTrace(s *snapshot.Snapshot, events []snapshot.Event) *trace {
+	t := &trace{s: s, events: events, stacks: readStacks(s)}
 	if o, ok := OriginOf(s); ok {
 		t.origin = *o
 	}
@@ -73,10 +79,10 @@ func newTrace(s *snapshot.Snapshot) *trace {
 }
 
 // len returns the number of events.
-func (t *trace) len() int { return len(t.s.Events) }
+func (t *trace) len() int { return len(t.events) }
 
 // at returns event i.
-func (t *trace) at(i int) *snapshot.Event { return &t.s.Events[i] }
+func (t *trace) at(i int) *snapshot.Event { return &t.events[i] }
 
 // facts returns what the stack of e says.
 func (t *trace) facts(e *snapshot.Event) stackFacts {

@@ -318,7 +318,7 @@ func TestWriteTrace(t *testing.T) {
 	if o.TraceEntries != 2500 || s.Footer.Summary.ByAction["alloc"] != 834 || s.Footer.Summary.ByAction["free_completed"] != 833 {
 		t.Fatalf("%d entries, %v", o.TraceEntries, s.Footer.Summary.ByAction)
 	}
-	if st := s.Stacks[s.Events[len(s.Events)-1].Stack]; len(st) != 3 || s.Strings[s.Frames[st[0]].Function] != "step0" {
+	if st := s.Stacks[s.Events.At(s.Events.Len()-1).Stack]; len(st) != 3 || s.Strings[s.Frames[st[0]].Function] != "step0" {
 		t.Fatalf("stack %v", st)
 	}
 }
@@ -326,8 +326,8 @@ func TestWriteTrace(t *testing.T) {
 // TestMemoryCeilingHolds is the ceiling measured by the operating system: a child process imports a
 // generated snapshot of 400,000 entries streamed through a pipe, with MaxMemory and the runtime's memory
 // limit set to the same figure, and its peak resident memory is compared with it. Above the most the import
-// counted holding it succeeds; below, it fails with ErrMemory (in the decode at half of it, while building
-// the events just under it); either way it stays under the ceiling plus what any Go program holds besides
+// counted holding it succeeds; below, it fails with ErrMemory (in the decode at half of it, where the peak
+// falls just under it); either way it stays under the ceiling plus what any Go program holds besides
 // (the runtime, the test binary).
 func TestMemoryCeilingHolds(t *testing.T) {
 	if n := os.Getenv("OOMDBG_TORCH_CEILING"); n != "" {

@@ -17,13 +17,13 @@ var fuzzActions = []snapshot.Action{snapshot.ActionAlloc, snapshot.ActionFreeReq
 // iteration. Anything goes: frees of blocks never allocated, addresses allocated twice, phases out of order.
 func fuzzTrace(data []byte) *snapshot.Snapshot {
 	s := &snapshot.Snapshot{Strings: []string{"", "h.0", "h.1", "h.1.fc", "h.0.fc", "h.x", "h.01", "optimizer"}}
-	for len(data) >= 6 && len(s.Events) < 4096 {
-		e := snapshot.Event{Seq: uint64(len(s.Events)), Action: fuzzActions[int(data[0])%len(fuzzActions)],
+	for len(data) >= 6 && s.Events.Len() < 4096 {
+		e := snapshot.Event{Seq: uint64(s.Events.Len()), Action: fuzzActions[int(data[0])%len(fuzzActions)],
 			Phase: snapshot.Phase(data[1] % byte(snapshot.NumPhases)), Category: snapshot.Category(data[2] % byte(snapshot.NumCategories)),
 			Addr: uint64(data[3]%16) << 9, Size: int64(data[4]) << (data[5] % 24), Scope: snapshot.StringID(data[5] % 8),
 			Iteration: int32(data[1]/16) - 1}
 		e.BlockSize = (e.Size + 511) / 512 * 512
-		s.Events = append(s.Events, e)
+		s.Events.Append(&e)
 		data = data[6:]
 	}
 	return s
@@ -45,12 +45,12 @@ func FuzzApply(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			if len(out.Events) > 64*len(s.Events)+64 {
-				t.Fatalf("%s: %d events from %d", tr.Name, len(out.Events), len(s.Events))
+			if out.Events.Len() > 64*s.Events.Len()+64 {
+				t.Fatalf("%s: %d events from %d", tr.Name, out.Events.Len(), s.Events.Len())
 			}
 			// Every allocation the transformation made has an address of its own.
 			seen := map[uint64]bool{}
-			for _, e := range out.Events {
+			for _, e := range out.Events.All() {
 				if e.Action == snapshot.ActionAlloc && e.Addr >= 1<<56 {
 					if seen[e.Addr] {
 						t.Fatalf("%s: address %#x allocated twice", tr.Name, e.Addr)

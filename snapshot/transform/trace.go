@@ -87,9 +87,9 @@ func normalize(s *snapshot.Snapshot) *trace {
 	if i := slices.Index(s.Strings, snapshot.PreExistingLabel); i > 0 {
 		t.pre = snapshot.StringID(i)
 	}
-	t.events = make([]snapshot.Event, 0, len(s.Events))
+	t.events = make([]snapshot.Event, 0, s.Events.Len())
 	live := map[uint64]uint64{}
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if t.pre != 0 && e.Label == t.pre {
 			t.events = append(t.events, e)
 			continue
@@ -120,10 +120,7 @@ func normalize(s *snapshot.Snapshot) *trace {
 // snapshot returns the trace as a snapshot with s's metadata and tables, its events numbered afresh.
 func (t *trace) snapshot(s *snapshot.Snapshot) *snapshot.Snapshot {
 	out := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks}
-	out.Events = t.events
-	for i := range out.Events {
-		out.Events[i].Seq = uint64(i)
-	}
+	out.Events = snapshot.EventsOf(t.events...)
 	return out
 }
 

@@ -33,8 +33,8 @@ func (c *craft) str(v string) snapshot.StringID {
 }
 
 func (c *craft) add(e snapshot.Event) {
-	e.Seq, e.Phase, e.Iteration = uint64(len(c.s.Events)), c.phase, c.iter
-	c.s.Events = append(c.s.Events, e)
+	e.Seq, e.Phase, e.Iteration = uint64(c.s.Events.Len()), c.phase, c.iter
+	c.s.Events.Append(&e)
 }
 
 func (c *craft) begin(p snapshot.Phase, iter int32) {
@@ -98,7 +98,7 @@ func model(steps int) *snapshot.Snapshot {
 // sizes returns the requested size of every allocation, in order.
 func sizes(s *snapshot.Snapshot) []int64 {
 	var out []int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionAlloc {
 			out = append(out, e.Size)
 		}
@@ -110,7 +110,7 @@ func sizes(s *snapshot.Snapshot) []int64 {
 func peak(s *snapshot.Snapshot) int64 {
 	var cur, p int64
 	live := map[uint64]int64{}
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if _, dup := live[e.Addr]; dup {
@@ -142,7 +142,7 @@ func TestBatchScaleScalesWhatDependsOnTheBatch(t *testing.T) {
 	if got := sizes(out); !reflect.DeepEqual(got, want) {
 		t.Errorf("sizes %v, want %v", got, want)
 	}
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		if e.Action == snapshot.ActionAlloc && e.Size == 5000 && e.BlockSize != 5120 { // 5000 rounded up to 512
 			t.Errorf("input block %d, want 5120", e.BlockSize)
 		}
@@ -163,7 +163,7 @@ func TestAccumulateRepeatsMicroSteps(t *testing.T) {
 	// Per iteration: two micro-steps of input 5000, activation 10000, activation gradient 10000; the
 	// weight gradient made by the first (4096), made again by the second and released once added.
 	var forwards, grads int
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		if e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseForward {
 			forwards++
 		}
@@ -188,7 +188,7 @@ func TestSwitchToSGDRemovesStateAndTemporaries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer {
 			t.Errorf("an optimizer allocation is left: %+v", e)
 		}
@@ -201,7 +201,7 @@ func TestZeroingKeepsGradients(t *testing.T) {
 		t.Fatal(err)
 	}
 	var live int64
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			live += e.BlockSize
@@ -263,7 +263,7 @@ func TestCheckpointRecomputesBeforeBackward(t *testing.T) {
 		t.Errorf("peak %d, want %d", got, want)
 	}
 	var recompute int
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseRecompute {
 			recompute++
 		}
@@ -302,7 +302,7 @@ func TestSetToNoneUndoesZeroing(t *testing.T) {
 func livePerPhase(s *snapshot.Snapshot) []int64 {
 	var out []int64
 	var live int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			live += e.BlockSize
@@ -357,7 +357,7 @@ func TestAdamW8bitState(t *testing.T) {
 	}
 	t.Log(lines[0])
 	var state []int64
-	for _, e := range out.Events {
+	for _, e := range out.Events.All() {
 		if e.Action == snapshot.ActionAlloc && e.Category == snapshot.CategoryOptimizerState {
 			state = append(state, e.Size)
 		}

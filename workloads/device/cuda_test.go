@@ -598,14 +598,14 @@ func TestCUDASnapshot(t *testing.T) {
 		if got := snap.Meta.Devices; len(got) != 1 || got[0].Kind != "cuda" || got[0].Name != fakeName || got[0].Capacity != capacity {
 			t.Errorf("snapshot devices = %+v", got)
 		}
-		if uint64(len(snap.Events)) != snap.Footer.Summary.Events {
-			t.Errorf("%d events read, the footer counts %d", len(snap.Events), snap.Footer.Summary.Events)
+		if uint64(snap.Events.Len()) != snap.Footer.Summary.Events {
+			t.Errorf("%d events read, the footer counts %d", snap.Events.Len(), snap.Footer.Summary.Events)
 		}
 
 		// The segment events are the driver's calls, in order.
 		var segEvents, driverCalls []string
 		var ooms []snapshot.Event
-		for _, e := range snap.Events {
+		for _, e := range snap.Events.All() {
 			switch e.Action {
 			case snapshot.ActionSegmentAlloc:
 				segEvents = append(segEvents, fmt.Sprintf("alloc %#x %d", e.Addr, e.Size))

@@ -99,7 +99,7 @@ func BenchmarkRecordGPT(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				events = len(s.Events)
+				events = s.Events.Len()
 			}
 			b.ReportMetric(float64(size)/float64(events), "bytes/event")
 			b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")

@@ -127,7 +127,7 @@ func TestNoZeroGradAccumulatesInPlace(t *testing.T) {
 			count++
 			bytes += b.Requested
 			if bug == "" {
-				if b.Free < 0 || s.Events[b.Free].Phase != snapshot.PhaseZeroGrad {
+				if b.Free < 0 || s.Events.At(b.Free).Phase != snapshot.PhaseZeroGrad {
 					t.Errorf("fixed loop: a gradient of iteration %d is not freed by zero_grad", b.Iteration)
 				}
 				continue
@@ -183,7 +183,7 @@ func TestModuleAttributeHoldsWhatPyTorchHolds(t *testing.T) {
 				}
 			}
 		}
-		for _, e := range s.Events[d.Seq+1 : d.Seq+1+d.Edges] {
+		for _, e := range s.Events.Slice(d.Seq+1, d.Seq+1+d.Edges) {
 			if strings.Contains(s.String(e.Text), " saved ") {
 				t.Errorf("iteration %d: %q is alive after the step; PyTorch holds %v saved tensors then", d.Iteration, s.String(e.Text), truth.AttributeAfter)
 			}

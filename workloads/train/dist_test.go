@@ -57,8 +57,8 @@ type liveBlock struct {
 // at after each event.
 func replay(s *snapshot.Snapshot, at func(seq int, e *snapshot.Event, live map[uint64]*liveBlock)) {
 	live := map[uint64]*liveBlock{}
-	for i := range s.Events {
-		e := &s.Events[i]
+	for i, ep := range s.Events.All() {
+		e := &ep
 		if e.Device == 0 {
 			switch e.Action {
 			case snapshot.ActionAlloc:
@@ -335,7 +335,7 @@ func TestDDPBucketsFollowBucketCapMB(t *testing.T) {
 			var ready []int64 // gradient bytes in the order they became gradients, iteration 0
 			var buckets [2][]int64
 			sizes := map[uint64]int64{}
-			for _, e := range s.Events {
+			for _, e := range s.Events.All() {
 				switch {
 				case e.Action == snapshot.ActionAlloc:
 					sizes[e.Addr] = e.Size

@@ -33,7 +33,7 @@ func TestEmptyCacheCost(t *testing.T) {
 			released := map[int32]int64{}
 			calls := map[int32]int{}
 			afterCall := false
-			for i, e := range s.Events {
+			for i, e := range s.Events.All() {
 				switch e.Action {
 				case snapshot.ActionSegmentAlloc:
 					mallocs[e.Iteration]++

@@ -354,7 +354,7 @@ func variableLengthRun(t *testing.T, cfg Config) {
 		t.Fatal(err)
 	}
 	found := map[string]int64{}
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionAlloc && e.Iteration >= 0 {
 			found[fmt.Sprintf("%d %s", e.Iteration, s.String(e.Label))] = e.Size
 		}

@@ -264,11 +264,11 @@ func TestLlamaMetaAndCPURecordTheSameAllocations(t *testing.T) {
 	_, meta := record(t, cfg)
 	cfg.Device = "cpu"
 	_, cpu := record(t, cfg)
-	if len(meta.Events) != len(cpu.Events) {
-		t.Fatalf("meta recorded %d events, cpu %d", len(meta.Events), len(cpu.Events))
+	if meta.Events.Len() != cpu.Events.Len() {
+		t.Fatalf("meta recorded %d events, cpu %d", meta.Events.Len(), cpu.Events.Len())
 	}
-	for i := range meta.Events {
-		m, c := meta.Events[i], cpu.Events[i]
+	for i := range meta.Events.Len() {
+		m, c := meta.Events.At(i), cpu.Events.At(i)
 		if m.Action != c.Action || m.Addr != c.Addr || m.Size != c.Size || m.Phase != c.Phase ||
 			meta.String(m.Label) != cpu.String(c.Label) {
 			t.Fatalf("event %d differs:\nmeta %+v\n cpu %+v", i, m, c)

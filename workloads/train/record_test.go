@@ -41,7 +41,7 @@ func TestRecordFlushesWhileStalled(t *testing.T) {
 		rec.Sample(0, "probe", 42)
 		start := time.Now()
 		for waited = 0; waited < 10*time.Second; waited = time.Since(start) {
-			if s, _ := snapshot.Read(bytes.NewReader(out.bytes())); s != nil && len(s.Events) == 1 {
+			if s, _ := snapshot.Read(bytes.NewReader(out.bytes())); s != nil && s.Events.Len() == 1 {
 				return func() {}
 			}
 			time.Sleep(5 * time.Millisecond)

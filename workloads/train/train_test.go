@@ -68,11 +68,11 @@ func TestMetaAndCPURecordTheSameAllocations(t *testing.T) {
 	_, meta := record(t, cfg)
 	cfg.Device = "cpu"
 	_, cpu := record(t, cfg)
-	if len(meta.Events) != len(cpu.Events) {
-		t.Fatalf("meta recorded %d events, cpu %d", len(meta.Events), len(cpu.Events))
+	if meta.Events.Len() != cpu.Events.Len() {
+		t.Fatalf("meta recorded %d events, cpu %d", meta.Events.Len(), cpu.Events.Len())
 	}
-	for i := range meta.Events {
-		m, c := meta.Events[i], cpu.Events[i]
+	for i := range meta.Events.Len() {
+		m, c := meta.Events.At(i), cpu.Events.At(i)
 		if m.Action != c.Action || m.Addr != c.Addr || m.Size != c.Size || m.BlockSize != c.BlockSize ||
 			m.Phase != c.Phase || m.Iteration != c.Iteration || m.Category != c.Category ||
 			meta.String(m.Scope) != cpu.String(c.Scope) || meta.String(m.Label) != cpu.String(c.Label) ||
@@ -142,12 +142,12 @@ func TestLeakBugsGrowAndFixedPathsStayFlat(t *testing.T) {
 // lastDumpNames reports whether the last heap dump has a retainer described as holder.
 func lastDumpNames(s *snapshot.Snapshot, holder string) bool {
 	last := -1
-	for i, e := range s.Events {
+	for i, e := range s.Events.All() {
 		if e.Action == snapshot.ActionHeapDump {
 			last = i
 		}
 	}
-	for _, e := range s.Events[last+1:] {
+	for _, e := range s.Events.Slice(last+1, s.Events.Len()) {
 		if e.Action == snapshot.ActionRetain && s.String(e.Text) == holder {
 			return true
 		}
@@ -178,7 +178,7 @@ func TestOOMInEachPhaseLeavesAWholeSnapshot(t *testing.T) {
 		seen[p] = true
 		t.Run(fmt.Sprintf("%s at %d MiB", p, mem>>20), func(t *testing.T) {
 			var oom, dump int
-			for _, e := range s.Events {
+			for _, e := range s.Events.All() {
 				switch {
 				case e.Action == snapshot.ActionOOM:
 					oom++
@@ -223,7 +223,7 @@ func TestInterruptedRunLeavesAWholeSnapshot(t *testing.T) {
 	if err != nil || s.Footer == nil {
 		t.Fatalf("snapshot after interrupt: %v, footer %v", err, s.Footer)
 	}
-	if !slices.ContainsFunc(s.Events, func(e snapshot.Event) bool {
+	if !slices.ContainsFunc(s.Events.Slice(0, s.Events.Len()), func(e snapshot.Event) bool {
 		return e.Action == snapshot.ActionHeapDump && s.String(e.Text) == "interrupted"
 	}) {
 		t.Error("no heap dump at the interruption")
@@ -325,7 +325,7 @@ func TestRecordFeedsTheRecorderFromOnStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	var samples []int64
-	for _, e := range s.Events {
+	for _, e := range s.Events.All() {
 		if e.Action == snapshot.ActionSample && s.String(e.Text) == "nvml.used" {
 			samples = append(samples, e.Size)
 		}

@@ -123,7 +123,7 @@ func CheckFidelity(s *snapshot.Snapshot) ([]Fidelity, Settings, error) {
 	cfg, st := RecordedSettings(s)
 	var out []Fidelity
 	for _, t := range splitDevices(s) {
-		if len(t.events) == 0 {
+		if len(t.seqs) == 0 {
 			continue
 		}
 		f, err := t.fidelity(cfg)
@@ -220,8 +220,8 @@ func (t *deviceTrace) fidelity(cfg alloc.Config) (Fidelity, error) {
 
 	var pending *snapshot.Event // the segment_alloc just recorded, waiting for its alloc
 	var released []uint64       // model segments released by the current run of segment_free
-	for i := range t.events {
-		e := &t.events[i]
+	for _, ev := range t.events() {
+		e := &ev
 		if e.Action != snapshot.ActionSegmentFree && released != nil {
 			for _, addr := range released {
 				f.ExtraReleases++
@@ -232,7 +232,8 @@ func (t *deviceTrace) fidelity(cfg alloc.Config) (Fidelity, error) {
 		}
 		switch e.Action {
 		case snapshot.ActionSegmentAlloc:
-			pending = e
+			p := *e
+			pending = &p
 			dev.hint = e.Addr
 			continue
 		case snapshot.ActionAlloc:

@@ -132,11 +132,11 @@ func TestFidelityDetectsDifferences(t *testing.T) {
 	}{
 		"a segment of another size": {
 			alter: func(s *snapshot.Snapshot) {
-				for i := range s.Events {
-					if e := &s.Events[i]; e.Action == snapshot.ActionSegmentAlloc && e.Addr == addrL && e.Label == 0 {
+				alterEvents(s, func(e *snapshot.Event) {
+					if e.Action == snapshot.ActionSegmentAlloc && e.Addr == addrL && e.Label == 0 {
 						e.Size = 24 * mib
 					}
-				}
+				})
 			},
 			check: func(t *testing.T, f Fidelity) {
 				if f.NewSegments != (Count{1, 2}) {
@@ -147,11 +147,11 @@ func TestFidelityDetectsDifferences(t *testing.T) {
 		"a reuse at another address": {
 			// The 1500-byte alloc went to S+1024; say it went to S+2048 instead (freeing it there too).
 			alter: func(s *snapshot.Snapshot) {
-				for i := range s.Events {
-					if e := &s.Events[i]; e.Addr == addrS+1024 && e.Action != snapshot.ActionAnnotation {
+				alterEvents(s, func(e *snapshot.Event) {
+					if e.Addr == addrS+1024 && e.Action != snapshot.ActionAnnotation {
 						e.Addr = addrS + 2048
 					}
-				}
+				})
 			},
 			check: func(t *testing.T, f Fidelity) {
 				if f.ReusedInTrace.Matched != f.ReusedInTrace.Total-1 || len(f.Mismatches) == 0 {
@@ -161,11 +161,11 @@ func TestFidelityDetectsDifferences(t *testing.T) {
 		},
 		"a block size the importer got wrong": {
 			alter: func(s *snapshot.Snapshot) {
-				for i := range s.Events {
-					if e := &s.Events[i]; e.Action == snapshot.ActionAlloc && e.Addr == addrL && e.Label == 0 {
+				alterEvents(s, func(e *snapshot.Event) {
+					if e.Action == snapshot.ActionAlloc && e.Addr == addrL && e.Label == 0 {
 						e.BlockSize += 512
 					}
-				}
+				})
 			},
 			check: func(t *testing.T, f Fidelity) {
 				if f.BlockSizes.Matched != f.BlockSizes.Total-1 {
@@ -347,3 +347,13 @@ func TestReport(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// alterEvents rebuilds the events of s with f applied to each.
+func alterEvents(s *snapshot.Snapshot, f func(e *snapshot.Event)) {
+	var evs snapshot.Events
+	for _, e := range s.Events.All() {
+		f(&e)
+		evs.Append(&e)
+	}
+	s.Events = evs.View()
+}

@@ -38,7 +38,7 @@ func Run(file string, s *snapshot.Snapshot, tried *alloc.Config, capacity uint64
 	if o, ok := torch.OriginOf(s); ok {
 		r.Entries = o.TraceEntries
 	} else {
-		for _, e := range s.Events {
+		for _, e := range s.Events.All() {
 			if e.Action.Valid() && e.Action <= snapshot.ActionOOM {
 				r.Entries++
 			}

@@ -31,7 +31,7 @@ type Served struct {
 func ServeOOM(s *snapshot.Snapshot, cfgs []alloc.Config, capacity uint64) ([]Served, uint64, error) {
 	var t *deviceTrace
 	for _, d := range splitDevices(s) {
-		for _, e := range d.events {
+		for _, e := range d.events() {
 			if e.Action == snapshot.ActionOOM && (t == nil || e.Seq < t.firstOOM().Seq) {
 				t = d
 			}

@@ -37,7 +37,7 @@ func fragmentedOOM() *snapshot.Snapshot {
 	for i := range evs {
 		evs[i].Seq = uint64(i)
 	}
-	return &snapshot.Snapshot{Events: evs, Meta: snapshot.Meta{Source: "oomdbg",
+	return &snapshot.Snapshot{Events: snapshot.EventsOf(evs...), Meta: snapshot.Meta{Source: "oomdbg",
 		Devices: []snapshot.DeviceInfo{{Index: 0, Kind: "meta", Capacity: 100 * mib}}}}
 }
 
@@ -68,7 +68,7 @@ func TestServeOOM(t *testing.T) {
 	if small[0].Served || !small[0].FailedEarlier {
 		t.Errorf("on 60 MiB: %+v", small[0])
 	}
-	none, _, err := ServeOOM(&snapshot.Snapshot{Events: s.Events[:10]}, []alloc.Config{expandable}, 0)
+	none, _, err := ServeOOM(&snapshot.Snapshot{Events: snapshot.EventsOf(s.Events.Slice(0, 10)...)}, []alloc.Config{expandable}, 0)
 	if err != nil || none != nil {
 		t.Errorf("a trace without an OOM: %v, %v", none, err)
 	}

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"cmp"
+	"iter"
 	"slices"
 	"sort"
 
@@ -14,12 +15,24 @@ import (
 // events in order, and the final state.
 type deviceTrace struct {
 	dev       int
-	preSegs   []preSeg   // alive before the trace, by address
-	preBlocks []preBlock // in use before the trace, by address
-	events    []snapshot.Event
+	preSegs   []preSeg         // alive before the trace, by address
+	preBlocks []preBlock       // in use before the trace, by address
+	evs       *snapshot.Events // the snapshot's events
+	seqs      []uint32         // the seqs of the device's allocator events, in order
 	final     []snapshot.Segment
 	maxAddr   uint64 // the highest address the recording mentions
 	capacity  uint64 // the memory the recording's allocator could have, when the snapshot says (oomdbg's own)
+}
+
+// events returns the device's allocator events in order, with their index among them.
+func (t *deviceTrace) events() iter.Seq2[int, snapshot.Event] {
+	return func(yield func(int, snapshot.Event) bool) {
+		for i, seq := range t.seqs {
+			if !yield(i, t.evs.At(int(seq))) {
+				return
+			}
+		}
+	}
 }
 
 // preSeg is a segment alive before the trace began.
@@ -55,7 +68,7 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 	get := func(d int) *deviceTrace {
 		t, ok := byDev[d]
 		if !ok {
-			t = &deviceTrace{dev: d}
+			t = &deviceTrace{dev: d, evs: &s.Events}
 			byDev[d] = t
 		}
 		return t
@@ -67,17 +80,16 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 			get(d.Index)
 		}
 	}
-	// Size each device's event list first: copying a million events while growing costs more than the
-	// replay itself.
+	// Size each device's list first: growing it by copying costs more than the replay itself.
 	counts := map[int16]int{}
-	for i := range s.Events {
-		counts[s.Events[i].Device]++
+	for _, e := range s.Events.All() {
+		counts[e.Device]++
 	}
 	for d, n := range counts {
-		get(int(d)).events = make([]snapshot.Event, 0, n)
+		get(int(d)).seqs = make([]uint32, 0, n)
 	}
-	for i := range s.Events {
-		e := &s.Events[i]
+	for seq, ev := range s.Events.All() {
+		e := &ev
 		t := get(int(e.Device))
 		if pre != 0 && e.Label == pre {
 			switch e.Action {
@@ -94,7 +106,7 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted,
 			snapshot.ActionSegmentAlloc, snapshot.ActionSegmentFree, snapshot.ActionSegmentMap,
 			snapshot.ActionSegmentUnmap, snapshot.ActionOOM:
-			t.events = append(t.events, *e)
+			t.seqs = append(t.seqs, uint32(seq))
 			if e.Action != snapshot.ActionOOM {
 				t.maxAddr = max(t.maxAddr, e.Addr+uint64(max(e.Size, 0)))
 			}
@@ -118,7 +130,7 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 		}
 		// A block from before the trace is freed by the trace if a free reaches its address before any alloc.
 		seen := map[uint64]bool{}
-		for _, e := range t.events {
+		for _, e := range t.events() {
 			switch e.Action {
 			case snapshot.ActionAlloc:
 				seen[e.Addr] = true

@@ -77,7 +77,7 @@ func CompareSettings(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([
 	recorded, st := RecordedSettings(s)
 	var out []WhatIf
 	for _, t := range splitDevices(s) {
-		if len(t.events) == 0 {
+		if len(t.seqs) == 0 {
 			continue
 		}
 		w := WhatIf{Device: t.dev, Capacity: capacity, CapacityFrom: "given"}
@@ -138,7 +138,7 @@ func Simulate(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([]Replay
 	}
 	var out []Replayed
 	for _, t := range splitDevices(s) {
-		if len(t.events) == 0 {
+		if len(t.seqs) == 0 {
 			continue
 		}
 		r := Replayed{Device: t.dev, Capacity: capacity, CapacityFrom: "given"}
@@ -177,7 +177,7 @@ func (t *deviceTrace) recordedPeaks() (peakReserved, peakAllocated int64, ooms i
 		allocated += int64(b.size)
 	}
 	peakReserved, peakAllocated, oomReserved = reserved, allocated, -1
-	for _, e := range t.events {
+	for _, e := range t.events() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			allocated += e.BlockSize
@@ -199,7 +199,7 @@ func (t *deviceTrace) recordedPeaks() (peakReserved, peakAllocated int64, ooms i
 }
 
 func (t *deviceTrace) firstOOM() snapshot.Event {
-	for _, e := range t.events {
+	for _, e := range t.events() {
 		if e.Action == snapshot.ActionOOM {
 			return e
 		}
@@ -239,8 +239,8 @@ func (t *deviceTrace) simulate(cfg alloc.Config, capacity uint64) (Outcome, erro
 		obs.step()
 	}
 	inRelease := false
-	for i := range t.events {
-		e := &t.events[i]
+	for _, ev := range t.events() {
+		e := &ev
 		if e.Action != snapshot.ActionSegmentFree {
 			inRelease = false
 		}

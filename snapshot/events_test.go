@@ -1,0 +1,184 @@
+package snapshot_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+)
+
+// randomEvents are events with every field set at random, in ways a training loop never sets them: times
+// that jump by hours and go backwards, many devices and streams, frees that differ from their allocs, and the
+// rare fields on any action.
+func randomEvents(seed uint64, n int) []snapshot.Event {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	evs := make([]snapshot.Event, n)
+	var t int64
+	for i := range evs {
+		switch rng.IntN(20) {
+		case 0:
+			t += int64(rng.Uint64() >> 20) // hours
+		case 1:
+			t -= int64(rng.IntN(1 << 20))
+		case 2:
+			t = math.MinInt64 + int64(rng.IntN(4))
+		default:
+			t += int64(rng.IntN(5000))
+		}
+		e := snapshot.Event{
+			Time: t, Action: snapshot.Action(1 + rng.IntN(snapshot.NumActions-1)), Device: int16(rng.IntN(3) - 1),
+			Stream: int64(rng.IntN(3)) << 40, Addr: uint64(rng.IntN(64)) * 512, Size: int64(rng.IntN(4096)),
+			BlockSize: int64(rng.IntN(3)) * 512, Phase: snapshot.Phase(rng.IntN(snapshot.NumPhases)),
+			Iteration: int32(rng.IntN(3) - 1), Category: snapshot.Category(rng.IntN(snapshot.NumCategories)),
+			Scope: snapshot.StringID(rng.IntN(4)), Label: snapshot.StringID(rng.IntN(4)), Stack: snapshot.StackID(rng.IntN(4)),
+		}
+		if rng.IntN(4) == 0 {
+			e.Text, e.DeviceFree = snapshot.StringID(rng.IntN(9)), int64(rng.IntN(3))
+			e.Holder, e.Parent = rng.Uint64N(5), rng.Uint64()
+		}
+		evs[i] = e
+	}
+	return evs
+}
+
+// TestEventsRoundTrip checks that every event comes back from the columns as it went in, by At, Range,
+// Slice, Time, Phase and Action, for a generated training loop and for random events.
+func TestEventsRoundTrip(t *testing.T) {
+	traces := map[string][]snapshot.Event{
+		"random": randomEvents(1, 30000),
+		"gpt2-small": func() []snapshot.Event {
+			s := snapshottest.Trace(snapshottest.GPT2Small())
+			return s.Events.Slice(0, s.Events.Len())
+		}(),
+		"empty": nil,
+	}
+	for name, want := range traces {
+		t.Run(name, func(t *testing.T) {
+			for i := range want {
+				want[i].Seq = uint64(i)
+			}
+			evs := snapshot.EventsOf(want...)
+			if evs.Len() != len(want) {
+				t.Fatalf("Len %d, want %d", evs.Len(), len(want))
+			}
+			for i, w := range want {
+				if got := evs.At(i); got != w {
+					t.Fatalf("At(%d) = %+v, want %+v", i, got, w)
+				}
+				if evs.Time(i) != w.Time || evs.Action(i) != w.Action {
+					t.Fatalf("event %d: Time %d, Action %s; want %d, %s", i, evs.Time(i), evs.Action(i), w.Time, w.Action)
+				}
+				if p, it := evs.Phase(i); p != w.Phase || it != w.Iteration {
+					t.Fatalf("event %d: Phase %s %d, want %s %d", i, p, it, w.Phase, w.Iteration)
+				}
+			}
+			if got := evs.Slice(0, evs.Len()); len(want) > 0 && !slices.Equal(got, want) {
+				t.Fatal("Slice of all the events differs")
+			}
+			rng := rand.New(rand.NewPCG(2, 3))
+			for range 50 {
+				from := rng.IntN(len(want) + 1)
+				to := from + rng.IntN(len(want)-from+1)
+				n := 0
+				for seq, e := range evs.Range(from, to) {
+					if seq != from+n || e != want[seq] {
+						t.Fatalf("Range(%d, %d) yields event %d as %+v, want %+v", from, to, seq, e, want[from+n])
+					}
+					n++
+				}
+				if n != to-from {
+					t.Fatalf("Range(%d, %d) yields %d events", from, to, n)
+				}
+			}
+			if !slices.Equal(evs.Actions(), actions(want)) {
+				t.Error("Actions differs")
+			}
+		})
+	}
+}
+
+func actions(evs []snapshot.Event) []snapshot.Action {
+	out := make([]snapshot.Action, len(evs))
+	for i, e := range evs {
+		out[i] = e.Action
+	}
+	return out
+}
+
+// TestEventsShareRows checks what the columns are for: a training loop's events cost far less than an Event
+// each, because frees share their alloc's row.
+func TestEventsShareRows(t *testing.T) {
+	s := snapshottest.Trace(snapshottest.GPT2Small())
+	perEvent := float64(s.Events.Bytes()) / float64(s.Events.Len())
+	if perEvent > 32 {
+		t.Errorf("%.1f bytes an event, want at most 32", perEvent)
+	}
+}
+
+// TestEventsView appends in one goroutine while another reads Views of what was appended: every View holds
+// the events it was made with, whatever is appended after (run with -race).
+func TestEventsView(t *testing.T) {
+	want := randomEvents(4, 20000)
+	for i := range want {
+		want[i].Seq = uint64(i)
+	}
+	var evs snapshot.Events
+	views := make(chan snapshot.Events, 8)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for v := range views {
+			for seq, e := range v.All() {
+				if e != want[seq] {
+					t.Errorf("a View of %d events has event %d as %+v, want %+v", v.Len(), seq, e, want[seq])
+					return
+				}
+			}
+		}
+	})
+	for i := range want {
+		evs.Append(&want[i])
+		if i%997 == 0 {
+			views <- evs.View()
+		}
+	}
+	close(views)
+	wg.Wait()
+}
+
+// TestEventsCopy checks that appending to a copy of an Events leaves the original and its Views alone.
+func TestEventsCopy(t *testing.T) {
+	all := randomEvents(5, 3000)
+	for i := range all {
+		all[i].Seq = uint64(i)
+	}
+	var a snapshot.Events
+	for i := range all[:2000] {
+		a.Append(&all[i])
+	}
+	view := a.View()
+	b := a // a copy, then both grow apart
+	for i := range all[2000:] {
+		b.Append(&all[2000+i])
+		e := all[i]
+		a.Append(&e)
+	}
+	for i := range 2000 {
+		if view.At(i) != all[i] || a.At(i) != all[i] || b.At(i) != all[i] {
+			t.Fatalf("event %d differs after the copies grew", i)
+		}
+	}
+	for i := 2000; i < 3000; i++ {
+		if b.At(i) != all[i] {
+			t.Fatalf("the copy's event %d differs", i)
+		}
+		w := all[i-2000]
+		w.Seq = uint64(i)
+		if a.At(i) != w {
+			t.Fatalf("the original's event %d differs", i)
+		}
+	}
+}
