@@ -2,6 +2,7 @@ package tui
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -9,7 +10,6 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 )
 
@@ -34,13 +34,9 @@ type devicePane struct {
 // setData finds the last device reading at or before event at.
 func (p *devicePane) setData(ix *index, at int) {
 	p.sampled = false
-	evs := &ix.snap.Events
-	actions := evs.Actions()
-	for i := at; i >= 0; i-- {
-		if actions[i] != snapshot.ActionSample {
-			continue
-		}
-		if e := evs.At(i); ix.snap.String(e.Text) == "nvml.used" {
+	samples := ix.tl.Samples()
+	for i, _ := slices.BinarySearch(samples, at+1); i > 0; i-- {
+		if e := ix.snap.Events.At(samples[i-1]); ix.snap.String(e.Text) == "nvml.used" {
 			p.sampled, p.driverUsed, p.reserv = true, e.Size, ix.reserved(at)
 			return
 		}

@@ -221,12 +221,10 @@ type track struct {
 }
 
 // seriesTrack returns the change points of a series: its first value and every change.
-func seriesTrack(name string, vals []int64) track {
+func seriesTrack(name string, tl *timeline.Timeline, s timeline.Series) track {
 	t := track{name: name}
-	for i, v := range vals {
-		if i == 0 || v != vals[i-1] {
-			t.points = append(t.points, point{i, v})
-		}
+	for seq, v := range tl.Steps(s, 0, tl.Len()) {
+		t.points = append(t.points, point{seq, v})
 	}
 	return t
 }
@@ -311,8 +309,8 @@ func (tw *traceWriter) counters(tl *timeline.Timeline) {
 	s := tl.Snapshot()
 	n := tl.Len()
 	tracks := []track{
-		seriesTrack("allocated", tl.Values(timeline.Allocated)),
-		seriesTrack("reserved", tl.Values(timeline.Reserved)),
+		seriesTrack("allocated", tl, timeline.Allocated),
+		seriesTrack("reserved", tl, timeline.Reserved),
 	}
 	if len(s.Meta.Devices) == 1 && s.Meta.Devices[0].Capacity > 0 {
 		c := s.Meta.Devices[0].Capacity

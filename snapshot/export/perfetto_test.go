@@ -86,8 +86,8 @@ func TestPerfettoTrace(t *testing.T) {
 			}
 			for series, name := range map[timeline.Series]string{timeline.Allocated: "allocated", timeline.Reserved: "reserved"} {
 				var want []int64
-				for i, v := range tl.Values(series) {
-					if i == 0 || v != want[len(want)-1] {
+				for i := range tl.Len() {
+					if v := tl.Value(series, i); i == 0 || v != want[len(want)-1] {
 						want = append(want, v)
 					}
 				}

@@ -165,7 +165,13 @@ func columns(tl *timeline.Timeline, cols int, tu, su axisUnit) plotData {
 	n := tl.Len()
 	t0, t1 := eventTime(s, 0), eventTime(s, n-1)
 	span := max(t1-t0, 1)
-	alloc, res := tl.Values(timeline.Allocated), tl.Values(timeline.Reserved)
+	alloc := tl.Allocations()
+	var resSeq []int // where reserved bytes change, and to what
+	var resVal []int64
+	for seq, v := range tl.Steps(timeline.Reserved, 0, n) {
+		resSeq, resVal = append(resSeq, seq), append(resVal, v)
+	}
+	r := 0 // the reserved step in effect
 	var tlc plotData
 	var carryA, carryR int64
 	carryP := snapshot.PhaseNone
@@ -178,8 +184,11 @@ func columns(tl *timeline.Timeline, cols int, tu, su axisUnit) plotData {
 			if alloc[seq] > ma || seq == 0 {
 				ma, ph = alloc[seq], phaseOf(s, seq)
 			}
-			mr = max(mr, res[seq])
-			carryA, carryR, carryP = alloc[seq], res[seq], phaseOf(s, seq)
+			for r+1 < len(resSeq) && resSeq[r+1] <= seq {
+				r++
+			}
+			mr = max(mr, resVal[r])
+			carryA, carryR, carryP = alloc[seq], resVal[r], phaseOf(s, seq)
 		}
 		tlc.left = append(tlc.left, float64(lo-t0)/tu.scale)
 		tlc.right = append(tlc.right, float64(hi-t0)/tu.scale)

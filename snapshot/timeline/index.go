@@ -76,10 +76,8 @@ func blockBytes(e *snapshot.Event) int64 {
 
 // index runs the pass over events [start, end).
 func (t *Timeline) index(start, end int) {
-	for k := range t.series {
-		t.series[k] = slices.Grow(t.series[k], end-start)[:end]
-	}
-	allocated, reserved, active := t.series[Allocated], t.series[Reserved], t.series[Active]
+	t.alloc = slices.Grow(t.alloc, end-start)[:end]
+	allocated := t.alloc
 	b := &t.b
 	bt := &t.blocks
 	cur := b.cur
@@ -88,122 +86,131 @@ func (t *Timeline) index(start, end int) {
 	if grow := (end - start) / 4; cap(bt.alloc)-len(bt.alloc) < grow {
 		bt.grow(grow)
 	}
-	var prev snapshot.Event
-	for seq, ev := range t.s.Events.Range(start, end) {
-		e := &ev
-		if int(e.Action) < snapshot.NumActions {
-			t.byAction[e.Action]++
-		}
-		if len(t.phases) == 0 || e.Iteration != b.iteration || e.Phase != b.phase && e.Action != snapshot.ActionIteration {
-			t.spans(e, seq)
-		}
+	var buf [256]snapshot.Event
+	prevAction, prevAddr := snapshot.ActionInvalid, uint64(0)
+	for base := start; base < end; base += len(buf) {
+		evs := buf[:t.s.Events.Fill(buf[:min(len(buf), end-base)], base)]
+		for i := range evs {
+			e := &evs[i]
+			seq := base + i
+			if int(e.Action) < snapshot.NumActions {
+				t.byAction[e.Action]++
+			}
+			if len(t.phases) == 0 || e.Iteration != b.iteration || e.Phase != b.phase && e.Action != snapshot.ActionIteration {
+				t.spans(e, seq)
+			}
 
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			if old, ok := b.live.Get(e.Device, e.Addr); ok {
-				// The address is handed out again, so the block there was freed without a trace of it.
-				if bt.free[old] == noSeq {
-					t.stats.ReusedAddresses++
+			switch e.Action {
+			case snapshot.ActionAlloc:
+				if old, ok := b.live.Get(e.Device, e.Addr); ok {
+					// The address is handed out again, so the block there was freed without a trace of it.
+					if bt.free[old] == noSeq {
+						t.stats.ReusedAddresses++
+					}
+					cur = t.release(old, e, seq, cur)
 				}
-				cur = t.release(old, e, seq, cur)
-			}
-			size := blockBytes(e)
-			cat := e.Category
-			if !cat.Valid() {
-				cat = snapshot.CategoryUnknown
-			}
-			id := int32(len(bt.alloc))
-			bt.alloc = append(bt.alloc, uint32(seq))
-			bt.free = append(bt.free, noSeq)
-			bt.done = append(bt.done, noSeq)
-			bt.size = append(bt.size, size)
-			bt.cat = append(bt.cat, cat)
-			bt.first = append(bt.first, -1)
-			b.live.Put(e.Device, e.Addr, id)
-			cur[Allocated] += size
-			cur[Active] += size
-			b.catBytes[cat] += size
-
-		case snapshot.ActionFreeRequested:
-			id, ok := b.live.Get(e.Device, e.Addr)
-			if !ok {
-				t.stats.UnmatchedFrees++
-				break
-			}
-			if bt.free[id] == noSeq {
-				bt.free[id] = uint32(seq)
-				cur[Allocated] -= bt.size[id]
-				b.catBytes[bt.cat[id]] -= bt.size[id]
-			}
-
-		case snapshot.ActionFreeCompleted:
-			id, ok := b.live.Get(e.Device, e.Addr)
-			if !ok {
-				if seq == start || prev.Action != snapshot.ActionFreeRequested || prev.Addr != e.Addr {
-					t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
+				size := blockBytes(e)
+				cat := e.Category
+				if !cat.Valid() {
+					cat = snapshot.CategoryUnknown
 				}
-				break
-			}
-			cur = t.release(id, e, seq, cur)
+				id := int32(len(bt.alloc))
+				bt.alloc = append(bt.alloc, uint32(seq))
+				bt.free = append(bt.free, noSeq)
+				bt.done = append(bt.done, noSeq)
+				bt.size = append(bt.size, size)
+				bt.cat = append(bt.cat, cat)
+				bt.first = append(bt.first, -1)
+				b.live.Put(e.Device, e.Addr, id)
+				cur[Allocated] += size
+				cur[Active] += size
+				b.catBytes[cat] += size
 
-		case snapshot.ActionCategory:
-			id, ok := b.live.Get(e.Device, e.Addr)
-			if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
-				break
-			}
-			if old := bt.cat[id]; old != e.Category {
-				b.catBytes[old] -= bt.size[id]
-				b.catBytes[e.Category] += bt.size[id]
-				bt.cat[id] = e.Category
-			}
-			c := int32(len(t.changes))
-			t.changes = append(t.changes, categoryChange{seq: uint32(seq), next: -1, cat: e.Category, label: e.Label})
-			if l := bt.first[id]; l < 0 {
-				bt.first[id] = c
-			} else {
-				for t.changes[l].next >= 0 { // a block changes category once or twice
-					l = t.changes[l].next
+			case snapshot.ActionFreeRequested:
+				id, ok := b.live.Get(e.Device, e.Addr)
+				if !ok {
+					t.stats.UnmatchedFrees++
+					break
 				}
-				t.changes[l].next = c
-			}
+				if bt.free[id] == noSeq {
+					bt.free[id] = uint32(seq)
+					cur[Allocated] -= bt.size[id]
+					b.catBytes[bt.cat[id]] -= bt.size[id]
+				}
 
-		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap:
-			t.segEvents = append(t.segEvents, uint32(seq))
-			delta, matched := b.segs.apply(e)
-			if !matched {
-				t.stats.UnmatchedSegmentFrees++
-			}
-			cur[Reserved] += delta
+			case snapshot.ActionFreeCompleted:
+				id, ok := b.live.Get(e.Device, e.Addr)
+				if !ok {
+					if seq == start || prevAction != snapshot.ActionFreeRequested || prevAddr != e.Addr {
+						t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
+					}
+					break
+				}
+				cur = t.release(id, e, seq, cur)
 
-		case snapshot.ActionOOM:
-			t.ooms = append(t.ooms, seq)
+			case snapshot.ActionCategory:
+				id, ok := b.live.Get(e.Device, e.Addr)
+				if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
+					break
+				}
+				if old := bt.cat[id]; old != e.Category {
+					b.catBytes[old] -= bt.size[id]
+					b.catBytes[e.Category] += bt.size[id]
+					bt.cat[id] = e.Category
+				}
+				c := int32(len(t.changes))
+				t.changes = append(t.changes, categoryChange{seq: uint32(seq), next: -1, cat: e.Category, label: e.Label})
+				if l := bt.first[id]; l < 0 {
+					bt.first[id] = c
+				} else {
+					for t.changes[l].next >= 0 { // a block changes category once or twice
+						l = t.changes[l].next
+					}
+					t.changes[l].next = c
+				}
 
-		case snapshot.ActionAnnotation:
-			t.notes = append(t.notes, seq)
+			case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap:
+				t.segEvents = append(t.segEvents, uint32(seq))
+				delta, matched := b.segs.apply(e)
+				if !matched {
+					t.stats.UnmatchedSegmentFrees++
+				}
+				cur[Reserved] += delta
+				t.reserved.set(seq, cur[Reserved])
 
-		case snapshot.ActionHeapDump:
-			b.dump = len(t.dumps)
-			t.dumps = append(t.dumps, HeapDump{Seq: seq, Reason: t.s.String(e.Text), Phase: e.Phase, Iteration: e.Iteration})
+			case snapshot.ActionOOM:
+				t.ooms = append(t.ooms, seq)
 
-		case snapshot.ActionRetain:
-			if b.dump >= 0 {
-				d := &t.dumps[b.dump]
-				if d.Seq+d.Edges+1 == seq {
-					d.Edges++
+			case snapshot.ActionAnnotation:
+				t.notes = append(t.notes, seq)
+
+			case snapshot.ActionSample:
+				t.samples = append(t.samples, seq)
+
+			case snapshot.ActionHeapDump:
+				b.dump = len(t.dumps)
+				t.dumps = append(t.dumps, HeapDump{Seq: seq, Reason: t.s.String(e.Text), Phase: e.Phase, Iteration: e.Iteration})
+
+			case snapshot.ActionRetain:
+				if b.dump >= 0 {
+					d := &t.dumps[b.dump]
+					if d.Seq+d.Edges+1 == seq {
+						d.Edges++
+					}
 				}
 			}
-		}
 
-		allocated[seq], reserved[seq], active[seq] = cur[Allocated], cur[Reserved], cur[Active]
-		for k := range cur {
-			if p := &t.peaks[k]; cur[k] > p.Bytes || p.Seq < 0 {
-				p.Bytes, p.Seq = cur[k], seq
+			allocated[seq] = cur[Allocated]
+			for k := range cur {
+				if p := &t.peaks[k]; cur[k] > p.Bytes || p.Seq < 0 {
+					p.Bytes, p.Seq = cur[k], seq
+				}
 			}
+			if seq-b.lastCP >= max(checkpointEvery, b.live.Len()) {
+				t.checkpoint(seq)
+			}
+			prevAction, prevAddr = e.Action, e.Addr
 		}
-		if seq-b.lastCP >= max(checkpointEvery, b.live.Len()) {
-			t.checkpoint(seq)
-		}
-		prev = ev
 	}
 	b.cur = cur
 	if n := len(t.phases); n > 0 {

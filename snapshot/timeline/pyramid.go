@@ -144,23 +144,33 @@ func (p *pyramid) descend(raw []int64, k, j int, m int64) int {
 }
 
 // Range returns the lowest and highest value of series s over events [from, to); the zero Extent for an
-// empty range.
+// empty range. Allocated and Reserved only.
 func (t *Timeline) Range(s Series, from, to int) Extent {
 	from, to = max(from, 0), min(to, t.n)
-	if from >= to || s >= numSeries {
+	if from >= to {
 		return Extent{}
 	}
-	return t.pyr[s].extent(t.series[s], from, to)
+	return t.extent(s, from, to)
+}
+
+func (t *Timeline) extent(s Series, from, to int) Extent {
+	switch s {
+	case Allocated:
+		return t.allocPyr.extent(t.alloc, from, to)
+	case Reserved:
+		return t.reserved.extent(from, to)
+	}
+	return Extent{}
 }
 
 // Columns splits events [from, to) into len(dst) columns of (nearly) equal numbers of events and returns each
-// column's Extent of series s, in dst. A column narrower than one event repeats the event under it; columns
+// column's Extent of series s (Allocated or Reserved), in dst. A column narrower than one event repeats the event under it; columns
 // past the indexed events are zero. Draw peaks from Max: averaging a column would hide them.
 func (t *Timeline) Columns(s Series, from, to int, dst []Extent) []Extent {
 	width := len(dst)
 	from, to = max(from, 0), min(to, t.n)
 	clear(dst)
-	if from >= to || width == 0 || s >= numSeries {
+	if from >= to || width == 0 || s != Allocated && s != Reserved {
 		return dst
 	}
 	n := to - from
@@ -172,7 +182,15 @@ func (t *Timeline) Columns(s Series, from, to int, dst []Extent) []Extent {
 		if lo >= to {
 			break
 		}
-		dst[c] = t.pyr[s].extent(t.series[s], lo, min(hi, to))
+		dst[c] = t.extent(s, lo, min(hi, to))
 	}
 	return dst
+}
+
+func (p *pyramid) bytes() int {
+	n := 0
+	for _, l := range p.levels {
+		n += 16 * cap(l)
+	}
+	return n
 }

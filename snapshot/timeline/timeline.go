@@ -5,9 +5,11 @@
 package timeline
 
 import (
+	"iter"
 	"math"
 	"slices"
 	"sort"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -17,11 +19,12 @@ import (
 // blocks were alive, what they held and who retained them; what the allocator's segments looked like.
 //
 // New builds it in one pass over the events and Update indexes events appended to the snapshot since
-// (a recording being followed). Memory is bounded per event and holds no per-event heap objects: three int64
-// series (24 bytes an event), their min/max pyramids (about 3 bytes), a table of 25 bytes per allocation
-// and 16 per category change, and checkpoints of the live set that take at most 4 bytes an event. Queries that
-// need the live set start from the nearest checkpoint, so they cost what is alive plus what was allocated
-// since the checkpoint, whatever the length of the snapshot.
+// (a recording being followed). Memory is bounded per event and holds no per-event heap objects: allocated
+// bytes after every event (8 bytes an event) and their min/max pyramid (about 1 byte), reserved bytes where
+// they change, a table of 25 bytes per allocation and 16 per category change, and checkpoints of the live set
+// that take at most 4 bytes an event: about 17 bytes an event for a training loop. Queries that need the live
+// set start from the nearest checkpoint, so they cost what is alive plus what was allocated since the
+// checkpoint, whatever the length of the snapshot.
 //
 // Accounting follows PyTorch's memory_stats: allocated bytes count a block's size from its alloc until its
 // free is requested, active bytes until the free completes, reserved bytes the segments (cudaMalloc'd or
@@ -34,8 +37,9 @@ type Timeline struct {
 	s *snapshot.Snapshot
 	n int // events indexed
 
-	series [numSeries][]int64
-	pyr    [numSeries]pyramid
+	alloc    []int64 // allocated bytes after each event
+	allocPyr pyramid
+	reserved steps
 
 	blocks  blockTable
 	changes []categoryChange
@@ -48,6 +52,7 @@ type Timeline struct {
 	dumps      []HeapDump
 	ooms       []int
 	notes      []int // annotation events
+	samples    []int // sample events
 	segEvents  []uint32
 
 	peaks    [numSeries]Peak
@@ -146,16 +151,19 @@ func New(s *snapshot.Snapshot) *Timeline {
 
 // Update indexes the events appended to the snapshot since the last call (or New) and returns how
 // many there were.
-func (t *Timeline) Update() int {
-	end := min(t.s.Events.Len(), MaxEvents)
+func (t *Timeline) Update() int { return t.UpdateTo(t.s.Events.Len()) }
+
+// UpdateTo indexes the events appended to the snapshot since the last call, up to event end (exclusive), and
+// returns how many there were: a program that must stay responsive indexes a long snapshot in steps.
+func (t *Timeline) UpdateTo(end int) int {
+	end = min(end, t.s.Events.Len(), MaxEvents)
 	if end <= t.n {
 		return 0
 	}
-	start := t.n
+	start, changes := t.n, len(t.reserved.val)
 	t.index(start, end)
-	for k := range t.series {
-		t.pyr[k].extend(t.series[k], start)
-	}
+	t.allocPyr.extend(t.alloc, start)
+	t.reserved.extend(max(changes-1, 0))
 	t.n = end
 	return end - start
 }
@@ -166,12 +174,27 @@ func (t *Timeline) Snapshot() *snapshot.Snapshot { return t.s }
 // Len returns the number of events indexed.
 func (t *Timeline) Len() int { return t.n }
 
-// Value returns the bytes of series s after event seq; 0 for a seq outside the indexed events.
+// Value returns the bytes of series s after event seq; 0 for a seq outside the indexed events. Active bytes
+// are counted from the live blocks: a query costs what LiveAt costs.
 func (t *Timeline) Value(s Series, seq int) int64 {
-	if seq < 0 || seq >= t.n || s >= numSeries {
+	if seq < 0 || seq >= t.n {
 		return 0
 	}
-	return t.series[s][seq]
+	switch s {
+	case Allocated:
+		return t.alloc[seq]
+	case Reserved:
+		return t.reserved.at(seq)
+	case Active:
+		var pending int64
+		t.eachCandidate(seq, func(id int32) {
+			if f, d := t.blocks.free[id], t.blocks.done[id]; f != noSeq && int(f) <= seq && (d == noSeq || int(d) > seq) {
+				pending += t.blocks.size[id]
+			}
+		})
+		return t.alloc[seq] + pending
+	}
+	return 0
 }
 
 // Allocated returns the allocated bytes after event seq.
@@ -183,13 +206,27 @@ func (t *Timeline) Reserved(seq int) int64 { return t.Value(Reserved, seq) }
 // Active returns the active bytes after event seq.
 func (t *Timeline) Active(seq int) int64 { return t.Value(Active, seq) }
 
-// Values returns series s after every event, indexed by seq. The slice is the Timeline's own: do not
-// modify it.
-func (t *Timeline) Values(s Series) []int64 {
-	if s >= numSeries {
-		return nil
+// Allocations returns allocated bytes after every event, indexed by seq. The slice is the Timeline's own: do
+// not modify it.
+func (t *Timeline) Allocations() []int64 { return t.alloc[:t.n:t.n] }
+
+// Steps yields, for events [from, to), the first event and every event after which series s changes, with
+// its value then: a counter track's points. Allocated and Reserved only.
+func (t *Timeline) Steps(s Series, from, to int) iter.Seq2[int, int64] {
+	from, to = max(from, 0), min(to, t.n)
+	switch s {
+	case Allocated:
+		return func(yield func(int, int64) bool) {
+			for seq := from; seq < to; seq++ {
+				if v := t.alloc[seq]; (seq == from || v != t.alloc[seq-1]) && !yield(seq, v) {
+					return
+				}
+			}
+		}
+	case Reserved:
+		return t.reserved.changes(from, to)
 	}
-	return t.series[s][:t.n:t.n]
+	return func(func(int, int64) bool) {}
 }
 
 // Peak returns the highest value of series s and the first event after which it was reached.
@@ -200,14 +237,22 @@ func (t *Timeline) Peak(s Series) Peak {
 	return t.peaks[s]
 }
 
-// PeakIn returns the highest value of series s over events [from, to) and the first event that reached it.
+// PeakIn returns the highest value of series s over events [from, to) and the first event that reached it;
+// Allocated and Reserved only.
 func (t *Timeline) PeakIn(s Series, from, to int) Peak {
 	from, to = max(from, 0), min(to, t.n)
-	if from >= to || s >= numSeries {
+	if from >= to {
 		return Peak{Seq: -1}
 	}
-	seq, v := t.pyr[s].firstMax(t.series[s], from, to)
-	return Peak{Bytes: v, Seq: seq}
+	switch s {
+	case Allocated:
+		seq, v := t.allocPyr.firstMax(t.alloc, from, to)
+		return Peak{Bytes: v, Seq: seq}
+	case Reserved:
+		seq, v := t.reserved.firstMax(from, to)
+		return Peak{Bytes: v, Seq: seq}
+	}
+	return Peak{Seq: -1}
 }
 
 // Phases returns the phase spans in order. The slice is the Timeline's own: do not modify it.
@@ -253,6 +298,10 @@ func (t *Timeline) OOMs() []int { return t.ooms }
 // Annotations returns the seqs of the annotation events. The slice is the Timeline's own: do not modify it.
 func (t *Timeline) Annotations() []int { return t.notes }
 
+// Samples returns the seqs of the sample events (device readings). The slice is the Timeline's own: do not
+// modify it.
+func (t *Timeline) Samples() []int { return t.samples }
+
 // Stats returns what the Timeline indexed.
 func (t *Timeline) Stats() Stats {
 	st := t.stats
@@ -265,4 +314,16 @@ func (t *Timeline) Stats() Stats {
 // SeqAtTime returns the first event whose Time is at least ns (Len if none). Event times never decrease.
 func (t *Timeline) SeqAtTime(ns int64) int {
 	return sort.Search(t.n, func(i int) bool { return t.s.Events.Time(i) >= ns })
+}
+
+// Bytes returns the memory the Timeline holds, in bytes: its columns' capacity, and the spans and lists it
+// keeps. It leaves out the snapshot it indexes.
+func (t *Timeline) Bytes() int64 {
+	bt := &t.blocks
+	n := 8*cap(t.alloc) + t.allocPyr.bytes() + 12*cap(t.reserved.seq) + t.reserved.pyr.bytes() +
+		4*(cap(bt.alloc)+cap(bt.free)+cap(bt.done)+cap(bt.first)) + 8*cap(bt.size) + cap(bt.cat) +
+		16*cap(t.changes) + 24*cap(t.checkpoints) + 4*cap(t.cpBlocks) +
+		int(unsafe.Sizeof(PhaseSpan{}))*cap(t.phases) + int(unsafe.Sizeof(IterationSpan{}))*cap(t.iterations) +
+		int(unsafe.Sizeof(HeapDump{}))*cap(t.dumps) + 8*(cap(t.ooms)+cap(t.notes)+cap(t.samples)) + 4*cap(t.segEvents)
+	return int64(n)
 }
