@@ -20,6 +20,8 @@ import (
 // empty and ready to use. An Events must not be copied while it is appended to; View makes the copy to read.
 type Events struct {
 	n      int
+	expect int // the events Grow made room for
+
 	action []Action
 	row    []uint32 // the event's row in rows
 
@@ -94,11 +96,16 @@ const MaxEvents = 1<<32 - 2
 // Len returns the number of events.
 func (ev *Events) Len() int { return ev.n }
 
+// Cap returns the number of events room was made for: more than Len when a reader sized the columns for the
+// events a file is expected to hold. An index built as the events arrive sizes its own columns by it.
+func (ev *Events) Cap() int { return max(ev.expect, ev.n) }
+
 // Grow makes room for n more events, so that appending them does not copy the columns.
 func (ev *Events) Grow(n int) {
 	if n <= 0 {
 		return
 	}
+	ev.expect = max(ev.expect, ev.n+n)
 	ev.action = slices.Grow(ev.action, n)
 	ev.row = slices.Grow(ev.row, n)
 	ev.timeOff = slices.Grow(ev.timeOff, n)
@@ -110,7 +117,7 @@ func (ev *Events) Grow(n int) {
 func (ev *Events) View() Events {
 	r, x := &ev.rows, &ev.rare
 	return Events{
-		n: ev.n, action: clip(ev.action), row: clip(ev.row), timeBase: clip(ev.timeBase), timeOff: clip(ev.timeOff),
+		n: ev.n, expect: ev.expect, action: clip(ev.action), row: clip(ev.row), timeBase: clip(ev.timeBase), timeOff: clip(ev.timeOff),
 		excSeq: clip(ev.excSeq), excTime: clip(ev.excTime), runStart: clip(ev.runStart), runPhase: clip(ev.runPhase),
 		runIter: clip(ev.runIter), ctxs: clip(ev.ctxs), xSeq: clip(ev.xSeq), xRow: clip(ev.xRow),
 		rows: rowColumns{addr: clip(r.addr), size: clip(r.size), blockSize: clip(r.blockSize), scope: clip(r.scope),
@@ -454,6 +461,21 @@ func (ev *Events) Slice(from, to int) []Event {
 		out = append(out, e)
 	}
 	return out
+}
+
+// Equal reports whether ev and o hold the same events.
+func (ev *Events) Equal(o *Events) bool {
+	if ev.n != o.n {
+		return false
+	}
+	var a, b [256]Event
+	for from := 0; from < ev.n; from += len(a) {
+		n := ev.Fill(a[:], from)
+		if o.Fill(b[:n], from) != n || !slices.Equal(a[:n], b[:n]) {
+			return false
+		}
+	}
+	return true
 }
 
 // MapStacks replaces every event's stack s with f(s). It changes the columns in place: no View of ev may be in

@@ -43,8 +43,7 @@ type Reader struct {
 	pos int
 	hdr [chunkHeaderSize]byte // the chunk header being read; a field so that it is not allocated per chunk
 
-	size  int64 // the input's size when it is a file, else 0
-	sized bool  // presize has run
+	size int64 // the input's size when it is a file, else 0
 
 	footer  *Footer
 	warning error
@@ -157,8 +156,8 @@ func (r *Reader) Next() (Event, error) {
 // ReadChunk appends the events of the next chunk (or what Next left of the current one) to dst. It is the
 // fast way to read a snapshot. At the end it appends nothing and returns io.EOF.
 //
-// Reading a file, ReadChunk sizes dst's columns once from the file's size and the events per byte of the
-// chunks read so far, so that they are not copied as they grow.
+// Reading a file, ReadChunk sizes dst's columns from the file's size and the events per byte of the chunks
+// read so far, so that they are copied seldom as they grow.
 func (r *Reader) ReadChunk(dst *Events) error {
 	if r.pos >= len(r.buf) {
 		buf, err := r.readEvents(r.buf[:0])
@@ -175,17 +174,16 @@ func (r *Reader) ReadChunk(dst *Events) error {
 	return nil
 }
 
-// presize grows dst once to hold the events the rest of the file is expected to hold, judged by the events
-// per byte so far. It waits for a few chunks so that the ratio is a fair one.
+// presize grows dst to hold the events the whole file is expected to hold, judged by the events per byte
+// so far, when the events about to be appended would not fit. It waits for a few chunks so that the ratio is
+// a fair one, and adds a little, so that a ratio that drifts costs a few copies at most.
 func (r *Reader) presize(dst *Events) {
-	if r.sized || r.size <= 0 || r.model.events < 1<<16 || r.off <= 0 {
+	if r.size <= 0 || r.model.events < 1<<16 || r.off <= 0 || dst.Len()+len(r.buf)-r.pos <= dst.Cap() {
 		return
 	}
-	r.sized = true
-	rest := max(r.size-r.off, 0)
-	want := float64(r.model.events) * float64(rest) / float64(r.off) * 1.02
+	want := float64(r.model.events) * float64(max(r.size, r.off)) / float64(r.off) * 1.03
 	if want < float64(MaxEvents) {
-		dst.Grow(int(want) + len(r.buf))
+		dst.Grow(max(int(want)-dst.Len(), len(r.buf)))
 	}
 }
 

@@ -6,7 +6,6 @@ package tui
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"charm.land/bubbles/v2/help"
@@ -97,6 +96,8 @@ type Model struct {
 	statusIsError  bool
 	landedOnTarget bool // the cursor was put on the OOM (or peak) once loading ended
 
+	frame frame // the last screen drawn
+
 	timeline timelinePane
 	live     livePane
 	cats     categoriesPane
@@ -159,6 +160,11 @@ func (m *Model) Init() tea.Cmd {
 
 // Update handles a message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg.(type) {
+	case chunkMsg, indexMsg: // loading redraws on its own clock
+	default:
+		m.frame.valid = false
+	}
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = msg.Width, msg.Height
@@ -168,6 +174,8 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.onStream(msg)
 	case chunkMsg:
 		return m, m.onChunk(msg)
+	case indexMsg:
+		return m, m.onIndex()
 	case fixStreamMsg:
 		return m, m.fixes.onStream(msg)
 	case fixChunkMsg:
@@ -219,51 +227,6 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.onKey(msg)
 	}
 	return m, nil
-}
-
-// onStream starts reading an opened stream.
-func (m *Model) onStream(msg streamMsg) tea.Cmd {
-	if msg.err != nil {
-		m.load.err, m.load.done = msg.err, true
-		m.setStatus(msg.err.Error(), true)
-		return nil
-	}
-	m.stream = msg.s
-	m.setSnapshot(&snapshot.Snapshot{Meta: msg.meta})
-	return m.readMore()
-}
-
-// readMore asks for the stream's next chunk.
-func (m *Model) readMore() tea.Cmd {
-	return nextChunk(m.stream)
-}
-
-// onChunk adds a chunk's events, keeping the cursor where it was unless loading ended.
-func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
-	follow := m.cursor >= m.ix.len()-1 // a cursor at the end follows the stream
-	*m.snap = *msg.snap
-	m.ix.extend()
-	if !m.zoomed {
-		m.viewFrom, m.viewTo = 0, m.ix.len()
-	}
-	if follow && m.ix.len() > 0 {
-		m.moveTo(m.ix.len() - 1)
-	}
-	if !msg.done {
-		return m.readMore()
-	}
-	m.load.done = true
-	m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
-	m.fixes.setBaseline(m.ix)
-	switch {
-	case msg.err != nil:
-		m.load.err = msg.err
-		m.setStatus(fmt.Sprintf("read %d events; then: %v", m.ix.len(), msg.err), true)
-	case m.snap.Warning != nil:
-		m.setStatus(m.snap.Warning.Error(), true)
-	}
-	m.landOnTarget()
-	return tea.Batch(m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
 }
 
 // setSnapshot makes s the snapshot shown.

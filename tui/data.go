@@ -10,15 +10,15 @@ import (
 
 // index is what the panes ask of a snapshot, on top of its timeline.Timeline: memory after every event,
 // phase spans and iterations, the peak, the OOM, the live set, retainers and segments at any event. It grows
-// as events stream in.
+// as events stream in, in steps whose cost is that of the new events.
 type index struct {
 	snap     *snapshot.Snapshot
 	tl       *timeline.Timeline
-	spans    []span // phase spans, in order
-	iters    []int  // first event of each iteration (setup excluded)
-	peak     int    // first event reaching the highest allocated bytes; -1 if none
-	oom      int    // the first OOM event; -1 if none
-	capacity int64  // device capacity, 0 if unknown
+	iters    []int // first event of each iteration (setup excluded)
+	seen     int   // iteration spans looked at for iters
+	peak     int   // first event reaching the highest allocated bytes; -1 if none
+	oom      int   // the first OOM event; -1 if none
+	capacity int64 // device capacity, 0 if unknown
 }
 
 // span is a run of events in one phase of one iteration.
@@ -39,20 +39,26 @@ func newIndex(s *snapshot.Snapshot) *index {
 }
 
 // extend indexes the events appended to the snapshot since the last call.
-func (x *index) extend() {
-	x.tl.Update()
-	x.refresh()
+func (x *index) extend() { x.extendTo(x.snap.Events.Len()) }
+
+// extendTo indexes the events appended to the snapshot since the last call, up to event end, and returns how
+// many it indexed.
+func (x *index) extendTo(end int) int {
+	n := x.tl.UpdateTo(end)
+	if n > 0 {
+		x.refresh()
+	}
+	return n
 }
 
-// refresh copies what the panes need from the timeline.
+// behind returns how many events of the snapshot are not indexed yet.
+func (x *index) behind() int { return x.snap.Events.Len() - x.tl.Len() }
+
+// refresh takes from the timeline what changed since the last call: new iterations, the peak, the OOM.
 func (x *index) refresh() {
-	x.spans = x.spans[:0]
-	for _, p := range x.tl.Phases() {
-		x.spans = append(x.spans, span{from: p.Start, to: p.End, phase: p.Phase, iteration: p.Iteration, before: p.Before})
-	}
-	x.iters = x.iters[:0]
-	for _, it := range x.tl.Iterations() {
-		if it.Iteration >= 0 {
+	its := x.tl.Iterations()
+	for ; x.seen < len(its); x.seen++ {
+		if it := its[x.seen]; it.Iteration >= 0 {
 			x.iters = append(x.iters, it.Start)
 		}
 	}
@@ -69,21 +75,20 @@ func (x *index) allocated(i int) int64 { return x.tl.Allocated(i) }
 func (x *index) reserved(i int) int64  { return x.tl.Reserved(i) }
 func (x *index) peakReserved() int64   { return x.tl.Peak(timeline.Reserved).Bytes }
 
+// spans returns the phase spans, in order.
+func (x *index) spans() []timeline.PhaseSpan { return x.tl.Phases() }
+
 // spanAt returns the phase span holding event i (a span of no phase if there is none).
 func (x *index) spanAt(i int) span {
-	j, found := slices.BinarySearchFunc(x.spans, i, func(s span, i int) int {
-		if i < s.from {
-			return 1
-		}
-		if i >= s.to {
-			return -1
-		}
-		return 0
-	})
-	if !found {
+	j := x.tl.PhaseAt(i)
+	if j < 0 {
 		return span{from: 0, to: x.len(), phase: snapshot.PhaseNone, iteration: -1}
 	}
-	return x.spans[j]
+	return toSpan(x.tl.Phases()[j])
+}
+
+func toSpan(p timeline.PhaseSpan) span {
+	return span{from: p.Start, to: p.End, phase: p.Phase, iteration: p.Iteration, before: p.Before}
 }
 
 // liveAt returns the blocks allocated after event at, largest first.

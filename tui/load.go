@@ -6,19 +6,23 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	tea "charm.land/bubbletea/v2"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // stream is a snapshot arriving chunk by chunk: from a workload recording into a pipe, or from a file that
-// may still be growing.
+// may still be growing. The command that reads it owns snap; the model gets Views of it.
 type stream struct {
 	r     *snapshot.Reader
-	snap  *snapshot.Snapshot // what was read so far; the model gets Views of it
+	snap  *snapshot.Snapshot // what was read so far
 	close func()
+	size  int64 // the file's size, 0 for a pipe or a file being followed
 }
 
 // streamMsg says a stream has opened (or failed to).
@@ -30,10 +34,23 @@ type streamMsg struct {
 
 // chunkMsg carries a View of what the stream has read so far; done when the stream ended.
 type chunkMsg struct {
-	snap *snapshot.Snapshot
-	done bool
-	err  error
+	snap  *snapshot.Snapshot
+	bytes int64 // input read so far
+	done  bool
+	err   error
 }
+
+// indexMsg asks the model to go on indexing what it has read.
+type indexMsg struct{}
+
+// Loading runs in two goroutines, as fast as the reader reads: a command reads many chunks per message, and
+// the model indexes what arrived in steps of at most indexBudget per Update, so keys are answered between
+// them. Panes and the screen are brought up to date at most every refreshEvery while loading.
+const (
+	readBudget   = 20 * time.Millisecond
+	indexBudget  = 8 * time.Millisecond
+	refreshEvery = 100 * time.Millisecond
+)
 
 // recordWorkload starts run recording w into a pipe and opens the pipe's other end.
 func recordWorkload(ctx context.Context, run Runner, w Workload) tea.Cmd {
@@ -74,29 +91,165 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 			closeIn()
 			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
 		}
-		return streamMsg{s: &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn}, meta: r.Meta()}
+		s := &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && !opts.Follow {
+			s.size = fi.Size()
+		}
+		return streamMsg{s: s, meta: r.Meta()}
 	}
 }
 
-// nextChunk reads the stream's next chunk.
+// nextChunk reads the stream's next chunks: for a file, as many as arrive within readBudget; for a pipe or a
+// file being followed, one, since the next may take the writer a while.
 func nextChunk(s *stream) tea.Cmd {
 	return func() tea.Msg {
-		err := s.r.ReadInto(s.snap)
-		if err == nil {
-			return chunkMsg{snap: s.snap.View()}
+		start := time.Now()
+		for {
+			err := s.r.ReadInto(s.snap)
+			if err != nil {
+				s.close()
+				msg := chunkMsg{snap: s.snap.View(), bytes: s.r.Offset(), done: true}
+				if !errors.Is(err, io.EOF) {
+					msg.err = err
+				}
+				return msg
+			}
+			if s.size == 0 || time.Since(start) >= readBudget {
+				return chunkMsg{snap: s.snap.View(), bytes: s.r.Offset()}
+			}
 		}
-		s.close()
-		msg := chunkMsg{snap: s.snap.View(), done: true}
-		if !errors.Is(err, io.EOF) {
-			msg.err = err
-		}
-		return msg
 	}
 }
 
 // loadState is how far loading has come.
 type loadState struct {
-	label string // what is loading
-	done  bool
-	err   error
+	label    string // what is loading
+	done     bool   // the stream ended and every event was indexed
+	readDone bool   // the stream ended
+	err      error
+
+	started     time.Time
+	bytes, size int64 // input read so far, and its size when known
+	reading     bool  // a read is in flight
+	indexing    bool  // an indexMsg is in flight
+	refreshed   time.Time
+	endErr      error // how the stream ended, reported once every event is indexed
+}
+
+// progress says how far loading has come: events, bytes and the rate.
+func (l *loadState) progress(indexed int) string {
+	s := fmt.Sprintf("%s: %s events", l.label, groupDigits(int64(indexed)))
+	if l.size > 0 {
+		s += fmt.Sprintf(", %s of %s", units.FormatSize(l.bytes), units.FormatSize(l.size))
+	} else if l.bytes > 0 {
+		s += ", " + units.FormatSize(l.bytes)
+	}
+	if el := time.Since(l.started).Seconds(); el > 0.2 && indexed > 0 {
+		s += fmt.Sprintf(", %.1fM events/s", float64(indexed)/el/1e6)
+	}
+	return s
+}
+
+// onStream starts reading an opened stream.
+func (m *Model) onStream(msg streamMsg) tea.Cmd {
+	if msg.err != nil {
+		m.load.err, m.load.done = msg.err, true
+		m.setStatus(msg.err.Error(), true)
+		return nil
+	}
+	m.stream = msg.s
+	m.load.started, m.load.size = time.Now(), msg.s.size
+	m.setSnapshot(&snapshot.Snapshot{Meta: msg.meta})
+	return m.readMore()
+}
+
+// readMore asks for the stream's next chunks.
+func (m *Model) readMore() tea.Cmd {
+	m.load.reading = true
+	return nextChunk(m.stream)
+}
+
+// onChunk takes what the stream read: the reader goes on at once, and the model indexes it in steps.
+func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
+	*m.snap = *msg.snap
+	m.load.reading, m.load.bytes = false, msg.bytes
+	var cmds []tea.Cmd
+	if msg.done {
+		m.load.readDone, m.load.endErr = true, msg.err
+	} else {
+		cmds = append(cmds, m.readMore())
+	}
+	if !m.load.indexing {
+		cmds = append(cmds, m.onIndex())
+	}
+	return tea.Batch(cmds...)
+}
+
+// onIndex indexes what was read for at most indexBudget, and asks for more time while some is left.
+func (m *Model) onIndex() tea.Cmd {
+	m.load.indexing = false
+	follow := m.cursor >= m.ix.len()-1 // a cursor at the end follows the stream
+	start := time.Now()
+	for m.ix.behind() > 0 && time.Since(start) < indexBudget {
+		m.ix.extendTo(m.ix.len() + 1<<15)
+	}
+	caughtUp := m.ix.behind() == 0
+	if caughtUp && m.load.readDone {
+		return m.loaded()
+	}
+	if time.Since(m.load.refreshed) >= refreshEvery {
+		m.load.refreshed = time.Now()
+		if !m.zoomed {
+			m.viewFrom, m.viewTo = 0, m.ix.len()
+		}
+		if follow && m.ix.len() > 0 {
+			m.moveTo(m.ix.len() - 1)
+		}
+	}
+	if caughtUp {
+		return nil // the next chunk brings more
+	}
+	m.load.indexing = true
+	return func() tea.Msg { return indexMsg{} }
+}
+
+// loaded ends loading: the panes come to the OOM (or the peak) and the leaks are looked for.
+func (m *Model) loaded() tea.Cmd {
+	m.load.done = true
+	if !m.zoomed {
+		m.viewFrom, m.viewTo = 0, m.ix.len()
+	}
+	if m.cursor >= m.ix.len()-2 && m.ix.len() > 0 {
+		m.moveTo(m.ix.len() - 1)
+	}
+	m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
+	m.fixes.setBaseline(m.ix)
+	switch {
+	case m.load.endErr != nil:
+		m.load.err = m.load.endErr
+		m.setStatus(fmt.Sprintf("read %d events; then: %v", m.ix.len(), m.load.endErr), true)
+	case m.snap.Warning != nil:
+		m.setStatus(m.snap.Warning.Error(), true)
+	}
+	m.landOnTarget()
+	m.refreshPanes()
+	return tea.Batch(m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
+}
+
+// groupDigits prints n with thousands separators: 12,345,678.
+func groupDigits(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
 }

@@ -2,6 +2,7 @@ package tui
 
 import (
 	"slices"
+	"sort"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -147,22 +148,24 @@ func (m *Model) pan(right bool) {
 // Under checkpointing, backward alternates with the recomputation of each checkpointed block dozens of times
 // an iteration: unless zoomed in, those spans are one stop.
 func (m *Model) nextBoundary(dir int) int {
-	spans := m.ix.spans
+	spans := m.ix.spans()
 	if len(spans) == 0 {
 		return m.cursor
 	}
-	stop := func(i int) bool { return i == 0 || m.zoomed || !sameBackward(spans[i-1], spans[i]) }
+	stop := func(j int) bool { return j == 0 || m.zoomed || !sameBackward(spans[j-1], spans[j]) }
+	// The first span starting after the cursor.
+	j := sort.Search(len(spans), func(j int) bool { return spans[j].Start > m.cursor })
 	if dir > 0 {
-		for i, s := range spans {
-			if s.from > m.cursor && stop(i) {
-				return s.from
+		for ; j < len(spans); j++ {
+			if stop(j) {
+				return spans[j].Start
 			}
 		}
 		return m.ix.len() - 1
 	}
-	for i := len(spans) - 1; i >= 0; i-- {
-		if spans[i].from < m.cursor && stop(i) {
-			return spans[i].from
+	for j--; j >= 0; j-- {
+		if spans[j].Start < m.cursor && stop(j) {
+			return spans[j].Start
 		}
 	}
 	return 0
@@ -170,9 +173,9 @@ func (m *Model) nextBoundary(dir int) int {
 
 // sameBackward reports whether two spans in a row are one backward pass: backward and the recomputation of
 // a checkpointed block inside it, in one iteration.
-func sameBackward(a, b span) bool {
+func sameBackward(a, b timeline.PhaseSpan) bool {
 	bw := func(p snapshot.Phase) bool { return p == snapshot.PhaseBackward || p == snapshot.PhaseRecompute }
-	return a.iteration == b.iteration && bw(a.phase) && bw(b.phase)
+	return a.Iteration == b.Iteration && bw(a.Phase) && bw(b.Phase)
 }
 
 // nextIteration returns the next (+1) or previous (-1) iteration marker.

@@ -16,8 +16,8 @@ func TestNextPhaseStepsOverRecomputation(t *testing.T) {
 	ix := m.ix
 	bw := func(p snapshot.Phase) bool { return p == snapshot.PhaseBackward || p == snapshot.PhaseRecompute }
 	raw := 0
-	for _, sp := range ix.spans {
-		if sp.iteration == 0 && bw(sp.phase) {
+	for _, sp := range ix.spans() {
+		if sp.Iteration == 0 && bw(sp.Phase) {
 			raw++
 		}
 	}

@@ -167,10 +167,10 @@ func (p *timelinePane) band(s Styles, cols []column, curCol int) string {
 // the re-run has no counterpart for are -1.
 func (p *timelinePane) alignedAfter(cols []column) []int64 {
 	first := map[[2]int32]span{}
-	for _, sp := range p.after.spans {
-		k := [2]int32{sp.iteration, int32(sp.phase)}
+	for _, p := range p.after.spans() {
+		k := [2]int32{p.Iteration, int32(p.Phase)}
 		if _, ok := first[k]; !ok {
-			first[k] = sp
+			first[k] = toSpan(p)
 		}
 	}
 	at := func(i int) int {

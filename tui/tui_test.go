@@ -353,21 +353,18 @@ func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 	w := workload(t, "tiny-oom")
 	m := New(context.Background(), Options{Workload: w, Runner: playback{}, Profile: colorprofile.Ascii})
 	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
-	msg := recordWorkload(context.Background(), playback{}, *w)()
-	cmd := m.onStream(msg.(streamMsg))
 	chunks := 0
-	for cmd != nil {
-		msg := cmd()
-		chunk, ok := msg.(chunkMsg)
-		if !ok { // loading ended: the leak analysis follows
-			m.Update(msg)
-			break
+	drive(m, m.Init(), func(msg tea.Msg) bool {
+		if _, ok := msg.(chunkMsg); ok {
+			chunks++
 		}
-		cmd = m.onChunk(chunk)
-		chunks++
-	}
+		return false
+	})
 	if !m.load.done || m.ix.oom < 0 || m.Cursor() != m.ix.oom {
 		t.Fatalf("after %d chunks: done %v, oom at %d, cursor %d", chunks, m.load.done, m.ix.oom, m.Cursor())
+	}
+	if m.leaks.res == nil {
+		t.Error("loading ended without a leak analysis")
 	}
 	if m.snap.Footer == nil {
 		t.Error("the streamed snapshot has no footer")

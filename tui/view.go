@@ -3,6 +3,7 @@ package tui
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -41,9 +42,20 @@ func (m *Model) relayout() {
 	m.help.SetWidth(w)
 }
 
+// frame is the last screen drawn. While a snapshot loads, messages arrive far faster than a terminal
+// redraws: the screen is drawn again when something other than loading happened, or every refreshEvery.
+type frame struct {
+	content string
+	at      time.Time
+	valid   bool
+}
+
 // View renders the screen.
 func (m *Model) View() tea.View {
-	v := tea.NewView(m.render())
+	if !m.frame.valid || m.load.done || time.Since(m.frame.at) >= refreshEvery {
+		m.frame = frame{content: m.render(), at: time.Now(), valid: true}
+	}
+	v := tea.NewView(m.frame.content)
 	v.AltScreen = true
 	v.WindowTitle = "oomdbg"
 	return v
@@ -173,7 +185,7 @@ func (m *Model) statusView() []string {
 		style = m.styles.Error
 	}
 	if !m.load.done {
-		msg = fmt.Sprintf("%s: %d events so far", m.load.label, ix.len())
+		msg = m.load.progress(ix.len())
 	}
 	return []string{ansi.Truncate(pos, m.width, "…"), style.Render(ansi.Truncate(msg, m.width, "…"))}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // The Timeline benchmarks run on the generated GPT-2-small training loop: benchConfig's 124,000 events for
-// building, and 10 million events (4,350 iterations, about 1.1 GB of events in memory) for building and for
+// building, and 10 million events (3,280 iterations, about 110 MB of events in memory) for building and for
 // the queries a debugger makes at that size. The large trace ends with an oom event, so the OOM query has
 // one to explain.
 
@@ -25,7 +25,7 @@ func bigTrace(b *testing.B) (*snapshot.Snapshot, *timeline.Timeline) {
 	b.Helper()
 	bigOnce.Do(func() {
 		cfg := snapshottest.GPT2Small()
-		cfg.Iterations = 4350
+		cfg.Iterations = 3280
 		s := snapshottest.Trace(cfg)
 		last := s.Events.At(s.Events.Len() - 1)
 		s.Events.Append(&snapshot.Event{Time: last.Time + 1, Action: snapshot.ActionOOM,

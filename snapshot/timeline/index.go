@@ -76,15 +76,24 @@ func blockBytes(e *snapshot.Event) int64 {
 
 // index runs the pass over events [start, end).
 func (t *Timeline) index(start, end int) {
-	t.alloc = slices.Grow(t.alloc, end-start)[:end]
+	// The columns are sized for the events the snapshot is expected to hold (Events.Cap), or doubled, so
+	// that they are copied seldom as they grow; the block table for the share of allocs so far, or a
+	// training loop's mix (an alloc, two frees and a tag or two per block).
+	expect := max(end, t.s.Events.Cap())
+	if cap(t.alloc) < end {
+		t.alloc = growTo(t.alloc, max(expect, 2*cap(t.alloc)))
+	}
+	t.alloc = t.alloc[:end]
 	allocated := t.alloc
 	b := &t.b
 	bt := &t.blocks
 	cur := b.cur
-	// Pre-size the block table for a training loop's mix (an alloc, two frees and a tag or two per block),
-	// so that it is not copied as it grows.
-	if grow := (end - start) / 4; cap(bt.alloc)-len(bt.alloc) < grow {
-		bt.grow(grow)
+	if need := len(bt.alloc) + (end-start)/4; cap(bt.alloc) < need {
+		share := 0.25
+		if start > 1<<12 {
+			share = float64(len(bt.alloc)) / float64(start) * 1.05
+		}
+		bt.grow(max(need, int(float64(expect)*share), 2*cap(bt.alloc)))
 	}
 	var buf [256]snapshot.Event
 	prevAction, prevAddr := snapshot.ActionInvalid, uint64(0)
@@ -236,14 +245,20 @@ func (t *Timeline) release(id int32, e *snapshot.Event, seq int, cur [numSeries]
 	return cur
 }
 
-// grow makes room for n more blocks.
+// grow makes room for n blocks in all.
 func (bt *blockTable) grow(n int) {
-	bt.alloc = slices.Grow(bt.alloc, n)
-	bt.free = slices.Grow(bt.free, n)
-	bt.done = slices.Grow(bt.done, n)
-	bt.size = slices.Grow(bt.size, n)
-	bt.cat = slices.Grow(bt.cat, n)
-	bt.first = slices.Grow(bt.first, n)
+	bt.alloc, bt.free, bt.done = growTo(bt.alloc, n), growTo(bt.free, n), growTo(bt.done, n)
+	bt.size, bt.cat, bt.first = growTo(bt.size, n), growTo(bt.cat, n), growTo(bt.first, n)
+}
+
+// growTo returns s with room for n elements in all, allocating exactly that when it has less.
+func growTo[S ~[]E, E any](s S, n int) S {
+	if cap(s) >= n {
+		return s
+	}
+	out := make(S, len(s), n)
+	copy(out, s)
+	return out
 }
 
 // spans opens a new iteration or phase span when event e starts one. It runs before e is applied, so a

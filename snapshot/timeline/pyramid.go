@@ -29,8 +29,8 @@ func (p *pyramid) extend(raw []int64, from int) {
 		p.levels = append(p.levels, nil)
 	}
 	lv := p.levels[0]
-	if cap(lv) < count {
-		lv = append(lv[:cap(lv)], make([]Extent, count-cap(lv))...)
+	if cap(lv) < count { // as much room as raw has, so that the level grows when raw does
+		lv = growTo(lv, max(count, (cap(raw)+pyramidFan-1)/pyramidFan))
 	}
 	lv = lv[:count]
 	for j := lo; j < count; j++ {
@@ -52,7 +52,7 @@ func (p *pyramid) extend(raw []int64, from int) {
 		}
 		lv := p.levels[k]
 		if cap(lv) < count {
-			lv = append(lv[:cap(lv)], make([]Extent, count-cap(lv))...)
+			lv = growTo(lv, max(count, (cap(below)+pyramidFan-1)/pyramidFan))
 		}
 		lv = lv[:count]
 		for j := lo; j < count; j++ {

@@ -302,7 +302,7 @@ func TestWritesAndReadsBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(r.Events, s.Events) {
+			if !r.Events.Equal(&s.Events) {
 				t.Error("events differ after a write and read")
 			}
 			if !reflect.DeepEqual(r.Strings, s.Strings) || !reflect.DeepEqual(r.Frames, s.Frames) || !reflect.DeepEqual(r.Stacks, s.Stacks) {
