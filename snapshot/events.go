@@ -19,20 +19,21 @@ import (
 // events, may be read by one goroutine while another appends to the Events it came from. The zero Events is
 // empty and ready to use. An Events must not be copied while it is appended to; View makes the copy to read.
 type Events struct {
-	n      int
-	expect int // the events Grow made room for
+	base   int // the seq of the first event held: 0 but for a page of a longer run
+	n      int // events held
+	expect int // the events (in all, from seq 0) Grow made room for
 
 	action []Action
 	row    []uint32 // the event's row in rows
 
-	// Time: a base per block of timeBlock events and an offset from it; an offset that does not fit is
+	// Time: a base per block of timeBlock events held and an offset from it; an offset that does not fit is
 	// timeSpill, and the time is in the exceptions, by seq.
 	timeBase []int64
 	timeOff  []uint32
 	excSeq   []uint32
 	excTime  []int64
 
-	// Phase and iteration, as runs: run i starts at event runStart[i].
+	// Phase and iteration, as runs: run i starts at event runStart[i] (or before the first held, for run 0).
 	runStart []uint32
 	runPhase []Phase
 	runIter  []int32
@@ -93,19 +94,23 @@ type packer struct {
 // MaxEvents is the most events an Events holds: seqs and rows are 32-bit.
 const MaxEvents = 1<<32 - 2
 
-// Len returns the number of events.
-func (ev *Events) Len() int { return ev.n }
+// Len returns the seq after the last event: the number of events, when ev holds a whole run.
+func (ev *Events) Len() int { return ev.base + ev.n }
+
+// Base returns the seq of the first event held: 0 but for a page of a longer run (LoadPage, Forget). Events
+// before it cannot be asked for.
+func (ev *Events) Base() int { return ev.base }
 
 // Cap returns the number of events room was made for: more than Len when a reader sized the columns for the
 // events a file is expected to hold. An index built as the events arrive sizes its own columns by it.
-func (ev *Events) Cap() int { return max(ev.expect, ev.n) }
+func (ev *Events) Cap() int { return max(ev.expect, ev.Len()) }
 
 // Grow makes room for n more events, so that appending them does not copy the columns.
 func (ev *Events) Grow(n int) {
 	if n <= 0 {
 		return
 	}
-	ev.expect = max(ev.expect, ev.n+n)
+	ev.expect = max(ev.expect, ev.Len()+n)
 	ev.action = slices.Grow(ev.action, n)
 	ev.row = slices.Grow(ev.row, n)
 	ev.timeOff = slices.Grow(ev.timeOff, n)
@@ -117,7 +122,7 @@ func (ev *Events) Grow(n int) {
 func (ev *Events) View() Events {
 	r, x := &ev.rows, &ev.rare
 	return Events{
-		n: ev.n, expect: ev.expect, action: clip(ev.action), row: clip(ev.row), timeBase: clip(ev.timeBase), timeOff: clip(ev.timeOff),
+		base: ev.base, n: ev.n, expect: ev.expect, action: clip(ev.action), row: clip(ev.row), timeBase: clip(ev.timeBase), timeOff: clip(ev.timeOff),
 		excSeq: clip(ev.excSeq), excTime: clip(ev.excTime), runStart: clip(ev.runStart), runPhase: clip(ev.runPhase),
 		runIter: clip(ev.runIter), ctxs: clip(ev.ctxs), xSeq: clip(ev.xSeq), xRow: clip(ev.xRow),
 		rows: rowColumns{addr: clip(r.addr), size: clip(r.size), blockSize: clip(r.blockSize), scope: clip(r.scope),
@@ -140,31 +145,7 @@ func EventsOf(evs ...Event) Events {
 
 // Append adds e as event Len(); e.Seq is ignored. It panics past MaxEvents: readers cap events far below.
 func (ev *Events) Append(e *Event) {
-	if ev.n >= MaxEvents {
-		panic("snapshot: more than MaxEvents events")
-	}
 	p := ev.packer()
-	i := ev.n
-	ev.action = append(ev.action, e.Action)
-
-	// Time.
-	if i&(timeBlock-1) == 0 {
-		ev.timeBase = append(ev.timeBase, e.Time)
-	}
-	if d := uint64(e.Time - ev.timeBase[i>>timeBlockBits]); d < uint64(timeSpill) {
-		ev.timeOff = append(ev.timeOff, uint32(d))
-	} else {
-		ev.timeOff = append(ev.timeOff, timeSpill)
-		ev.excSeq = append(ev.excSeq, uint32(i))
-		ev.excTime = append(ev.excTime, e.Time)
-	}
-
-	// Phase and iteration.
-	if k := len(ev.runStart) - 1; k < 0 || ev.runPhase[k] != e.Phase || ev.runIter[k] != e.Iteration {
-		ev.runStart = append(ev.runStart, uint32(i))
-		ev.runPhase = append(ev.runPhase, e.Phase)
-		ev.runIter = append(ev.runIter, e.Iteration)
-	}
 
 	// The shared fields: the previous event's row (a free_completed after its free_requested), an equal row,
 	// or a new one.
@@ -179,9 +160,9 @@ func (ev *Events) Append(e *Event) {
 		}
 		p.prevRow = row
 	}
-	ev.row = append(ev.row, row)
 
 	// The rare fields.
+	xrow := int64(-1)
 	if e.Text != 0 || e.DeviceFree != 0 || e.Holder != 0 || e.Parent != 0 {
 		x := &ev.rare
 		h := rareHash(e.Text, e.DeviceFree, e.Holder, e.Parent)
@@ -195,8 +176,37 @@ func (ev *Events) Append(e *Event) {
 			x.holder, x.parent = append(x.holder, e.Holder), append(x.parent, e.Parent)
 			p.rare.insert(h, r, func(r uint32) uint64 { return rareHash(x.text[r], x.free[r], x.holder[r], x.parent[r]) })
 		}
-		ev.xSeq = append(ev.xSeq, uint32(i))
-		ev.xRow = append(ev.xRow, r)
+		xrow = int64(r)
+	}
+	ev.appendRaw(e.Action, row, e.Time, e.Phase, e.Iteration, xrow)
+}
+
+// appendRaw adds an event whose row (and rare row, -1 for none) is known.
+func (ev *Events) appendRaw(a Action, row uint32, t int64, phase Phase, iteration int32, xrow int64) {
+	if ev.Len() >= MaxEvents {
+		panic("snapshot: more than MaxEvents events")
+	}
+	i, seq := ev.n, uint32(ev.Len())
+	ev.action = append(ev.action, a)
+	ev.row = append(ev.row, row)
+	if i&(timeBlock-1) == 0 {
+		ev.timeBase = append(ev.timeBase, t)
+	}
+	if d := uint64(t - ev.timeBase[i>>timeBlockBits]); d < uint64(timeSpill) {
+		ev.timeOff = append(ev.timeOff, uint32(d))
+	} else {
+		ev.timeOff = append(ev.timeOff, timeSpill)
+		ev.excSeq = append(ev.excSeq, seq)
+		ev.excTime = append(ev.excTime, t)
+	}
+	if k := len(ev.runStart) - 1; k < 0 || ev.runPhase[k] != phase || ev.runIter[k] != iteration {
+		ev.runStart = append(ev.runStart, seq)
+		ev.runPhase = append(ev.runPhase, phase)
+		ev.runIter = append(ev.runIter, iteration)
+	}
+	if xrow >= 0 {
+		ev.xSeq = append(ev.xSeq, seq)
+		ev.xRow = append(ev.xRow, uint32(xrow))
 	}
 	ev.n++
 }
@@ -343,25 +353,32 @@ func (x *rowIndex) put(h, slot uint64) {
 }
 
 // Action returns the action of event seq.
-func (ev *Events) Action(seq int) Action { return ev.action[seq] }
+func (ev *Events) Action(seq int) Action { return ev.action[seq-ev.base] }
 
-// Actions returns the action of every event, by seq: the column hot loops scan. Do not modify it.
+// Actions returns the action of every event held, from Base on: the column hot loops scan. Do not modify it.
 func (ev *Events) Actions() []Action { return ev.action[:ev.n:ev.n] }
 
 // Time returns the time of event seq.
 func (ev *Events) Time(seq int) int64 {
-	off := ev.timeOff[seq]
+	i := seq - ev.base
+	off := ev.timeOff[i]
 	if off == timeSpill {
-		i, _ := slices.BinarySearch(ev.excSeq, uint32(seq))
-		return ev.excTime[i]
+		x, _ := slices.BinarySearch(ev.excSeq, uint32(seq))
+		return ev.excTime[x]
 	}
-	return ev.timeBase[seq>>timeBlockBits] + int64(off)
+	return ev.timeBase[i>>timeBlockBits] + int64(off)
 }
 
 // Phase returns the phase and iteration of event seq.
 func (ev *Events) Phase(seq int) (Phase, int32) {
+	run := max(ev.run(seq), 0)
+	return ev.runPhase[run], ev.runIter[run]
+}
+
+// run returns the run holding event seq.
+func (ev *Events) run(seq int) int {
 	run, _ := slices.BinarySearch(ev.runStart, uint32(seq)+1)
-	return ev.runPhase[run-1], ev.runIter[run-1]
+	return max(run-1, 0)
 }
 
 // At returns event seq.
@@ -378,10 +395,10 @@ func (ev *Events) At(seq int) Event {
 // fill sets the fields of e that come from the action, time and row columns.
 func (ev *Events) fill(e *Event, seq int) {
 	r := &ev.rows
-	row := ev.row[seq]
+	row := ev.row[seq-ev.base]
 	c := ev.ctxs[r.ctx[row]]
 	*e = Event{
-		Seq: uint64(seq), Time: ev.Time(seq), Action: ev.action[seq], Device: c.device, Stream: c.stream,
+		Seq: uint64(seq), Time: ev.Time(seq), Action: ev.action[seq-ev.base], Device: c.device, Stream: c.stream,
 		Addr: r.addr[row], Size: r.size[row], BlockSize: r.blockSize[row], Category: r.category[row],
 		Scope: r.scope[row], Label: r.label[row], Stack: r.stack[row],
 	}
@@ -392,18 +409,17 @@ func (ev *Events) fillRare(e *Event, x int) {
 	e.Text, e.DeviceFree, e.Holder, e.Parent = rare.text[r], rare.free[r], rare.holder[r], rare.parent[r]
 }
 
-// All returns every event in order, with its seq.
-func (ev *Events) All() iter.Seq2[int, Event] { return ev.Range(0, ev.n) }
+// All returns every event held in order, with its seq.
+func (ev *Events) All() iter.Seq2[int, Event] { return ev.Range(ev.base, ev.Len()) }
 
 // Range returns events [from, to) in order, with their seqs. Bounds past the events are clipped.
 func (ev *Events) Range(from, to int) iter.Seq2[int, Event] {
 	return func(yield func(int, Event) bool) {
-		from, to := max(from, 0), min(to, ev.n)
+		from, to := max(from, ev.base), min(to, ev.Len())
 		if from >= to {
 			return
 		}
-		run, _ := slices.BinarySearch(ev.runStart, uint32(from)+1)
-		run-- // the run holding from
+		run := ev.run(from)
 		x, _ := slices.BinarySearch(ev.xSeq, uint32(from))
 		var e Event
 		for seq := from; seq < to; seq++ {
@@ -426,12 +442,11 @@ func (ev *Events) Range(from, to int) iter.Seq2[int, Event] {
 // Fill materialises events from, from+1, ... into dst, as many as fit and exist, and returns how many: the
 // way for a hot loop to read events in batches, without a call per event.
 func (ev *Events) Fill(dst []Event, from int) int {
-	if from < 0 || from >= ev.n {
+	if from < ev.base || from >= ev.Len() {
 		return 0
 	}
-	dst = dst[:min(len(dst), ev.n-from)]
-	run, _ := slices.BinarySearch(ev.runStart, uint32(from)+1)
-	run--
+	dst = dst[:min(len(dst), ev.Len()-from)]
+	run := ev.run(from)
 	x, _ := slices.BinarySearch(ev.xSeq, uint32(from))
 	for i := range dst {
 		seq := from + i
@@ -452,7 +467,7 @@ func (ev *Events) Fill(dst []Event, from int) int {
 // Slice returns events [from, to) as a slice of Event, for code that wants them so (tests, exports of a
 // few events). It copies: a long range costs 112 bytes an event.
 func (ev *Events) Slice(from, to int) []Event {
-	from, to = max(from, 0), min(to, ev.n)
+	from, to = max(from, ev.base), min(to, ev.Len())
 	if from >= to {
 		return nil
 	}
@@ -465,11 +480,11 @@ func (ev *Events) Slice(from, to int) []Event {
 
 // Equal reports whether ev and o hold the same events.
 func (ev *Events) Equal(o *Events) bool {
-	if ev.n != o.n {
+	if ev.n != o.n || ev.base != o.base {
 		return false
 	}
 	var a, b [256]Event
-	for from := 0; from < ev.n; from += len(a) {
+	for from := ev.base; from < ev.Len(); from += len(a) {
 		n := ev.Fill(a[:], from)
 		if o.Fill(b[:n], from) != n || !slices.Equal(a[:n], b[:n]) {
 			return false

@@ -182,3 +182,67 @@ func TestEventsCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsPages pages random events and a training loop out and back, and forgets events while appending:
+// what comes back is what went in, and the row tables are shared, not copied.
+func TestEventsPages(t *testing.T) {
+	for name, want := range map[string][]snapshot.Event{
+		"random": randomEvents(6, 20000),
+		"gpt2-small": func() []snapshot.Event {
+			s := snapshottest.Trace(snapshottest.GPT2Small())
+			return s.Events.Slice(0, s.Events.Len())
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			for i := range want {
+				want[i].Seq = uint64(i)
+			}
+			var evs snapshot.Events
+			var pages [][]byte
+			var starts []int
+			from := 0
+			rng := rand.New(rand.NewPCG(8, 9))
+			for i := range want {
+				evs.Append(&want[i])
+				if rng.IntN(3000) == 0 || i == len(want)-1 {
+					pages, starts = append(pages, evs.Page(from, i+1)), append(starts, from)
+					evs.Forget(i + 1)
+					from = i + 1
+					if evs.Base() != from || evs.Len() != from {
+						t.Fatalf("after Forget(%d): Base %d, Len %d", from, evs.Base(), evs.Len())
+					}
+				}
+			}
+			if len(pages) < 3 {
+				t.Fatalf("only %d pages", len(pages))
+			}
+			bytes := 0
+			for k, p := range pages {
+				bytes += len(p)
+				got, err := evs.LoadPage(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				end := len(want)
+				if k+1 < len(starts) {
+					end = starts[k+1]
+				}
+				if got.Base() != starts[k] || got.Len() != end {
+					t.Fatalf("page %d holds [%d, %d), want [%d, %d)", k, got.Base(), got.Len(), starts[k], end)
+				}
+				for seq, e := range got.All() {
+					if e != want[seq] {
+						t.Fatalf("page %d: event %d is %+v, want %+v", k, seq, e, want[seq])
+					}
+					if got.At(seq) != e || got.Time(seq) != e.Time {
+						t.Fatalf("page %d: At(%d) differs from All", k, seq)
+					}
+				}
+			}
+			if _, err := evs.LoadPage([]byte("not a page")); err == nil {
+				t.Error("LoadPage took bytes Page did not make")
+			}
+			t.Logf("%d events in %d pages of %.2f bytes an event", len(want), len(pages), float64(bytes)/float64(len(want)))
+		})
+	}
+}

@@ -1,0 +1,184 @@
+package snapshot
+
+import (
+	"encoding/binary"
+	"errors"
+	"slices"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Pages: a run too long to hold in memory event by event is kept as pages, each the events of a range of
+// seqs in a compact encoding, compressed; a page is loaded back when a program wants its events. The shared
+// rows stay with the Events the pages came from, which keeps growing while the run is read; only the
+// per-event columns (action, row, time, phase and iteration, rare fields) are paged. A training loop's pages
+// take 1 to 3 bytes an event. Pages live in memory only: they are not a file format.
+
+// Page returns events [from, to) as a page: compressed, and only meaningful to LoadPage on ev or an Events
+// it grew into.
+func (ev *Events) Page(from, to int) []byte {
+	from, to = max(from, ev.base), min(to, ev.Len())
+	to = max(to, from)
+	b := make([]byte, 0, 16+6*(to-from))
+	b = binary.AppendUvarint(b, uint64(from))
+	b = binary.AppendUvarint(b, uint64(to-from))
+	for _, a := range ev.action[from-ev.base : to-ev.base] {
+		b = append(b, byte(a))
+	}
+	for _, r := range ev.row[from-ev.base : to-ev.base] {
+		b = binary.AppendUvarint(b, uint64(r))
+	}
+	prev := int64(0)
+	for seq := from; seq < to; seq++ {
+		t := ev.Time(seq)
+		b = binary.AppendVarint(b, t-prev)
+		prev = t
+	}
+	first, last := ev.run(from), ev.run(max(to-1, from))
+	b = binary.AppendUvarint(b, uint64(last-first+1))
+	for k := first; k <= last; k++ {
+		start := max(int(ev.runStart[k]), from)
+		b = binary.AppendUvarint(b, uint64(start-from))
+		b = append(b, byte(ev.runPhase[k]))
+		b = binary.AppendVarint(b, int64(ev.runIter[k]))
+	}
+	lo, _ := slices.BinarySearch(ev.xSeq, uint32(from))
+	hi, _ := slices.BinarySearch(ev.xSeq, uint32(to))
+	b = binary.AppendUvarint(b, uint64(hi-lo))
+	at := uint32(from)
+	for x := lo; x < hi; x++ {
+		b = binary.AppendUvarint(b, uint64(ev.xSeq[x]-at))
+		b = binary.AppendUvarint(b, uint64(ev.xRow[x]))
+		at = ev.xSeq[x]
+	}
+	enc := pageEncoder()
+	defer pageEncoders.Put(enc)
+	return enc.EncodeAll(b, make([]byte, 0, len(b)/4))
+}
+
+// errPage is what LoadPage returns for bytes Page did not make.
+var errPage = errors.New("snapshot: not a page of these events")
+
+// LoadPage returns the events of a page Page made from ev (or from the Events ev grew from): a read-only
+// Events whose Base is the page's first seq, sharing ev's rows.
+func (ev *Events) LoadPage(page []byte) (Events, error) {
+	dec := pageDecoder()
+	defer pageDecoders.Put(dec)
+	raw, err := dec.DecodeAll(page, nil)
+	if err != nil {
+		return Events{}, errPage
+	}
+	c := cursor{b: raw}
+	from, n := int(c.uvarint()), int(c.uvarint())
+	if c.bad || n > c.rest() || from+n > MaxEvents {
+		return Events{}, errPage
+	}
+	out := Events{base: from, rows: ev.rows, rare: ev.rare, ctxs: ev.ctxs}
+	out = out.View() // clipped: the source may still grow its tables
+	out.base = from
+	actions := c.b[c.i : c.i+n]
+	c.i += n
+	rows := make([]uint32, n)
+	for i := range rows {
+		rows[i] = uint32(c.uvarint())
+	}
+	times := make([]int64, n)
+	prev := int64(0)
+	for i := range times {
+		prev += c.varint()
+		times[i] = prev
+	}
+	nruns := int(c.uvarint())
+	if c.bad || nruns > c.rest() {
+		return Events{}, errPage
+	}
+	type run struct {
+		start     int
+		phase     Phase
+		iteration int32
+	}
+	runs := make([]run, nruns)
+	for k := range runs {
+		runs[k] = run{int(c.uvarint()), Phase(c.byte()), int32(c.varint())}
+	}
+	nx := int(c.uvarint())
+	if c.bad || nx > c.rest() {
+		return Events{}, errPage
+	}
+	xseq, xrow := make([]int, nx), make([]int64, nx)
+	at := 0
+	for x := range xseq {
+		at += int(c.uvarint())
+		xseq[x], xrow[x] = at, int64(c.uvarint())
+	}
+	if c.bad || c.rest() != 0 {
+		return Events{}, errPage
+	}
+	out.Grow(n)
+	k, x := 0, 0
+	for i := range n {
+		for k+1 < len(runs) && runs[k+1].start <= i {
+			k++
+		}
+		xr := int64(-1)
+		if x < nx && xseq[x] == i {
+			xr = xrow[x]
+			x++
+		}
+		if int(rows[i]) >= len(out.rows.addr) || xr >= int64(len(out.rare.text)) || len(runs) == 0 {
+			return Events{}, errPage
+		}
+		out.appendRaw(Action(actions[i]), rows[i], times[i], runs[k].phase, runs[k].iteration, xr)
+	}
+	return out.View(), nil
+}
+
+// Forget drops the events before seq from memory (their rows stay): a reader that pages a long run keeps
+// only the page it is filling. Views made before keep what they hold.
+func (ev *Events) Forget(seq int) {
+	seq = min(max(seq, ev.base), ev.Len())
+	if seq == ev.base {
+		return
+	}
+	kept := Events{base: seq, expect: ev.expect, rows: ev.rows, rare: ev.rare, ctxs: ev.ctxs, pack: ev.pack}
+	kept.Grow(ev.Len() - seq)
+	x, _ := slices.BinarySearch(ev.xSeq, uint32(seq))
+	for s := seq; s < ev.Len(); s++ {
+		xr := int64(-1)
+		if x < len(ev.xSeq) && int(ev.xSeq[x]) == s {
+			xr = int64(ev.xRow[x])
+			x++
+		}
+		phase, iteration := ev.Phase(s)
+		kept.appendRaw(ev.action[s-ev.base], ev.row[s-ev.base], ev.Time(s), phase, iteration, xr)
+	}
+	*ev = kept
+	if ev.pack != nil {
+		ev.pack.owner = ev
+	}
+}
+
+var pageEncoders, pageDecoders sync.Pool
+
+func pageEncoder() *zstd.Encoder {
+	if e, ok := pageEncoders.Get().(*zstd.Encoder); ok {
+		return e
+	}
+	e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		panic(err) // only invalid options fail
+	}
+	return e
+}
+
+func pageDecoder() *zstd.Decoder {
+	if d, ok := pageDecoders.Get().(*zstd.Decoder); ok {
+		return d
+	}
+	d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
