@@ -59,6 +59,10 @@ type builder struct {
 	// The tags of the open spans.
 	phase     snapshot.Phase
 	iteration int32
+	// The previous event's action and place: a free_completed right after the free_requested of a block the
+	// trace never allocated is one unmatched free, not two.
+	prevAction snapshot.Action
+	prevAddr   uint64
 }
 
 func (b *builder) init() {
@@ -79,24 +83,24 @@ func (t *Timeline) index(start, end int) {
 	// The columns are sized for the events the snapshot is expected to hold (Events.Cap), or doubled, so
 	// that they are copied seldom as they grow; the block table for the share of allocs so far, or a
 	// training loop's mix (an alloc, two frees and a tag or two per block).
-	expect := max(end, t.s.Events.Cap())
-	if cap(t.alloc) < end {
+	expect := max(end, t.s.Events.Cap()) - t.base
+	if cap(t.alloc) < end-t.base {
 		t.alloc = growTo(t.alloc, max(expect, 2*cap(t.alloc)))
 	}
-	t.alloc = t.alloc[:end]
-	allocated := t.alloc
+	t.alloc = t.alloc[:end-t.base]
+	allocated := t.alloc[:end-t.base]
 	b := &t.b
 	bt := &t.blocks
 	cur := b.cur
 	if need := len(bt.alloc) + (end-start)/4; cap(bt.alloc) < need {
 		share := 0.25
-		if start > 1<<12 {
-			share = float64(len(bt.alloc)) / float64(start) * 1.05
+		if start-t.base > 1<<12 {
+			share = float64(len(bt.alloc)-len(t.carried)) / float64(start-t.base) * 1.05
 		}
 		bt.grow(max(need, int(float64(expect)*share), 2*cap(bt.alloc)))
 	}
 	var buf [256]snapshot.Event
-	prevAction, prevAddr := snapshot.ActionInvalid, uint64(0)
+	prevAction, prevAddr := b.prevAction, b.prevAddr
 	for base := start; base < end; base += len(buf) {
 		evs := buf[:t.s.Events.Fill(buf[:min(len(buf), end-base)], base)]
 		for i := range evs {
@@ -150,7 +154,7 @@ func (t *Timeline) index(start, end int) {
 			case snapshot.ActionFreeCompleted:
 				id, ok := b.live.Get(e.Device, e.Addr)
 				if !ok {
-					if seq == start || prevAction != snapshot.ActionFreeRequested || prevAddr != e.Addr {
+					if prevAction != snapshot.ActionFreeRequested || prevAddr != e.Addr {
 						t.stats.UnmatchedFrees++ // counted once for a requested-and-completed pair
 					}
 					break
@@ -209,7 +213,7 @@ func (t *Timeline) index(start, end int) {
 				}
 			}
 
-			allocated[seq] = cur[Allocated]
+			allocated[seq-t.base] = cur[Allocated]
 			for k := range cur {
 				if p := &t.peaks[k]; cur[k] > p.Bytes || p.Seq < 0 {
 					p.Bytes, p.Seq = cur[k], seq
@@ -221,7 +225,7 @@ func (t *Timeline) index(start, end int) {
 			prevAction, prevAddr = e.Action, e.Addr
 		}
 	}
-	b.cur = cur
+	b.cur, b.prevAction, b.prevAddr = cur, prevAction, prevAddr
 	if n := len(t.phases); n > 0 {
 		t.phases[n-1].End, t.phases[n-1].After = end, b.catBytes
 	}

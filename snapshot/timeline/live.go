@@ -49,6 +49,12 @@ func seqOrNone(s uint32) int {
 
 func (t *Timeline) block(id int32, at int) Allocation {
 	bt := &t.blocks
+	if int(id) < len(t.carried) {
+		b := t.carried[id]
+		b.Free, b.Released = seqOrNone(bt.free[id]), seqOrNone(bt.done[id])
+		t.applyChanges(&b, id, at)
+		return b
+	}
 	ev := t.s.Events.At(int(bt.alloc[id]))
 	e := &ev
 	b := Allocation{
@@ -59,13 +65,18 @@ func (t *Timeline) block(id int32, at int) Allocation {
 	if !b.Category.Valid() {
 		b.Category = snapshot.CategoryUnknown
 	}
-	for c := bt.first[id]; c >= 0 && int(t.changes[c].seq) <= at; c = t.changes[c].next {
+	t.applyChanges(&b, id, at)
+	return b
+}
+
+// applyChanges sets b's category and label to those block id had after event at.
+func (t *Timeline) applyChanges(b *Allocation, id int32, at int) {
+	for c := t.blocks.first[id]; c >= 0 && int(t.changes[c].seq) <= at; c = t.changes[c].next {
 		b.Category = t.changes[c].cat
 		if l := t.changes[c].label; l != 0 {
 			b.Label = l
 		}
 	}
-	return b
 }
 
 // LiveAt appends to dst the blocks allocated after event seq, in allocation order: the blocks whose Size
@@ -82,7 +93,7 @@ func (t *Timeline) ActiveAt(seq int, dst []Allocation) []Allocation {
 
 // liveAt appends the blocks allocated at or before seq whose end (free or done) is after seq.
 func (t *Timeline) liveAt(seq int, dst []Allocation, ends []uint32) []Allocation {
-	if seq < 0 || t.n == 0 {
+	if seq < t.base-1 || seq < 0 || t.n == t.base {
 		return dst
 	}
 	seq = min(seq, t.n-1)
@@ -125,7 +136,7 @@ func (t *Timeline) firstAllocAfter(seq int) int32 {
 
 // AllocationAt returns the allocation allocated at (device, addr) after event seq, if any.
 func (t *Timeline) AllocationAt(device int16, addr uint64, seq int) (Allocation, bool) {
-	if seq < 0 || t.n == 0 {
+	if seq < t.base-1 || seq < 0 || t.n == t.base {
 		return Allocation{}, false
 	}
 	seq = min(seq, t.n-1)
@@ -134,8 +145,15 @@ func (t *Timeline) AllocationAt(device int16, addr uint64, seq int) (Allocation,
 		if e := t.blocks.done[id]; e != noSeq && int(e) <= seq {
 			return
 		}
-		ev := t.s.Events.At(int(t.blocks.alloc[id]))
-		if ev.Addr == addr && ev.Device == device {
+		var d int16
+		var a uint64
+		if int(id) < len(t.carried) {
+			d, a = t.carried[id].Device, t.carried[id].Addr
+		} else {
+			ev := t.s.Events.At(int(t.blocks.alloc[id]))
+			d, a = ev.Device, ev.Addr
+		}
+		if a == addr && d == device {
 			found = id
 		}
 	})
@@ -161,10 +179,10 @@ type Change struct {
 // Changes returns what changed from after event from to after event to (from < to).
 func (t *Timeline) Changes(from, to int) Change {
 	var c Change
-	if t.n == 0 {
+	if t.n == t.base {
 		return c
 	}
-	to = min(to, t.n-1)
+	from, to = max(from, t.base-1), min(to, t.n-1)
 	if from >= to {
 		return c
 	}

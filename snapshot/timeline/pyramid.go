@@ -146,7 +146,7 @@ func (p *pyramid) descend(raw []int64, k, j int, m int64) int {
 // Range returns the lowest and highest value of series s over events [from, to); the zero Extent for an
 // empty range. Allocated and Reserved only.
 func (t *Timeline) Range(s Series, from, to int) Extent {
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	if from >= to {
 		return Extent{}
 	}
@@ -156,7 +156,7 @@ func (t *Timeline) Range(s Series, from, to int) Extent {
 func (t *Timeline) extent(s Series, from, to int) Extent {
 	switch s {
 	case Allocated:
-		return t.allocPyr.extent(t.alloc, from, to)
+		return t.allocPyr.extent(t.alloc, from-t.base, to-t.base)
 	case Reserved:
 		return t.reserved.extent(from, to)
 	}
@@ -168,7 +168,7 @@ func (t *Timeline) extent(s Series, from, to int) Extent {
 // past the indexed events are zero. Draw peaks from Max: averaging a column would hide them.
 func (t *Timeline) Columns(s Series, from, to int, dst []Extent) []Extent {
 	width := len(dst)
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	clear(dst)
 	if from >= to || width == 0 || s != Allocated && s != Reserved {
 		return dst

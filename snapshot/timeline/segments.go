@@ -127,10 +127,10 @@ func (ss *segmentSet) unmap(device int16, lo, hi uint64) (int64, bool) {
 // SegmentsAt returns the allocator's segments after event seq, by device and address, each with its active
 // blocks and free gaps. A snapshot without segment events (many imported traces) has none.
 func (t *Timeline) SegmentsAt(seq int) []SegmentState {
-	if seq < 0 || len(t.segEvents) == 0 {
+	if seq < t.base || len(t.segEvents) == 0 && len(t.startSegs) == 0 {
 		return nil
 	}
-	var ss segmentSet
+	ss := segmentSet{segs: slices.Clone(t.startSegs)}
 	for _, s := range t.segEvents {
 		if int(s) > seq {
 			break

@@ -34,10 +34,16 @@ import (
 // A Timeline indexes at most MaxEvents events. Queries do not change it and may run concurrently;
 // Update must not run concurrently with queries.
 type Timeline struct {
-	s *snapshot.Snapshot
-	n int // events indexed
+	s    *snapshot.Snapshot
+	base int // the first event indexed: 0 but for a Timeline resumed from a State
+	n    int // the event after the last indexed
 
-	alloc    []int64 // allocated bytes after each event
+	// carried are the blocks active before base, IDs 0 to len-1, with their category and label as of base;
+	// startSegs the allocator's segments then.
+	carried   []Allocation
+	startSegs []segRange
+
+	alloc    []int64 // allocated bytes after each event, from base on
 	allocPyr pyramid
 	reserved steps
 
@@ -162,7 +168,7 @@ func (t *Timeline) UpdateTo(end int) int {
 	}
 	start, changes := t.n, len(t.reserved.val)
 	t.index(start, end)
-	t.allocPyr.extend(t.alloc, start)
+	t.allocPyr.extend(t.alloc, start-t.base)
 	t.reserved.extend(max(changes-1, 0))
 	t.n = end
 	return end - start
@@ -171,18 +177,22 @@ func (t *Timeline) UpdateTo(end int) int {
 // Snapshot returns the snapshot the Timeline indexes.
 func (t *Timeline) Snapshot() *snapshot.Snapshot { return t.s }
 
-// Len returns the number of events indexed.
+// Len returns the event after the last indexed: the number of events indexed, from Base on.
 func (t *Timeline) Len() int { return t.n }
+
+// Base returns the first event indexed: 0 but for a Timeline resumed from a State. Queries about events
+// before it answer as for no event.
+func (t *Timeline) Base() int { return t.base }
 
 // Value returns the bytes of series s after event seq; 0 for a seq outside the indexed events. Active bytes
 // are counted from the live blocks: a query costs what LiveAt costs.
 func (t *Timeline) Value(s Series, seq int) int64 {
-	if seq < 0 || seq >= t.n {
+	if seq < t.base || seq >= t.n {
 		return 0
 	}
 	switch s {
 	case Allocated:
-		return t.alloc[seq]
+		return t.alloc[seq-t.base]
 	case Reserved:
 		return t.reserved.at(seq)
 	case Active:
@@ -192,7 +202,7 @@ func (t *Timeline) Value(s Series, seq int) int64 {
 				pending += t.blocks.size[id]
 			}
 		})
-		return t.alloc[seq] + pending
+		return t.alloc[seq-t.base] + pending
 	}
 	return 0
 }
@@ -206,19 +216,20 @@ func (t *Timeline) Reserved(seq int) int64 { return t.Value(Reserved, seq) }
 // Active returns the active bytes after event seq.
 func (t *Timeline) Active(seq int) int64 { return t.Value(Active, seq) }
 
-// Allocations returns allocated bytes after every event, indexed by seq. The slice is the Timeline's own: do
-// not modify it.
-func (t *Timeline) Allocations() []int64 { return t.alloc[:t.n:t.n] }
+// Allocations returns allocated bytes after every event, indexed by seq - Base. The slice is the Timeline's
+// own: do not modify it.
+func (t *Timeline) Allocations() []int64 { return t.alloc[: t.n-t.base : t.n-t.base] }
 
 // Steps yields, for events [from, to), the first event and every event after which series s changes, with
 // its value then: a counter track's points. Allocated and Reserved only.
 func (t *Timeline) Steps(s Series, from, to int) iter.Seq2[int, int64] {
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	switch s {
 	case Allocated:
 		return func(yield func(int, int64) bool) {
+			a := t.alloc[:to-t.base]
 			for seq := from; seq < to; seq++ {
-				if v := t.alloc[seq]; (seq == from || v != t.alloc[seq-1]) && !yield(seq, v) {
+				if v := a[seq-t.base]; (seq == from || v != a[seq-t.base-1]) && !yield(seq, v) {
 					return
 				}
 			}
@@ -240,14 +251,14 @@ func (t *Timeline) Peak(s Series) Peak {
 // PeakIn returns the highest value of series s over events [from, to) and the first event that reached it;
 // Allocated and Reserved only.
 func (t *Timeline) PeakIn(s Series, from, to int) Peak {
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	if from >= to {
 		return Peak{Seq: -1}
 	}
 	switch s {
 	case Allocated:
-		seq, v := t.allocPyr.firstMax(t.alloc, from, to)
-		return Peak{Bytes: v, Seq: seq}
+		i, v := t.allocPyr.firstMax(t.alloc, from-t.base, to-t.base)
+		return Peak{Bytes: v, Seq: t.base + i}
 	case Reserved:
 		seq, v := t.reserved.firstMax(from, to)
 		return Peak{Bytes: v, Seq: seq}
@@ -305,7 +316,7 @@ func (t *Timeline) Samples() []int { return t.samples }
 // Stats returns what the Timeline indexed.
 func (t *Timeline) Stats() Stats {
 	st := t.stats
-	st.Events = t.n
+	st.Events = t.n - t.base
 	st.ByAction = t.byAction
 	st.Blocks = len(t.blocks.alloc)
 	return st
@@ -313,7 +324,7 @@ func (t *Timeline) Stats() Stats {
 
 // SeqAtTime returns the first event whose Time is at least ns (Len if none). Event times never decrease.
 func (t *Timeline) SeqAtTime(ns int64) int {
-	return sort.Search(t.n, func(i int) bool { return t.s.Events.Time(i) >= ns })
+	return t.base + sort.Search(t.n-t.base, func(i int) bool { return t.s.Events.Time(t.base+i) >= ns })
 }
 
 // Bytes returns the memory the Timeline holds, in bytes: its columns' capacity, and the spans and lists it
