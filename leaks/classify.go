@@ -12,8 +12,7 @@ import (
 const suspectFrames = 8
 
 // suspect describes growing group g over n measured iterations; live is the live set at the last point.
-func suspect(tl *timeline.Timeline, g *group, n int, firstMeasured int32, last Point, live []timeline.Allocation) *Suspect {
-	s := tl.Snapshot()
+func suspect(s *snapshot.Snapshot, m measurer, g *group, n int, firstMeasured int32, last Point, live []timeline.Allocation) *Suspect {
 	sp := &Suspect{
 		Scope:             s.String(g.key.scope),
 		Category:          g.key.category,
@@ -58,7 +57,7 @@ func suspect(tl *timeline.Timeline, g *group, n int, firstMeasured int32, last P
 	if example >= 0 {
 		sp.Example = live[example]
 		sp.Label = s.String(sp.Example.Label)
-		sp.RetainedBy = retainedBy(tl, sp.Example, last.Seq)
+		sp.RetainedBy = retainedBy(m, sp.Example, last.Seq)
 	}
 	sp.Kind = classify(sp, g, n)
 	return sp

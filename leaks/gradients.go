@@ -38,27 +38,53 @@ type optimizerStep struct {
 	start, end int
 	iteration  int32
 	cleared    bool // a zero_grad span lies between the step before and this one
+	// bytes and blocks are the gradients written before the step before began and still allocated when
+	// this one begins; measured, once, only where the step is not cleared.
+	bytes    int64
+	blocks   int
+	measured bool
 }
 
-func optimizerSteps(phases []timeline.PhaseSpan) []optimizerStep {
-	var steps []optimizerStep
-	trained, cleared := false, false
-	for _, p := range phases {
-		switch p.Phase {
-		case snapshot.PhaseOptimizer:
-			if n := len(steps); n > 0 && !trained && steps[n-1].iteration == p.Iteration {
-				steps[n-1].end = p.End
-				continue
-			}
-			steps = append(steps, optimizerStep{start: p.Start, end: p.End, iteration: p.Iteration, cleared: cleared})
-			trained, cleared = false, false
-		case snapshot.PhaseData, snapshot.PhaseForward, snapshot.PhaseBackward, snapshot.PhaseRecompute, snapshot.PhaseEval:
-			trained = true
-		case snapshot.PhaseZeroGrad:
-			cleared = true
+// stepper pieces optimizer steps together from phase spans in order.
+type stepper struct {
+	steps                      []optimizerStep
+	trained, cleared, zeroGrad bool
+}
+
+// add takes the next phase span; it reports whether the span starts a new step. A span that goes on from
+// the page before (an optimizer span cut by a page boundary) joins the step it continues.
+func (st *stepper) add(p timeline.PhaseSpan) bool {
+	switch p.Phase {
+	case snapshot.PhaseOptimizer:
+		if n := len(st.steps); n > 0 && !st.trained && st.steps[n-1].iteration == p.Iteration {
+			st.steps[n-1].end = p.End
+			return false
+		}
+		st.steps = append(st.steps, optimizerStep{start: p.Start, end: p.End, iteration: p.Iteration, cleared: st.cleared})
+		st.trained, st.cleared = false, false
+		return true
+	case snapshot.PhaseData, snapshot.PhaseForward, snapshot.PhaseBackward, snapshot.PhaseRecompute, snapshot.PhaseEval:
+		st.trained = true
+	case snapshot.PhaseZeroGrad:
+		st.cleared, st.zeroGrad = true, true
+	}
+	return false
+}
+
+// measure measures step k, which follows another, with the live set just before it begins.
+func (st *stepper) measure(k int, live func(seq int) []timeline.Allocation) {
+	next := &st.steps[k]
+	if next.cleared || next.measured {
+		return
+	}
+	next.measured = true
+	since := st.steps[k-1].start
+	for _, a := range live(next.start - 1) {
+		if a.Alloc < since && roleOf(&a) == roleGradient {
+			next.bytes += a.Size
+			next.blocks++
 		}
 	}
-	return steps
 }
 
 // gradientsNeverCleared looks, at each optimizer step that follows another with no zero_grad between, for
@@ -67,45 +93,39 @@ func optimizerSteps(phases []timeline.PhaseSpan) []optimizerStep {
 // unknown category (imported traces) by the phase that allocated them: what a backward allocates and the
 // optimizer step leaves alive is a gradient.
 func gradientsNeverCleared(tl *timeline.Timeline) *GradientFinding {
-	phases := tl.Phases()
-	steps := optimizerSteps(phases)
+	var st stepper
+	for _, p := range tl.Phases() {
+		st.add(p)
+	}
+	for k := max(len(st.steps)-maxMeasured-1, 0) + 1; k < len(st.steps); k++ {
+		st.measure(k, func(seq int) []timeline.Allocation { return tl.LiveAt(seq, nil) })
+	}
+	return st.finding(tl.Snapshot().Meta.Source == "oomdbg")
+}
+
+// finding is the finding on the last 257 steps measured, nil when their gradients are cleared. oomdbg says
+// whether the run was recorded by oomdbg, which records every zero_grad.
+func (st *stepper) finding(oomdbg bool) *GradientFinding {
+	steps := st.steps
 	if len(steps) > maxMeasured+1 {
 		steps = steps[len(steps)-maxMeasured-1:]
 	}
 	f := &GradientFinding{FirstIteration: -1}
-	var live []timeline.Allocation
 	for k := 1; k < len(steps); k++ {
 		f.Of++
-		prev, next := steps[k-1], steps[k]
-		if next.cleared {
-			continue
-		}
-		live = tl.LiveAt(next.start-1, live[:0])
-		var bytes int64
-		var blocks int
-		for i := range live {
-			if a := &live[i]; a.Alloc < prev.start && roleOf(a) == roleGradient {
-				bytes += a.Size
-				blocks++
-			}
-		}
-		if blocks == 0 {
+		if steps[k].blocks == 0 {
 			continue
 		}
 		if f.Steps == 0 {
-			f.FirstIteration = prev.iteration
+			f.FirstIteration = steps[k-1].iteration
 		}
 		f.Steps++
-		f.Bytes, f.Blocks = bytes, blocks
+		f.Bytes, f.Blocks = steps[k].bytes, steps[k].blocks
 	}
 	if f.Steps == 0 {
 		return nil
 	}
-	zeroGrad := false
-	for _, p := range phases {
-		zeroGrad = zeroGrad || p.Phase == snapshot.PhaseZeroGrad
-	}
-	f.Certain = zeroGrad || tl.Snapshot().Meta.Source == "oomdbg"
+	f.Certain = st.zeroGrad || oomdbg
 
 	from := ""
 	if f.FirstIteration >= 0 {

@@ -66,8 +66,7 @@ func roleOf(b *timeline.Allocation) role {
 // held groups the blocks of live (the live set at the last point) that training allocated and that are
 // neither parameters, optimizer state, gradients zero_grad clears (gradientsHeld false), growing suspects,
 // nor left out by the options. Largest first.
-func held(tl *timeline.Timeline, c *config, live []timeline.Allocation, suspects map[groupKey]bool, gradientsHeld bool, last Point) []HeldGroup {
-	s := tl.Snapshot()
+func held(s *snapshot.Snapshot, m measurer, c *config, live []timeline.Allocation, suspects map[groupKey]bool, gradientsHeld bool, last Point) []HeldGroup {
 	index := map[groupKey]int{}
 	var groups []HeldGroup
 	var keys []groupKey
@@ -112,7 +111,7 @@ func held(tl *timeline.Timeline, c *config, live []timeline.Allocation, suspects
 			h.Stack = append(h.Stack, s.FrameString(f))
 		}
 		h.Label = s.String(h.Example.Label)
-		h.RetainedBy = retainedBy(tl, h.Example, last.Seq)
+		h.RetainedBy = retainedBy(m, h.Example, last.Seq)
 	}
 	slices.SortFunc(groups, func(a, b HeldGroup) int {
 		if x := cmp.Compare(b.Bytes, a.Bytes); x != 0 {
@@ -130,8 +129,8 @@ func held(tl *timeline.Timeline, c *config, live []timeline.Allocation, suspects
 }
 
 // retainedBy returns what held block b at the heap dump nearest to event at, nil when none names it.
-func retainedBy(tl *timeline.Timeline, b timeline.Allocation, at int) *RetainerPath {
-	p, ok := tl.RetainerPath(b, at)
+func retainedBy(m measurer, b timeline.Allocation, at int) *RetainerPath {
+	p, ok := m.retainer(b, at)
 	if !ok {
 		return nil
 	}

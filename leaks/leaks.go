@@ -227,18 +227,68 @@ const maxMeasured = 256
 // (the last 256 of them at most), finds the groups of blocks that keep growing, classifies them and gives a
 // verdict.
 func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
-	c := newConfig(opts)
 	s := tl.Snapshot()
-	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: tl.Peak(timeline.Allocated).Bytes}
-	r.Gradients = gradientsNeverCleared(tl)
-	its := completeIterations(tl)
+	its := completeIterations(tl.Iterations(), tl.OOMs(), tl.HeapDumps(), tl.Len(), s.Footer != nil && s.Warning == nil)
+	return analyze(newConfig(opts), s, tl.Peak(timeline.Allocated).Bytes, tl.Stats().ByAction[snapshot.ActionIteration], its, timelineMeasurer{tl})
+}
+
+// groupSum is a group's live bytes and blocks at one point.
+type groupSum struct {
+	bytes int64
+	count int
+}
+
+// sumGroups sums a live set by group.
+func sumGroups(live []timeline.Allocation) map[groupKey]groupSum {
+	out := map[groupKey]groupSum{}
+	for _, b := range live {
+		k := groupKey{b.Stack, b.Scope, b.Category}
+		g := out[k]
+		g.bytes += b.Size
+		g.count++
+		out[k] = g
+	}
+	return out
+}
+
+// measurer answers what the analysis asks about the events: memory and its groups at a point (an
+// iteration's last event, or -1 for before the first event), the live set at the last point, what retained
+// a block, and whether gradients are never cleared. A Timeline of the whole run answers directly; a Stream
+// from what it kept.
+type measurer interface {
+	at(seq int) (allocated, reserved int64, groups map[groupKey]groupSum)
+	liveAt(seq int) []timeline.Allocation
+	retainer(b timeline.Allocation, at int) (timeline.RetainerPath, bool)
+	gradients() *GradientFinding
+}
+
+// timelineMeasurer measures with a Timeline of the whole run.
+type timelineMeasurer struct{ tl *timeline.Timeline }
+
+func (m timelineMeasurer) at(seq int) (int64, int64, map[groupKey]groupSum) {
+	return m.tl.Allocated(seq), m.tl.Reserved(seq), sumGroups(m.tl.LiveAt(seq, nil))
+}
+
+func (m timelineMeasurer) liveAt(seq int) []timeline.Allocation { return m.tl.LiveAt(seq, nil) }
+
+func (m timelineMeasurer) retainer(b timeline.Allocation, at int) (timeline.RetainerPath, bool) {
+	return m.tl.RetainerPath(b, at)
+}
+
+func (m timelineMeasurer) gradients() *GradientFinding { return gradientsNeverCleared(m.tl) }
+
+// analyze is the analysis of the complete iterations its: s names stacks and scopes, peak is the run's peak
+// of allocated memory, markers the iteration markers it holds.
+func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []timeline.IterationSpan, m measurer) *Result {
+	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: peak}
+	r.Gradients = m.gradients()
 	r.Iterations = len(its)
 	n := len(its) - c.warmup // deltas measured
 	if n < 2 {
 		r.Verdict = Inconclusive
 		r.Reason = fmt.Sprintf("inconclusive: %d complete %s with a warm-up of %d; need 2 or more after it",
 			len(its), plural(len(its), "iteration"), c.warmup)
-		if tl.Stats().ByAction[snapshot.ActionIteration] == 0 {
+		if markers == 0 {
 			r.Reason += " (the snapshot has no iteration markers)"
 		}
 		return r
@@ -255,11 +305,31 @@ func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 	if first > 0 {
 		baseSeq, baseIter = its[first-1].End-1, its[first-1].Iteration
 	}
-	r.Points = append(r.Points, Point{Iteration: baseIter, Seq: baseSeq, Allocated: tl.Allocated(baseSeq), Reserved: tl.Reserved(baseSeq)})
+	seqs := []int{baseSeq}
+	iters := []int32{baseIter}
 	for _, it := range its[first:] {
-		seq := it.End - 1
-		r.Points = append(r.Points, Point{Iteration: it.Iteration, Seq: seq, Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq)})
+		seqs, iters = append(seqs, it.End-1), append(iters, it.Iteration)
 	}
+
+	// The groups' bytes at each point.
+	index := map[groupKey]int{}
+	var groups []*group
+	for i, seq := range seqs {
+		alloc, res, sums := m.at(seq)
+		r.Points = append(r.Points, Point{Iteration: iters[i], Seq: seq, Allocated: alloc, Reserved: res})
+		for k, v := range sums {
+			j, ok := index[k]
+			if !ok {
+				j = len(groups)
+				index[k] = j
+				groups = append(groups, &group{key: k, bytes: make([]int64, len(seqs)), counts: make([]int, len(seqs))})
+			}
+			groups[j].bytes[i], groups[j].counts[i] = v.bytes, v.count
+		}
+	}
+	slices.SortFunc(groups, func(a, b *group) int { // a fixed order, whatever the map's
+		return cmp.Or(cmp.Compare(a.key.stack, b.key.stack), cmp.Compare(a.key.scope, b.key.scope), cmp.Compare(a.key.category, b.key.category))
+	})
 	allocs := make([]int64, len(r.Points))
 	reserved := make([]int64, len(r.Points))
 	for i, p := range r.Points {
@@ -268,28 +338,10 @@ func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 	r.GrowthPerIteration = (allocs[n] - allocs[0]) / int64(n)
 	r.ReservedGrowthPerIteration = (reserved[n] - reserved[0]) / int64(n)
 
-	// The groups' bytes at each point.
-	index := map[groupKey]int{}
-	var groups []*group
-	var live []timeline.Allocation
-	for i, p := range r.Points {
-		live = tl.LiveAt(p.Seq, live[:0])
-		for _, b := range live {
-			k := groupKey{b.Stack, b.Scope, b.Category}
-			j, ok := index[k]
-			if !ok {
-				j = len(groups)
-				index[k] = j
-				groups = append(groups, &group{key: k, bytes: make([]int64, len(r.Points)), counts: make([]int, len(r.Points))})
-			}
-			groups[j].bytes[i] += b.Size
-			groups[j].counts[i]++
-		}
-	}
-
 	// Suspects: groups that keep growing, and that the ignore options do not leave out.
 	firstMeasured := its[first].Iteration
 	last := r.Points[n]
+	live := m.liveAt(last.Seq)
 	growing := map[groupKey]bool{}
 	for _, g := range groups {
 		if !sustained(g.bytes) {
@@ -299,7 +351,7 @@ func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 		if c.ignored(s, g.key) {
 			continue
 		}
-		sp := suspect(tl, g, n, firstMeasured, last, live)
+		sp := suspect(s, m, g, n, firstMeasured, last, live)
 		if c.filter != nil && !c.filter(sp) {
 			continue
 		}
@@ -324,7 +376,7 @@ func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 	if !leak {
 		clear(growing)
 	}
-	r.Held = held(tl, &c, live, growing, r.Gradients != nil, last)
+	r.Held = held(s, m, &c, live, growing, r.Gradients != nil, last)
 	for _, h := range r.Held {
 		r.HeldBytes += h.Bytes
 	}
@@ -397,11 +449,12 @@ func sustained(x []int64) bool {
 	return steps >= 2
 }
 
-// completeIterations returns the training iterations (setup left out) that ran to their end: all but an
-// iteration that ran out of memory, was interrupted or was cut short with the file.
-func completeIterations(tl *timeline.Timeline) []timeline.IterationSpan {
+// completeIterations returns the training iterations (setup left out) of spans that ran to their end: all
+// but an iteration that ran out of memory, was interrupted or was cut short with the file. ooms and dumps
+// are the run's, n its number of events, finished whether the recording ended normally.
+func completeIterations(spans []timeline.IterationSpan, ooms []int, dumps []timeline.HeapDump, n int, finished bool) []timeline.IterationSpan {
 	var its []timeline.IterationSpan
-	for _, it := range tl.Iterations() {
+	for _, it := range spans {
 		if it.Iteration >= 0 {
 			its = append(its, it)
 		}
@@ -411,15 +464,13 @@ func completeIterations(tl *timeline.Timeline) []timeline.IterationSpan {
 	if len(its) == 0 {
 		return nil
 	}
-	s := tl.Snapshot()
 	last := its[len(its)-1]
-	finished := s.Footer != nil && s.Warning == nil // the recording ended normally
-	stopped := false                                // the last iteration ran out of memory or was interrupted
-	ended := false                                  // its end-of-iteration heap dump is whole
-	for _, o := range tl.OOMs() {
+	stopped := false // the last iteration ran out of memory or was interrupted
+	ended := false   // its end-of-iteration heap dump is whole
+	for _, o := range ooms {
 		stopped = stopped || o >= last.Start && o < last.End
 	}
-	for _, d := range tl.HeapDumps() {
+	for _, d := range dumps {
 		if d.Seq < last.Start || d.Seq >= last.End {
 			continue
 		}
@@ -427,7 +478,7 @@ func completeIterations(tl *timeline.Timeline) []timeline.IterationSpan {
 		case "oom", "interrupted":
 			stopped = true
 		case "iteration end":
-			ended = d.Seq+d.Edges+1 < tl.Len() // events follow it, so no retain event is missing
+			ended = d.Seq+d.Edges+1 < n // events follow it, so no retain event is missing
 		}
 	}
 	if stopped || !finished && !ended {

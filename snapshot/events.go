@@ -46,7 +46,8 @@ type Events struct {
 	xRow []uint32
 	rare rareColumns
 
-	pack *packer // the appending side's state; nil in a view
+	pack   *packer // the appending side's state; nil in a view
+	paging bool    // Forget was called: a reader does not size the columns for a whole file
 }
 
 const (
@@ -217,7 +218,9 @@ func (ev *Events) packer() *packer {
 	if p := ev.pack; p != nil && p.owner == ev {
 		return p
 	}
+	paging := ev.paging
 	*ev = ev.View()
+	ev.paging = paging
 	p := &packer{owner: ev, ctxs: map[devStream]uint32{}}
 	if len(ev.ctxs) == 0 {
 		ev.ctxs = append(ev.ctxs, devStream{})

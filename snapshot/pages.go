@@ -135,13 +135,15 @@ func (ev *Events) LoadPage(page []byte) (Events, error) {
 }
 
 // Forget drops the events before seq from memory (their rows stay): a reader that pages a long run keeps
-// only the page it is filling. Views made before keep what they hold.
+// only the page it is filling. Views made before keep what they hold. An Events that was told to Forget, even
+// nothing, is read page by page: a Reader does not size its columns for the whole file.
 func (ev *Events) Forget(seq int) {
+	ev.paging = true
 	seq = min(max(seq, ev.base), ev.Len())
 	if seq == ev.base {
 		return
 	}
-	kept := Events{base: seq, expect: ev.expect, rows: ev.rows, rare: ev.rare, ctxs: ev.ctxs, pack: ev.pack}
+	kept := Events{base: seq, rows: ev.rows, rare: ev.rare, ctxs: ev.ctxs, pack: ev.pack, paging: true}
 	kept.Grow(ev.Len() - seq)
 	x, _ := slices.BinarySearch(ev.xSeq, uint32(seq))
 	for s := seq; s < ev.Len(); s++ {

@@ -176,9 +176,10 @@ func (r *Reader) ReadChunk(dst *Events) error {
 
 // presize grows dst to hold the events the whole file is expected to hold, judged by the events per byte
 // so far, when the events about to be appended would not fit. It waits for a few chunks so that the ratio is
-// a fair one, and adds a little, so that a ratio that drifts costs a few copies at most.
+// a fair one, and adds a little, so that a ratio that drifts costs a few copies at most. Events read page by
+// page (Forget) are not sized for the whole file.
 func (r *Reader) presize(dst *Events) {
-	if r.size <= 0 || r.model.events < 1<<16 || r.off <= 0 || dst.Len()+len(r.buf)-r.pos <= dst.Cap() {
+	if r.size <= 0 || r.model.events < 1<<16 || r.off <= 0 || dst.paging || dst.Len()+len(r.buf)-r.pos <= dst.Cap() {
 		return
 	}
 	want := float64(r.model.events) * float64(max(r.size, r.off)) / float64(r.off) * 1.03

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
@@ -62,19 +63,6 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
-			s, err := openSnapshot(args[0], &mem, costAnalyse)
-			incomplete := err
-			if incomplete == nil {
-				incomplete = s.Warning
-			}
-			switch {
-			case err != nil && (s == nil || s.Events.Len() == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
-				return err
-			case incomplete != nil && !allowTruncated:
-				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, s.Events.Len())
-			case incomplete != nil:
-				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, s.Events.Len())
-			}
 			var lim checkLimits
 			set := func(flag string, v uint64) *int64 {
 				if !cmd.Flags().Changed(flag) {
@@ -91,10 +79,21 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if len(functions) > 0 {
 				opts = append(opts, leaks.IgnoreFunctions(functions...))
 			}
-			tl := timeline.New(s)
-			r := leaks.Analyze(tl, opts...)
+			r, oom, events, warning, err := findLeaks(args[0], &mem, opts)
+			incomplete := err
+			if incomplete == nil {
+				incomplete = warning
+			}
+			switch {
+			case err != nil && (r == nil || events == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
+				return err
+			case incomplete != nil && !allowTruncated:
+				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, events)
+			case incomplete != nil:
+				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, events)
+			}
 			res := checkResult(args[0], r, lim)
-			failOnOOM(res, tl)
+			failOnOOM(res, oom)
 			if asJSON {
 				if err := writeCheckJSON(cmd.OutOrStdout(), res); err != nil {
 					return err
@@ -118,6 +117,62 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 	cmd.Flags().StringSliceVar(&scopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
 	cmd.Flags().StringSliceVar(&functions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")
 	return cmd
+}
+
+// checkPage is how many events check indexes at a time: it streams oomdbg's own snapshots page by page, in
+// the memory of a few pages and a little per iteration, whatever their length.
+const checkPage = 1 << 18
+
+// findLeaks analyzes the snapshot at path for leaks and says how many events it read: an oomdbg snapshot
+// streamed page by page, which no number of events makes need more memory (only the readers' density caps
+// bound it); a PyTorch snapshot imported whole within mem. A damaged snapshot returns the analysis of what
+// came before the damage with the error; one cut short, with its warning.
+func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *firstOOM, events int, warning, err error) {
+	in, err := load.Open(path, load.WithBudget(mem.budget(costAnalyse)))
+	if err != nil {
+		return nil, nil, 0, nil, err
+	}
+	defer in.Close()
+	if in.Format != load.FormatNative {
+		s, err := in.Load()
+		if s == nil {
+			return nil, nil, 0, nil, memoryError(err, mem)
+		}
+		tl := timeline.New(s)
+		return leaks.Analyze(tl, opts...), oomOf(tl), s.Events.Len(), s.Warning, memoryError(err, mem)
+	}
+	rd, err := snapshot.NewReader(in.Reader(), snapshot.WithLimits(snapshot.Limits{Events: snapshot.MaxEvents}))
+	if err != nil {
+		return nil, nil, 0, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	st := leaks.NewStream(opts...)
+	s, err := timeline.Scan(rd, checkPage, func(tl *timeline.Timeline) {
+		if oom == nil {
+			oom = oomOf(tl)
+		}
+		st.Observe(tl)
+	})
+	if err != nil {
+		err = fmt.Errorf("%s: %w", path, err)
+	}
+	return st.Result(s), oom, s.Events.Len(), s.Warning, err
+}
+
+// firstOOM is where a run first ran out of memory.
+type firstOOM struct {
+	seq       int
+	iteration int32
+	phase     snapshot.Phase
+}
+
+// oomOf returns the first oom event tl indexes, or nil.
+func oomOf(tl *timeline.Timeline) *firstOOM {
+	ooms := tl.OOMs()
+	if len(ooms) == 0 {
+		return nil
+	}
+	e := tl.Snapshot().Events.At(ooms[0])
+	return &firstOOM{seq: ooms[0], iteration: e.Iteration, phase: e.Phase}
 }
 
 // check is the result of a check, as --json prints it.
@@ -181,13 +236,11 @@ func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
 
 // failOnOOM fails a check of a run that ran out of memory: a snapshot that ends in an OOM has too few
 // iterations for the leak check to pass it.
-func failOnOOM(c *check, tl *timeline.Timeline) {
-	ooms := tl.OOMs()
-	if len(ooms) == 0 {
+func failOnOOM(c *check, oom *firstOOM) {
+	if oom == nil {
 		return
 	}
-	e := tl.Snapshot().Events.At(ooms[0])
-	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", ooms[0], e.Iteration, e.Phase)
+	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", oom.seq, oom.iteration, oom.phase)
 	c.Failures = append([]string{reason}, c.Failures...)
 	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
 }

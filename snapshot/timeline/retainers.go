@@ -1,5 +1,7 @@
 package timeline
 
+import "github.com/oomdbg/oomdbg/snapshot"
+
 // Retainer paths: who keeps a block alive, as the nearest heap dump recorded it.
 
 // Retainer is one holder on a retainer path.
@@ -32,8 +34,19 @@ const maxRetainerDepth = 256
 // was allocated, and whether one recorded it. Heap dumps list holders breadth-first from the roots, so the
 // first holder of the block a dump names gives a shortest path.
 func (t *Timeline) RetainerPath(b Allocation, at int) (RetainerPath, bool) {
+	best := NearestDump(t.dumps, b, at)
+	if best < 0 {
+		return RetainerPath{}, false
+	}
+	d := t.dumps[best]
+	return WalkRetainers(t.s, d, t.s.Events.Slice(d.Seq+1, d.Seq+1+d.Edges), b)
+}
+
+// NearestDump returns the index in dumps of the heap dump nearest to event at among those taken while b was
+// allocated, or -1.
+func NearestDump(dumps []HeapDump, b Allocation, at int) int {
 	best, dist := -1, 0
-	for i, d := range t.dumps {
+	for i, d := range dumps {
 		if d.Seq < b.Alloc || b.Free >= 0 && d.Seq >= b.Free {
 			continue
 		}
@@ -45,11 +58,12 @@ func (t *Timeline) RetainerPath(b Allocation, at int) (RetainerPath, bool) {
 			best, dist = i, dd
 		}
 	}
-	if best < 0 {
-		return RetainerPath{}, false
-	}
-	d := t.dumps[best]
-	edges := t.s.Events.Slice(d.Seq+1, d.Seq+1+d.Edges)
+	return best
+}
+
+// WalkRetainers returns the path of holders that dump d (its retain events are edges; s names them) records
+// from block b to a root, and whether d names b.
+func WalkRetainers(s *snapshot.Snapshot, d HeapDump, edges []snapshot.Event, b Allocation) (RetainerPath, bool) {
 	start := -1
 	for i := range edges {
 		if edges[i].Addr == b.Addr && edges[i].Device == b.Device && b.Addr != 0 {
@@ -75,7 +89,7 @@ func (t *Timeline) RetainerPath(b Allocation, at int) (RetainerPath, bool) {
 	p := RetainerPath{Dump: d}
 	for i := start; i >= 0 && len(p.Holders) < maxRetainerDepth; {
 		e := &edges[i]
-		p.Holders = append(p.Holders, Retainer{Seq: d.Seq + 1 + i, Holder: e.Holder, Parent: e.Parent, Description: t.s.String(e.Text)})
+		p.Holders = append(p.Holders, Retainer{Seq: d.Seq + 1 + i, Holder: e.Holder, Parent: e.Parent, Description: s.String(e.Text)})
 		if e.Parent == 0 {
 			break
 		}
