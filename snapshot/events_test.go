@@ -1,6 +1,7 @@
 package snapshot_test
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -213,7 +214,7 @@ func TestEventsPages(t *testing.T) {
 					}
 				}
 			}
-			if len(pages) < 3 {
+			if len(pages) < 5 {
 				t.Fatalf("only %d pages", len(pages))
 			}
 			bytes := 0
@@ -239,10 +240,57 @@ func TestEventsPages(t *testing.T) {
 					}
 				}
 			}
+			three, err := evs.LoadPage(pages[1:4]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if three.Base() != starts[1] || three.Len() != starts[4] {
+				t.Fatalf("pages 1 to 3 hold [%d, %d), want [%d, %d)", three.Base(), three.Len(), starts[1], starts[4])
+			}
+			for seq, e := range three.All() {
+				if e != want[seq] {
+					t.Fatalf("pages 1 to 3: event %d is %+v, want %+v", seq, e, want[seq])
+				}
+			}
+			if _, err := evs.LoadPage(pages[1], pages[3]); err == nil {
+				t.Error("LoadPage took pages that do not follow each other")
+			}
 			if _, err := evs.LoadPage([]byte("not a page")); err == nil {
 				t.Error("LoadPage took bytes Page did not make")
 			}
 			t.Logf("%d events in %d pages of %.2f bytes an event", len(want), len(pages), float64(bytes)/float64(len(want)))
 		})
+	}
+}
+
+// TestEstimateEvents checks the estimate from chunk headers against the events a file holds: exact for a file
+// of few chunks, within a few percent for one of many.
+func TestEstimateEvents(t *testing.T) {
+	for _, tc := range []struct {
+		iterations, chunk int
+		exact             bool
+	}{{3, 0, true}, {40, 20, false}} {
+		cfg := snapshottest.GPT2Small()
+		cfg.Iterations = tc.iterations
+		var b bytes.Buffer
+		var opts []snapshot.WriterOption
+		if tc.chunk > 0 {
+			opts = append(opts, snapshot.WithChunkEvents(tc.chunk))
+		}
+		if err := snapshottest.Encode(&b, cfg, opts...); err != nil {
+			t.Fatal(err)
+		}
+		s, err := snapshot.Read(bytes.NewReader(b.Bytes()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, exact := snapshot.EstimateEvents(bytes.NewReader(b.Bytes()), int64(b.Len()))
+		want := int64(s.Events.Len())
+		if exact != tc.exact || exact && got != want || !exact && (got < want*9/10 || got > want*11/10) {
+			t.Errorf("%d iterations: estimate %d (exact %v), the file holds %d", tc.iterations, got, exact, want)
+		}
+	}
+	if n, _ := snapshot.EstimateEvents(bytes.NewReader([]byte("not a snapshot at all")), 21); n != 0 {
+		t.Errorf("an estimate of %d events for a file that is not a snapshot", n)
 	}
 }

@@ -60,23 +60,36 @@ func (ev *Events) Page(from, to int) []byte {
 // errPage is what LoadPage returns for bytes Page did not make.
 var errPage = errors.New("snapshot: not a page of these events")
 
-// LoadPage returns the events of a page Page made from ev (or from the Events ev grew from): a read-only
-// Events whose Base is the page's first seq, sharing ev's rows.
-func (ev *Events) LoadPage(page []byte) (Events, error) {
+// LoadPage returns the events of pages Page made from ev (or from the Events ev grew from), one after the
+// other: a read-only Events whose Base is the first page's first seq, sharing ev's rows.
+func (ev *Events) LoadPage(pages ...[]byte) (Events, error) {
+	out := ev.View() // the tables, clipped: ev may still grow them
+	out = Events{rows: out.rows, rare: out.rare, ctxs: out.ctxs}
 	dec := pageDecoder()
 	defer pageDecoders.Put(dec)
-	raw, err := dec.DecodeAll(page, nil)
-	if err != nil {
-		return Events{}, errPage
+	var raw []byte
+	for i, page := range pages {
+		var err error
+		if raw, err = dec.DecodeAll(page, raw[:0]); err != nil {
+			return Events{}, errPage
+		}
+		if err := out.loadPage(raw, i == 0); err != nil {
+			return Events{}, err
+		}
 	}
+	return out.View(), nil
+}
+
+// loadPage appends the events of a decompressed page to ev; first says it is the first, whose seq sets Base.
+func (ev *Events) loadPage(raw []byte, first bool) error {
 	c := cursor{b: raw}
 	from, n := int(c.uvarint()), int(c.uvarint())
-	if c.bad || n > c.rest() || from+n > MaxEvents {
-		return Events{}, errPage
+	if c.bad || n > c.rest() || from+n > MaxEvents || !first && from != ev.Len() {
+		return errPage
 	}
-	out := Events{base: from, rows: ev.rows, rare: ev.rare, ctxs: ev.ctxs}
-	out = out.View() // clipped: the source may still grow its tables
-	out.base = from
+	if first {
+		ev.base = from
+	}
 	actions := c.b[c.i : c.i+n]
 	c.i += n
 	rows := make([]uint32, n)
@@ -91,7 +104,7 @@ func (ev *Events) LoadPage(page []byte) (Events, error) {
 	}
 	nruns := int(c.uvarint())
 	if c.bad || nruns > c.rest() {
-		return Events{}, errPage
+		return errPage
 	}
 	type run struct {
 		start     int
@@ -104,7 +117,7 @@ func (ev *Events) LoadPage(page []byte) (Events, error) {
 	}
 	nx := int(c.uvarint())
 	if c.bad || nx > c.rest() {
-		return Events{}, errPage
+		return errPage
 	}
 	xseq, xrow := make([]int, nx), make([]int64, nx)
 	at := 0
@@ -112,10 +125,10 @@ func (ev *Events) LoadPage(page []byte) (Events, error) {
 		at += int(c.uvarint())
 		xseq[x], xrow[x] = at, int64(c.uvarint())
 	}
-	if c.bad || c.rest() != 0 {
-		return Events{}, errPage
+	if c.bad || c.rest() != 0 || n > 0 && len(runs) == 0 {
+		return errPage
 	}
-	out.Grow(n)
+	ev.Grow(n)
 	k, x := 0, 0
 	for i := range n {
 		for k+1 < len(runs) && runs[k+1].start <= i {
@@ -126,12 +139,12 @@ func (ev *Events) LoadPage(page []byte) (Events, error) {
 			xr = xrow[x]
 			x++
 		}
-		if int(rows[i]) >= len(out.rows.addr) || xr >= int64(len(out.rare.text)) || len(runs) == 0 {
-			return Events{}, errPage
+		if int(rows[i]) >= len(ev.rows.addr) || xr >= int64(len(ev.rare.text)) {
+			return errPage
 		}
-		out.appendRaw(Action(actions[i]), rows[i], times[i], runs[k].phase, runs[k].iteration, xr)
+		ev.appendRaw(Action(actions[i]), rows[i], times[i], runs[k].phase, runs[k].iteration, xr)
 	}
-	return out.View(), nil
+	return nil
 }
 
 // Forget drops the events before seq from memory (their rows stay): a reader that pages a long run keeps
