@@ -72,7 +72,7 @@ type Replayed struct {
 // the sentence that explains it ("the 1.20 GiB request fits in none of 37 free blocks totalling ...").
 func DiagnoseOOM(tl *timeline.Timeline, seq int) (kind, diagnosis string) {
 	s := tl.Snapshot()
-	if seq < 0 || seq >= tl.Len() || s.Events.Action(seq) != snapshot.ActionOOM {
+	if seq < tl.Base() || seq >= tl.Len() || s.Events.Action(seq) != snapshot.ActionOOM {
 		return "", ""
 	}
 	e := s.Events.At(seq)

@@ -32,10 +32,15 @@ type Options struct {
 	Follow bool
 	Input  io.Reader
 	// Limits caps what reading File may take (the events held, and so the memory); zero fields keep the
-	// snapshot package's defaults.
+	// snapshot package's defaults. A paged file is not capped in events: the TUI holds a window of it.
 	Limits snapshot.Limits
 	// Snapshot, when set, is shown as is (tests, imported files).
 	Snapshot *snapshot.Snapshot
+	// MemoryBudget is what a file's events and index may take in memory before the TUI pages it: holds a
+	// window of it around the cursor, and an overview of the whole (0: DefaultMemoryBudget).
+	MemoryBudget int64
+	// pageEvents sets the events per page of a paged run (tests); 0 means pageEvents.
+	pageEvents int
 	// Profile is the terminal's colour profile (NO_COLOR gives Ascii).
 	Profile colorprofile.Profile
 	// Devices reads the GPUs for the device pane; nil shows that no reader is configured.
@@ -161,7 +166,7 @@ func (m *Model) Init() tea.Cmd {
 // Update handles a message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg.(type) {
-	case chunkMsg, indexMsg: // loading redraws on its own clock
+	case chunkMsg, indexMsg, pagedMsg: // loading redraws on its own clock
 	default:
 		m.frame.valid = false
 	}
@@ -174,6 +179,11 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.onStream(msg)
 	case chunkMsg:
 		return m, m.onChunk(msg)
+	case pagedMsg:
+		return m, m.onPaged(msg)
+	case windowMsg:
+		m.onWindow(msg)
+		return m, nil
 	case indexMsg:
 		return m, m.onIndex()
 	case fixStreamMsg:
@@ -224,14 +234,17 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case rankMsg:
 		return m, m.openRank(msg)
 	case tea.KeyPressMsg:
-		return m, m.onKey(msg)
+		return m, tea.Batch(m.onKey(msg), m.ensureWindow())
 	}
 	return m, nil
 }
 
 // setSnapshot makes s the snapshot shown.
-func (m *Model) setSnapshot(s *snapshot.Snapshot) {
-	m.snap, m.ix = s, newIndex(s)
+func (m *Model) setSnapshot(s *snapshot.Snapshot) { m.setIndex(newIndex(s)) }
+
+// setIndex makes ix's snapshot the one shown.
+func (m *Model) setIndex(ix *index) {
+	m.snap, m.ix = ix.snap, ix
 	m.oomp = oomPanel{} // the OOM, if any, is the new snapshot's
 	m.viewFrom, m.viewTo = 0, m.ix.len()
 	m.timeline.ix = m.ix
@@ -248,8 +261,11 @@ func (m *Model) landOnTarget() {
 	switch {
 	case m.ix.oom >= 0:
 		m.moveTo(m.ix.oom)
-		kind, _ := triage.DiagnoseOOM(m.ix.tl, m.ix.oom)
-		m.setStatus("landed on the OOM ("+kind+": 3 shows why); o jumps back here, p to the peak", false)
+		why := "3 shows why"
+		if kind, _ := m.ix.diagnoseOOM(m.ix.oom); kind != "" {
+			why = kind + ": " + why
+		}
+		m.setStatus("landed on the OOM ("+why+"); o jumps back here, p to the peak", false)
 	case m.ix.peak >= 0:
 		m.moveTo(m.ix.peak)
 		m.setStatus("landed on the peak: p jumps back here", false)

@@ -5,7 +5,6 @@ import (
 	"sort"
 
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // axis is the timeline's x-axis: the events that take a column. Allocations, frees, segments, the OOM and
@@ -126,17 +125,4 @@ func columnOf(cols []column, i int) int {
 		return -1
 	}
 	return c
-}
-
-// extents returns each column's highest value of series s (-1 for an empty column): peaks are drawn by
-// maximum per column, as averaging would hide them.
-func extents(tl *timeline.Timeline, s timeline.Series, cols []column) []int64 {
-	out := make([]int64, len(cols))
-	for c, col := range cols {
-		out[c] = -1
-		if col.from < col.to {
-			out[c] = tl.Range(s, col.from, col.to).Max
-		}
-	}
-	return out
 }

@@ -6,14 +6,22 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // index is what the panes ask of a snapshot, on top of its timeline.Timeline: memory after every event,
 // phase spans and iterations, the peak, the OOM, the live set, retainers and segments at any event. It grows
 // as events stream in, in steps whose cost is that of the new events.
+//
+// A paged run (pages.go) has an overview instead of a Timeline of the whole run, and a Timeline of the window
+// of pages around the cursor: what needs the events (the live set, the segments, exact memory) answers inside
+// the window, the rest from the overview.
 type index struct {
 	snap     *snapshot.Snapshot
-	tl       *timeline.Timeline
+	tl       *timeline.Timeline // the whole run, or the window of a paged run (nil until one is indexed)
+	ov       *overview          // a paged run's; nil when the whole run is held
+	win      *window
+	loading  bool  // a window is being indexed
 	iters    []int // first event of each iteration (setup excluded)
 	seen     int   // iteration spans looked at for iters
 	peak     int   // first event reaching the highest allocated bytes; -1 if none
@@ -31,19 +39,33 @@ type span struct {
 
 func newIndex(s *snapshot.Snapshot) *index {
 	x := &index{snap: s, tl: timeline.New(s), peak: -1, oom: -1}
-	for _, d := range s.Meta.Devices {
-		x.capacity += d.Capacity
-	}
+	x.setCapacity()
 	x.refresh()
 	return x
+}
+
+// newPagedIndex returns the index of a run read page by page.
+func newPagedIndex(s *snapshot.Snapshot) *index {
+	x := &index{snap: s, ov: &overview{peakAlloc: timeline.Peak{Seq: -1}, peakRes: timeline.Peak{Seq: -1}}, peak: -1, oom: -1}
+	x.setCapacity()
+	return x
+}
+
+func (x *index) setCapacity() {
+	for _, d := range x.snap.Meta.Devices {
+		x.capacity += d.Capacity
+	}
 }
 
 // extend indexes the events appended to the snapshot since the last call.
 func (x *index) extend() { x.extendTo(x.snap.Events.Len()) }
 
 // extendTo indexes the events appended to the snapshot since the last call, up to event end, and returns how
-// many it indexed.
+// many it indexed. A paged run is indexed as it is read.
 func (x *index) extendTo(end int) int {
+	if x.ov != nil {
+		return 0
+	}
 	n := x.tl.UpdateTo(end)
 	if n > 0 {
 		x.refresh()
@@ -52,52 +74,198 @@ func (x *index) extendTo(end int) int {
 }
 
 // behind returns how many events of the snapshot are not indexed yet.
-func (x *index) behind() int { return x.snap.Events.Len() - x.tl.Len() }
+func (x *index) behind() int {
+	if x.ov != nil {
+		return 0
+	}
+	return x.snap.Events.Len() - x.tl.Len()
+}
 
-// refresh takes from the timeline what changed since the last call: new iterations, the peak, the OOM.
+// refresh takes from the timeline, or the overview, what changed since the last call: new iterations, the
+// peak, the OOM.
 func (x *index) refresh() {
-	its := x.tl.Iterations()
+	its, ooms := x.iterations(), x.ooms()
 	for ; x.seen < len(its); x.seen++ {
 		if it := its[x.seen]; it.Iteration >= 0 {
 			x.iters = append(x.iters, it.Start)
 		}
 	}
-	x.peak = x.tl.Peak(timeline.Allocated).Seq
-	if ooms := x.tl.OOMs(); len(ooms) > 0 {
+	x.peak = x.peakOf(timeline.Allocated).Seq
+	if len(ooms) > 0 {
 		x.oom = ooms[0]
 	}
 }
 
-// len returns the number of events.
-func (x *index) len() int { return x.tl.Len() }
+func (x *index) iterations() []timeline.IterationSpan {
+	if x.ov != nil {
+		return x.ov.iterations
+	}
+	return x.tl.Iterations()
+}
 
-func (x *index) allocated(i int) int64 { return x.tl.Allocated(i) }
-func (x *index) reserved(i int) int64  { return x.tl.Reserved(i) }
-func (x *index) peakReserved() int64   { return x.tl.Peak(timeline.Reserved).Bytes }
+func (x *index) ooms() []int {
+	if x.ov != nil {
+		return x.ov.ooms
+	}
+	return x.tl.OOMs()
+}
+
+func (x *index) peakOf(s timeline.Series) timeline.Peak {
+	switch {
+	case x.ov == nil:
+		return x.tl.Peak(s)
+	case s == timeline.Reserved:
+		return x.ov.peakRes
+	}
+	return x.ov.peakAlloc
+}
+
+// len returns the number of events.
+func (x *index) len() int {
+	if x.ov != nil {
+		return x.ov.n
+	}
+	return x.tl.Len()
+}
+
+// covers reports whether event i is in memory: always, but for a paged run outside its window.
+func (x *index) covers(i int) bool {
+	return x.ov == nil || x.tl != nil && i >= x.tl.Base() && i < x.tl.Len()
+}
+
+// allocated returns the allocated bytes after event i; outside a paged run's window, the highest of the
+// events near it (exact = false).
+func (x *index) allocated(i int) int64 {
+	if x.covers(i) {
+		return x.tl.Allocated(i)
+	}
+	return x.ov.extent(0, i, i+1).Max
+}
+
+func (x *index) reserved(i int) int64 {
+	if x.covers(i) {
+		return x.tl.Reserved(i)
+	}
+	return x.ov.extent(1, i, i+1).Max
+}
+
+func (x *index) peakReserved() int64 { return x.peakOf(timeline.Reserved).Bytes }
 
 // spans returns the phase spans, in order.
-func (x *index) spans() []timeline.PhaseSpan { return x.tl.Phases() }
+func (x *index) spans() []timeline.PhaseSpan {
+	if x.ov != nil {
+		return x.ov.phases
+	}
+	return x.tl.Phases()
+}
 
 // spanAt returns the phase span holding event i (a span of no phase if there is none).
 func (x *index) spanAt(i int) span {
-	j := x.tl.PhaseAt(i)
-	if j < 0 {
+	spans := x.spans()
+	j, found := slices.BinarySearchFunc(spans, i, func(p timeline.PhaseSpan, i int) int {
+		switch {
+		case i < p.Start:
+			return 1
+		case i >= p.End:
+			return -1
+		}
+		return 0
+	})
+	if !found {
 		return span{from: 0, to: x.len(), phase: snapshot.PhaseNone, iteration: -1}
 	}
-	return toSpan(x.tl.Phases()[j])
+	return toSpan(spans[j])
 }
 
 func toSpan(p timeline.PhaseSpan) span {
 	return span{from: p.Start, to: p.End, phase: p.Phase, iteration: p.Iteration, before: p.Before}
 }
 
-// liveAt returns the blocks allocated after event at, largest first.
+// extents returns each column's highest value of series s (-1 for an empty column): peaks are drawn by
+// maximum per column, as averaging would hide them. Outside a paged run's window a column is the highest of
+// the overview's buckets under it.
+func (x *index) extents(s timeline.Series, cols []column) []int64 {
+	out := make([]int64, len(cols))
+	for c, col := range cols {
+		out[c] = -1
+		switch {
+		case col.from >= col.to:
+		case x.covers(col.from) && x.covers(col.to-1):
+			out[c] = x.tl.Range(s, col.from, col.to).Max
+		case s == timeline.Allocated:
+			out[c] = x.ov.extent(0, col.from, col.to).Max
+		case s == timeline.Reserved:
+			out[c] = x.ov.extent(1, col.from, col.to).Max
+		}
+	}
+	return out
+}
+
+// unallocatedMax returns the highest reserved-minus-allocated bytes over events [from, to); outside a paged
+// run's window, the highest of the overview's buckets under them.
+func (x *index) unallocatedMax(from, to int) int64 {
+	if x.covers(from) && x.covers(to-1) {
+		return x.tl.UnallocatedMax(from, to)
+	}
+	return x.ov.unallocated(from, to)
+}
+
+// diagnoseOOM says what the request of the OOM event at met (triage.DiagnoseOOM); nothing outside a paged
+// run's window.
+func (x *index) diagnoseOOM(at int) (kind, diagnosis string) {
+	if !x.covers(at) {
+		return "", ""
+	}
+	return triage.DiagnoseOOM(x.tl, at)
+}
+
+// liveAt returns the blocks allocated after event at, largest first; nil outside a paged run's window.
 func (x *index) liveAt(at int) []timeline.Allocation {
+	if !x.covers(at) {
+		return nil
+	}
 	live := x.tl.LiveAt(at, nil)
 	slices.SortStableFunc(live, func(a, b timeline.Allocation) int {
 		return cmp.Or(cmp.Compare(b.Size, a.Size), cmp.Compare(a.Alloc, b.Alloc))
 	})
 	return live
+}
+
+// liveAtInOrder returns the blocks allocated after event at, in allocation order; nil outside the window.
+func (x *index) liveAtInOrder(at int) []timeline.Allocation {
+	if !x.covers(at) {
+		return nil
+	}
+	return x.tl.LiveAt(at, nil)
+}
+
+// segmentsAt returns the allocator's segments after event at; nil outside a paged run's window.
+func (x *index) segmentsAt(at int) []timeline.SegmentState {
+	if !x.covers(at) {
+		return nil
+	}
+	return x.tl.SegmentsAt(at)
+}
+
+// lastSample returns the last device reading from source at or before event at.
+func (x *index) lastSample(at int, source string) (sample, bool) {
+	if x.ov != nil {
+		ss := x.ov.samples
+		i, _ := slices.BinarySearchFunc(ss, at+1, func(s sample, seq int) int { return cmp.Compare(s.seq, seq) })
+		for ; i > 0; i-- {
+			if x.snap.String(ss[i-1].text) == source {
+				return ss[i-1], true
+			}
+		}
+		return sample{}, false
+	}
+	samples := x.tl.Samples()
+	for i, _ := slices.BinarySearch(samples, at+1); i > 0; i-- {
+		if e := x.snap.Events.At(samples[i-1]); x.snap.String(e.Text) == source {
+			return sample{seq: samples[i-1], bytes: e.Size, text: e.Text}, true
+		}
+	}
+	return sample{}, false
 }
 
 // byCategory sums live block bytes per category.
@@ -114,6 +282,9 @@ func byCategory(blocks []timeline.Allocation) [snapshot.NumCategories]int64 {
 // retainerPath returns the descriptions of the holders that keep block b alive, from the block outwards, as
 // the heap dump nearest to event at records them; nil when no heap dump names the block.
 func (x *index) retainerPath(b timeline.Allocation, at int) []string {
+	if !x.covers(at) {
+		return nil
+	}
 	p, ok := x.tl.RetainerPath(b, at)
 	if !ok {
 		return nil

@@ -2,7 +2,6 @@ package tui
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -34,12 +33,8 @@ type devicePane struct {
 // setData finds the last device reading at or before event at.
 func (p *devicePane) setData(ix *index, at int) {
 	p.sampled = false
-	samples := ix.tl.Samples()
-	for i, _ := slices.BinarySearch(samples, at+1); i > 0; i-- {
-		if e := ix.snap.Events.At(samples[i-1]); ix.snap.String(e.Text) == "nvml.used" {
-			p.sampled, p.driverUsed, p.reserv = true, e.Size, ix.reserved(at)
-			return
-		}
+	if s, ok := ix.lastSample(at, "nvml.used"); ok {
+		p.sampled, p.driverUsed, p.reserv = true, s.bytes, ix.reserved(at)
 	}
 }
 

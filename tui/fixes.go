@@ -496,22 +496,35 @@ type runSummary struct {
 
 func summarize(ix *index) *runSummary {
 	r := &runSummary{peakAlloc: ix.allocated(max(ix.peak, 0)), peakRes: ix.peakReserved(), capacity: ix.capacity, oom: ix.oom >= 0}
+	if ix.ov != nil { // a paged run's, summed up page by page as it was read
+		b := ix.ov.baseline
+		r.peakAlloc, r.atPeak, r.forward, r.recompute = b.peakAlloc, b.atPeak, b.forward, b.recompute
+	}
 	if r.oom {
 		sp := ix.spanAt(ix.oom)
 		r.oomWhere = fmt.Sprintf("OOM in %s, iteration %d", sp.phase, sp.iteration)
 	}
+	if ix.ov != nil {
+		return r
+	}
 	if ix.peak >= 0 {
 		r.atPeak = byCategory(ix.liveAt(ix.peak))
 	}
-	for _, e := range ix.snap.Events.All() {
-		if e.Action != snapshot.ActionAlloc {
+	actions := ix.snap.Events.Actions()
+	for _, sp := range ix.spans() {
+		if sp.Phase != snapshot.PhaseForward && sp.Phase != snapshot.PhaseRecompute {
 			continue
 		}
-		switch e.Phase {
-		case snapshot.PhaseRecompute:
-			r.recompute++
-		case snapshot.PhaseForward:
-			r.forward++
+		n := 0
+		for _, a := range actions[sp.Start:sp.End] {
+			if a == snapshot.ActionAlloc {
+				n++
+			}
+		}
+		if sp.Phase == snapshot.PhaseForward {
+			r.forward += n
+		} else {
+			r.recompute += n
 		}
 	}
 	return r

@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -22,7 +24,8 @@ type stream struct {
 	r     *snapshot.Reader
 	snap  *snapshot.Snapshot // what was read so far
 	close func()
-	size  int64 // the file's size, 0 for a pipe or a file being followed
+	size  int64  // the file's size, 0 for a pipe or a file being followed
+	pager *pager // set when the file is too long to hold whole: it is read page by page
 }
 
 // streamMsg says a stream has opened (or failed to).
@@ -70,10 +73,21 @@ func recordWorkload(ctx context.Context, run Runner, w Workload) tea.Cmd {
 }
 
 // openFile opens the snapshot file of opts (or reads opts.Input); with opts.Follow, it keeps reading as the
-// file grows until its end chunk.
+// file grows until its end chunk. A file whose events, judged from its chunk headers, would take more than
+// opts.MemoryBudget held whole is paged.
 func openFile(ctx context.Context, opts Options) tea.Cmd {
 	return func() tea.Msg {
 		path := opts.File
+		budget := cmp.Or(opts.MemoryBudget, DefaultMemoryBudget)
+		var size, events int64
+		if f, err := os.Open(path); err == nil {
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && !opts.Follow {
+				size = fi.Size()
+				events, _ = snapshot.EstimateEvents(f, size)
+			}
+			f.Close()
+		}
+		paged := size > 0 && events*residentPerEvent > budget
 		in, closeIn := opts.Input, func() {}
 		if in == nil {
 			f, err := os.Open(path)
@@ -82,7 +96,11 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 			}
 			in, closeIn = f, func() { f.Close() }
 		}
-		ropts := []snapshot.ReaderOption{snapshot.WithLimits(opts.Limits)}
+		lim := opts.Limits
+		if paged {
+			lim.Events = snapshot.MaxEvents // memory is bounded by the window, not by the run
+		}
+		ropts := []snapshot.ReaderOption{snapshot.WithLimits(lim)}
 		if opts.Follow {
 			ropts = append(ropts, snapshot.WithFollow(ctx, 200*time.Millisecond))
 		}
@@ -91,9 +109,10 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 			closeIn()
 			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
 		}
-		s := &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn}
-		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() && !opts.Follow {
-			s.size = fi.Size()
+		s := &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn, size: size}
+		if paged {
+			s.pager = &pager{s: &snapshot.Snapshot{}, leaks: leaks.NewStream(), pageEvents: cmp.Or(opts.pageEvents, pageEvents)}
+			s.pager.s.Events.Forget(0) // read page by page
 		}
 		return streamMsg{s: s, meta: r.Meta()}
 	}
@@ -159,13 +178,21 @@ func (m *Model) onStream(msg streamMsg) tea.Cmd {
 	}
 	m.stream = msg.s
 	m.load.started, m.load.size = time.Now(), msg.s.size
-	m.setSnapshot(&snapshot.Snapshot{Meta: msg.meta})
+	if msg.s.pager != nil {
+		m.load.label += " (paged: too long to hold whole)"
+		m.setIndex(newPagedIndex(&snapshot.Snapshot{Meta: msg.meta}))
+	} else {
+		m.setSnapshot(&snapshot.Snapshot{Meta: msg.meta})
+	}
 	return m.readMore()
 }
 
 // readMore asks for the stream's next chunks.
 func (m *Model) readMore() tea.Cmd {
 	m.load.reading = true
+	if m.stream.pager != nil {
+		return nextPages(m.stream)
+	}
 	return nextChunk(m.stream)
 }
 
@@ -233,6 +260,9 @@ func (m *Model) loaded() tea.Cmd {
 	}
 	m.landOnTarget()
 	m.refreshPanes()
+	if m.ix.ov != nil {
+		return m.fixes.measure(m.ctx) // a paged run's leaks were analyzed as it was read
+	}
 	return tea.Batch(m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
 }
 

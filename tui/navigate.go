@@ -203,7 +203,7 @@ func (m *Model) refreshPanes() {
 	live := m.ix.liveAt(m.cursor)
 	var before []timeline.Allocation
 	if m.prev != m.cursor && m.prev < m.ix.len() {
-		before = m.ix.tl.LiveAt(m.prev, nil)
+		before = m.ix.liveAtInOrder(m.prev)
 	}
 	m.live.setData(m.ix, m.cursor, live, before)
 	m.cats.setData(live, m.ix.spanAt(m.cursor))

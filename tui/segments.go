@@ -13,7 +13,6 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
-	"github.com/oomdbg/oomdbg/triage"
 )
 
 // segmentsPane shows the caching allocator's state at the cursor, as memory_viz's allocator state does: each
@@ -36,10 +35,10 @@ type segmentsPane struct {
 // setData replays the allocator's segments at event at.
 func (p *segmentsPane) setData(ix *index, at int) {
 	p.snap, p.at = ix.snap, at
-	p.segs = ix.tl.SegmentsAt(at)
+	p.segs = ix.segmentsAt(at)
 	p.selected = min(p.selected, max(len(p.segs)-1, 0))
 	p.allocated, p.reserved = ix.allocated(at), ix.reserved(at)
-	_, p.oom = triage.DiagnoseOOM(ix.tl, at)
+	_, p.oom = ix.diagnoseOOM(at)
 }
 
 func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {

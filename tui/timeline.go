@@ -36,9 +36,13 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	if strip {
 		plotH--
 	}
-	p.axis.update(p.ix.snap, p.ix.len())
+	if p.ix.ov == nil {
+		p.axis.update(p.ix.snap, p.ix.len())
+	} else { // a paged run: the events themselves are the columns, drawn from the overview outside the window
+		p.axis.run, p.axis.indexed, p.axis.snap = p.axis.run[:0], 0, nil
+	}
 	cols := p.axis.columns(from, to, plotW)
-	alloc, res := extents(p.ix.tl, timeline.Allocated, cols), extents(p.ix.tl, timeline.Reserved, cols)
+	alloc, res := p.ix.extents(timeline.Allocated, cols), p.ix.extents(timeline.Reserved, cols)
 	// Scale to the run; the device's capacity joins the scale when the run comes near it (a run that uses a
 	// sliver of the card would otherwise be a flat line).
 	top := max(maxOf(res), maxOf(alloc), 1)
@@ -101,7 +105,7 @@ func (p *timelinePane) unallocatedRow(s Styles, cols []column, curCol int) strin
 	for c, col := range cols {
 		vals[c] = -1
 		if col.from < col.to {
-			vals[c] = p.ix.tl.UnallocatedMax(col.from, col.to)
+			vals[c] = p.ix.unallocatedMax(col.from, col.to)
 		}
 	}
 	top := max(maxOf(vals), 1)

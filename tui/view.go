@@ -143,6 +143,9 @@ func (m *Model) tabsView() string {
 
 func (m *Model) paneView() string {
 	w, h := m.layout.pane.w, m.layout.pane.h
+	if held := m.pane == paneLive || m.pane == paneCategories || m.pane == paneSegments; held && !m.ix.covers(m.cursor) {
+		return m.styles.Muted.Render(ansi.Truncate("these events are paged out of memory: reading them back…", w, "…"))
+	}
 	switch m.pane {
 	case paneLive:
 		if m.showingOOM() {
@@ -168,17 +171,23 @@ func (m *Model) paneView() string {
 // statusView is two lines: where the cursor is, with the change since the previous stop, and a message.
 func (m *Model) statusView() []string {
 	ix, c := m.ix, m.cursor
-	action := m.snap.Events.Action(c)
 	sp := ix.spanAt(c)
-	// The event's own change: what this allocation or free did, not the distance from the last stop.
-	var delta int64
-	if c > 0 {
-		delta = ix.allocated(c) - ix.allocated(c-1)
-	} else {
-		delta = ix.allocated(0)
+	var pos string
+	if ix.covers(c) {
+		action := ix.tl.Snapshot().Events.Action(c)
+		// The event's own change: what this allocation or free did, not the distance from the last stop.
+		var delta int64
+		if c > 0 {
+			delta = ix.allocated(c) - ix.allocated(c-1)
+		} else {
+			delta = ix.allocated(0)
+		}
+		pos = fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1, sp.iteration,
+			sp.phase, action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
+	} else { // a paged run, outside the window: the overview's highest near the cursor
+		pos = fmt.Sprintf("event %d/%d  iter %d %s  alloc ≤%s  reserved ≤%s  (paged out)", c, ix.len()-1, sp.iteration,
+			sp.phase, units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)))
 	}
-	pos := fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1, sp.iteration,
-		sp.phase, action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
 	msg := m.status
 	style := m.styles.Muted
 	if m.statusIsError {

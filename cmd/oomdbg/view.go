@@ -63,8 +63,9 @@ peak and phase side by side, from which enter opens another.`,
 			defer in.Close()
 			switch in.Format {
 			case load.FormatNative: // streamed in, so a growing file can be followed
-				lim := snapshot.Limits{Events: mem.budget(costView).MaxEvents()}
-				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim})
+				b := mem.budget(costView)
+				lim := snapshot.Limits{Events: b.MaxEvents()}
+				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: b.Memory})
 			default:
 				s, err := in.Load()
 				if err != nil {

@@ -20,7 +20,7 @@ func growsSegment(a snapshot.Action) bool {
 // it was made for, which the allocator hands out in the next event: between the two, the segment is not
 // unused memory, only not yet handed out.
 func (t *Timeline) Unallocated(seq int) int64 {
-	if seq < 0 || seq >= t.n {
+	if seq < t.base || seq >= t.n {
 		return 0
 	}
 	for seq+1 < t.n && growsSegment(t.s.Events.Action(seq)) {
@@ -35,7 +35,7 @@ func (t *Timeline) Unallocated(seq int) int64 {
 // the pyramid: exact, in O(log n) per segment event in view.
 func (t *Timeline) UnallocatedColumns(from, to int, dst []int64) []int64 {
 	width := len(dst)
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	for i := range dst {
 		dst[i] = -1
 	}
@@ -56,9 +56,9 @@ func (t *Timeline) UnallocatedColumns(from, to int, dst []int64) []int64 {
 	return dst
 }
 
-// UnallocatedMax returns the highest Unallocated bytes over events [from, to), 0 for an empty range.
+// UnallocatedMax returns the highest Unallocated bytes over the events of [from, to) it indexed, 0 for none.
 func (t *Timeline) UnallocatedMax(from, to int) int64 {
-	from, to = max(from, 0), min(to, t.n)
+	from, to = max(from, t.base), min(to, t.n)
 	if from >= to {
 		return 0
 	}

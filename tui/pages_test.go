@@ -1,0 +1,81 @@
+package tui
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
+)
+
+// TestPagedRunAgreesWithTheWholeRun opens the same recording held whole and paged (a budget of one byte,
+// pages of 300 events), and checks that the paged TUI lands where the whole one does, has the same spans,
+// iterations, peak, OOM and leak verdict, and, wherever the cursor goes, shows the same memory, live set,
+// categories and segments once it has read the pages around it back.
+func TestPagedRunAgreesWithTheWholeRun(t *testing.T) {
+	if _, err := fixtureData("tiny-oom"); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", "fixtures", "tiny-oom.oomdbg")
+	open := func(budget int64) *Model {
+		m := New(context.Background(), Options{File: path, Profile: colorprofile.Ascii, MemoryBudget: budget, pageEvents: 300})
+		m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
+		drive(m, m.Init(), nil)
+		if !m.load.done || m.load.err != nil {
+			t.Fatalf("not loaded: %v", m.load.err)
+		}
+		return m
+	}
+	whole, paged := open(0), open(1)
+	if whole.ix.ov != nil || paged.ix.ov == nil || len(paged.ix.ov.pages) < 5 {
+		t.Fatalf("whole run paged: %v; paged run: %v (%d events)", whole.ix.ov != nil, paged.ix.ov != nil, whole.ix.len())
+	}
+	if paged.ix.len() != whole.ix.len() || paged.ix.peak != whole.ix.peak || paged.ix.oom != whole.ix.oom ||
+		!slices.Equal(paged.ix.iters, whole.ix.iters) || !slices.Equal(paged.ix.spans(), whole.ix.spans()) {
+		t.Fatalf("paged: %d events, peak %d, OOM %d, %d spans; whole: %d, %d, %d, %d", paged.ix.len(), paged.ix.peak,
+			paged.ix.oom, len(paged.ix.spans()), whole.ix.len(), whole.ix.peak, whole.ix.oom, len(whole.ix.spans()))
+	}
+	if paged.leaks.res == nil || paged.leaks.res.Reason != whole.leaks.res.Reason {
+		t.Errorf("leaks paged: %v, whole: %v", paged.leaks.res, whole.leaks.res)
+	}
+	if paged.Cursor() != whole.Cursor() {
+		t.Errorf("paged landed at %d, whole at %d", paged.Cursor(), whole.Cursor())
+	}
+	for _, keys := range [][]string{nil, {"g"}, {"}"}, {"]", "]"}, {"p"}, {"G"}, {"o", "["}, {"{", "{"}, {"L"}} {
+		for _, m := range []*Model{whole, paged} {
+			for _, k := range keys {
+				_, cmd := m.Update(keyPress(k))
+				drive(m, cmd, nil)
+			}
+		}
+		c := whole.Cursor()
+		if paged.ix.win != nil {
+			t.Logf("after %v: event %d, window of pages [%d, %d) of %d, events [%d, %d), %d live blocks", keys, c, paged.ix.win.lo, paged.ix.win.hi, len(paged.ix.ov.pages), paged.ix.tl.Base(), paged.ix.tl.Len(), len(paged.live.rows))
+		}
+		if paged.Cursor() != c || !paged.ix.covers(c) {
+			t.Fatalf("after %v: paged at %d (held: %v), whole at %d", keys, paged.Cursor(), paged.ix.covers(c), c)
+		}
+		for _, s := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
+			if a, b := paged.ix.tl.Value(s, c), whole.ix.tl.Value(s, c); a != b {
+				t.Errorf("after %v: %s %d paged, %d whole", keys, s, a, b)
+			}
+		}
+		if !slices.Equal(asOfEvent(paged.live.rows), asOfEvent(whole.live.rows)) || paged.cats.now != whole.cats.now ||
+			len(paged.segs.segs) != len(whole.segs.segs) {
+			t.Errorf("after %v at event %d: the panes differ (%d and %d live blocks)", keys, c, len(paged.live.rows), len(whole.live.rows))
+		}
+	}
+}
+
+// asOfEvent clears what a window does not know of blocks: their IDs and the frees after it.
+func asOfEvent(bs []timeline.Allocation) []timeline.Allocation {
+	out := slices.Clone(bs)
+	for i := range out {
+		out[i].ID, out[i].Free, out[i].Released = 0, 0, 0
+	}
+	return out
+}
