@@ -111,6 +111,7 @@ func (ev *Events) Grow(n int) {
 	if n <= 0 {
 		return
 	}
+	ev.packer() // the room belongs to ev: a copy of it that appends copies the columns first
 	ev.expect = max(ev.expect, ev.Len()+n)
 	ev.action = slices.Grow(ev.action, n)
 	ev.row = slices.Grow(ev.row, n)

@@ -110,9 +110,12 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 			return streamMsg{err: fmt.Errorf("%s: %w", path, err)}
 		}
 		s := &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn, size: size}
-		if paged {
+		switch {
+		case paged:
 			s.pager = &pager{s: &snapshot.Snapshot{}, leaks: leaks.NewStream(), pageEvents: cmp.Or(opts.pageEvents, pageEvents)}
 			s.pager.s.Events.Forget(0) // read page by page
+		case events > 0:
+			s.snap.Events.Grow(int(events + events/32)) // room for all, so that the columns are not copied
 		}
 		return streamMsg{s: s, meta: r.Meta()}
 	}

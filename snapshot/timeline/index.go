@@ -85,7 +85,7 @@ func (t *Timeline) index(start, end int) {
 	// training loop's mix (an alloc, two frees and a tag or two per block).
 	expect := max(end, t.s.Events.Cap()) - t.base
 	if cap(t.alloc) < end-t.base {
-		t.alloc = growTo(t.alloc, max(expect, 2*cap(t.alloc)))
+		t.alloc = growTo(t.alloc, room(end-t.base, expect, cap(t.alloc)))
 	}
 	t.alloc = t.alloc[:end-t.base]
 	allocated := t.alloc[:end-t.base]
@@ -97,7 +97,11 @@ func (t *Timeline) index(start, end int) {
 		if start-t.base > 1<<12 {
 			share = float64(len(bt.alloc)-len(t.carried)) / float64(start-t.base) * 1.05
 		}
-		bt.grow(max(need, int(float64(expect)*share), 2*cap(bt.alloc)))
+		bt.grow(room(need, int(float64(expect)*share), cap(bt.alloc)))
+	}
+	if need := len(t.changes) + (end-start)/8; cap(t.changes) < need && start-t.base > 1<<12 {
+		share := float64(len(t.changes)) / float64(start-t.base) * 1.05
+		t.changes = growTo(t.changes, room(need, int(float64(expect)*share), cap(t.changes)))
 	}
 	var buf [256]snapshot.Event
 	prevAction, prevAddr := b.prevAction, b.prevAddr
@@ -253,6 +257,15 @@ func (t *Timeline) release(id int32, e *snapshot.Event, seq int, cur [numSeries]
 func (bt *blockTable) grow(n int) {
 	bt.alloc, bt.free, bt.done = growTo(bt.alloc, n), growTo(bt.free, n), growTo(bt.done, n)
 	bt.size, bt.cat, bt.first = growTo(bt.size, n), growTo(bt.cat, n), growTo(bt.first, n)
+}
+
+// room returns the capacity for a column that must hold need entries and has have: the entries expected in
+// all when they are more, else twice what it has.
+func room(need, expect, have int) int {
+	if expect >= need {
+		return expect
+	}
+	return max(need, 2*have)
 }
 
 // growTo returns s with room for n elements in all, allocating exactly that when it has less.
