@@ -156,7 +156,7 @@ func (ev *Events) Append(e *Event) {
 	if !ev.rows.matches(row, e, ctx) {
 		h := ev.rows.hash(e, ctx)
 		var ok bool
-		if row, ok = p.rows.find(h, func(r uint32) bool { return ev.rows.matches(r, e, ctx) }); !ok {
+		if row, ok = p.findRow(ev, h, e, ctx); !ok {
 			row = ev.rows.add(e, ctx)
 			p.rows.insert(h, row, func(r uint32) uint64 { return ev.rows.hashRow(r) })
 		}
@@ -305,6 +305,25 @@ func mix(h, v uint64) uint64 {
 	h ^= v + 0x9E3779B97F4A7C15 + h<<6 + h>>2
 	h *= 0xBF58476D1CE4E5B9
 	return h ^ h>>31
+}
+
+// findRow finds the row equal to e's shared fields, whose hash is h: rowIndex.find, written out for the
+// rows, since most events take this path.
+func (p *packer) findRow(ev *Events, h uint64, e *Event, ctx uint32) (uint32, bool) {
+	x := &p.rows
+	if len(x.slots) == 0 {
+		return 0, false
+	}
+	mask := uint64(len(x.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := x.slots[i]
+		if s == 0 {
+			return 0, false
+		}
+		if s>>32 == h>>32 && ev.rows.matches(uint32(s)-1, e, ctx) {
+			return uint32(s) - 1, true
+		}
+	}
 }
 
 // rowIndex finds rows by their hash: open addressing over row numbers, with the hash's top bits kept to

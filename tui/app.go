@@ -183,7 +183,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, m.onPaged(msg)
 	case windowMsg:
 		m.onWindow(msg)
-		return m, nil
+		if msg.err != nil {
+			return m, nil
+		}
+		return m, m.ensureWindow() // the cursor may have moved on while the pages were read
 	case indexMsg:
 		return m, m.onIndex()
 	case fixStreamMsg:
