@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	tea "charm.land/bubbletea/v2"
@@ -26,6 +27,12 @@ type stream struct {
 	close func()
 	size  int64  // the file's size, 0 for a pipe or a file being followed
 	pager *pager // set when the file is too long to hold whole: it is read page by page
+
+	// The reader's goroutine hands its newest message over through latest, signalling ready.
+	start  sync.Once
+	mu     sync.Mutex
+	latest tea.Msg
+	ready  chan struct{}
 }
 
 // streamMsg says a stream has opened (or failed to).
@@ -121,24 +128,74 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 	}
 }
 
-// nextChunk reads the stream's next chunks: for a file, as many as arrive within readBudget; for a pipe or a
-// file being followed, one, since the next may take the writer a while.
+// nextChunk returns what the stream has read since the last call, waiting for something if need be. The
+// first call starts the reader, which reads on to the end of the stream in a goroutine of its own: it does
+// not wait for the model to take what it read, so reading and indexing run side by side.
 func nextChunk(s *stream) tea.Cmd {
 	return func() tea.Msg {
-		start := time.Now()
-		for {
-			err := s.r.ReadInto(s.snap)
-			if err != nil {
-				s.close()
-				msg := chunkMsg{snap: s.snap.View(), bytes: s.r.Offset(), done: true}
-				if !errors.Is(err, io.EOF) {
-					msg.err = err
-				}
-				return msg
+		s.start.Do(func() {
+			s.ready = make(chan struct{}, 1)
+			go s.readAhead(s.readChunks)
+		})
+		return s.take()
+	}
+}
+
+// readChunks reads the stream's next chunks: for a file, as many as arrive within readBudget; for a pipe or
+// a file being followed, one, since the next may take the writer a while. It reports whether the stream
+// ended.
+func (s *stream) readChunks() (tea.Msg, bool) {
+	start := time.Now()
+	for {
+		err := s.r.ReadInto(s.snap)
+		if err != nil {
+			s.close()
+			msg := chunkMsg{snap: s.snap.View(), bytes: s.r.Offset(), done: true}
+			if !errors.Is(err, io.EOF) {
+				msg.err = err
 			}
-			if s.size == 0 || time.Since(start) >= readBudget {
-				return chunkMsg{snap: s.snap.View(), bytes: s.r.Offset()}
-			}
+			return msg, true
+		}
+		if s.size == 0 || time.Since(start) >= readBudget {
+			return chunkMsg{snap: s.snap.View(), bytes: s.r.Offset()}, false
+		}
+	}
+}
+
+// readAhead calls read until it reports the end, keeping its messages for take: a message not taken yet is
+// merged into the next, which for chunks means replaced (each says all that was read so far) and for pages
+// means added to.
+func (s *stream) readAhead(read func() (tea.Msg, bool)) {
+	for {
+		msg, done := read()
+		s.mu.Lock()
+		if old, ok := s.latest.(pagedMsg); ok {
+			p := msg.(pagedMsg)
+			p.pages = append(old.pages, p.pages...)
+			msg = p
+		}
+		s.latest = msg
+		s.mu.Unlock()
+		select {
+		case s.ready <- struct{}{}:
+		default: // a signal is pending: it will find this message
+		}
+		if done {
+			return
+		}
+	}
+}
+
+// take waits for the reader's newest message and takes it.
+func (s *stream) take() tea.Msg {
+	for {
+		<-s.ready
+		s.mu.Lock()
+		msg := s.latest
+		s.latest = nil
+		s.mu.Unlock()
+		if msg != nil {
+			return msg
 		}
 	}
 }

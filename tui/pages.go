@@ -97,30 +97,41 @@ type pager struct {
 	pageEvents int
 }
 
-// nextPages reads and indexes pages for at most readBudget, or one page, whichever is longer.
+// nextPages returns the pages the stream has read and indexed since the last call, waiting for one if need
+// be: like nextChunk, the first call starts a reader that goes on to the end of the stream.
 func nextPages(s *stream) tea.Cmd {
 	return func() tea.Msg {
-		p := s.pager
-		start := time.Now()
-		var msg pagedMsg
-		for {
-			err := s.r.ReadInto(p.s)
-			held := p.s.Events.Len() - p.s.Events.Base()
-			if held > 0 && (held >= p.pageEvents || err != nil) {
-				msg.pages = append(msg.pages, p.index())
+		s.start.Do(func() {
+			s.ready = make(chan struct{}, 1)
+			go s.readAhead(s.readPages)
+		})
+		return s.take()
+	}
+}
+
+// readPages reads and indexes pages for at least readBudget, or one page, whichever is longer, and reports
+// whether the stream ended.
+func (s *stream) readPages() (tea.Msg, bool) {
+	p := s.pager
+	start := time.Now()
+	var msg pagedMsg
+	for {
+		err := s.r.ReadInto(p.s)
+		held := p.s.Events.Len() - p.s.Events.Base()
+		if held > 0 && (held >= p.pageEvents || err != nil) {
+			msg.pages = append(msg.pages, p.index())
+		}
+		if err != nil {
+			s.close()
+			msg.done = true
+			if !errors.Is(err, io.EOF) {
+				msg.err = err
 			}
-			if err != nil {
-				s.close()
-				msg.done = true
-				if !errors.Is(err, io.EOF) {
-					msg.err = err
-				}
-				msg.leaks = p.leaks.Result(p.s)
-			}
-			if err != nil || len(msg.pages) > 0 && time.Since(start) >= readBudget {
-				msg.tables, msg.bytes = p.s.View(), s.r.Offset()
-				return msg
-			}
+			msg.leaks = p.leaks.Result(p.s)
+		}
+		if err != nil || len(msg.pages) > 0 && time.Since(start) >= readBudget {
+			msg.tables, msg.bytes = p.s.View(), s.r.Offset()
+			return msg, err != nil
 		}
 	}
 }
