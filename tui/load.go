@@ -311,6 +311,8 @@ func (m *Model) loaded() tea.Cmd {
 	}
 	m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
 	m.fixes.setBaseline(m.ix)
+	m.landOnTarget()
+	// What ended the reading outlasts the landing's message: events it never read are not on the screen.
 	switch {
 	case m.load.endErr != nil:
 		m.load.err = m.load.endErr
@@ -318,7 +320,6 @@ func (m *Model) loaded() tea.Cmd {
 	case m.snap.Warning != nil:
 		m.setStatus(m.snap.Warning.Error(), true)
 	}
-	m.landOnTarget()
 	m.refreshPanes()
 	if m.ix.ov != nil {
 		return m.fixes.measure(m.ctx) // a paged run's leaks were analyzed as it was read

@@ -1,14 +1,18 @@
 package tui
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
@@ -78,4 +82,45 @@ func asOfEvent(bs []timeline.Allocation) []timeline.Allocation {
 		out[i].ID, out[i].Free, out[i].Released = 0, 0, 0
 	}
 	return out
+}
+
+// TestLoadingEndsWithWhatStoppedIt opens a recording that has more events than the reader may hold, and
+// the same recording cut in its last chunk: the TUI lands on the peak or the OOM of what it read, and the
+// status line still says why the rest is missing.
+func TestLoadingEndsWithWhatStoppedIt(t *testing.T) {
+	data, err := fixtureData("tiny-oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	full := filepath.Join(dir, "full.oomdbg")
+	cut := filepath.Join(dir, "cut.oomdbg")
+	if err := os.WriteFile(full, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cut, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := snapshot.Read(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		path string
+		lim  snapshot.Limits
+		want string
+	}{
+		"over the event limit": {full, snapshot.Limits{Events: uint64(whole.Events.Len() / 2)}, "too many events"},
+		"cut short":            {cut, snapshot.Limits{}, "cut short"},
+	} {
+		m := New(context.Background(), Options{File: tc.path, Limits: tc.lim, Profile: colorprofile.Ascii})
+		m.Update(tea.WindowSizeMsg{Width: 200, Height: 40})
+		drive(m, m.Init(), nil)
+		if !m.load.done || m.ix.len() == 0 || m.ix.len() >= whole.Events.Len() {
+			t.Fatalf("%s: loaded %v, %d of %d events", name, m.load.done, m.ix.len(), whole.Events.Len())
+		}
+		if !m.statusIsError || !strings.Contains(m.status, tc.want) || !strings.Contains(screen(m), tc.want) {
+			t.Errorf("%s: status %q (an error: %v), want it to say %q", name, m.status, m.statusIsError, tc.want)
+		}
+	}
 }
