@@ -215,9 +215,10 @@ type loadState struct {
 	endErr      error // how the stream ended, reported once every event is indexed
 }
 
-// progress says how far loading has come: events, bytes and the rate.
+// progress says how far loading has come: events, bytes and the rate, then what is loading, so that the
+// figures fit 80 columns and a long path is what gets cut.
 func (l *loadState) progress(indexed int) string {
-	s := fmt.Sprintf("%s: %s events", l.label, groupDigits(int64(indexed)))
+	s := fmt.Sprintf("%s events", groupDigits(int64(indexed)))
 	if l.size > 0 {
 		s += fmt.Sprintf(", %s of %s", units.FormatSize(l.bytes), units.FormatSize(l.size))
 	} else if l.bytes > 0 {
@@ -226,7 +227,7 @@ func (l *loadState) progress(indexed int) string {
 	if el := time.Since(l.started).Seconds(); el > 0.2 && indexed > 0 {
 		s += fmt.Sprintf(", %.1fM events/s", float64(indexed)/el/1e6)
 	}
-	return s
+	return s + " · " + l.label
 }
 
 // onStream starts reading an opened stream.

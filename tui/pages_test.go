@@ -8,9 +8,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
@@ -121,6 +123,19 @@ func TestLoadingEndsWithWhatStoppedIt(t *testing.T) {
 		}
 		if !m.statusIsError || !strings.Contains(m.status, tc.want) || !strings.Contains(screen(m), tc.want) {
 			t.Errorf("%s: status %q (an error: %v), want it to say %q", name, m.status, m.statusIsError, tc.want)
+		}
+	}
+}
+
+// TestProgressFitsEightyColumns checks that the loading line keeps its figures (events, bytes, rate) on an
+// 80-column terminal however long the file's path is: the path is what gets cut.
+func TestProgressFitsEightyColumns(t *testing.T) {
+	l := loadState{label: "reading /home/someone/runs/2025-06-01/gpt2-medium-checkpointed.oomdbg (paged: too long to hold whole)",
+		started: time.Now().Add(-10 * time.Second), bytes: 140 << 20, size: 154 << 20}
+	got := ansi.Truncate(l.progress(99_685_661), 80, "…")
+	for _, want := range []string{"99,685,661 events", "140.00 MiB of 154.00 MiB", "10.0M events/s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("at 80 columns %q lacks %q", got, want)
 		}
 	}
 }
