@@ -189,7 +189,7 @@ func samePath(a, b string) bool {
 // loadForExport opens a snapshot of any format oomdbg reads (load.File). A file damaged part-way is exported up
 // to the damage, with a warning on stderr; an unreadable one is an error.
 func loadForExport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapshot, error) {
-	s, err := openSnapshot(path, mem, costAnalyse)
+	s, err := openSnapshot(path, mem, costExport)
 	switch {
 	case err == nil:
 		if s.Warning != nil {

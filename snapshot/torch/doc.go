@@ -107,7 +107,7 @@
 // pickle (pickle.Doc, 2 to 5 bytes per byte of pickle) is dropped, and collected, once its trace entries
 // are read into 64-byte records, before the events are built, so an import holds at most the larger of
 // the Doc and the records together, and the records and the events together (for an 87 MB pickle of 1.5M
-// entries: 150 + 94 MB, then 94 + 168 MB). Limits.MaxMemory is a ceiling on all of it, counted before each
+// entries: 150 + 94 MB, then 94 + 14 MB). Limits.MaxMemory is a ceiling on all of it, counted before each
 // allocation (decoding included): past it an import fails with a *MemoryError, which matches ErrMemory and
 // ErrLimit, instead of allocating.
 package torch
