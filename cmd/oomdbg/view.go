@@ -65,7 +65,7 @@ peak and phase side by side, from which enter opens another.`,
 			case load.FormatNative: // streamed in, so a growing file can be followed
 				b := mem.budget(costView)
 				lim := snapshot.Limits{Events: b.MaxEvents()}
-				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: b.Memory})
+				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: viewHold(&mem)})
 			default:
 				s, err := in.Load()
 				if err != nil {
@@ -78,6 +78,17 @@ peak and phase side by side, from which enter opens another.`,
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
+}
+
+// viewHold is the memory the TUI may hold a run in before it pages it: its own budget, or less when that is
+// more than this machine's default --max-memory; --max-memory given on the command line, whatever it says.
+// Half the machine by default would hold a 100M-event run whole, in gigabytes, where paging it takes few.
+func viewHold(mem *memory) int64 {
+	limit := int64(mem.resolve())
+	if mem.set {
+		return limit
+	}
+	return min(limit, tui.DefaultMemoryBudget)
 }
 
 // viewTerminal returns where the TUI reads keys: standard input, or the terminal itself when standard input
