@@ -100,6 +100,7 @@ type Model struct {
 	status         string
 	statusIsError  bool
 	landedOnTarget bool // the cursor was put on the OOM (or peak) once loading ended
+	movedLoading   bool // the user moved the cursor while the snapshot loaded: it stays where they took it
 
 	frame frame // the last screen drawn
 
@@ -261,6 +262,14 @@ func (m *Model) landOnTarget() {
 		return
 	}
 	m.landedOnTarget = true
+	if m.movedLoading { // the user went somewhere while it loaded: tell them where the targets are instead
+		hint := "loaded: p jumps to the peak"
+		if m.ix.oom >= 0 {
+			hint = "loaded: o jumps to the OOM, p to the peak"
+		}
+		m.setStatus(hint, false)
+		return
+	}
 	switch {
 	case m.ix.oom >= 0:
 		m.moveTo(m.ix.oom)
@@ -317,6 +326,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	if cmd, handled := m.onNavigate(msg); handled {
+		m.movedLoading = m.movedLoading || !m.load.done
 		return cmd
 	}
 	return m.onPaneKey(msg)

@@ -3,6 +3,7 @@ package tui
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -136,6 +137,48 @@ func TestProgressFitsEightyColumns(t *testing.T) {
 	for _, want := range []string{"99,685,661 events", "140.00 MiB of 154.00 MiB", "10.0M events/s"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("at 80 columns %q lacks %q", got, want)
+		}
+	}
+}
+
+// TestMovingWhileLoadingKeepsTheCursor streams a recording through a pipe, takes the cursor back to the
+// start after the first chunk, and checks that the end of loading leaves it there, saying where the OOM is,
+// where a user who waited lands on the OOM.
+func TestMovingWhileLoadingKeepsTheCursor(t *testing.T) {
+	data, err := fixtureData("tiny-oom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, move := range []bool{false, true} {
+		r, w := io.Pipe()
+		more := make(chan struct{})
+		go func() {
+			w.Write(data[:len(data)/3])
+			<-more
+			w.Write(data[len(data)/3:])
+			w.Close()
+		}()
+		m := New(context.Background(), Options{File: "pipe", Input: r, Profile: colorprofile.Ascii})
+		m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
+		var moved bool
+		drive(m, m.Init(), func(msg tea.Msg) bool {
+			if _, ok := msg.(chunkMsg); ok && !moved && m.ix.len() > 0 {
+				moved = true
+				if move {
+					m.Update(keyPress("g"))
+				}
+				close(more)
+			}
+			return false
+		})
+		if !m.load.done || m.load.err != nil || m.ix.oom < 0 {
+			t.Fatalf("moved %v: loaded %v, err %v, OOM at %d", move, m.load.done, m.load.err, m.ix.oom)
+		}
+		switch {
+		case move && (m.Cursor() != 0 || !strings.Contains(m.status, "o jumps to the OOM")):
+			t.Errorf("moved to the start while loading: at event %d, status %q; want 0 and where the OOM is", m.Cursor(), m.status)
+		case !move && m.Cursor() != m.ix.oom:
+			t.Errorf("waited: at event %d, want the OOM at %d", m.Cursor(), m.ix.oom)
 		}
 	}
 }
