@@ -8,7 +8,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 )
 
-// pytorchBytesPerByte is the least an import holds at its peak per byte of a large pickle: 3.0 for an 87 MB
+// pytorchBytesPerByte is the least an import holds at its peak per byte of a large pickle: 3.3 for an 87 MB
 // snapshot of 1.5M trace entries, more for smaller ones (4 to 6 for the real snapshots of 0.1 to 2.4 MB).
 const pytorchBytesPerByte = 3
 

@@ -106,8 +106,10 @@
 // first bad opcode: a 2 GiB file that is not a pickle past its first bytes costs a few KiB. The decoded
 // pickle (pickle.Doc, 2 to 5 bytes per byte of pickle) is dropped, and collected, once its trace entries
 // are read into 64-byte records, before the events are built, so an import holds at most the larger of
-// the Doc and the records together, and the records and the events together (for an 87 MB pickle of 1.5M
-// entries: 150 + 94 MB, then 94 + 14 MB). Limits.MaxMemory is a ceiling on all of it, counted before each
-// allocation (decoding included): past it an import fails with a *MemoryError, which matches ErrMemory and
-// ErrLimit, instead of allocating.
+// the Doc and the records together, and the records and the events together. Inference rewrites events in
+// place, so they are built as a slice of Events (112 bytes each) and moved into the snapshot's columns at
+// the end, both held for a moment (for an 87 MB pickle of 1.5M entries: 150 + 94 MB, then 94 + 168 MB and
+// 14 MB of columns, after which the slice goes). Limits.MaxMemory is a ceiling on all of it, counted before
+// each allocation (decoding included): past it an import fails with a *MemoryError, which matches ErrMemory
+// and ErrLimit, instead of allocating.
 package torch
