@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
@@ -119,6 +120,12 @@ func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The TUI holds its events for the whole session, so the collector's headroom is what decides its resident
+	// memory: at the default GOGC of 100 a 11.7M-event file peaks at 560-690 MB against 530-540 MB at 50,
+	// which loads it in the same time (1.6 s). GOGC from the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	opts.Runner = tuiRunner{version: toolVersion()}
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
