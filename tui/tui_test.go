@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"regexp"
@@ -551,6 +552,12 @@ func TestPyTorchStacksDevicesAndSearch(t *testing.T) {
 	if out := screen(m); !strings.Contains(out, "oomdbg · cuda:1") {
 		t.Errorf("the title does not name the device shown:\n%s", out)
 	}
+	// At 80 columns a long path gives way to the file's name, so the device shown stays on the title line.
+	narrow := newTestModel(t, s, 80, 24)
+	narrow.opts.File = "/data/runs/2024-06-01/rank1/f4_2024_time_us_no_settings_2dev.pickle"
+	if title := strings.SplitN(screen(narrow), "\n", 2)[0]; !strings.Contains(title, "oomdbg · f4_2024_time_us_no_settings_2dev.pickle · cuda:1") {
+		t.Errorf("at 80 columns the title loses the device to the path: %q", title)
+	}
 	// report attributes 1.26 GiB to nn.Linear's forward under lora.py:430.
 	press(m, "/", "l", "i", "n", "e", "a", "r", "enter")
 	out := screen(m)
@@ -568,6 +575,15 @@ func TestPyTorchStacksDevicesAndSearch(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = newTestModel(t, s, 120, 40)
+	// The TUI labels the peak in the report's words (report says "at event N (forward, outside any iteration)").
+	var text bytes.Buffer
+	if err := triage.Analyze(t.Context(), m.ix.tl, triage.Options{}).WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	press(m, "p")
+	if out := screen(m); !strings.Contains(out, "forward, outside any iteration") || !strings.Contains(text.String(), "(forward, outside any iteration)") {
+		t.Errorf("the TUI and report label f3's peak differently:\n%s\n%s", out, text.String())
+	}
 	press(m, "enter")
 	out = screen(m)
 	if !strings.Contains(out, "compiled frames hidden") || strings.Contains(out, "::") {

@@ -2,6 +2,8 @@ package tui
 
 import (
 	"fmt"
+	"github.com/oomdbg/oomdbg/triage"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -93,10 +95,12 @@ func (m *Model) titleView() string {
 	if m.snap != nil {
 		meta := m.snap.Meta
 		var w strings.Builder
+		file := 0 // where the file's path ends in the title, when it names one
 		w.WriteString("oomdbg")
 		switch {
 		case m.opts.File != "":
 			fmt.Fprintf(&w, " · %s", m.opts.File)
+			file = w.Len()
 		case m.fixes.base != nil:
 			fmt.Fprintf(&w, " · %s", m.fixes.base.Name)
 		}
@@ -108,10 +112,15 @@ func (m *Model) titleView() string {
 		}
 		if m.ix != nil && m.ix.oom >= 0 {
 			sp := m.ix.spanAt(m.ix.oom)
-			fmt.Fprintf(&w, " · OOM in iteration %d, %s", sp.iteration, sp.phase)
+			fmt.Fprintf(&w, " · OOM in %s", triage.Where(sp.iteration, sp.phase))
 		}
 		w.WriteString(m.leakTitle())
 		title = w.String()
+		// A long path would push what follows it (the device, the OOM, a leak) off the line: the file's
+		// name stands for it then.
+		if file > 0 && ansi.StringWidth(" "+title) > m.width {
+			title = "oomdbg · " + filepath.Base(m.opts.File) + title[file:]
+		}
 	}
 	return m.styles.Title.Render(padRight(ansi.Truncate(" "+title, m.width, "…"), m.width))
 }
@@ -182,11 +191,11 @@ func (m *Model) statusView() []string {
 		} else {
 			delta = ix.allocated(0)
 		}
-		pos = fmt.Sprintf("event %d/%d  iter %d %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1, sp.iteration,
-			sp.phase, action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
+		pos = fmt.Sprintf("event %d/%d  %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1,
+			triage.Where(sp.iteration, sp.phase), action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
 	} else { // a paged run, outside the window: the overview's highest near the cursor
-		pos = fmt.Sprintf("event %d/%d  iter %d %s  alloc ≤%s  reserved ≤%s  (paged out)", c, ix.len()-1, sp.iteration,
-			sp.phase, units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)))
+		pos = fmt.Sprintf("event %d/%d  %s  alloc ≤%s  reserved ≤%s  (paged out)", c, ix.len()-1,
+			triage.Where(sp.iteration, sp.phase), units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)))
 	}
 	msg := m.status
 	style := m.styles.Muted
