@@ -57,9 +57,6 @@ func (x *index) setCapacity() {
 	}
 }
 
-// extend indexes the events appended to the snapshot since the last call.
-func (x *index) extend() { x.extendTo(x.snap.Events.Len()) }
-
 // extendTo indexes the events appended to the snapshot since the last call, up to event end, and returns how
 // many it indexed. A paged run is indexed as it is read.
 func (x *index) extendTo(end int) int {

@@ -10,8 +10,7 @@ import (
 func drive(m *Model, cmd tea.Cmd, stop func(tea.Msg) bool) int {
 	msgs := make(chan tea.Msg, 64)
 	pending := 0
-	var start func(tea.Cmd)
-	start = func(c tea.Cmd) {
+	start := func(c tea.Cmd) {
 		if c == nil {
 			return
 		}
