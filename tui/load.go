@@ -276,7 +276,8 @@ func (m *Model) onChunk(msg chunkMsg) tea.Cmd {
 // onIndex indexes what was read for at most indexBudget, and asks for more time while some is left.
 func (m *Model) onIndex() tea.Cmd {
 	m.load.indexing = false
-	follow := m.cursor >= m.ix.len()-1 // a cursor at the end follows the stream
+	// The cursor follows the stream until the user moves it, and again once they take it back to the end.
+	follow := !m.movedLoading || m.cursor >= m.ix.len()-1
 	start := time.Now()
 	for m.ix.behind() > 0 && time.Since(start) < indexBudget {
 		m.ix.extendTo(m.ix.len() + 1<<15)
