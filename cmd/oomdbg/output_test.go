@@ -278,3 +278,33 @@ func TestCheckOutputLeavesFIFOAlone(t *testing.T) {
 		t.Fatal("checkOutput opened and closed the FIFO: a waiting reader would have seen an end of file")
 	}
 }
+
+// TestRunNamesALeak holds that run, writing a file, says under its summary what check says of that file when
+// the run leaks, and says nothing of leaks when it does not.
+func TestRunNamesALeak(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		bug  string
+		leak bool
+	}{{"retain-graph", true}, {"", false}} {
+		path := filepath.Join(dir, "bug-"+tc.bug+".oomdbg")
+		args := []string{"run", "--steps", "8", "-o", path}
+		if tc.bug != "" {
+			args = append(args, "--bug", tc.bug)
+		}
+		code, stdout, stderr := runCmd(args...)
+		if code != exitOK {
+			t.Fatalf("--bug %s: exit %d: %s", tc.bug, code, stderr)
+		}
+		_, checked, _ := runCmd("check", path)
+		verdict, _, _ := strings.Cut(checked, "\n")
+		reason, failed := strings.CutPrefix(verdict, "FAIL: ")
+		if failed != tc.leak {
+			t.Fatalf("--bug %s: check says %q", tc.bug, verdict)
+		}
+		said := strings.Contains(stdout, "\nleak       ")
+		if said != tc.leak || tc.leak && !strings.Contains(stdout, "\nleak       "+reason+"\n") {
+			t.Errorf("--bug %s: run's summary does not say what check says (%q):\n%s", tc.bug, verdict, stdout)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"github.com/oomdbg/oomdbg/leaks"
 	"io"
 	"io/fs"
 	"os"
@@ -347,6 +348,9 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 		return err
 	}
 	printRunSummary(summary, cfg, res, name, cw.n)
+	if (o.kind == outputNew || o.kind == outputRegular) && res.OOM == nil {
+		printLeakVerdict(summary, to.path)
+	}
 	if sig := caught(); sig != nil {
 		return &signalError{sig: sig, path: name}
 	}
@@ -354,6 +358,19 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 		return &problemError{msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, name)}
 	}
 	return nil
+}
+
+// printLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict
+// (a leak, or gradients never cleared), so that a leak is named where the run is, not only when asked for.
+// The snapshot is read back as check streams it, in the memory of a few pages.
+func printLeakVerdict(w io.Writer, path string) {
+	r, _, _, _, err := findLeaks(path, &memory{}, []leaks.Option{leaks.Warmup(leaks.DefaultWarmup)})
+	if err != nil || r == nil {
+		return
+	}
+	if c := checkResult(path, r, checkLimits{}); !c.Pass {
+		fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	}
 }
 
 // countingWriter passes writes through and counts the bytes.
