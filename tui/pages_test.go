@@ -165,7 +165,7 @@ func TestMovingWhileLoadingKeepsTheCursor(t *testing.T) {
 			if _, ok := msg.(chunkMsg); ok && !moved && m.ix.len() > 0 {
 				moved = true
 				if move {
-					m.Update(keyPress("g"))
+					m.Update(keyPress("home"))
 				}
 				close(more)
 			}
@@ -180,46 +180,5 @@ func TestMovingWhileLoadingKeepsTheCursor(t *testing.T) {
 		case !move && m.Cursor() != m.ix.oom:
 			t.Errorf("waited: at event %d, want the OOM at %d", m.Cursor(), m.ix.oom)
 		}
-	}
-}
-
-// TestCursorFollowsTheStream feeds a recording through a pipe in three parts and checks that, until the user
-// moves, the cursor stands on the last event read once the screen refreshes, as view --follow shows a run that
-// grows. The second part arrives between refreshes, as most of a fast writer's do.
-func TestCursorFollowsTheStream(t *testing.T) {
-	data, err := fixtureData("tiny-oom")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, w := io.Pipe()
-	next := make(chan struct{})
-	go func() {
-		for i := range 3 {
-			w.Write(data[i*len(data)/3 : (i+1)*len(data)/3])
-			<-next
-		}
-		w.Close()
-	}()
-	m := New(context.Background(), Options{File: "pipe", Input: r, Profile: colorprofile.Ascii})
-	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
-	parts := 0
-	drive(m, m.Init(), func(msg tea.Msg) bool {
-		if c, ok := msg.(chunkMsg); !ok || c.done || parts == 3 {
-			return false
-		}
-		parts++
-		if parts == 3 && m.ix.behind() == 0 && m.Cursor() != m.ix.len()-1 {
-			t.Errorf("after the last part: cursor at event %d of %d; want the last", m.Cursor(), m.ix.len())
-		}
-		if parts == 2 {
-			m.load.refreshed = time.Time{} // the third part comes when a refresh is due
-		} else {
-			m.load.refreshed = time.Now() // the second comes before one is
-		}
-		next <- struct{}{}
-		return false
-	})
-	if parts != 3 {
-		t.Fatalf("the stream came in %d parts; want 3", parts)
 	}
 }
