@@ -500,24 +500,14 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 		return &ImportError{Offset: -1, Err: err}
 	}
 	s.Meta.Workload = origin
-	inf := inferEvents(s, em.events)
+	inf, t := inferEvents(s, em.events, em.stacks)
 	im.origin.Iterations = inf.Iterations.String()
 	s.Meta.Iterations = im.origin.Iterations
 
-	type key struct {
-		dev  int16
-		addr uint64
-	}
-	type tag struct {
-		cat   snapshot.Category
-		scope snapshot.StringID
-	}
-	live := map[key]tag{}
 	scopes := map[snapshot.FrameID]snapshot.StringID{}
 	bi := 0
 	for i := range em.events {
 		e := &em.events[i]
-		k := key{e.Device, e.Addr}
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if bi < len(inf.Blocks) && inf.Blocks[bi].Seq == i {
@@ -533,13 +523,9 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 					e.Scope = id
 				}
 			}
-			live[k] = tag{e.Category, e.Scope}
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
-			if t, ok := live[k]; ok {
-				e.Category, e.Scope = t.cat, t.scope
-				if e.Action == snapshot.ActionFreeCompleted {
-					delete(live, k)
-				}
+			if a := t.tagged[i]; a >= 0 { // an earlier event: its tags are final
+				e.Category, e.Scope = em.events[a].Category, em.events[a].Scope
 			}
 		}
 	}
@@ -554,12 +540,12 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 			end = b[k+1].Seq
 		}
 		for i := b[k].Seq; i < end; i++ {
-			if !s.Reconstructed(&em.events[i]) {
+			if !t.reconstructed(&em.events[i]) {
 				em.events[i].Iteration = b[k].Iteration
 			}
 		}
 	}
-	placePhases(s, em.events, b)
+	placePhases(t, b)
 	n := len(em.events)
 	if need := n + len(b); need > cap(em.events) {
 		if err := em.reserve(need); err != nil {
@@ -596,13 +582,17 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 // frees the gradients; PyTorch records a free with its allocation's frames, so none name zero_grad); and
 // the phase before them for the events left at the end of an iteration (after an Optimizer.step region).
 // An iteration where nothing has a phase is left so.
-func placePhases(s *snapshot.Snapshot, events []snapshot.Event, b []Boundary) {
+func placePhases(t *trace, b []Boundary) {
+	events := t.events
 	set := func(e *snapshot.Event, p snapshot.Phase) {
-		if !s.Reconstructed(e) {
+		if !t.reconstructed(e) {
 			e.Phase = p
 		}
 	}
-	whole := !slices.ContainsFunc(events, func(e snapshot.Event) bool { return s.Reconstructed(&e) })
+	whole := true
+	for i := range events {
+		whole = whole && !t.reconstructed(&events[i])
+	}
 	for i := 0; whole && i < b[0].Seq; i++ {
 		if e := &events[i]; e.Phase == snapshot.PhaseNone {
 			set(e, snapshot.PhaseSetup)
@@ -621,7 +611,7 @@ func placePhases(s *snapshot.Snapshot, events []snapshot.Event, b []Boundary) {
 		for i := range first {
 			set(&it[i], snapshot.PhaseData)
 		}
-		zeroGradFrees(s, it)
+		zeroGradFrees(t, it)
 		last := snapshot.PhaseNone
 		for i := first; i < len(it); i++ {
 			if it[i].Phase != snapshot.PhaseNone {
@@ -635,7 +625,7 @@ func placePhases(s *snapshot.Snapshot, events []snapshot.Event, b []Boundary) {
 
 // zeroGradFrees finds zero_grad in one iteration's events where no region marked it: the frees of gradients
 // after the optimizer's last allocation, through the optimizer's events (or those of no phase) that follow.
-func zeroGradFrees(s *snapshot.Snapshot, it []snapshot.Event) {
+func zeroGradFrees(t *trace, it []snapshot.Event) {
 	lastStep := -1
 	for i := range it {
 		switch e := &it[i]; {
@@ -657,7 +647,7 @@ func zeroGradFrees(s *snapshot.Snapshot, it []snapshot.Event) {
 		if from < 0 && e.Action == snapshot.ActionFreeRequested && e.Category == snapshot.CategoryGradient {
 			from = i
 		}
-		if from >= 0 && !s.Reconstructed(e) {
+		if from >= 0 && !t.reconstructed(e) {
 			e.Phase = snapshot.PhaseZeroGrad
 		}
 	}

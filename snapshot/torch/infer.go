@@ -50,16 +50,19 @@ func (inf *Inference) Block(seq int) (BlockTag, bool) {
 // reconstructed as alive before the trace; it never changes s. Import applies its result; other code calls
 // it to ask why a block has its category. Iterations a snapshot already marks (ProfilerStep#N) are kept.
 func Infer(s *snapshot.Snapshot) *Inference {
-	return inferEvents(s, s.Events.Slice(0, s.Events.Len()))
+	inf, _ := inferEvents(s, s.Events.Slice(0, s.Events.Len()), nil)
+	return inf
 }
 
-// inferEvents is Infer over s's events as a slice: the import's, which it still writes to.
-func inferEvents(s *snapshot.Snapshot, events []snapshot.Event) *Inference {
-	t := newTrace(s, events)
+// inferEvents is Infer over s's events as a slice: the import's, which it still writes to. Stacks, when not
+// nil, are what readStacks says of s's stacks (the import has read them already). The trace it returns
+// holds the blocks' lifetimes, for the import to carry each block's tags to its frees.
+func inferEvents(s *snapshot.Snapshot, events []snapshot.Event, stacks []stackFacts) (*Inference, *trace) {
+	t := newTrace(s, events, stacks)
 	inf := &Inference{}
 	inf.Iterations, inf.Boundaries = t.iterations()
 	inf.Blocks = t.blocks(inf.Boundaries)
-	return inf
+	return inf, t
 }
 
 // trace is what the inference passes read: a snapshot's events in order, and what each stack says.
@@ -68,14 +71,95 @@ type trace struct {
 	events []snapshot.Event
 	stacks []stackFacts
 	origin Origin
+	pre    []snapshot.StringID // the ids of PreExistingLabel: the label of reconstructed events
+	lives  []lifetime          // every block, in order of its alloc event
+	tagged []int               // by event: for a free, the alloc whose tags it carries; -1 for none
 }
 
-func newTrace(s *snapshot.Snapshot, events []snapshot.Event) *trace {
-	t := &trace{s: s, events: events, stacks: readStacks(s)}
+func newTrace(s *snapshot.Snapshot, events []snapshot.Event, stacks []stackFacts) *trace {
+	if len(stacks) != len(s.Stacks) {
+		stacks = readStacks(s)
+	}
+	t := &trace{s: s, events: events, stacks: stacks}
 	if o, ok := OriginOf(s); ok {
 		t.origin = *o
 	}
+	for id := 1; id < len(s.Strings); id++ {
+		if s.Strings[id] == snapshot.PreExistingLabel {
+			t.pre = append(t.pre, snapshot.StringID(id))
+		}
+	}
+	t.link()
 	return t
+}
+
+// reconstructed is s.Reconstructed(e), by label id rather than by string.
+func (t *trace) reconstructed(e *snapshot.Event) bool {
+	return e.Label != 0 && slices.Contains(t.pre, e.Label)
+}
+
+// link pairs the frees of the trace with their blocks' allocations, by device and address, in one pass:
+// a block's lifetime ends at its free_requested (what the categories read), while its tags go on every
+// free until its free_completed (as the runtime writes them).
+func (t *trace) link() {
+	type open struct {
+		block     int  // in t.lives
+		requested bool // the lifetime ended
+		completed bool // the tags stopped
+	}
+	type device struct {
+		dev  int16
+		open map[uint64]open
+	}
+	var devs []device // few: searched in order
+	at := -1          // the device of the latest event
+	t.tagged = make([]int, len(t.events))
+	for i := range t.events {
+		e := &t.events[i]
+		t.tagged[i] = -1
+		switch e.Action {
+		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+		default:
+			continue
+		}
+		if at < 0 || devs[at].dev != e.Device {
+			at = slices.IndexFunc(devs, func(d device) bool { return d.dev == e.Device })
+			if at < 0 {
+				devs = append(devs, device{e.Device, map[uint64]open{}})
+				at = len(devs) - 1
+			}
+		}
+		m := devs[at].open
+		if e.Action == snapshot.ActionAlloc {
+			m[e.Addr] = open{block: len(t.lives)}
+			t.lives = append(t.lives, lifetime{alloc: i, free: -1})
+			continue
+		}
+		o, ok := m[e.Addr]
+		if !ok {
+			continue
+		}
+		if !o.completed {
+			t.tagged[i] = t.lives[o.block].alloc
+		}
+		if e.Action == snapshot.ActionFreeRequested {
+			if o.requested {
+				continue
+			}
+			t.lives[o.block].free = i
+			o.requested = true
+		} else {
+			if o.completed {
+				continue
+			}
+			o.completed = true
+		}
+		if o.requested && o.completed {
+			delete(m, e.Addr)
+		} else {
+			m[e.Addr] = o
+		}
+	}
 }
 
 // len returns the number of events.
@@ -95,7 +179,7 @@ func (t *trace) facts(e *snapshot.Event) stackFacts {
 // allocation reports whether e is an allocation the trace recorded (not one reconstructed from the final
 // state): only those say when the trace's events ran.
 func (t *trace) allocation(e *snapshot.Event) bool {
-	return e.Action == snapshot.ActionAlloc && !t.s.Reconstructed(e)
+	return e.Action == snapshot.ActionAlloc && !t.reconstructed(e)
 }
 
 // training reports whether e is an allocation of forward, backward or recompute.

@@ -99,26 +99,7 @@ type lifetime struct {
 
 // blocks gives every allocation its category and module.
 func (t *trace) blocks(bounds []Boundary) []BlockTag {
-	type key struct {
-		dev  int16
-		addr uint64
-	}
-	var lives []lifetime
-	live := map[key]int{}
-	for i := range t.len() {
-		e := t.at(i)
-		k := key{e.Device, e.Addr}
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			live[k] = len(lives)
-			lives = append(lives, lifetime{alloc: i, free: -1})
-		case snapshot.ActionFreeRequested:
-			if j, ok := live[k]; ok {
-				lives[j].free = i
-				delete(live, k)
-			}
-		}
-	}
+	lives := t.lives
 	// Each iteration's first training allocation: what comes before it in the iteration is the batch.
 	firstTraining := make([]int, len(bounds))
 	for k, b := range bounds {
@@ -166,7 +147,7 @@ func (t *trace) rule(e *snapshot.Event, sf stackFacts, l lifetime, bounds []Boun
 	case sf.has(factParam):
 		return CategoryWeightFrames
 	}
-	if t.s.Reconstructed(e) || len(bounds) == 0 {
+	if t.reconstructed(e) || len(bounds) == 0 {
 		// When it was allocated, and in what phase, is not known; or the trace is not training (no
 		// iterations), where forward, backward and step do not say what a block holds.
 		return CategoryNoRule

@@ -91,7 +91,7 @@ func (t *trace) stepEnds() []int {
 	seen := false // a training allocation since the previous step
 	for i := range t.len() {
 		e := t.at(i)
-		if marker(e.Action) || t.s.Reconstructed(e) {
+		if marker(e.Action) || t.reconstructed(e) {
 			continue
 		}
 		switch {
@@ -187,7 +187,7 @@ func (t *trace) scanBack(i, floor int) int {
 		default:
 			return i
 		}
-		if t.s.Reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) {
+		if t.reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) {
 			return i
 		}
 		i--

@@ -57,7 +57,7 @@ func (t *trace) periodic() []Boundary {
 	k := 0 // tokens seen
 	for i := range t.len() {
 		e := t.at(i)
-		if t.s.Reconstructed(e) {
+		if t.reconstructed(e) {
 			continue
 		}
 		key := uint64(e.Addr) ^ uint64(uint16(e.Device))<<48
