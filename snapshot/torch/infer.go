@@ -98,7 +98,7 @@ func (t *trace) reconstructed(e *snapshot.Event) bool {
 	return e.Label != 0 && slices.Contains(t.pre, e.Label)
 }
 
-// link pairs the frees of the trace with their blocks' allocations, by device and address, in one pass:
+// link pairs the frees of the trace with their blocks' allocations, by device and address, once for all passes:
 // a block's lifetime ends at its free_requested (what the categories read), while its tags go on every
 // free until its free_completed (as the runtime writes them).
 func (t *trace) link() {
@@ -110,10 +110,36 @@ func (t *trace) link() {
 	type device struct {
 		dev  int16
 		open map[uint64]open
+		pre  int // reconstructed allocations: an import writes them first, all open when the trace begins
 	}
 	var devs []device // few: searched in order
-	at := -1          // the device of the latest event
+	find := func(dev int16, at int) int {
+		if at >= 0 && devs[at].dev == dev {
+			return at
+		}
+		if at = slices.IndexFunc(devs, func(d device) bool { return d.dev == dev }); at < 0 {
+			devs = append(devs, device{dev: dev})
+			at = len(devs) - 1
+		}
+		return at
+	}
+	// Sizes first: growing the maps rehashes them, and a snapshot imported from the final state alone is
+	// mostly reconstructed blocks.
+	at, allocs := -1, 0
+	for i := range t.events {
+		if e := &t.events[i]; e.Action == snapshot.ActionAlloc {
+			allocs++
+			if at = find(e.Device, at); t.reconstructed(e) {
+				devs[at].pre++
+			}
+		}
+	}
+	for k := range devs {
+		devs[k].open = make(map[uint64]open, devs[k].pre)
+	}
+	t.lives = make([]lifetime, 0, allocs)
 	t.tagged = make([]int, len(t.events))
+	at = -1
 	for i := range t.events {
 		e := &t.events[i]
 		t.tagged[i] = -1
@@ -122,13 +148,7 @@ func (t *trace) link() {
 		default:
 			continue
 		}
-		if at < 0 || devs[at].dev != e.Device {
-			at = slices.IndexFunc(devs, func(d device) bool { return d.dev == e.Device })
-			if at < 0 {
-				devs = append(devs, device{e.Device, map[uint64]open{}})
-				at = len(devs) - 1
-			}
-		}
+		at = find(e.Device, at)
 		m := devs[at].open
 		if e.Action == snapshot.ActionAlloc {
 			m[e.Addr] = open{block: len(t.lives)}
