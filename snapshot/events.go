@@ -85,11 +85,13 @@ type devStream struct {
 // packer is the state that lets Append share rows: hash tables of the rows by value, the previous event's
 // row, and the device-stream pairs by value.
 type packer struct {
-	owner   *Events
-	rows    rowIndex
-	rare    rowIndex
-	prevRow uint32
-	ctxs    map[devStream]uint32
+	owner    *Events
+	rows     rowIndex
+	rare     rowIndex
+	prevRow  uint32
+	ctxs     map[devStream]uint32
+	prevCtx  devStream // the previous event's device and stream, index prevCtxI: events come in runs of one
+	prevCtxI uint32
 }
 
 // MaxEvents is the most events an Events holds: seqs and rows are 32-bit.
@@ -229,6 +231,7 @@ func (ev *Events) packer() *packer {
 	for i, c := range ev.ctxs {
 		p.ctxs[c] = uint32(i)
 	}
+	p.prevCtx = ev.ctxs[0]
 	if len(ev.rows.addr) == 0 {
 		ev.rows.add(&Event{}, 0)
 	}
@@ -251,8 +254,8 @@ func (ev *Events) releasePacker() { ev.pack = nil }
 // devStream returns the index of (device, stream), adding it if new.
 func (p *packer) devStream(ev *Events, device int16, stream int64) uint32 {
 	c := devStream{device, stream}
-	if c == ev.ctxs[0] {
-		return 0
+	if c == p.prevCtx {
+		return p.prevCtxI
 	}
 	i, ok := p.ctxs[c]
 	if !ok {
@@ -260,6 +263,7 @@ func (p *packer) devStream(ev *Events, device int16, stream int64) uint32 {
 		ev.ctxs = append(ev.ctxs, c)
 		p.ctxs[c] = i
 	}
+	p.prevCtx, p.prevCtxI = c, i
 	return i
 }
 
