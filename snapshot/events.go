@@ -121,6 +121,20 @@ func (ev *Events) Grow(n int) {
 	ev.timeBase = slices.Grow(ev.timeBase, n/timeBlock+1)
 }
 
+// GrowRows makes room for n more distinct rows (what events share: address, sizes, stack, tags, device and
+// stream; an allocation and its frees share one), for a writer that knows about how many its events hold.
+func (ev *Events) GrowRows(n int) {
+	if n <= 0 {
+		return
+	}
+	p := ev.packer()
+	r := &ev.rows
+	r.addr, r.size, r.blockSize = slices.Grow(r.addr, n), slices.Grow(r.size, n), slices.Grow(r.blockSize, n)
+	r.scope, r.label, r.stack = slices.Grow(r.scope, n), slices.Grow(r.label, n), slices.Grow(r.stack, n)
+	r.category, r.ctx = slices.Grow(r.category, n), slices.Grow(r.ctx, n)
+	p.rows.grow(len(r.addr)+n, ev.rows.hashRow)
+}
+
 // View returns a read-only copy of the first Len events. It shares the columns, which only grow, so it stays
 // valid while ev is appended to.
 func (ev *Events) View() Events {
@@ -357,16 +371,28 @@ func (x *rowIndex) find(h uint64, eq func(uint32) bool) (uint32, bool) {
 // insert adds row r with hash h; rehash gives the hash of a row when the table grows.
 func (x *rowIndex) insert(h uint64, r uint32, rehash func(uint32) uint64) {
 	if 2*(x.n+1) > len(x.slots) {
-		old := x.slots
-		x.slots = make([]uint64, max(64, 2*len(old)))
-		x.n = 0
-		for _, s := range old {
-			if s != 0 {
-				x.put(rehash(uint32(s)-1), s)
-			}
-		}
+		x.grow(x.n+1, rehash)
 	}
 	x.put(h, h>>32<<32|uint64(r)+1)
+}
+
+// grow makes room for n rows in all, at most half the slots full, rehashing those held.
+func (x *rowIndex) grow(n int, rehash func(uint32) uint64) {
+	size := max(64, len(x.slots))
+	for 2*n > size {
+		size *= 2
+	}
+	if size == len(x.slots) {
+		return
+	}
+	old := x.slots
+	x.slots = make([]uint64, size)
+	x.n = 0
+	for _, s := range old {
+		if s != 0 {
+			x.put(rehash(uint32(s)-1), s)
+		}
+	}
 }
 
 func (x *rowIndex) put(h, slot uint64) {

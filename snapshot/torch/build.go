@@ -471,6 +471,15 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 func (em *emitter) columns(s *snapshot.Snapshot) error {
 	var ev snapshot.Events
 	ev.Grow(len(em.events))
+	// About a row for each event but the frees, which share their allocation's: room for them all spares
+	// the columns their copies as they grow.
+	rows := 0
+	for i := range em.events {
+		if a := em.events[i].Action; a != snapshot.ActionFreeRequested && a != snapshot.ActionFreeCompleted {
+			rows++
+		}
+	}
+	ev.GrowRows(rows)
 	charged := int64(0)
 	for i := range em.events {
 		ev.Append(&em.events[i])
