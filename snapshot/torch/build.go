@@ -513,7 +513,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 	im.origin.Iterations = inf.Iterations.String()
 	s.Meta.Iterations = im.origin.Iterations
 
-	scopes := map[snapshot.FrameID]snapshot.StringID{}
+	var scopes []snapshot.StringID // by FrameID: the module's name, interned; 0 until asked for
 	bi := 0
 	for i := range em.events {
 		e := &em.events[i]
@@ -524,12 +524,17 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 				bi++
 				e.Category = b.Category
 				if e.Scope == 0 && b.Module != 0 {
-					id, ok := scopes[b.Module]
-					if !ok {
-						id = im.tab.str(s.FrameString(b.Module))
-						scopes[b.Module] = id
+					if scopes == nil {
+						scopes = make([]snapshot.StringID, len(s.Frames))
 					}
-					e.Scope = id
+					if int(b.Module) >= len(scopes) {
+						e.Scope = im.tab.str(s.FrameString(b.Module))
+					} else {
+						if scopes[b.Module] == 0 {
+							scopes[b.Module] = im.tab.str(s.FrameString(b.Module))
+						}
+						e.Scope = scopes[b.Module]
+					}
 				}
 			}
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
