@@ -98,9 +98,9 @@ func (t *trace) reconstructed(e *snapshot.Event) bool {
 	return e.Label != 0 && slices.Contains(t.pre, e.Label)
 }
 
-// link pairs the frees of the trace with their blocks' allocations, by device and address, once for all passes:
-// a block's lifetime ends at its free_requested (what the categories read), while its tags go on every
-// free until its free_completed (as the runtime writes them).
+// link pairs the frees of the trace with their blocks' allocations, by device and address, once for all
+// passes: a block's lifetime ends at its free_requested (what the categories read), while its tags go on
+// every free until its free_completed (as the runtime writes them).
 func (t *trace) link() {
 	type open struct {
 		block     int  // in t.lives
