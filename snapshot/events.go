@@ -445,6 +445,27 @@ func (ev *Events) At(seq int) Event {
 	return e
 }
 
+// Request is the part of an event an allocator replay reads: what was asked of which allocator, and where.
+type Request struct {
+	Action    Action
+	Device    int16
+	Stream    int64
+	Addr      uint64
+	Size      int64
+	BlockSize int64
+	Label     StringID
+}
+
+// Request returns the request of event seq. It reads only the columns a Request holds, so a loop over
+// millions of events that needs no more pays for no more.
+func (ev *Events) Request(seq int) Request {
+	r := &ev.rows
+	row := ev.row[seq-ev.base]
+	c := ev.ctxs[r.ctx[row]]
+	return Request{Action: ev.action[seq-ev.base], Device: c.device, Stream: c.stream, Addr: r.addr[row],
+		Size: r.size[row], BlockSize: r.blockSize[row], Label: r.label[row]}
+}
+
 // fill sets the fields of e that come from the action, time and row columns.
 func (ev *Events) fill(e *Event, seq int) {
 	r := &ev.rows

@@ -47,7 +47,7 @@ func randomEvents(seed uint64, n int) []snapshot.Event {
 }
 
 // TestEventsRoundTrip checks that every event comes back from the columns as it went in, by At, Range,
-// Slice, Time, Phase and Action, for a generated training loop and for random events.
+// Slice, Time, Phase, Action and Request, for a generated training loop and for random events.
 func TestEventsRoundTrip(t *testing.T) {
 	traces := map[string][]snapshot.Event{
 		"random": randomEvents(1, 30000),
@@ -69,6 +69,11 @@ func TestEventsRoundTrip(t *testing.T) {
 			for i, w := range want {
 				if got := evs.At(i); got != w {
 					t.Fatalf("At(%d) = %+v, want %+v", i, got, w)
+				}
+				r := snapshot.Request{Action: w.Action, Device: w.Device, Stream: w.Stream, Addr: w.Addr, Size: w.Size,
+					BlockSize: w.BlockSize, Label: w.Label}
+				if got := evs.Request(i); got != r {
+					t.Fatalf("Request(%d) = %+v, want %+v", i, got, r)
 				}
 				if evs.Time(i) != w.Time || evs.Action(i) != w.Action {
 					t.Fatalf("event %d: Time %d, Action %s; want %d, %s", i, evs.Time(i), evs.Action(i), w.Time, w.Action)

@@ -35,6 +35,18 @@ func (t *deviceTrace) events() iter.Seq2[int, snapshot.Event] {
 	}
 }
 
+// requests returns the device's allocator events in order as requests, with their seqs: what the hot
+// loops read, without the fields they do not.
+func (t *deviceTrace) requests() iter.Seq2[int, snapshot.Request] {
+	return func(yield func(int, snapshot.Request) bool) {
+		for _, seq := range t.seqs {
+			if !yield(int(seq), t.evs.Request(int(seq))) {
+				return
+			}
+		}
+	}
+}
+
 // preSeg is a segment alive before the trace began.
 type preSeg struct {
 	addr       uint64
@@ -82,14 +94,15 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 	}
 	// Size each device's list first: growing it by copying costs more than the replay itself.
 	counts := map[int16]int{}
-	for _, e := range s.Events.All() {
-		counts[e.Device]++
+	for seq := s.Events.Base(); seq < s.Events.Len(); seq++ {
+		counts[s.Events.Request(seq).Device]++
 	}
 	for d, n := range counts {
 		get(int(d)).seqs = make([]uint32, 0, n)
 	}
-	for seq, ev := range s.Events.All() {
-		e := &ev
+	for seq := s.Events.Base(); seq < s.Events.Len(); seq++ {
+		r := s.Events.Request(seq)
+		e := &r
 		t := get(int(e.Device))
 		if pre != 0 && e.Label == pre {
 			switch e.Action {
@@ -130,7 +143,10 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 		}
 		// A block from before the trace is freed by the trace if a free reaches its address before any alloc.
 		seen := map[uint64]bool{}
-		for _, e := range t.events() {
+		for _, e := range t.requests() {
+			if len(t.preBlocks) == 0 {
+				break
+			}
 			switch e.Action {
 			case snapshot.ActionAlloc:
 				seen[e.Addr] = true

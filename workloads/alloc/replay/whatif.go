@@ -177,7 +177,7 @@ func (t *deviceTrace) recordedPeaks() (peakReserved, peakAllocated int64, ooms i
 		allocated += int64(b.size)
 	}
 	peakReserved, peakAllocated, oomReserved = reserved, allocated, -1
-	for _, e := range t.events() {
+	for _, e := range t.requests() {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			allocated += e.BlockSize
@@ -239,8 +239,8 @@ func (t *deviceTrace) simulate(cfg alloc.Config, capacity uint64) (Outcome, erro
 		obs.step()
 	}
 	inRelease := false
-	for _, ev := range t.events() {
-		e := &ev
+	for seq, req := range t.requests() {
+		e := &req
 		if e.Action != snapshot.ActionSegmentFree {
 			inRelease = false
 		}
@@ -248,27 +248,27 @@ func (t *deviceTrace) simulate(cfg alloc.Config, capacity uint64) (Outcome, erro
 		case snapshot.ActionAlloc:
 			addr, err := a.Malloc(uint64(max(e.Size, 0)), e.Stream)
 			if err != nil {
-				return o, o.finish(a, obs, fail(e.Seq, uint64(max(e.Size, 0)), err))
+				return o, o.finish(a, obs, fail(uint64(seq), uint64(max(e.Size, 0)), err))
 			}
 			live[e.Addr] = addr
 		case snapshot.ActionFreeCompleted:
 			if addr, ok := live[e.Addr]; ok {
 				delete(live, e.Addr)
 				if err := a.Free(addr); err != nil {
-					return o, fmt.Errorf("replay: event %d: %w", e.Seq, err)
+					return o, fmt.Errorf("replay: event %d: %w", seq, err)
 				}
 			}
 		case snapshot.ActionSegmentFree:
 			if !inRelease {
 				inRelease = true
 				if err := a.EmptyCache(); err != nil {
-					return o, fmt.Errorf("replay: event %d: %w", e.Seq, err)
+					return o, fmt.Errorf("replay: event %d: %w", seq, err)
 				}
 			}
 		case snapshot.ActionOOM:
 			// The program asked for this much and was refused: would these settings refuse it too? If not,
 			// the block is handed back at once, since the recording never had it.
-			r := RecordedOOM{Seq: e.Seq, Rounded: e.Size, DeviceFree: e.DeviceFree}
+			r := RecordedOOM{Seq: uint64(seq), Rounded: e.Size, DeviceFree: t.evs.At(seq).DeviceFree}
 			addr, err := a.Malloc(uint64(max(e.Size, 0)), e.Stream)
 			var oom *alloc.OutOfMemoryError
 			switch {
@@ -279,7 +279,7 @@ func (t *deviceTrace) simulate(cfg alloc.Config, capacity uint64) (Outcome, erro
 			case errors.As(err, &oom):
 				r.StillHappens, r.Message = true, oom.Error()
 			default:
-				return o, fmt.Errorf("replay: event %d: %w", e.Seq, err)
+				return o, fmt.Errorf("replay: event %d: %w", seq, err)
 			}
 			o.RecordedOOMs = append(o.RecordedOOMs, r)
 		}
