@@ -284,7 +284,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		to          uint64 // the recomputed copy
 	}
 	redirects := map[uint64]redirect{}
-	out := t.derive(len(t.events) * 2)
+	out := t.derive(0)
 	var passes, recomputed int
 	var maxSaved int64
 	blocksDone := map[int]bool{}
@@ -446,8 +446,20 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		release = "the op that read it returns: where autograd saved it, else at the block's next allocation"
 	}
 
+	// Only the events with something added around them look the additions up.
+	n := len(t.events)
+	marked := make([]bool, n)
+	for i, evs := range before {
+		n, marked[i] = n+len(evs), true
+	}
+	for i, evs := range after {
+		n, marked[i] = n+len(evs), true
+	}
+	out.events = make([]snapshot.Event, 0, n)
 	for i := range t.events {
-		out.events = append(out.events, before[i]...)
+		if marked[i] {
+			out.events = append(out.events, before[i]...)
+		}
 		e := t.events[i]
 		switch e.Action {
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
@@ -461,7 +473,9 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			}
 		}
 		out.events = append(out.events, e)
-		out.events = append(out.events, after[i]...)
+		if marked[i] {
+			out.events = append(out.events, after[i]...)
+		}
 	}
 	line := fmt.Sprintf("%s: %d of the %d %s checkpointed in %d forward passes; up to %s of what a "+
 		"pass saved for backward is released in the forward and made again before each block's backward "+
