@@ -13,6 +13,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 
+	"github.com/oomdbg/oomdbg/internal/cputime"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
@@ -114,7 +115,7 @@ func BenchmarkOpen10M(b *testing.B) {
 	}
 	var events, updates int
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := cputime.Process()
 	for b.Loop() {
 		m := New(context.Background(), Options{File: path, Profile: colorprofile.TrueColor})
 		m.Update(tea.WindowSizeMsg{Width: 160, Height: 48})
@@ -127,7 +128,7 @@ func BenchmarkOpen10M(b *testing.B) {
 	b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(fi.Size())*float64(b.N)/b.Elapsed().Seconds()/1e6, "file-MB/s")
 	b.ReportMetric(float64(updates), "updates")
-	b.ReportMetric((cpuTime()-cpu).Seconds()/float64(b.N), "cpu-s/op")
+	b.ReportMetric((cputime.Process()-cpu).Seconds()/float64(b.N), "cpu-s/op")
 }
 
 // BenchmarkKeypress100M measures a keypress on a 100M-event snapshot file (32,800 iterations), which the TUI
@@ -150,7 +151,7 @@ func BenchmarkKeypress100M(b *testing.B) {
 		b.Run(keys[0], func(b *testing.B) {
 			var windows int
 			var windowTime, windowCPU time.Duration
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			for i := range b.N {
 				k := keys[0]
 				if i%2 == 1 && (k == "p" || k == "G" || k == "g" || k == "2" || k == "3" || k == "4") {
@@ -160,16 +161,16 @@ func BenchmarkKeypress100M(b *testing.B) {
 				_ = m.View()
 				if cmd != nil {
 					b.StopTimer()
-					start, startCPU := time.Now(), cpuTime()
+					start, startCPU := time.Now(), cputime.Process()
 					if drive(m, cmd, nil) > 0 {
 						windows++
 						windowTime += time.Since(start)
 					}
-					windowCPU += cpuTime() - startCPU
+					windowCPU += cputime.Process() - startCPU
 					b.StartTimer()
 				}
 			}
-			b.ReportMetric(float64((cpuTime()-cpu-windowCPU).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64((cputime.Process()-cpu-windowCPU).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
 			if windows > 0 {
 				b.ReportMetric(float64(windowTime.Microseconds())/1e3/float64(windows), "window-ms")
 			}
