@@ -204,15 +204,26 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	if cfg != nil {
 		afterCfg = *cfg
 	}
+	// The replay before and the transformation only read s: they run side by side.
+	var (
+		changed *snapshot.Snapshot
+		lines   []string
+		tErr    error
+		done    = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		changed, lines, tErr = transform.Apply(s, ts...)
+	}()
 	before, err := replay.Simulate(s, recorded, gpuMem)
+	<-done
 	if errors.Is(err, replay.ErrNoTrace) {
 		return nil, fmt.Errorf("%w; record one with torch.cuda.memory._record_memory_history()", err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	changed, lines, err := transform.Apply(s, ts...)
-	if err != nil {
+	if err := tErr; err != nil {
 		return nil, err
 	}
 	w := before[0]
