@@ -107,25 +107,52 @@ func (t *trace) consumerReturns(saved int, made snapshot.StringID, last int) int
 	if int(made) >= len(t.strings) || int(t.events[saved].Scope) >= len(t.strings) {
 		return last
 	}
-	p, q := strings.Split(modulePath(t.strings[made]), "."), strings.Split(modulePath(t.strings[t.events[saved].Scope]), ".")
-	n := 0
-	for n < len(p) && n < len(q) && p[n] == q[n] {
-		n++
-	}
-	if n >= len(q) {
+	child, ok := sharedChild(modulePath(t.strings[made]), modulePath(t.strings[t.events[saved].Scope]))
+	if !ok {
 		return saved
 	}
-	child := strings.Join(q[:n+1], ".")
 	for j := saved + 1; j <= last; j++ {
 		e := &t.events[j]
 		if e.Action != snapshot.ActionAlloc || int(e.Scope) >= len(t.strings) {
 			continue
 		}
-		if sc := modulePath(t.strings[e.Scope]); sc != child && !strings.HasPrefix(sc, child+".") {
+		if !within(modulePath(t.strings[e.Scope]), child) {
 			return j - 1
 		}
 	}
 	return last
+}
+
+// sharedChild returns module path q up to and including its first component that p does not share (comparing
+// the dotted components in order, from the first), and false when p shares every component of q.
+func sharedChild(p, q string) (string, bool) {
+	for off, pMore := 0, true; ; {
+		qEnd := componentEnd(q, off)
+		if !pMore {
+			return q[:qEnd], true
+		}
+		pEnd := componentEnd(p, off)
+		if p[off:pEnd] != q[off:qEnd] {
+			return q[:qEnd], true
+		}
+		if qEnd == len(q) {
+			return "", false
+		}
+		pMore, off = pEnd < len(p), qEnd+1
+	}
+}
+
+// componentEnd returns where the dotted component of path s that begins at off ends.
+func componentEnd(s string, off int) int {
+	if i := strings.IndexByte(s[off:], '.'); i >= 0 {
+		return off + i
+	}
+	return len(s)
+}
+
+// within reports whether module path sc is module m or inside it.
+func within(sc, m string) bool {
+	return strings.HasPrefix(sc, m) && (len(sc) == len(m) || sc[len(m)] == '.')
 }
 
 // modulePath is the module path a scope names: its text up to the first colon or space, since a PyTorch
