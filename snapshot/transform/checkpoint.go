@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -242,6 +243,41 @@ func (t *trace) repeatedBlocks(start int) ([]span, int, int) {
 	return blocks, end, period
 }
 
+// additions are events to insert into a trace, each at the index of the event it goes next to.
+type additions []addition
+
+type addition struct {
+	at int
+	e  snapshot.Event
+}
+
+func (a *additions) add(at int, evs ...snapshot.Event) {
+	for _, e := range evs {
+		*a = append(*a, addition{at, e})
+	}
+}
+
+// sort orders the additions by index, keeping the order they were added in at each.
+func (a additions) sort() {
+	slices.SortStableFunc(a, func(x, y addition) int { return cmp.Compare(x.at, y.at) })
+}
+
+// appendAt appends the sorted additions at index i to dst and consumes them; those before i must be consumed.
+func (a *additions) appendAt(dst []snapshot.Event, i int) []snapshot.Event {
+	for len(*a) > 0 && (*a)[0].at == i {
+		dst = append(dst, (*a)[0].e)
+		*a = (*a)[1:]
+	}
+	return dst
+}
+
+// skipBefore drops the sorted additions before index i.
+func (a *additions) skipBefore(i int) {
+	for len(*a) > 0 && (*a)[0].at < i {
+		*a = (*a)[1:]
+	}
+}
+
 func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) {
 	prefix, count, of := t.blocks()
 	chosen := func(n int) bool { return n%c.Every == 0 }
@@ -303,8 +339,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 	bs := t.index()
 
 	// What to add before and after events, and how to rewrite the events that refer to saved blocks.
-	before := map[int][]snapshot.Event{}
-	after := map[int][]snapshot.Event{}
+	var before, after additions
 	type redirect struct {
 		from, until int    // events in [from, until) referring to the block are dropped ...
 		at          int    // ... and from at on they refer to to (at < 0: never)
@@ -315,6 +350,8 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 	var passes, recomputed int
 	var maxSaved int64
 	blocksDone := map[int]bool{}
+	var survivors, saved []uint64
+	copyOf := map[uint64]uint64{}
 
 	for i := 0; i < len(t.events); i++ {
 		e := &t.events[i]
@@ -350,7 +387,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		var passSaved int64
 		for n, fs := range fwd {
 			// The block's allocations alive at its end: its output and what backward would use.
-			var survivors []uint64
+			survivors = survivors[:0]
 			output := -1
 			for j := fs.first; j <= fs.last; j++ {
 				f := &t.events[j]
@@ -366,7 +403,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 				continue
 			}
 			blocksDone[n] = true
-			saved := append(survivors[:output:output], survivors[output+1:]...)
+			saved = append(append(saved[:0], survivors[:output]...), survivors[output+1:]...)
 			bspan, hasBackward := bwd[n]
 			for _, a := range saved {
 				b := bs[a]
@@ -391,7 +428,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 					at = next
 				}
 				fr := freeEvents(t.events[at], a, ae.Size, ae.BlockSize)
-				after[at] = append(after[at], fr[0], fr[1])
+				after.add(at, fr[0], fr[1])
 				passSaved += ae.Size
 				r := redirect{from: at + 1, until: len(t.events), at: -1}
 				if hasBackward {
@@ -405,9 +442,9 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			// The recompute, just before the block's backward.
 			recomputed++
 			bm := t.events[bwdMarker]
-			rc := []snapshot.Event{{Time: bm.Time, Action: snapshot.ActionPhase, Device: bm.Device,
-				Phase: snapshot.PhaseRecompute, Iteration: bm.Iteration}}
-			copyOf := map[uint64]uint64{}
+			before.add(bspan.first, snapshot.Event{Time: bm.Time, Action: snapshot.ActionPhase, Device: bm.Device,
+				Phase: snapshot.PhaseRecompute, Iteration: bm.Iteration})
+			clear(copyOf)
 			for j := fs.first; j <= fs.last; j++ {
 				f := t.events[j]
 				switch f.Action {
@@ -427,12 +464,11 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 					continue
 				}
 				f.Phase, f.Time, f.Iteration = snapshot.PhaseRecompute, bm.Time, bm.Iteration
-				rc = append(rc, f)
+				before.add(bspan.first, f)
 			}
 			resume := bm
 			resume.Time = t.events[bspan.first].Time
-			rc = append(rc, resume)
-			before[bspan.first] = append(before[bspan.first], rc...)
+			before.add(bspan.first, resume)
 			// The saved blocks' copies go where backward released the originals; the output's copy, and a
 			// copy whose original backward never released, go at the block's backward end.
 			late := []uint64{survivors[output]}
@@ -448,7 +484,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			for _, a := range late {
 				ae := t.events[bs[a].alloc]
 				fr := freeEvents(t.events[bspan.last], copyOf[a], ae.Size, ae.BlockSize)
-				after[bspan.last] = append(after[bspan.last], fr[0], fr[1])
+				after.add(bspan.last, fr[0], fr[1])
 			}
 		}
 		maxSaved = max(maxSaved, passSaved)
@@ -473,20 +509,12 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		release = "the op that read it returns: where autograd saved it, else at the block's next allocation"
 	}
 
-	// Only the events with something added around them look the additions up.
-	n := len(t.events)
-	marked := make([]bool, n)
-	for i, evs := range before {
-		n, marked[i] = n+len(evs), true
-	}
-	for i, evs := range after {
-		n, marked[i] = n+len(evs), true
-	}
-	out.events = make([]snapshot.Event, 0, n)
+	before.sort()
+	after.sort()
+	out.events = make([]snapshot.Event, 0, len(t.events)+len(before)+len(after))
 	for i := range t.events {
-		if marked[i] {
-			out.events = append(out.events, before[i]...)
-		}
+		out.events = before.appendAt(out.events, i)
+		after.skipBefore(i) // what follows a dropped event goes with it
 		e := t.events[i]
 		switch e.Action {
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
@@ -500,9 +528,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			}
 		}
 		out.events = append(out.events, e)
-		if marked[i] {
-			out.events = append(out.events, after[i]...)
-		}
+		out.events = after.appendAt(out.events, i)
 	}
 	line := fmt.Sprintf("%s: %d of the %d %s checkpointed in %d forward passes; up to %s of what a "+
 		"pass saved for backward is released in the forward and made again before each block's backward "+
