@@ -14,6 +14,7 @@ const module = "github.com/oomdbg/oomdbg/"
 // them, the TUI and the command line on top. A package missing here fails the test until it is placed.
 var layers = map[string][]string{
 	"internal/addrmap":           nil,
+	"internal/cputime":           nil,
 	"internal/nvmlib":            nil,
 	"internal/optimrules":        nil,
 	"internal/periodic":          nil,
