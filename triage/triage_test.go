@@ -66,15 +66,17 @@ var fixtures = map[string]func() ([]byte, error){
 }
 
 // updating reports whether the golden files are being rewritten (the golden package's -update flag).
-func updating() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
+// recordFixtures re-records the frozen inputs in testdata/fixtures from today's runtime. Apart from -update,
+// which regenerates golden files from those inputs: a change to the screens or reports never re-records what
+// they are drawn from.
+var recordFixtures = flag.Bool("record-fixtures", false, "re-record the frozen snapshots in testdata/fixtures")
+
+func recordingFixtures() bool { return *recordFixtures }
 
 func fixture(t *testing.T, name string) *snapshot.Snapshot {
 	t.Helper()
 	path := filepath.Join("testdata", "fixtures", name+".oomdbg")
-	if updating() {
+	if recordingFixtures() {
 		data, err := fixtures[name]()
 		if err != nil {
 			t.Fatal(err)

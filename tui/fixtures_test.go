@@ -86,10 +86,12 @@ func mlpBug(bug string) train.Config {
 }
 
 // updating reports whether the golden files are being rewritten (the golden package's -update flag).
-func updating() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
+// recordFixtures re-records the frozen inputs in testdata/fixtures from today's runtime. Apart from -update,
+// which regenerates golden files from those inputs: a change to the screens or reports never re-records what
+// they are drawn from.
+var recordFixtures = flag.Bool("record-fixtures", false, "re-record the frozen snapshots in testdata/fixtures")
+
+func recordingFixtures() bool { return *recordFixtures }
 
 var (
 	fixtureMu    sync.Mutex
@@ -106,7 +108,7 @@ func fixtureData(name string) ([]byte, error) {
 		return data, nil
 	}
 	path := filepath.Join("testdata", "fixtures", name+".oomdbg")
-	if updating() {
+	if recordingFixtures() {
 		data, _, err := leakstest.Encode(context.Background(), fixtureConfigs[name]())
 		if err != nil {
 			return nil, fmt.Errorf("recording %s: %w", name, err)
@@ -236,7 +238,7 @@ func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, err
 			continue
 		}
 		path := filepath.Join("testdata", "fixtures", name+".fixes.json")
-		if updating() {
+		if recordingFixtures() {
 			cfg := fixtureConfigs[name]()
 			rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
 			if err != nil {

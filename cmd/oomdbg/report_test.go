@@ -22,9 +22,6 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
-
-	// The golden package registers -update, with which go test records the fixtures again.
-	_ "github.com/charmbracelet/x/exp/golden"
 )
 
 // files are the command tests' snapshots, copied with a few made from them into a directory of their own.
@@ -79,10 +76,12 @@ func recorded(cfg train.Config) func() ([]byte, error) {
 }
 
 // updating reports whether the golden package's -update flag is set: then the fixtures are recorded again.
-func updating() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
+// recordFixtures re-records the frozen inputs in testdata/fixtures from today's runtime. Apart from -update,
+// which regenerates golden files from those inputs: a change to the screens or reports never re-records what
+// they are drawn from.
+var recordFixtures = flag.Bool("record-fixtures", false, "re-record the frozen snapshots in testdata/fixtures")
+
+func recordingFixtures() bool { return *recordFixtures }
 
 // testFiles returns a directory holding the fixtures (name.oomdbg), a file cut short (cut.oomdbg), one
 // damaged part-way (damaged.oomdbg) and one that is not a snapshot (text.txt).
@@ -92,7 +91,7 @@ func testFiles(t *testing.T) string {
 		files := map[string][]byte{}
 		for name, record := range fixtures {
 			path := filepath.Join("testdata", "fixtures", name+".oomdbg")
-			if updating() {
+			if recordingFixtures() {
 				data, err := record()
 				if err == nil {
 					err = os.WriteFile(path, data, 0o644)
