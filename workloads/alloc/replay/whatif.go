@@ -80,18 +80,10 @@ func CompareSettings(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([
 		if len(t.seqs) == 0 {
 			continue
 		}
-		w := WhatIf{Device: t.dev, Capacity: capacity, CapacityFrom: "given"}
+		w := WhatIf{Device: t.dev}
 		var oomReserved int64
 		w.RecordedPeakReserved, w.RecordedPeakAllocated, w.RecordedOOMs, oomReserved = t.recordedPeaks()
-		switch {
-		case capacity > 0:
-		case t.capacity > 0:
-			w.Capacity, w.CapacityFrom = t.capacity, "recorded device"
-		case oomReserved >= 0:
-			w.Capacity, w.CapacityFrom = uint64(oomReserved+t.firstOOM().DeviceFree), "recorded oom"
-		default:
-			w.CapacityFrom = "none"
-		}
+		w.Capacity, w.CapacityFrom = t.capacityFor(capacity, oomReserved)
 		var err error
 		if w.Baseline, err = t.simulate(recorded, w.Capacity); err != nil {
 			return nil, st, err
@@ -141,18 +133,10 @@ func Simulate(s *snapshot.Snapshot, cfg alloc.Config, capacity uint64) ([]Replay
 		if len(t.seqs) == 0 {
 			continue
 		}
-		r := Replayed{Device: t.dev, Capacity: capacity, CapacityFrom: "given"}
+		r := Replayed{Device: t.dev}
 		var oomReserved int64
 		_, _, r.RecordedOOMs, oomReserved = t.recordedPeaks()
-		switch {
-		case capacity > 0:
-		case t.capacity > 0:
-			r.Capacity, r.CapacityFrom = t.capacity, "recorded device"
-		case oomReserved >= 0:
-			r.Capacity, r.CapacityFrom = uint64(oomReserved+t.firstOOM().DeviceFree), "recorded oom"
-		default:
-			r.CapacityFrom = "none"
-		}
+		r.Capacity, r.CapacityFrom = t.capacityFor(capacity, oomReserved)
 		var err error
 		if r.Outcome, err = t.simulate(cfg, r.Capacity); err != nil {
 			return nil, err
@@ -337,3 +321,18 @@ func (t *tracker) SegmentUnmap(device int, stream int64, addr, size uint64) {
 	t.reserved -= int64(size)
 }
 func (t *tracker) OOM(int, int64, uint64, uint64, uint64) {}
+
+// capacityFor returns the memory a replay of t lets the allocator have, and where it comes from: the capacity
+// given (when not 0), else the recorded device's, else what was reserved and free at the recorded OOM (whose
+// reserved bytes are oomReserved, -1 without one), else none (unlimited).
+func (t *deviceTrace) capacityFor(given uint64, oomReserved int64) (uint64, string) {
+	switch {
+	case given > 0:
+		return given, "given"
+	case t.capacity > 0:
+		return t.capacity, "recorded device"
+	case oomReserved >= 0:
+		return uint64(oomReserved + t.firstOOM().DeviceFree), "recorded oom"
+	}
+	return 0, "none"
+}
