@@ -42,17 +42,7 @@ func (t *Timeline) UnallocatedColumns(from, to int, dst []int64) []int64 {
 	if from >= to || width == 0 {
 		return dst
 	}
-	n := to - from
-	for c := range width {
-		lo, hi := from+c*n/width, from+(c+1)*n/width
-		if hi <= lo {
-			hi = lo + 1
-		}
-		if lo >= to {
-			break
-		}
-		dst[c] = t.unallocatedMax(lo, min(hi, to))
-	}
+	eachColumn(from, to, width, func(c, lo, hi int) { dst[c] = t.unallocatedMax(lo, hi) })
 	return dst
 }
 

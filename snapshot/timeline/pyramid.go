@@ -173,18 +173,22 @@ func (t *Timeline) Columns(s Series, from, to int, dst []Extent) []Extent {
 	if from >= to || width == 0 || s != Allocated && s != Reserved {
 		return dst
 	}
+	eachColumn(from, to, width, func(c, lo, hi int) { dst[c] = t.extent(s, lo, hi) })
+	return dst
+}
+
+// eachColumn splits events [from, to) (from < to) into width columns of (nearly) equal numbers of events and
+// calls f with each column's events [lo, hi); a column narrower than one event repeats the event under it, and
+// columns past to are left out.
+func eachColumn(from, to, width int, f func(c, lo, hi int)) {
 	n := to - from
 	for c := range width {
 		lo, hi := from+c*n/width, from+(c+1)*n/width
-		if hi <= lo {
-			hi = lo + 1
-		}
 		if lo >= to {
-			break
+			return
 		}
-		dst[c] = t.extent(s, lo, min(hi, to))
+		f(c, lo, min(max(hi, lo+1), to))
 	}
-	return dst
 }
 
 func (p *pyramid) bytes() int {
