@@ -128,12 +128,6 @@ var knownVerdictMisses = map[string]string{
 		"transformed trace's blocks are released in a slightly different order in the checkpointed forward " +
 		"and land where the request fits",
 	"gpt L4 d256 T256 B8/checkpoint every:2 stripped at -10%": "the same miss on the stripped trace",
-	"gpt L4 d256 T256 B8/checkpoint all stripped at -10%": "without a capacity the stripped what-if peaks " +
-		"exactly where the what-if on the recording does (141.9 MB allocated, 192.9 MB reserved; the recording " +
-		"144.0 and 188.7); at this capacity the recording fails with 144 MB allocated of 170 MB, by " +
-		"fragmentation, and the stripped trace, which has no category events to say where autograd saved a " +
-		"tensor, releases the checkpointed forward's tensors at the block's next allocation instead, in an " +
-		"order under which the request fits",
 }
 
 // verdict says what the what-if found at a capacity, and what the recording found where they differ.

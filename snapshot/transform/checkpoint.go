@@ -201,10 +201,14 @@ const (
 
 // repeatedBlocks finds the repeated blocks of the pass that begins at marker start where no scope names
 // them: the longest stretch of the pass's allocations, by size and stack, that repeats one period at least
-// twice (periodic.Prefix from each of the first allocations on; the earliest of the longest). Each repetition is a block:
-// its span runs from its first allocation to the event before the next repetition's (or the pass's next
-// allocation). It returns the blocks in order, the pass's end and the period.
-func (t *trace) repeatedBlocks(start int) ([]span, int, int) {
+// twice (periodic.Prefix from each of the first allocations on). Of the longest, a forward pass takes the
+// earliest and a backward pass (last) the latest: what precedes the first block's forward (the embedding)
+// does not repeat it, but what follows the last block's forward, a final norm, may look like a block's first
+// op, and it leads the backward pass, where the earliest stretch would give each block's backward the
+// next block's last op. Each repetition is a block: its span runs from its first allocation to the event
+// before the next repetition's (or the pass's next allocation). It returns the blocks in order, the pass's
+// end and the period.
+func (t *trace) repeatedBlocks(start int, last bool) ([]span, int, int) {
 	var seqs []int
 	var toks []allocKey
 	i := start + 1
@@ -223,9 +227,9 @@ func (t *trace) repeatedBlocks(start int) ([]span, int, int) {
 		return nil, end, 0
 	}
 	from, full, period := 0, 0, 0
-	for s := 0; n-s > full && s < maxBlockStart; s++ {
+	for s := 0; (n-s > full || last && n-s == full && full > 0) && s < maxBlockStart; s++ {
 		l, p := periodic.Prefix(n-s, func(i int) allocKey { return toks[s+i] }, 2)
-		if p > 0 && l/p*p > full {
+		if p > 0 && (l/p*p > full || last && l/p*p == full) {
 			from, full, period = s, l/p*p, p
 		}
 	}
@@ -306,7 +310,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 	var periods []int
 	if inferred {
 		forward = func(start int) (map[int]span, int, int) {
-			all, end, period := t.repeatedBlocks(start)
+			all, end, period := t.repeatedBlocks(start, false)
 			spans := map[int]span{}
 			for n, s := range all {
 				if chosen(n) {
@@ -321,7 +325,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 		}
 		// Backward runs the blocks last to first.
 		backward = func(start, n int) (map[int]span, error) {
-			all, _, _ := t.repeatedBlocks(start)
+			all, _, _ := t.repeatedBlocks(start, true)
 			if len(all) != n {
 				return nil, &MissingTagsError{name, fmt.Sprintf("repeated blocks (found %d in a forward pass and %d "+
 					"in its backward by the repetition of their allocations; scopes such as transformer.h.<i> "+
