@@ -37,7 +37,10 @@ var layers = map[string][]string{
 	"triage":                     {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/torchrules", "internal/units"},
 	"workloads/alloc":            {"internal/torchrules"},
 	"workloads/alloc/replay":     {"workloads/alloc", "snapshot", "snapshot/torch", "internal/"},
-	"workloads/device":           {"workloads/alloc", "internal/torchrules"},
+	// A fix on a trace: the trace transformed, then replayed.
+	"workloads/alloc/replay/whatif": {"workloads/alloc/replay", "workloads/alloc", "snapshot/transform", "snapshot",
+		"snapshot/torch", "internal/"},
+	"workloads/device": {"workloads/alloc", "internal/torchrules"},
 	// The runtime tags what it allocates with snapshot's vocabulary (phases, categories).
 	"workloads/tensor": {"workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},
 	"workloads/nn":     {"workloads/tensor", "workloads/device", "workloads/alloc", "snapshot", "internal/torchrules"},

@@ -16,6 +16,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+	"github.com/oomdbg/oomdbg/workloads/alloc/replay/whatif"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -61,16 +62,19 @@ func traceFixOptions() []traceFix {
 type traceFixResult struct {
 	fix             traceFix
 	before, after   replay.Outcome
+	held            *replay.Outcome // the replay with the releases the trace does not record held late; nil without
 	capacity        uint64
 	assumptions     []string
 	err             error
 	changed         *snapshot.Snapshot
 	beforeOOM, oom  bool
+	edge            bool // fits at one end of the releases the trace does not record, not at the other
 	unrecordedAfter bool // the trace ends in an OOM: what came after it was never recorded
 }
 
-// fits reports whether the run fits after the fix, as far as the trace goes.
-func (r traceFixResult) fits() bool { return r.err == nil && r.capacity > 0 && !r.oom }
+// fits reports whether the run fits after the fix, as far as the trace goes, wherever the releases it does
+// not record lie.
+func (r traceFixResult) fits() bool { return r.err == nil && r.capacity > 0 && !r.oom && !r.edge }
 
 type (
 	traceFixesMsg struct {
@@ -84,41 +88,34 @@ type (
 func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 	return func() tea.Msg {
 		recorded, _ := replay.RecordedSettings(s)
-		before, err := replay.Simulate(s, recorded, 0)
+		w, _, err := whatif.Before(s, recorded, 0)
 		if err != nil {
 			return traceFixesMsg{err: err}
 		}
-		w := before[0]
-		for _, c := range before[1:] {
-			if c.Outcome.PeakReserved > w.Outcome.PeakReserved {
-				w = c
-			}
-		}
+		beforeOOM, _ := whatif.Fails(w.Outcome)
 		var out []traceFixResult
 		for _, f := range traceFixOptions() {
 			if ctx.Err() != nil {
 				return traceFixesMsg{err: ctx.Err()}
 			}
-			r := traceFixResult{fix: f, before: w.Outcome, capacity: w.Capacity, beforeOOM: oomOf(w.Outcome),
+			r := traceFixResult{fix: f, before: w.Outcome, capacity: w.Capacity, beforeOOM: beforeOOM,
 				unrecordedAfter: w.RecordedOOMs > 0}
 			cfg := recorded
 			if f.conf != "" {
 				cfg, _ = alloc.ParseConfig(f.conf)
 			}
-			r.changed, r.assumptions, r.err = transform.Apply(s, f.ts...)
-			if r.err == nil {
-				var after []replay.Replayed
-				if after, r.err = replay.Simulate(r.changed, cfg, w.Capacity); r.err == nil {
-					for _, a := range after {
-						if a.Device == w.Device {
-							r.after, r.oom = a.Outcome, oomOf(a.Outcome)
-						}
-					}
+			var prep *whatif.Prepared
+			if prep, r.err = whatif.Prepare(s, f.ts...); r.err == nil {
+				r.changed, r.assumptions = prep.Changed, prep.Assumptions
+				var res whatif.Result
+				if res, r.err = prep.Replay(cfg, w.Device, w.Capacity); r.err == nil {
+					r.after, r.held, r.edge = res.After, res.Held, res.Edge()
+					r.oom, _ = whatif.Fails(res.After)
 				}
 			}
 			out = append(out, r)
 		}
-		// Those that fit first, by what they keep; then the others, lowest peak first.
+		// Those that fit first, by what they keep; then those at the edge, and the others, lowest peak first.
 		slices.SortStableFunc(out, func(a, b traceFixResult) int {
 			switch {
 			case a.fits() != b.fits():
@@ -133,23 +130,16 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 					return -1
 				}
 				return 1
+			case a.edge != b.edge:
+				if a.edge {
+					return -1
+				}
+				return 1
 			}
 			return cmp.Compare(a.after.PeakReserved, b.after.PeakReserved)
 		})
 		return traceFixesMsg{results: out}
 	}
-}
-
-func oomOf(o replay.Outcome) bool {
-	if o.OOM != nil {
-		return true
-	}
-	for _, r := range o.RecordedOOMs {
-		if r.StillHappens {
-			return true
-		}
-	}
-	return false
 }
 
 func (p *traceFixes) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
@@ -234,6 +224,8 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 			switch {
 			case r.capacity == 0:
 				verdict = "?"
+			case r.edge:
+				verdict = "edge"
 			case !r.oom:
 				verdict = "fits"
 			}
@@ -245,6 +237,10 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 			line = s.Selected.Render(padRight(line, w))
 		}
 		lines = append(lines, line)
+	}
+	if p.selected < len(p.results) && p.results[p.selected].edge {
+		lines = append(lines, cut("at the edge: fits if what a checkpointed block saved is released once its first reader returns, "+
+			"not if held until the function that made it returns; the trace does not say which"))
 	}
 	if p.selected < len(p.results) && len(p.results[p.selected].assumptions) > 0 {
 		lines = append(lines, s.Muted.Render(cut("assumes: "+strings.Join(p.results[p.selected].assumptions, "; "))))

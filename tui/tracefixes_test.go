@@ -34,6 +34,9 @@ func TestTraceFixesRanksWhatFits(t *testing.T) {
 			continue
 		}
 		prev := msg.results[i-1]
+		if checkpoint := strings.HasPrefix(r.fix.name, "checkpoint"); r.err == nil && (r.held != nil) != checkpoint {
+			t.Errorf("%s: a replay held late %v; want one for checkpointing only", r.fix.name, r.held != nil)
+		}
 		switch {
 		case r.fits() && !prev.fits():
 			t.Errorf("%s fits but comes after %s, which does not", r.fix.name, prev.fix.name)
@@ -55,5 +58,21 @@ func TestTraceFixesRanksWhatFits(t *testing.T) {
 		if !strings.Contains(view, f.name) {
 			t.Errorf("the pane does not show %s:\n%s", f.name, view)
 		}
+	}
+	// A fix at the edge says so, and why, when chosen.
+	for i := range p.results {
+		if p.results[i].fix.name == "checkpoint all" {
+			p.results[i].edge, p.selected = true, i
+		}
+	}
+	view = p.view(DefaultStyles(colorprofile.Ascii), 160, 30)
+	var row []string
+	for _, line := range strings.Split(view, "\n") {
+		if strings.Contains(line, "checkpoint all") && row == nil {
+			row = strings.Fields(line)
+		}
+	}
+	if len(row) < 3 || row[2] != "edge" || !strings.Contains(view, "at the edge: fits if") {
+		t.Errorf("a fix at the edge is not shown as such:\n%s", view)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
+	"github.com/oomdbg/oomdbg/workloads/alloc/replay/whatif"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -98,10 +99,15 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error
 	return ts, cfg, nil
 }
 
-// costWhatIf is what an event costs a what-if: the trace, its transformed copy and the two replays
-// (peak resident memory over events on an 842,795-event recording: 534 bytes a batch scale, 601 a
-// checkpointing, with 96-byte events), rounded up.
-const costWhatIf = 8 * snapshot.EventBytes
+// costWhatIf is what an event costs a what-if: the trace, its transformed copy and the two replays;
+// costWhatIfEnds the same where checkpointing makes a second transformed copy and a third replay. Peak
+// resident memory over events, with 96-byte events: 236 bytes a batch scale and 546 a checkpointing on a
+// 1,344,295-event GPT recording, a quarter of whose events are retains, which a transformed copy drops; 402
+// and 726 on the same run as a PyTorch pickle (897,406 events, none dropped); rounded up.
+const (
+	costWhatIf     = 8 * snapshot.EventBytes
+	costWhatIfEnds = 10 * snapshot.EventBytes
+)
 
 // newWhatIfCmd is `oomdbg whatif FILE [fixes]`.
 func newWhatIfCmd() *cobra.Command {
@@ -134,14 +140,18 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 			if err != nil {
 				return err
 			}
-			s, err := load.File(args[0], load.WithBudget(mem.budget(costWhatIf)))
+			cost := costWhatIf
+			if o.checkpoint != "" {
+				cost = costWhatIfEnds
+			}
+			s, err := load.File(args[0], load.WithBudget(mem.budget(cost)))
 			if err != nil {
 				return memoryError(err, &mem)
 			}
 			// Accumulation repeats forward and backward: the transformed trace and its replay hold about
 			// K times the events, two copies of each (measured: 960 bytes an event at K = 4).
 			if k := int64(max(o.accum, 1)); k > 1 {
-				need := int64(s.Events.Len()) * (costWhatIf + (k-1)*2*snapshot.EventBytes)
+				need := int64(s.Events.Len()) * (cost + (k-1)*2*snapshot.EventBytes)
 				if limit := mem.resolve(); uint64(need) > limit {
 					return fmt.Errorf("%s: accumulating %d micro-batches would hold about %s, more than the %s "+
 						"--max-memory allows", args[0], k, units.FormatSize(need), units.FormatSize(limit))
@@ -191,7 +201,12 @@ type whatIfReport struct {
 	CapacityFrom string     `json:"capacity_from"`
 	Before       whatIfSide `json:"before"`
 	After        whatIfSide `json:"after"`
-	Assumptions  []string   `json:"assumptions"`
+	// AfterHeld is the replay after with the releases the trace does not record held as late as it allows
+	// (checkpointing: transform.ApplyEnds); After puts them as early. Absent when no fix places any.
+	AfterHeld *whatIfSide `json:"after_held,omitempty"`
+	// Verdict is "fits", "oom", or "edge" where After and AfterHeld differ; "unknown" without a capacity.
+	Verdict     string   `json:"verdict"`
+	Assumptions []string `json:"assumptions"`
 	// Unrecorded says what the trace never recorded, when it ends in an out-of-memory error.
 	Unrecorded string   `json:"unrecorded,omitempty"`
 	Notes      []string `json:"notes,omitempty"`
@@ -206,16 +221,15 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	}
 	// The replay before and the transformation only read s: they run side by side.
 	var (
-		changed *snapshot.Snapshot
-		lines   []string
-		tErr    error
-		done    = make(chan struct{})
+		prep *whatif.Prepared
+		tErr error
+		done = make(chan struct{})
 	)
 	go func() {
 		defer close(done)
-		changed, lines, tErr = transform.Apply(s, ts...)
+		prep, tErr = whatif.Prepare(s, ts...)
 	}()
-	before, err := replay.Simulate(s, recorded, gpuMem)
+	w, before, err := whatif.Before(s, recorded, gpuMem)
 	<-done
 	if errors.Is(err, replay.ErrNoTrace) {
 		return nil, fmt.Errorf("%w; record one with torch.cuda.memory._record_memory_history()", err)
@@ -226,18 +240,12 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 	if err := tErr; err != nil {
 		return nil, err
 	}
-	w := before[0]
-	for _, c := range before[1:] { // the device that peaks highest
-		if c.Outcome.PeakReserved > w.Outcome.PeakReserved {
-			w = c
-		}
-	}
-	after, err := replay.Simulate(changed, afterCfg, w.Capacity)
+	res, err := prep.Replay(afterCfg, w.Device, w.Capacity)
 	if err != nil {
 		return nil, err
 	}
 	rep := &whatIfReport{Device: w.Device, Capacity: w.Capacity, CapacityFrom: w.CapacityFrom,
-		Before: side(w.Outcome), Assumptions: lines}
+		Before: side(w.Outcome), After: side(res.After), Assumptions: prep.Assumptions}
 	for _, t := range ts {
 		rep.Fixes = append(rep.Fixes, t.Name)
 	}
@@ -250,10 +258,19 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 		rep.Assumptions = append(rep.Assumptions, fmt.Sprintf("alloc-conf: the requests replayed after under %s, "+
 			"before under the recorded settings (%s)", cfg.String(), was))
 	}
-	for _, a := range after {
-		if a.Device == w.Device {
-			rep.After = side(a.Outcome)
-		}
+	switch {
+	case w.Capacity == 0:
+		rep.Verdict = "unknown"
+	case res.Edge():
+		rep.Verdict = "edge"
+	case rep.After.OOM:
+		rep.Verdict = "oom"
+	default:
+		rep.Verdict = "fits"
+	}
+	if res.Held != nil {
+		held := side(*res.Held)
+		rep.AfterHeld = &held
 	}
 	if len(before) > 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the trace has %d devices: device %d, whose reserved memory peaks highest, is shown",
@@ -273,14 +290,7 @@ func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, g
 // side reads one replay's outcome.
 func side(o replay.Outcome) whatIfSide {
 	s := whatIfSide{PeakAllocated: o.PeakAllocated, PeakReserved: o.PeakReserved, Settings: o.Settings}
-	if o.OOM != nil {
-		s.OOM, s.Message = true, o.OOM.Message
-	}
-	for _, r := range o.RecordedOOMs {
-		if r.StillHappens && !s.OOM {
-			s.OOM, s.Message = true, r.Message
-		}
-	}
+	s.OOM, s.Message = whatif.Fails(o)
 	return s
 }
 
@@ -309,15 +319,38 @@ func (r *whatIfReport) writeText(w io.Writer) error {
 		capacity = units.FormatSize(r.Capacity) + " (" + r.CapacityFrom + ")"
 	}
 	fmt.Fprintf(&b, "device %d, capacity %s\n\n", r.Device, capacity)
-	fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", "", "before", "after", "change")
-	row := func(name string, x, y int64) {
-		fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", name, units.FormatSize(x), units.FormatSize(y), units.FormatChange(y-x))
+	held := r.AfterHeld
+	if held == nil {
+		fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", "", "before", "after", "change")
+		row := func(name string, x, y int64) {
+			fmt.Fprintf(&b, "  %-16s %14s %14s %10s\n", name, units.FormatSize(x), units.FormatSize(y), units.FormatChange(y-x))
+		}
+		row("peak allocated", r.Before.PeakAllocated, r.After.PeakAllocated)
+		row("peak reserved", r.Before.PeakReserved, r.After.PeakReserved)
+		fmt.Fprintf(&b, "  %-16s %14s %14s\n", "verdict", verdict(r.Before), verdict(r.After))
+	} else {
+		// The after column puts the releases the trace does not record as early as it allows, the held
+		// column as late.
+		fmt.Fprintf(&b, "  %-16s %14s %14s %14s %10s\n", "", "before", "after", "if held", "change")
+		row := func(name string, x, y, z int64) {
+			fmt.Fprintf(&b, "  %-16s %14s %14s %14s %10s\n", name, units.FormatSize(x), units.FormatSize(y),
+				units.FormatSize(z), units.FormatChange(y-x))
+		}
+		row("peak allocated", r.Before.PeakAllocated, r.After.PeakAllocated, held.PeakAllocated)
+		row("peak reserved", r.Before.PeakReserved, r.After.PeakReserved, held.PeakReserved)
+		fmt.Fprintf(&b, "  %-16s %14s %14s %14s\n", "verdict", verdict(r.Before), verdict(r.After), verdict(*held))
+		b.WriteString("\nafter: each tensor a checkpointed block saved is released once the first op that read it " +
+			"returns; if held: once the function that made it returns. The trace does not record which op reads a " +
+			"tensor last, so the run lies between the two.\n")
 	}
-	row("peak allocated", r.Before.PeakAllocated, r.After.PeakAllocated)
-	row("peak reserved", r.Before.PeakReserved, r.After.PeakReserved)
-	fmt.Fprintf(&b, "  %-16s %14s %14s\n", "verdict", verdict(r.Before), verdict(r.After))
+	if r.Verdict == "edge" {
+		b.WriteString("at the edge: it fits at one end and runs out of memory at the other: leave headroom, or " +
+			"record the fix to know.\n")
+	}
 	if r.After.OOM {
 		fmt.Fprintf(&b, "\nafter: %s\n", r.After.Message)
+	} else if held != nil && held.OOM {
+		fmt.Fprintf(&b, "\nif held: %s\n", held.Message)
 	}
 	b.WriteString("\nassumes:\n")
 	for _, a := range r.Assumptions {

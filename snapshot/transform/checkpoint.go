@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/oomdbg/oomdbg/internal/periodic"
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -43,18 +44,31 @@ func (c Checkpointing) String() string {
 // (read off where autograd saved it and the scopes that follow), or at the block's next allocation when it
 // saved itself; just before the block's backward its forward allocations are made again (phase recompute)
 // and backward releases them as it did. The block's output is taken to be its last allocation alive at its
-// end.
+// end. A tensor several ops read is released after the last of them, which the trace does not show:
+// ApplyEnds's late end holds it instead until the function that made it returns.
 func Checkpoint(c Checkpointing) Transform {
 	name := "checkpoint " + c.String()
-	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
+	check := func(t *trace) error {
 		if c.Every < 1 {
-			return nil, "", fmt.Errorf("%s: N must be above 0", name)
+			return fmt.Errorf("%s: N must be above 0", name)
 		}
-		if err := t.requireTags(name, true, false); err != nil {
-			return nil, "", err
-		}
-		return checkpoint(t, c, name)
-	}}
+		return t.requireTags(name, true, false)
+	}
+	return Transform{Name: name,
+		apply: func(t *trace) (*trace, string, error) {
+			if err := check(t); err != nil {
+				return nil, "", err
+			}
+			early, _, line, err := checkpoint(t, c, name, false)
+			return early, line, err
+		},
+		ends: func(t *trace) (*trace, *trace, string, error) {
+			if err := check(t); err != nil {
+				return nil, nil, "", err
+			}
+			return checkpoint(t, c, name, true)
+		},
+	}
 }
 
 // blocks finds the repeated blocks of a trace's scopes: the prefix with the most distinct indices, and each
@@ -247,42 +261,55 @@ func (t *trace) repeatedBlocks(start int, last bool) ([]span, int, int) {
 	return blocks, end, period
 }
 
-// additions are events to insert into a trace, each at the index of the event it goes next to.
-type additions []addition
-
-type addition struct {
-	at int
-	e  snapshot.Event
+// additions are events to insert into a trace, each at the index of the event it goes next to: the events
+// in the order they were added, and their places, which sort orders.
+type additions struct {
+	evs    []snapshot.Event
+	places []place
 }
+
+// place is where addition evs[i] goes: next to event at.
+type place struct{ at, i int }
 
 func (a *additions) add(at int, evs ...snapshot.Event) {
 	for _, e := range evs {
-		*a = append(*a, addition{at, e})
+		a.places = append(a.places, place{at, len(a.evs)})
+		a.evs = append(a.evs, e)
 	}
 }
 
 // sort orders the additions by index, keeping the order they were added in at each.
-func (a additions) sort() {
-	slices.SortStableFunc(a, func(x, y addition) int { return cmp.Compare(x.at, y.at) })
+func (a *additions) sort() {
+	slices.SortFunc(a.places, func(x, y place) int {
+		if c := cmp.Compare(x.at, y.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.i, y.i)
+	})
 }
 
 // appendAt appends the sorted additions at index i to dst and consumes them; those before i must be consumed.
 func (a *additions) appendAt(dst []snapshot.Event, i int) []snapshot.Event {
-	for len(*a) > 0 && (*a)[0].at == i {
-		dst = append(dst, (*a)[0].e)
-		*a = (*a)[1:]
+	for len(a.places) > 0 && a.places[0].at == i {
+		dst = append(dst, a.evs[a.places[0].i])
+		a.places = a.places[1:]
 	}
 	return dst
 }
 
 // skipBefore drops the sorted additions before index i.
 func (a *additions) skipBefore(i int) {
-	for len(*a) > 0 && (*a)[0].at < i {
-		*a = (*a)[1:]
+	for len(a.places) > 0 && a.places[0].at < i {
+		a.places = a.places[1:]
 	}
 }
 
-func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) {
+// len returns the number of additions not consumed.
+func (a *additions) len() int { return len(a.places) }
+
+// checkpoint applies c to t. With ends, it also returns the trace with what a checkpointed block saved held
+// until the function that made it returns (the late end); else held is nil.
+func checkpoint(t *trace, c Checkpointing, name string, ends bool) (early, held *trace, line string, err error) {
 	prefix, count, of := t.blocks()
 	chosen := func(n int) bool { return n%c.Every == 0 }
 	blockOf := func(id snapshot.StringID) (int, bool) {
@@ -342,15 +369,17 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 	}
 	bs := t.index()
 
-	// What to add before and after events, and how to rewrite the events that refer to saved blocks.
-	var before, after additions
+	// What to add before and after events (after at each end), and how to rewrite the events that refer to
+	// saved blocks.
+	var before, after, afterHeld additions
 	type redirect struct {
 		from, until int    // events in [from, until) referring to the block are dropped ...
+		fromHeld    int    // ... [fromHeld, until) at the late end ...
 		at          int    // ... and from at on they refer to to (at < 0: never)
 		to          uint64 // the recomputed copy
 	}
 	redirects := map[uint64]redirect{}
-	out := t.derive(0)
+	fresh := t.derive(0) // the recomputed copies' addresses
 	var passes, recomputed int
 	var maxSaved int64
 	blocksDone := map[int]bool{}
@@ -376,9 +405,8 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			}
 			if f.Phase == snapshot.PhaseBackward && f.Iteration == e.Iteration {
 				bwdMarker = j
-				var err error
 				if bwd, err = backward(j, blocksFound); err != nil {
-					return nil, "", err
+					return nil, nil, "", err
 				}
 			}
 			if f.Phase != snapshot.PhaseBackward && f.Phase != snapshot.PhaseRecompute {
@@ -433,8 +461,16 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 				}
 				fr := freeEvents(t.events[at], a, ae.Size, ae.BlockSize)
 				after.add(at, fr[0], fr[1])
+				atHeld := at
+				if ends {
+					if r := t.readerOf(b.alloc, fs.last, member); r >= 0 {
+						atHeld = max(at, t.holderReturns(b.alloc, r, fs.last, member))
+					}
+					fr := freeEvents(t.events[atHeld], a, ae.Size, ae.BlockSize)
+					afterHeld.add(atHeld, fr[0], fr[1])
+				}
 				passSaved += ae.Size
-				r := redirect{from: at + 1, until: len(t.events), at: -1}
+				r := redirect{from: at + 1, fromHeld: atHeld + 1, until: len(t.events), at: -1}
 				if hasBackward {
 					r.until = bspan.first
 				}
@@ -456,7 +492,7 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 					if !member(&f) {
 						continue
 					}
-					copyOf[f.Addr] = out.fresh()
+					copyOf[f.Addr] = fresh.fresh()
 					f.Addr = copyOf[f.Addr]
 				case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
 					a, ok := copyOf[f.Addr]
@@ -489,17 +525,18 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 				ae := t.events[bs[a].alloc]
 				fr := freeEvents(t.events[bspan.last], copyOf[a], ae.Size, ae.BlockSize)
 				after.add(bspan.last, fr[0], fr[1])
+				afterHeld.add(bspan.last, fr[0], fr[1])
 			}
 		}
 		maxSaved = max(maxSaved, passSaved)
 		i = end - 1
 	}
 	if passes == 0 && inferred {
-		return nil, "", &MissingTagsError{name, "scope (module, with repeated blocks such as transformer.h.<i>), " +
+		return nil, nil, "", &MissingTagsError{name, "scope (module, with repeated blocks such as transformer.h.<i>), " +
 			"and no forward pass repeats its allocations (size and stack) in blocks,"}
 	}
 	if passes == 0 {
-		return nil, "", &MissingTagsError{name, "forward phase and block scope"}
+		return nil, nil, "", &MissingTagsError{name, "forward phase and block scope"}
 	}
 	blocks := "blocks of " + prefix
 	release := "the module that read it returns"
@@ -512,32 +549,118 @@ func checkpoint(t *trace, c Checkpointing, name string) (*trace, string, error) 
 			"forward pass (every " + every + " allocations),"
 		release = "the op that read it returns: where autograd saved it, else at the block's next allocation"
 	}
-
 	before.sort()
-	after.sort()
-	out.events = make([]snapshot.Event, 0, len(t.events)+len(before)+len(after))
-	for i := range t.events {
-		out.events = before.appendAt(out.events, i)
-		after.skipBefore(i) // what follows a dropped event goes with it
-		e := t.events[i]
-		switch e.Action {
-		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if r, ok := redirects[e.Addr]; ok {
-				switch {
-				case r.at >= 0 && i >= r.at:
-					e.Addr = r.to
-				case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
-					continue
+	// build writes one end: the events with the additions in place and the saved blocks' events redirected.
+	build := func(after additions, isHeld bool) *trace {
+		before := before // each end consumes its own view of the shared additions
+		after.sort()
+		out := fresh.derive(len(t.events) + before.len() + after.len())
+		for i := range t.events {
+			out.events = before.appendAt(out.events, i)
+			after.skipBefore(i) // what follows a dropped event goes with it
+			e := t.events[i]
+			switch e.Action {
+			case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+				if r, ok := redirects[e.Addr]; ok {
+					if isHeld {
+						r.from = r.fromHeld
+					}
+					switch {
+					case r.at >= 0 && i >= r.at:
+						e.Addr = r.to
+					case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
+						continue
+					}
 				}
 			}
+			out.events = append(out.events, e)
+			out.events = after.appendAt(out.events, i)
 		}
-		out.events = append(out.events, e)
-		out.events = after.appendAt(out.events, i)
+		return out
 	}
-	line := fmt.Sprintf("%s: %d of the %d %s checkpointed in %d forward passes; up to %s of what a "+
+	if ends {
+		var wg sync.WaitGroup
+		wg.Go(func() { held = build(afterHeld, true) })
+		early = build(after, false)
+		wg.Wait()
+	} else {
+		early = build(after, false)
+	}
+	line = fmt.Sprintf("%s: %d of the %d %s checkpointed in %d forward passes; up to %s of what a "+
 		"pass saved for backward is released in the forward and made again before each block's backward "+
 		"(%d recomputes); assumes a block's last allocation alive at its end is its output, and that without "+
 		"grad a tensor is released when %s", name, len(blocksDone), count,
 		blocks, passes, units.FormatSize(maxSaved), recomputed, release)
-	return out, line, nil
+	return early, held, line, nil
+}
+
+// stack returns the frames of stack id, innermost first; nil for an unknown one.
+func (t *trace) stack(id snapshot.StackID) []snapshot.FrameID {
+	if int(id) < len(t.stacks) {
+		return t.stacks[id]
+	}
+	return nil
+}
+
+// function returns the function a frame is in; 0 for an unknown frame.
+func (t *trace) function(f snapshot.FrameID) snapshot.StringID {
+	if int(f) < len(t.frames) {
+		return t.frames[f].Function
+	}
+	return 0
+}
+
+// readerOf returns the first allocation of the block after made, up to last, whose stack differs from
+// made's beyond its innermost frame: the output of the next op, taken to be the first that reads what made
+// allocated (an op's own further outputs come from the same frames but its innermost); -1 if none or made
+// has no stack.
+func (t *trace) readerOf(made, last int, member func(*snapshot.Event) bool) int {
+	sa := t.stack(t.events[made].Stack)
+	if len(sa) == 0 {
+		return -1
+	}
+	for j := made + 1; j <= last; j++ {
+		e := &t.events[j]
+		if e.Action != snapshot.ActionAlloc || !member(e) {
+			continue
+		}
+		if s := t.stack(e.Stack); !slices.Equal(s[min(1, len(s)):], sa[1:]) {
+			return j
+		}
+	}
+	return -1
+}
+
+// holderReturns returns where the function holding a tensor returns: the event before the first allocation
+// of the block after reader, up to last, made outside that function's call, or last. The holder is the
+// innermost function both made's and reader's stacks run in under the same callers: the function in which
+// their frames first differ, read from the outermost, if both are in it, else the caller of the two. It
+// returns -1 when the stacks share no caller.
+func (t *trace) holderReturns(made, reader, last int, member func(*snapshot.Event) bool) int {
+	sa, sr := t.stack(t.events[made].Stack), t.stack(t.events[reader].Stack)
+	k := 0 // frames shared, from the outermost
+	for k < len(sa) && k < len(sr) && sa[len(sa)-1-k] == sr[len(sr)-1-k] {
+		k++
+	}
+	var depth int // of the holder's frame, from the outermost
+	switch {
+	case k < len(sa) && k < len(sr) && t.function(sa[len(sa)-1-k]) == t.function(sr[len(sr)-1-k]):
+		depth = k
+	case k > 0:
+		depth = k - 1
+	default:
+		return -1
+	}
+	callers, fn := sa[len(sa)-depth:], t.function(sa[len(sa)-1-depth])
+	for j := reader + 1; j <= last; j++ {
+		e := &t.events[j]
+		if e.Action != snapshot.ActionAlloc || !member(e) {
+			continue
+		}
+		s := t.stack(e.Stack)
+		if len(s) <= depth || !slices.Equal(s[len(s)-depth:], callers) || t.function(s[len(s)-1-depth]) != fn {
+			return j - 1
+		}
+	}
+	return last
 }

@@ -3,6 +3,7 @@ package transform
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -13,6 +14,9 @@ type Transform struct {
 	// Name says what the fix is, e.g. "batch x0.5".
 	Name  string
 	apply func(t *trace) (*trace, string, error)
+	// ends, for a fix that places releases the trace does not record, applies it at both ends of what the
+	// trace allows (see ApplyEnds); nil for the others.
+	ends func(t *trace) (early, held *trace, line string, err error)
 }
 
 // MissingTagsError says a trace lacks the tags a transformation reads.
@@ -42,6 +46,48 @@ func Apply(s *snapshot.Snapshot, ts ...Transform) (*snapshot.Snapshot, []string,
 	return t.snapshot(s), lines, nil
 }
 
+// ApplyEnds is Apply where a transformation places releases the trace does not record: that of a tensor
+// autograd saved, once the block that made it runs without grad (Checkpoint). The trace shows the first op
+// that read such a tensor, not the last, so the release lies between two ends: early, the trace Apply
+// returns, releases it once the first op that read it returns; held keeps it until the function that made
+// it and first read it returns (read off the stacks of the two allocations), the latest the trace allows
+// short of the block's end. held is nil where no transformation places such releases. The work the two
+// ends share is done once; the lines are early's.
+func ApplyEnds(s *snapshot.Snapshot, ts ...Transform) (early, held *snapshot.Snapshot, lines []string, err error) {
+	t := normalize(s)
+	var h *trace // nil until the ends part
+	for _, tr := range ts {
+		var line string
+		switch {
+		case h == nil && tr.ends != nil:
+			t, h, line, err = tr.ends(t)
+		default:
+			var wg sync.WaitGroup
+			var hErr error
+			if h != nil {
+				wg.Go(func() { h, _, hErr = tr.apply(h) })
+			}
+			t, line, err = tr.apply(t)
+			wg.Wait()
+			if err == nil {
+				err = hErr
+			}
+		}
+		if err != nil {
+			return nil, nil, lines, err
+		}
+		lines = append(lines, line)
+	}
+	if h == nil {
+		return t.snapshot(s), nil, lines, nil
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { held = h.snapshot(s) })
+	early = t.snapshot(s)
+	wg.Wait()
+	return early, held, lines, nil
+}
+
 // freshBase is where the addresses a transformation gives allocations begin: above any real GPU address
 // (48-bit virtual addresses), so they never meet a block from before the trace, which keeps its own.
 const freshBase = 1 << 56
@@ -55,11 +101,14 @@ type trace struct {
 	next    uint64 // the next fresh address
 	pre     snapshot.StringID
 	strings []string // the snapshot's string table, shared and read only
+	frames  []snapshot.Frame
+	stacks  [][]snapshot.FrameID // the snapshot's stacks, innermost frame first, shared and read only
 }
 
 // derive returns an empty trace that continues t: the same tables, fresh addresses after t's.
 func (t *trace) derive(capacity int) *trace {
-	return &trace{events: make([]snapshot.Event, 0, capacity), next: t.next, pre: t.pre, strings: t.strings}
+	return &trace{events: make([]snapshot.Event, 0, capacity), next: t.next, pre: t.pre, strings: t.strings,
+		frames: t.frames, stacks: t.stacks}
 }
 
 // fresh returns a new address.
@@ -83,7 +132,7 @@ func kept(a snapshot.Action) bool {
 // normalize copies s's events into a trace, giving every allocation an address of its own. Blocks and
 // segments from before the trace (imported snapshots) keep theirs: the replay rebuilds them by address.
 func normalize(s *snapshot.Snapshot) *trace {
-	t := &trace{next: freshBase, strings: s.Strings}
+	t := &trace{next: freshBase, strings: s.Strings, frames: s.Frames, stacks: s.Stacks}
 	if i := slices.Index(s.Strings, snapshot.PreExistingLabel); i > 0 {
 		t.pre = snapshot.StringID(i)
 	}

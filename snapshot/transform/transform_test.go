@@ -472,3 +472,99 @@ func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
 		t.Errorf("a forward without repeated blocks: error %v, want a MissingTagsError", err)
 	}
 }
+
+// heldTrace is one iteration of two blocks h.0 and h.1 whose attention makes a tensor A (8000 B), saved
+// for backward, that two of its ops read: B on the next line, which autograd saved A for, and C on the
+// line after; the block's output D is made after the attention returns. The stacks are a Go program's:
+// the op's frame innermost, then the line of the function that called it.
+func heldTrace() *snapshot.Snapshot {
+	c := newCraft()
+	frame := func(fn, file string, line int) snapshot.FrameID {
+		c.s.Frames = append(c.s.Frames, snapshot.Frame{Function: c.str(fn), File: c.str(file), Line: int32(line)})
+		return snapshot.FrameID(len(c.s.Frames) - 1)
+	}
+	frame("", "", 0) // frame 0: none
+	op, model := frame("tensor.Mul", "ops.go", 5), frame("Model.forward", "model.go", 1)
+	attn := []snapshot.FrameID{frame("Attn.forward", "attn.go", 20), frame("Attn.forward", "attn.go", 21),
+		frame("Attn.forward", "attn.go", 22)}
+	inBlock, afterAttn := frame("Block.forward", "block.go", 10), frame("Block.forward", "block.go", 11)
+	c.s.Stacks = [][]snapshot.FrameID{nil,
+		{op, attn[0], inBlock, model}, {op, attn[1], inBlock, model}, {op, attn[2], inBlock, model},
+		{op, afterAttn, model}}
+	add := func(addr uint64, size int64, stack snapshot.StackID, scope string) {
+		c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: addr, Size: size, BlockSize: (size + 511) / 512 * 512,
+			Category: snapshot.CategoryTemporary, Scope: c.str(scope), Stack: stack})
+	}
+	c.begin(snapshot.PhaseForward, 0)
+	for i := range 2 {
+		base, blk := uint64(0x10000*(i+1)), "h."+string(rune('0'+i))
+		add(base, 8000, 1, blk+".attn")        // A
+		add(base+0x1000, 3000, 2, blk+".attn") // B reads A ...
+		c.category(base, snapshot.CategoryActivation)
+		add(base+0x2000, 3000, 3, blk+".attn") // ... and so does C
+		c.free(base+0x1000, 3000)
+		c.free(base+0x2000, 3000)
+		add(base+0x3000, 2000, 4, blk) // D, the output
+	}
+	c.begin(snapshot.PhaseBackward, 0)
+	for i := range 2 {
+		base, blk := uint64(0x10000*(2-i)), "h."+string(rune('0'+1-i))
+		add(base+0x4000, 2000, 4, blk)
+		c.free(base, 8000)
+		c.free(base+0x3000, 2000)
+		c.free(base+0x4000, 2000)
+	}
+	return c.s
+}
+
+// TestCheckpointReleaseEnds: checkpointed, A is released once B, its first reader, returns, before C is
+// made; at the late end it lives until the attention that made it returns, after C and before D. The early
+// end is what Apply gives, and a fix that places no release has no late end.
+func TestCheckpointReleaseEnds(t *testing.T) {
+	cp := transform.Checkpoint(transform.Checkpointing{Every: 1})
+	forward := func(s *snapshot.Snapshot, n int) []int64 { // the first n allocations (+) and completed frees (-) of forward, by size
+		var got []int64
+		for _, e := range s.Events.All() {
+			if e.Phase != snapshot.PhaseForward || len(got) == n {
+				continue
+			}
+			switch e.Action {
+			case snapshot.ActionAlloc:
+				got = append(got, e.Size)
+			case snapshot.ActionFreeCompleted:
+				got = append(got, -e.Size)
+			}
+		}
+		return got
+	}
+	early, held, lines, err := transform.ApplyEnds(heldTrace(), cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := forward(early, 7), []int64{8000, 3000, -8000, 3000, -3000, -3000, 2000}; !reflect.DeepEqual(got, want) {
+		t.Errorf("early: the first block's forward %v, want %v\n%s", got, want, lines[0])
+	}
+	if held == nil {
+		t.Fatal("checkpointing has no late end")
+	}
+	if got, want := forward(held, 7), []int64{8000, 3000, 3000, -3000, -3000, -8000, 2000}; !reflect.DeepEqual(got, want) {
+		t.Errorf("held: the first block's forward %v, want %v", got, want)
+	}
+	applied, _, err := transform.Apply(heldTrace(), cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := func(s *snapshot.Snapshot) []snapshot.Event {
+		var out []snapshot.Event
+		for _, e := range s.Events.All() {
+			out = append(out, e)
+		}
+		return out
+	}
+	if got, want := events(early), events(applied); !reflect.DeepEqual(got, want) {
+		t.Errorf("the early end differs from Apply's trace:\n%v\n%v", got, want)
+	}
+	if _, held, _, err := transform.ApplyEnds(heldTrace(), transform.BatchScale(0.5)); err != nil || held != nil {
+		t.Errorf("batch scale: late end %v, error %v; want none", held != nil, err)
+	}
+}
