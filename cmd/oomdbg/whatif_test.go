@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/internal/units"
 )
 
 func TestWhatIfCommand(t *testing.T) {
@@ -48,35 +51,100 @@ func TestWhatIfCommand(t *testing.T) {
 }
 
 // The JSON holds at least what docs/whatif.md promises: before and after with peak_allocated,
-// peak_reserved (bytes) and oom (a boolean), and the assumptions.
+// peak_reserved (bytes) and oom (a boolean), for checkpointing after_held too, a verdict, and the
+// assumptions.
 func TestWhatIfJSON(t *testing.T) {
 	dir := testFiles(t)
 	code, stdout, stderr := runCmd("whatif", filepath.Join(dir, "oom.oomdbg"), "--checkpoint", "all", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
+	type side struct {
+		PeakAllocated *int64 `json:"peak_allocated"`
+		PeakReserved  *int64 `json:"peak_reserved"`
+		OOM           *bool  `json:"oom"`
+	}
 	var doc struct {
-		Before, After *struct {
-			PeakAllocated *int64 `json:"peak_allocated"`
-			PeakReserved  *int64 `json:"peak_reserved"`
-			OOM           *bool  `json:"oom"`
-		}
-		Assumptions []string `json:"assumptions"`
-		Unrecorded  string   `json:"unrecorded"`
+		Before, After *side
+		AfterHeld     *side    `json:"after_held"`
+		Verdict       string   `json:"verdict"`
+		Assumptions   []string `json:"assumptions"`
+		Unrecorded    string   `json:"unrecorded"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range map[string]*struct {
-		PeakAllocated *int64 `json:"peak_allocated"`
-		PeakReserved  *int64 `json:"peak_reserved"`
-		OOM           *bool  `json:"oom"`
-	}{"before": doc.Before, "after": doc.After} {
+	for name, s := range map[string]*side{"before": doc.Before, "after": doc.After, "after_held": doc.AfterHeld} {
 		if s == nil || s.PeakAllocated == nil || s.PeakReserved == nil || s.OOM == nil || *s.PeakAllocated <= 0 {
 			t.Errorf("%s: %s", name, stdout)
 		}
 	}
 	if len(doc.Assumptions) != 1 || doc.Unrecorded == "" || !*doc.Before.OOM {
 		t.Errorf("assumptions %q, unrecorded %q, before OOM %v", doc.Assumptions, doc.Unrecorded, *doc.Before.OOM)
+	}
+	want := map[[2]bool]string{{false, false}: "fits", {true, true}: "oom", {true, false}: "edge", {false, true}: "edge"}
+	if doc.After != nil && doc.AfterHeld != nil && doc.Verdict != want[[2]bool{*doc.After.OOM, *doc.AfterHeld.OOM}] {
+		t.Errorf("verdict %q, with after OOM %v and after_held OOM %v", doc.Verdict, *doc.After.OOM, *doc.AfterHeld.OOM)
+	}
+}
+
+// TestWhatIfOnRealSnapshot: the what-if on a real PyTorch snapshot (f3: 10,327 trace entries, no tags but
+// what the importer infers). Halving the batch says in one line how much of what was live at the recorded
+// peak scales, and the replay after agrees with it: the peak falls by at most half of that (rounding up
+// keeps a little), and never rises; every figure of the line is the replay's own before figure or below it.
+// Expandable segments, which change no request, leave the peak allocated bytes where they were.
+func TestWhatIfOnRealSnapshot(t *testing.T) {
+	f3 := torchtest.FixturePath(t, torchtest.F3)
+	type side struct {
+		PeakAllocated int64 `json:"peak_allocated"`
+		PeakReserved  int64 `json:"peak_reserved"`
+	}
+	var doc struct {
+		Before, After side
+		AfterHeld     *side    `json:"after_held"`
+		Verdict       string   `json:"verdict"`
+		Assumptions   []string `json:"assumptions"`
+	}
+	whatif := func(args ...string) {
+		code, stdout, stderr := runCmd(append([]string{"whatif", f3, "--json"}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		doc.AfterHeld = nil
+		if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whatif("--batch-scale", "0.5")
+	line := doc.Assumptions[0]
+	t.Log(line)
+	// "batch x0.5: 5.55 GiB of the 19.37 GiB live at the recorded peak scale with the batch ..."
+	w := strings.Fields(line)
+	if len(w) < 13 || strings.Join(w[:2], " ") != "batch x0.5:" || strings.Join(w[4:6], " ") != "of the" || strings.Join(w[8:13], " ") != "live at the recorded peak" {
+		t.Fatalf("the assumption line %q does not say what scales", line)
+	}
+	x, err1 := units.ParseSize(w[2] + w[3])
+	y, err2 := units.ParseSize(w[6] + w[7])
+	if err1 != nil || err2 != nil || x == 0 || x > y {
+		t.Fatalf("the assumption line %q: scaled %d of %d (%v, %v)", line, x, y, err1, err2)
+	}
+	if got := units.FormatSize(doc.Before.PeakAllocated); got != units.FormatSize(y) {
+		t.Errorf("the line's live bytes at the peak, %s, are not the peak before, %s", units.FormatSize(y), got)
+	}
+	before, after := doc.Before.PeakAllocated, doc.After.PeakAllocated
+	if after > before || after < before-int64(x)/2-int64(x)/100 {
+		t.Errorf("batch x0.5: peak allocated %d -> %d, want a fall of at most half the %d bytes that scale", before, after, x)
+	}
+	if doc.AfterHeld != nil || doc.Verdict != "unknown" {
+		t.Errorf("batch x0.5 on a trace without a capacity: verdict %q, a late end %v", doc.Verdict, doc.AfterHeld != nil)
+	}
+	// The same requests: only what a block holds past its request when it is not split (under 1 MiB) may
+	// differ.
+	whatif("--alloc-conf", "expandable_segments:True")
+	if d := doc.After.PeakAllocated - doc.Before.PeakAllocated; d*100 > doc.Before.PeakAllocated || -d*100 > doc.Before.PeakAllocated {
+		t.Errorf("expandable segments: peak allocated %d -> %d", doc.Before.PeakAllocated, doc.After.PeakAllocated)
+	}
+	if !strings.Contains(doc.Assumptions[0], "expandable_segments:True") {
+		t.Errorf("expandable segments: the assumption %q does not name the settings", doc.Assumptions[0])
 	}
 }
