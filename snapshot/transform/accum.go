@@ -2,6 +2,8 @@ package transform
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -95,9 +97,14 @@ func repeatMicroSteps(t *trace, k int, name string) (*trace, string, error) {
 		}
 		carriedFree[ri][off] = append(carriedFree[ri][off], addr)
 	}
-	pattern := map[int]int{} // offset of a carried block's alloc in its region -> offset of its free in the next
-	var unmatched []uint64   // blocks alive at the end of the last complete region
-	for addr, b := range bs {
+	pattern := map[int]int{}  // offset of a carried block's alloc in its region -> offset of its free in the next
+	var unmatched []uint64    // blocks alive at the end of the last complete region
+	for i := range t.events { // the blocks in the order they were allocated, so that the output is the same every time
+		addr := t.events[i].Addr
+		b := bs[addr]
+		if t.events[i].Action != snapshot.ActionAlloc || b == nil || b.alloc != i {
+			continue
+		}
 		ra := at(b.alloc)
 		if ra < 0 || b.gradAt >= 0 {
 			continue
@@ -145,11 +152,11 @@ func repeatMicroSteps(t *trace, k int, name string) (*trace, string, error) {
 			thisCopy := map[uint64]uint64{}
 			skipped := map[uint64]bool{}
 			release := func(at snapshot.Event, offsets func(int) bool) {
-				for off, as := range carriedFree[ri] {
+				for _, off := range slices.Sorted(maps.Keys(carriedFree[ri])) { // in order: the same output every time
 					if !offsets(off) {
 						continue
 					}
-					for _, a := range as {
+					for _, a := range carriedFree[ri][off] {
 						if p, ok := prevCopy[a]; ok {
 							f := freeEvents(at, p, bs[a].size, t.events[bs[a].alloc].BlockSize)
 							out.events = append(out.events, f[0], f[1])

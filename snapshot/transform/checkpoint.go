@@ -3,6 +3,7 @@ package transform
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -417,7 +418,8 @@ func checkpoint(t *trace, c Checkpointing, name string, ends bool) (early, held 
 		}
 		passes++
 		var passSaved int64
-		for n, fs := range fwd {
+		for _, n := range slices.Sorted(maps.Keys(fwd)) { // in order: the recomputed copies' addresses are the same every time
+			fs := fwd[n]
 			// The block's allocations alive at its end: its output and what backward would use.
 			survivors = survivors[:0]
 			output := -1

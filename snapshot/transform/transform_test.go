@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/snapshot/transform"
 )
 
@@ -566,5 +567,37 @@ func TestCheckpointReleaseEnds(t *testing.T) {
 	}
 	if _, held, _, err := transform.ApplyEnds(heldTrace(), transform.BatchScale(0.5)); err != nil || held != nil {
 		t.Errorf("batch scale: late end %v, error %v; want none", held != nil, err)
+	}
+}
+
+// TestApplyIsDeterministic: a transformation gives the same trace every time, event for event and address
+// for address, so that a what-if replays the same way every time it is asked.
+func TestApplyIsDeterministic(t *testing.T) {
+	traces := map[string]*snapshot.Snapshot{"tiny": snapshottest.Trace(snapshottest.Tiny()), "adam": adamModel(3),
+		"blocks": blocksTrace(true), "held": heldTrace()}
+	for name, s := range traces {
+		for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.Accumulate(3),
+			transform.SwitchOptimizer(transform.SGD), transform.SwitchOptimizer(transform.AdamW8bit),
+			transform.ZeroGrad(transform.Zeroing), transform.ZeroGrad(transform.SetToNone),
+			transform.OptimizerImpl(optimrules.ForLoop), transform.Checkpoint(transform.Checkpointing{Every: 1}),
+			transform.Checkpoint(transform.Checkpointing{Every: 2})} {
+			var first []snapshot.Event
+			for run := range 8 {
+				out, _, err := transform.Apply(s, tr)
+				if err != nil {
+					break
+				}
+				var got []snapshot.Event
+				for _, e := range out.Events.All() {
+					got = append(got, e)
+				}
+				if run == 0 {
+					first = got
+				} else if !reflect.DeepEqual(got, first) {
+					t.Errorf("%s, %s: run %d gives another trace than the first", name, tr.Name, run)
+					break
+				}
+			}
+		}
 	}
 }
