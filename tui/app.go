@@ -206,6 +206,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, nil
 	case traceFixShowMsg:
+		if msg.err != nil {
+			m.setStatus("what-if: "+msg.err.Error(), true)
+			return m, nil
+		}
 		m.fixes.trace.shown = msg.ix
 		m.timeline.after = m.fixes.afterIndex()
 		m.setStatus("the • curve is the fix's trace, phase by phase", false)

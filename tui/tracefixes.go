@@ -66,7 +66,6 @@ type traceFixResult struct {
 	capacity        uint64
 	assumptions     []string
 	err             error
-	changed         *snapshot.Snapshot
 	beforeOOM, oom  bool
 	edge            bool // fits at one end of the releases the trace does not record, not at the other
 	unrecordedAfter bool // the trace ends in an OOM: what came after it was never recorded
@@ -81,7 +80,10 @@ type (
 		results []traceFixResult
 		err     error
 	}
-	traceFixShowMsg struct{ ix *index }
+	traceFixShowMsg struct {
+		ix  *index
+		err error
+	}
 )
 
 // runTraceFixes replays every fix of s in the background.
@@ -106,7 +108,7 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 			}
 			var prep *whatif.Prepared
 			if prep, r.err = whatif.Prepare(s, f.ts...); r.err == nil {
-				r.changed, r.assumptions = prep.Changed, prep.Assumptions
+				r.assumptions = prep.Assumptions
 				var res whatif.Result
 				if res, r.err = prep.Replay(cfg, w.Device, w.Capacity); r.err == nil {
 					r.after, r.held, r.edge = res.After, res.Held, res.Edge()
@@ -150,10 +152,18 @@ func (p *traceFixes) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Down):
 		p.selected = max(min(p.selected+1, len(p.results)-1), 0)
 	case key.Matches(msg, k.Toggle, k.Detail):
-		if p.selected < len(p.results) && p.results[p.selected].changed != nil {
-			s := p.results[p.selected].changed
-			m.setStatus("drawing "+p.results[p.selected].fix.name+" over the timeline…", false)
-			return func() tea.Msg { return traceFixShowMsg{ix: newIndex(s)} }
+		// The fix's trace is made again to be drawn: the pane keeps each fix's outcome, not its trace, so
+		// that a long trace and its eleven fixes do not take eleven copies of memory.
+		if p.selected < len(p.results) && p.results[p.selected].err == nil && p.snap != nil {
+			s, fix := p.snap, p.results[p.selected].fix
+			m.setStatus("drawing "+fix.name+" over the timeline…", false)
+			return func() tea.Msg {
+				changed, _, err := transform.Apply(s, fix.ts...)
+				if err != nil {
+					return traceFixShowMsg{err: err}
+				}
+				return traceFixShowMsg{ix: newIndex(changed)}
+			}
 		}
 	case key.Matches(msg, k.Back):
 		if p.running != nil {

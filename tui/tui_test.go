@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -604,5 +605,35 @@ func TestPyTorchStacksDevicesAndSearch(t *testing.T) {
 			t.Errorf("the title lacks %q:\n%s", want, out)
 		}
 		press(m, "d")
+	}
+}
+
+// TestTraceFixesDrawTheChosenFix: on a PyTorch snapshot the fixes pane replays every fix, keeps only their
+// outcomes, and makes the chosen one's trace again when it is drawn over the timeline.
+func TestTraceFixesDrawTheChosenFix(t *testing.T) {
+	s, err := load.File(torchtest.FixturePath(t, torchtest.F3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newTestModel(t, s, 120, 40)
+	pressRun(m, "5", "r")
+	p := &m.fixes.trace
+	if len(p.results) == 0 || p.err != nil {
+		t.Fatalf("no fixes replayed: %v\n%s", p.err, screen(m))
+	}
+	i := slices.IndexFunc(p.results, func(r traceFixResult) bool { return r.fix.name == "batch x0.5" })
+	if i < 0 || p.results[i].err != nil {
+		t.Fatalf("batch x0.5 was not replayed on f3: %v", p.results)
+	}
+	for range i {
+		press(m, "down")
+	}
+	pressRun(m, "space")
+	if p.shown == nil || m.timeline.after == nil {
+		t.Fatalf("space drew nothing over the timeline:\n%s", screen(m))
+	}
+	// The trace drawn is the fix's: its peak is the replayed outcome's, by the trace's own accounting.
+	if got, want := p.shown.tl.Peak(timeline.Allocated).Bytes, p.results[i].after.PeakAllocated; got > want || got < want*99/100 {
+		t.Errorf("the trace drawn peaks at %d allocated, the replay of the fix at %d", got, want)
 	}
 }
