@@ -210,7 +210,7 @@ func (ev *Events) Append(e *Event) {
 
 // appendRaw adds an event whose row (and rare row, -1 for none) is known.
 func (ev *Events) appendRaw(a Action, row uint32, t int64, phase Phase, iteration int32, xrow int64) {
-	if ev.Len() >= MaxEvents {
+	if int64(ev.Len()) >= MaxEvents {
 		panic("snapshot: more than MaxEvents events")
 	}
 	i, seq := ev.n, uint32(ev.Len())

@@ -84,7 +84,7 @@ func (ev *Events) LoadPage(pages ...[]byte) (Events, error) {
 func (ev *Events) loadPage(raw []byte, first bool) error {
 	c := cursor{b: raw}
 	from, n := int(c.uvarint()), int(c.uvarint())
-	if c.bad || n > c.rest() || from+n > MaxEvents || !first && from != ev.Len() {
+	if c.bad || n > c.rest() || int64(from)+int64(n) > MaxEvents || !first && from != ev.Len() {
 		return errPage
 	}
 	if first {

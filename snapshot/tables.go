@@ -343,7 +343,7 @@ func (t *tables) decodeSection(p []byte, lim *Limits) ([]byte, error) {
 			}
 			t.stackFlat = append(t.stackFlat, FrameID(f))
 		}
-		if len(t.stackFlat) > math.MaxUint32 {
+		if uint64(len(t.stackFlat)) > math.MaxUint32 {
 			return nil, limitf("stack entries exceed 2^32")
 		}
 		t.stackEnds = append(t.stackEnds, uint32(len(t.stackFlat)))

@@ -226,12 +226,12 @@ func (e *pickleEncoder) text(s string) {
 		e.flush(true)
 		var hdr [5]byte
 		hdr[0] = opBinUnicode
-		binary.LittleEndian.PutUint32(hdr[1:], uint32(min(len(s), math.MaxUint32)))
+		binary.LittleEndian.PutUint32(hdr[1:], uint32(min(uint64(len(s)), math.MaxUint32)))
 		if e.err == nil {
 			_, e.err = e.w.Write(hdr[:])
 		}
 		if e.err == nil {
-			_, e.err = io.WriteString(e.w, s[:min(len(s), math.MaxUint32)])
+			_, e.err = io.WriteString(e.w, s[:min(uint64(len(s)), math.MaxUint32)])
 		}
 	}
 	e.strs[key] = e.memoize()

@@ -162,7 +162,7 @@ func (t *Timeline) Update() int { return t.UpdateTo(t.s.Events.Len()) }
 // UpdateTo indexes the events appended to the snapshot since the last call, up to event end (exclusive), and
 // returns how many there were: a program that must stay responsive indexes a long snapshot in steps.
 func (t *Timeline) UpdateTo(end int) int {
-	end = min(end, t.s.Events.Len(), MaxEvents)
+	end = min(end, t.s.Events.Len(), min(MaxEvents, math.MaxInt))
 	if end <= t.n {
 		return 0
 	}

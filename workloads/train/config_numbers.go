@@ -210,8 +210,8 @@ func (c *Config) parameterBound() (field string, params uint64) {
 
 // uint64ToInt converts a saturated product back for mul, keeping saturation.
 func uint64ToInt(n uint64) int {
-	if n > math.MaxInt64 {
-		return math.MaxInt64
+	if n > math.MaxInt {
+		return math.MaxInt
 	}
 	return int(n)
 }
