@@ -1,6 +1,7 @@
 package transform_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/optimrules"
@@ -48,6 +49,15 @@ func FuzzApply(f *testing.F) {
 			if err != nil {
 				continue
 			}
+			if strings.HasPrefix(tr.Name, "checkpoint") {
+				// Checkpointing moves releases and copies blocks; it never leaves one unreleased that the input released.
+				in := unreleased(s)
+				for _, out := range []*snapshot.Snapshot{early, held} {
+					if got := unreleased(out); got > in {
+						t.Fatalf("%s: %d blocks never released, %d in the input", tr.Name, got, in)
+					}
+				}
+			}
 			for _, out := range []*snapshot.Snapshot{early, held} {
 				if out == nil {
 					continue
@@ -68,4 +78,23 @@ func FuzzApply(f *testing.F) {
 			}
 		}
 	})
+}
+
+// unreleased counts the blocks a trace allocates and never releases (an address allocated again while
+// live leaves its first block unreleased).
+func unreleased(s *snapshot.Snapshot) int {
+	live := map[uint64]bool{}
+	n := 0
+	for _, e := range s.Events.All() {
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			if live[e.Addr] {
+				n++
+			}
+			live[e.Addr] = true
+		case snapshot.ActionFreeRequested:
+			delete(live, e.Addr)
+		}
+	}
+	return n + len(live)
 }

@@ -151,13 +151,10 @@ func normalize(s *snapshot.Snapshot) *trace {
 			a := t.fresh()
 			live[e.Addr] = a
 			e.Addr = a
-		case snapshot.ActionFreeRequested, snapshot.ActionCategory:
+		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+			// The address's newest block, whichever of its two free events comes first: the next allocation
+			// at the address is what ends the mapping.
 			if a, ok := live[e.Addr]; ok {
-				e.Addr = a
-			}
-		case snapshot.ActionFreeCompleted:
-			if a, ok := live[e.Addr]; ok {
-				delete(live, e.Addr)
 				e.Addr = a
 			}
 		}
