@@ -38,7 +38,7 @@ func TestOnlyCheckpointingHasTwoEnds(t *testing.T) {
 			t.Errorf("%s: a late end %v, replayed %v; want %v", c.fix.Name, p.Held != nil, r.Held != nil, c.ends)
 		}
 		if r.After.PeakAllocated <= 0 || r.Edge() {
-			t.Errorf("%s: peak %d, at the edge %v on a trace that fits", c.fix.Name, r.After.PeakAllocated, r.Edge())
+			t.Errorf("%s: peak %d, at the edge %v; want no edge here", c.fix.Name, r.After.PeakAllocated, r.Edge())
 		}
 	}
 	fails := replay.Outcome{OOM: &replay.OOM{Message: "CUDA out of memory."}}
