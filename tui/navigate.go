@@ -65,9 +65,12 @@ func (m *Model) onNavigate(msg tea.KeyPressMsg) (tea.Cmd, bool) {
 	case key.Matches(msg, k.TimeAxis):
 		a := &m.timeline.axis
 		a.byTime = !a.byTime
-		if a.byTime {
+		switch {
+		case a.byTime && m.ix.ov != nil:
+			m.setStatus("x-axis: time is drawn only for a run held whole; this one is paged, so the events stay the columns", false)
+		case a.byTime:
 			m.setStatus("x-axis: time, each column the same span of it (where the events carry no time: events)", false)
-		} else {
+		default:
 			m.setStatus("x-axis: the run's events, each column as many of them; markers take none", false)
 		}
 	default:

@@ -76,6 +76,12 @@ func TestPagedRunAgreesWithTheWholeRun(t *testing.T) {
 			t.Errorf("after %v at event %d: the panes differ (%d and %d live blocks)", keys, c, len(paged.live.rows), len(whole.live.rows))
 		}
 	}
+	// t draws time on the run held whole; the paged run says it keeps the events as columns.
+	press(whole, "t")
+	press(paged, "t")
+	if !strings.Contains(whole.status, "x-axis: time, each column") || !strings.Contains(paged.status, "this one is paged") {
+		t.Errorf("t: whole run says %q, paged run %q", whole.status, paged.status)
+	}
 }
 
 // asOfEvent clears what a window does not know of blocks: their IDs and the frees after it.
