@@ -61,6 +61,7 @@ func TestHostileCorpus(t *testing.T) {
 			{"diff", a.path, ref},
 			{"replay", a.path},
 			{"export", a.path, "--format", "torch-json", "-o", out},
+			{"whatif", a.path, "--checkpoint", "all", "--batch-scale", "0.5"},
 		} {
 			jobs = append(jobs, job{a, append(args, budget...)})
 		}
