@@ -37,7 +37,8 @@ type Options struct {
 	// Snapshot, when set, is shown as is (tests, imported files).
 	Snapshot *snapshot.Snapshot
 	// MemoryBudget is what a file's events and index may take in memory before the TUI pages it: holds a
-	// window of it around the cursor, and an overview of the whole (0: DefaultMemoryBudget).
+	// window of it around the cursor, and an overview of the whole (0: DefaultMemoryBudget). A fix's re-run,
+	// held whole, stops at it.
 	MemoryBudget int64
 	// pageEvents sets the events per page of a paged run (tests); 0 means pageEvents.
 	pageEvents int
@@ -125,7 +126,7 @@ func New(ctx context.Context, opts Options) *Model {
 			FullKey: plain.Bold(true), FullDesc: plain, FullSeparator: plain}
 	}
 	m.live.filter = newFilterInput()
-	m.fixes = newFixesPane(opts.Workload, opts.Runner)
+	m.fixes = newFixesPane(opts.Workload, opts.Runner, opts.MemoryBudget)
 	m.device = newDevicePane(opts.Devices)
 	if opts.Ranks != nil {
 		open := 0

@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -30,6 +31,7 @@ type fixesPane struct {
 	running  context.CancelFunc
 	progress *snapshot.Snapshot // the re-run as it streams in
 	stream   *stream
+	budget   int64 // the memory the re-run's events may take (the view's memory budget)
 	err      error
 	fit      fitList    // the plans that fit (fitplans.go)
 	trace    traceFixes // the pane on a snapshot that is not oomdbg's own (tracefixes.go)
@@ -148,8 +150,10 @@ func (p *fixesPane) offered(row int) []string {
 	return nil
 }
 
-func newFixesPane(w *Workload, run Runner) fixesPane {
-	p := fixesPane{run: run}
+// newFixesPane is the pane for workload w (nil: none, the snapshot is not oomdbg's own), whose re-runs stop at
+// the memory budget (0: DefaultMemoryBudget).
+func newFixesPane(w *Workload, run Runner, budget int64) fixesPane {
+	p := fixesPane{run: run, budget: cmp.Or(budget, DefaultMemoryBudget)}
 	if w != nil && run != nil {
 		c := *w
 		p.base = &c
@@ -453,6 +457,15 @@ func (p *fixesPane) onChunk(msg fixChunkMsg) tea.Cmd {
 		return nil
 	}
 	*p.progress = *msg.snap
+	// The workload comes from the file, perhaps someone else's: a re-run is held whole to be compared, so
+	// one that outgrows the view's memory budget is stopped.
+	if n := int64(p.progress.Events.Len()); n*residentPerEvent > p.budget {
+		p.cancel()
+		return func() tea.Msg {
+			return fixResultMsg{err: fmt.Errorf("stopped at %d events: held whole, the re-run would pass the %s memory budget "+
+				"(fewer steps would fit; oomdbg view --max-memory raises it)", n, units.FormatSize(p.budget))}
+		}
+	}
 	switch {
 	case msg.err != nil:
 		return func() tea.Msg { return fixResultMsg{err: msg.err} }

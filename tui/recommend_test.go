@@ -123,7 +123,7 @@ func TestApplyingAMeasuredFixRunsIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newFixesPane(w, playback{})
+		p := newFixesPane(w, playback{}, 0)
 		for _, r := range rows {
 			p.choose(r.Fixes)
 			if got := p.config().Fixes; got != r.Fixes {

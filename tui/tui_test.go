@@ -306,7 +306,7 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 func TestFixesPaneKeepsTheBaseChoice(t *testing.T) {
 	w := *workload(t, "smollm-ft")
 	w.Fixes.LoRA, w.Fixes.LoRATargets, w.Fixes.OptimizerImpl = 8, "q,v", "fused"
-	p := newFixesPane(&w, playback{})
+	p := newFixesPane(&w, playback{}, 0)
 	if got := p.choices(rowAdapter); got[p.choice[rowAdapter]] != "lora 8" {
 		t.Errorf("adapter row %q chooses %d", got, p.choice[rowAdapter])
 	}
@@ -481,12 +481,12 @@ func TestLeaksPaneReachesHeldGroups(t *testing.T) {
 // and that a single GPU does not.
 func TestFixesPaneChoosesAStrategy(t *testing.T) {
 	w := *workload(t, "smollm-ft")
-	single := newFixesPane(&w, playback{})
+	single := newFixesPane(&w, playback{}, 0)
 	if n := len(single.rows()); n != rowParallel {
 		t.Errorf("a single GPU shows %d rows, want %d", n, rowParallel)
 	}
 	w.GPUs, w.Fixes.Parallel, w.Fixes.Offload = 8, "ddp", "none"
-	p := newFixesPane(&w, playback{})
+	p := newFixesPane(&w, playback{}, 0)
 	if n := len(p.rows()); n != numFixRows {
 		t.Fatalf("a rank shows %d rows, want %d", n, numFixRows)
 	}
@@ -635,5 +635,28 @@ func TestTraceFixesDrawTheChosenFix(t *testing.T) {
 	// The trace drawn is the fix's: its peak is the replayed outcome's, by the trace's own accounting.
 	if got, want := p.shown.tl.Peak(timeline.Allocated).Bytes, p.results[i].after.PeakAllocated; got > want || got < want*99/100 {
 		t.Errorf("the trace drawn peaks at %d allocated, the replay of the fix at %d", got, want)
+	}
+}
+
+// TestFixesRerunStopsAtTheMemoryBudget: the workload a re-run records comes from the file; a re-run that
+// would outgrow the view's memory budget, held whole, is stopped with one line that says so.
+func TestFixesRerunStopsAtTheMemoryBudget(t *testing.T) {
+	s := fixture(t, "tiny-oom")
+	m := New(context.Background(), Options{Snapshot: s, Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver,
+		MemoryBudget: 500 * residentPerEvent})
+	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
+	m.Update(deviceMsg{noDriver()})
+	press(m, "5")
+	cmd := m.fixes.onKey(keyPress("r"), m)
+	if cmd == nil {
+		t.Fatal("r started no re-run")
+	}
+	run(m, cmd)
+	if m.fixes.after != nil || m.fixes.err == nil || !strings.Contains(m.fixes.err.Error(), "memory budget") ||
+		m.fixes.running != nil {
+		t.Fatalf("a re-run past the budget: result %v, error %v, still running %v", m.fixes.after != nil, m.fixes.err, m.fixes.running != nil)
+	}
+	if out := screen(m); !strings.Contains(out, "stopped at") {
+		t.Errorf("the screen does not say the re-run was stopped:\n%s", out)
 	}
 }
