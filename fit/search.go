@@ -68,50 +68,41 @@ func (s *BatchSearch) search(start int, fits func(int) (bool, error)) error {
 	if err != nil {
 		return err
 	}
-	lo, hi := 0, 0 // lo fits (0: nothing known to), hi does not (0: unknown)
-	if ok {
-		lo = start
-		for hi == 0 {
-			if lo == MaxSearchBatch {
-				s.Capped = true
-				return nil
-			}
-			b := min(2*lo, MaxSearchBatch)
-			if ok, err = fits(b); err != nil {
-				return err
-			}
-			if ok {
-				lo = b
-			} else {
-				hi = b
-			}
-		}
-	} else {
-		hi = start
-		for lo == 0 && hi > 1 {
-			b := hi / 2
-			if ok, err = fits(b); err != nil {
-				return err
-			}
-			if ok {
-				lo = b
-			} else {
-				hi = b
-			}
-		}
-		if lo == 0 {
-			return nil // a batch of one does not fit
-		}
-	}
-	for hi-lo > 1 {
-		b := lo + (hi-lo)/2
-		if ok, err = fits(b); err != nil {
-			return err
-		}
+	lo, hi := 0, 0               // lo fits (0: nothing known to), hi does not (0: unknown)
+	probe := func(b int) error { // tries b and moves lo or hi to it
+		ok, err := fits(b)
 		if ok {
 			lo = b
 		} else {
 			hi = b
+		}
+		return err
+	}
+	if ok {
+		lo = start
+	} else {
+		hi = start
+	}
+	for ok && hi == 0 {
+		if lo == MaxSearchBatch {
+			s.Capped = true
+			return nil
+		}
+		if err := probe(min(2*lo, MaxSearchBatch)); err != nil {
+			return err
+		}
+	}
+	for !ok && lo == 0 && hi > 1 {
+		if err := probe(hi / 2); err != nil {
+			return err
+		}
+	}
+	if lo == 0 {
+		return nil // a batch of one does not fit
+	}
+	for hi-lo > 1 {
+		if err := probe(lo + (hi-lo)/2); err != nil {
+			return err
 		}
 	}
 	return nil
