@@ -65,10 +65,8 @@ func (p *fixesPane) fitKey(msg tea.KeyPressMsg, m *Model) (tea.Cmd, bool) {
 			l.cancel()
 		}
 		*l = fitList{}
-	case key.Matches(msg, k.Up):
-		l.selected = max(l.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		l.selected = min(l.selected+1, max(len(l.plans)-1, 0))
+	case key.Matches(msg, k.Up, k.Down):
+		l.selected = listStep(msg, k, l.selected, len(l.plans))
 	case key.Matches(msg, k.Detail, k.Rerun):
 		if l.busy || len(l.plans) == 0 {
 			return nil, true

@@ -53,10 +53,8 @@ func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	}
 	k := m.keys
 	switch {
-	case key.Matches(msg, k.Up):
-		p.selected = max(p.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, max(p.rows()-1, 0))
+	case key.Matches(msg, k.Up, k.Down):
+		p.selected = listStep(msg, k, p.selected, p.rows())
 	case key.Matches(msg, k.Detail):
 		if p.selected < p.rows() {
 			ex := p.example(p.selected)

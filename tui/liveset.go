@@ -184,10 +184,8 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case p.openGroup != "" && key.Matches(msg, k.Back) && p.filter.Value() == "":
 		p.openGroup = ""
 		p.apply()
-	case key.Matches(msg, k.Up):
-		p.selected = max(p.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, max(len(p.shown)-1, 0))
+	case key.Matches(msg, k.Up, k.Down):
+		p.selected = listStep(msg, k, p.selected, len(p.shown))
 	case key.Matches(msg, k.Detail):
 		p.detail, p.scroll = len(p.shown) > 0, 0
 	case key.Matches(msg, k.Sort):

@@ -40,10 +40,8 @@ func (p *ranksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	}
 	k := m.keys
 	switch {
-	case key.Matches(msg, k.Up):
-		p.selected = max(p.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, len(p.table.Ranks)-1)
+	case key.Matches(msg, k.Up, k.Down):
+		p.selected = listStep(msg, k, p.selected, len(p.table.Ranks))
 	case key.Matches(msg, k.Detail):
 		if p.selected == p.open || p.table.Ranks[p.selected].Error != "" || p.load == nil {
 			return nil

@@ -49,10 +49,8 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 		p.offset = max(p.offset-1, 0)
 	case p.open && key.Matches(msg, k.Down):
 		p.offset++
-	case key.Matches(msg, k.Up):
-		p.selected = max(p.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, max(len(p.segs)-1, 0))
+	case key.Matches(msg, k.Up, k.Down):
+		p.selected = listStep(msg, k, p.selected, len(p.segs))
 	case key.Matches(msg, k.Detail):
 		p.open, p.offset = len(p.segs) > 0, 0
 	}

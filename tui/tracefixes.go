@@ -147,10 +147,8 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 func (p *traceFixes) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	k := m.keys
 	switch {
-	case key.Matches(msg, k.Up):
-		p.selected = max(p.selected-1, 0)
-	case key.Matches(msg, k.Down):
-		p.selected = max(min(p.selected+1, len(p.results)-1), 0)
+	case key.Matches(msg, k.Up, k.Down):
+		p.selected = listStep(msg, k, p.selected, len(p.results))
 	case key.Matches(msg, k.Toggle, k.Detail):
 		// The fix's trace is made again to be drawn: the pane keeps each fix's outcome, not its trace, so
 		// that a long trace and its eleven fixes do not take eleven copies of memory.
