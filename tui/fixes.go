@@ -15,6 +15,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // fixesPane changes the workload's fixes and re-runs it on the meta device in the background: the re-run's
@@ -523,24 +524,31 @@ func summarize(ix *index) *runSummary {
 	if ix.peak >= 0 {
 		r.atPeak = byCategory(ix.liveAt(ix.peak))
 	}
-	actions := ix.snap.Events.Actions()
-	for _, sp := range ix.spans() {
+	r.forward, r.recompute = forwardAllocs(ix.snap.Events.Actions(), 0, ix.spans())
+	return r
+}
+
+// forwardAllocs counts the allocations of the forward and the recompute phases among spans, whose events'
+// actions are actions[span.Start-base : span.End-base]: what checkpointing recomputes against what the
+// forward made.
+func forwardAllocs(actions []snapshot.Action, base int, spans []timeline.PhaseSpan) (forward, recompute int) {
+	for _, sp := range spans {
 		if sp.Phase != snapshot.PhaseForward && sp.Phase != snapshot.PhaseRecompute {
 			continue
 		}
 		n := 0
-		for _, a := range actions[sp.Start:sp.End] {
+		for _, a := range actions[sp.Start-base : sp.End-base] {
 			if a == snapshot.ActionAlloc {
 				n++
 			}
 		}
 		if sp.Phase == snapshot.PhaseForward {
-			r.forward += n
+			forward += n
 		} else {
-			r.recompute += n
+			recompute += n
 		}
 	}
-	return r
+	return forward, recompute
 }
 
 // verdict says in a few words how a run ended.

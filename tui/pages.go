@@ -169,23 +169,7 @@ func (p *pager) index() pageSummary {
 	if ps.peakAlloc.Seq >= 0 {
 		ps.peakCats = byCategory(tl.LiveAt(ps.peakAlloc.Seq, nil))
 	}
-	actions := view.Events.Actions()
-	for _, sp := range ps.phases {
-		if sp.Phase != snapshot.PhaseForward && sp.Phase != snapshot.PhaseRecompute {
-			continue
-		}
-		n := 0
-		for _, a := range actions[sp.Start-pg.from : sp.End-pg.from] {
-			if a == snapshot.ActionAlloc {
-				n++
-			}
-		}
-		if sp.Phase == snapshot.PhaseForward {
-			ps.forward += n
-		} else {
-			ps.recompute += n
-		}
-	}
+	ps.forward, ps.recompute = forwardAllocs(view.Events.Actions(), pg.from, ps.phases)
 	return ps
 }
 
