@@ -58,52 +58,60 @@ func TestEventsRoundTrip(t *testing.T) {
 		"empty": nil,
 	}
 	for name, want := range traces {
-		t.Run(name, func(t *testing.T) {
-			for i := range want {
-				want[i].Seq = uint64(i)
+		for _, of := range []struct {
+			name string
+			f    func(...snapshot.Event) snapshot.Events
+		}{{"EventsOf", snapshot.EventsOf}, {"DistinctEventsOf", snapshot.DistinctEventsOf}} {
+			t.Run(name+"/"+of.name, func(t *testing.T) { roundTrip(t, want, of.f) })
+		}
+	}
+}
+
+// roundTrip checks that the events want come back from the columns of(want...) as they went in.
+func roundTrip(t *testing.T, want []snapshot.Event, of func(...snapshot.Event) snapshot.Events) {
+	for i := range want {
+		want[i].Seq = uint64(i)
+	}
+	evs := of(want...)
+	if evs.Len() != len(want) {
+		t.Fatalf("Len %d, want %d", evs.Len(), len(want))
+	}
+	for i, w := range want {
+		if got := evs.At(i); got != w {
+			t.Fatalf("At(%d) = %+v, want %+v", i, got, w)
+		}
+		r := snapshot.Request{Action: w.Action, Device: w.Device, Stream: w.Stream, Addr: w.Addr, Size: w.Size,
+			BlockSize: w.BlockSize, Label: w.Label}
+		if got := evs.Request(i); got != r {
+			t.Fatalf("Request(%d) = %+v, want %+v", i, got, r)
+		}
+		if evs.Time(i) != w.Time || evs.Action(i) != w.Action {
+			t.Fatalf("event %d: Time %d, Action %s; want %d, %s", i, evs.Time(i), evs.Action(i), w.Time, w.Action)
+		}
+		if p, it := evs.Phase(i); p != w.Phase || it != w.Iteration {
+			t.Fatalf("event %d: Phase %s %d, want %s %d", i, p, it, w.Phase, w.Iteration)
+		}
+	}
+	if got := evs.Slice(0, evs.Len()); len(want) > 0 && !slices.Equal(got, want) {
+		t.Fatal("Slice of all the events differs")
+	}
+	rng := rand.New(rand.NewPCG(2, 3))
+	for range 50 {
+		from := rng.IntN(len(want) + 1)
+		to := from + rng.IntN(len(want)-from+1)
+		n := 0
+		for seq, e := range evs.Range(from, to) {
+			if seq != from+n || e != want[seq] {
+				t.Fatalf("Range(%d, %d) yields event %d as %+v, want %+v", from, to, seq, e, want[from+n])
 			}
-			evs := snapshot.EventsOf(want...)
-			if evs.Len() != len(want) {
-				t.Fatalf("Len %d, want %d", evs.Len(), len(want))
-			}
-			for i, w := range want {
-				if got := evs.At(i); got != w {
-					t.Fatalf("At(%d) = %+v, want %+v", i, got, w)
-				}
-				r := snapshot.Request{Action: w.Action, Device: w.Device, Stream: w.Stream, Addr: w.Addr, Size: w.Size,
-					BlockSize: w.BlockSize, Label: w.Label}
-				if got := evs.Request(i); got != r {
-					t.Fatalf("Request(%d) = %+v, want %+v", i, got, r)
-				}
-				if evs.Time(i) != w.Time || evs.Action(i) != w.Action {
-					t.Fatalf("event %d: Time %d, Action %s; want %d, %s", i, evs.Time(i), evs.Action(i), w.Time, w.Action)
-				}
-				if p, it := evs.Phase(i); p != w.Phase || it != w.Iteration {
-					t.Fatalf("event %d: Phase %s %d, want %s %d", i, p, it, w.Phase, w.Iteration)
-				}
-			}
-			if got := evs.Slice(0, evs.Len()); len(want) > 0 && !slices.Equal(got, want) {
-				t.Fatal("Slice of all the events differs")
-			}
-			rng := rand.New(rand.NewPCG(2, 3))
-			for range 50 {
-				from := rng.IntN(len(want) + 1)
-				to := from + rng.IntN(len(want)-from+1)
-				n := 0
-				for seq, e := range evs.Range(from, to) {
-					if seq != from+n || e != want[seq] {
-						t.Fatalf("Range(%d, %d) yields event %d as %+v, want %+v", from, to, seq, e, want[from+n])
-					}
-					n++
-				}
-				if n != to-from {
-					t.Fatalf("Range(%d, %d) yields %d events", from, to, n)
-				}
-			}
-			if !slices.Equal(evs.Actions(), actions(want)) {
-				t.Error("Actions differs")
-			}
-		})
+			n++
+		}
+		if n != to-from {
+			t.Fatalf("Range(%d, %d) yields %d events", from, to, n)
+		}
+	}
+	if !slices.Equal(evs.Actions(), actions(want)) {
+		t.Error("Actions differs")
 	}
 }
 

@@ -163,10 +163,11 @@ func normalize(s *snapshot.Snapshot) *trace {
 	return t
 }
 
-// snapshot returns the trace as a snapshot with s's metadata and tables, its events numbered afresh.
+// snapshot returns the trace as a snapshot with s's metadata and tables, its events numbered afresh. Every
+// allocation has an address of its own, so its events share few fields: each takes a row of its own.
 func (t *trace) snapshot(s *snapshot.Snapshot) *snapshot.Snapshot {
 	out := &snapshot.Snapshot{Meta: s.Meta, Strings: s.Strings, Frames: s.Frames, Stacks: s.Stacks}
-	out.Events = snapshot.EventsOf(t.events...)
+	out.Events = snapshot.DistinctEventsOf(t.events...)
 	return out
 }
 
