@@ -101,9 +101,9 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error
 
 // costWhatIf is what an event costs a what-if: the trace, its transformed copy and the two replays;
 // costWhatIfEnds the same where checkpointing makes a second transformed copy and a third replay. Peak
-// resident memory over events, with 96-byte events: 236 bytes a batch scale and 546 a checkpointing on a
-// 1,344,295-event GPT recording, a quarter of whose events are retains, which a transformed copy drops; 402
-// and 726 on the same run as a PyTorch pickle (897,406 events, none dropped); rounded up.
+// resident memory over events, with 96-byte events: 241 bytes a batch scale and 546 a checkpointing on a
+// 1,344,295-event GPT recording, a quarter of whose events are retains, which a transformed copy drops; 417
+// and 764 on the same run as a PyTorch pickle (897,406 events, none dropped); rounded up.
 const (
 	costWhatIf     = 8 * snapshot.EventBytes
 	costWhatIfEnds = 10 * snapshot.EventBytes
