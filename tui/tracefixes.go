@@ -106,8 +106,13 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 			if f.conf != "" {
 				cfg, _ = alloc.ParseConfig(f.conf)
 			}
+			// The pane shows the late end only as a verdict at the edge, which needs a capacity.
+			prepare := whatif.Prepare
+			if w.Capacity == 0 {
+				prepare = whatif.PrepareEstimate
+			}
 			var prep *whatif.Prepared
-			if prep, r.err = whatif.Prepare(s, f.ts...); r.err == nil {
+			if prep, r.err = prepare(s, f.ts...); r.err == nil {
 				r.assumptions = prep.Assumptions
 				var res whatif.Result
 				if res, r.err = prep.Replay(cfg, w.Device, w.Capacity); r.err == nil {

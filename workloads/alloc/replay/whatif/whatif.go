@@ -62,6 +62,16 @@ func Prepare(s *snapshot.Snapshot, ts ...transform.Transform) (*Prepared, error)
 	return &Prepared{Changed: changed, Held: held, Assumptions: lines}, nil
 }
 
+// PrepareEstimate applies ts to s at the early end only: for a caller that needs no verdict of the late
+// one, such as a replay without a capacity, where no verdict can be at the edge.
+func PrepareEstimate(s *snapshot.Snapshot, ts ...transform.Transform) (*Prepared, error) {
+	changed, lines, err := transform.Apply(s, ts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{Changed: changed, Assumptions: lines}, nil
+}
+
 // Result is a prepared fix replayed on one device.
 type Result struct {
 	After replay.Outcome
