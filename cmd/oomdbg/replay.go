@@ -63,6 +63,9 @@ device reported free; otherwise it is unlimited.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
+			if s.Warning != nil { // a recording cut short: replayed as far as it goes (an error says it alone)
+				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; replayed the %d events it holds\n", s.Warning, s.Events.Len())
+			}
 			if asJSON {
 				return rep.WriteJSON(cmd.OutOrStdout())
 			}

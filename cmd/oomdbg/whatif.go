@@ -162,6 +162,9 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			rep.File = filepath.Base(args[0])
+			if s.Warning != nil { // a recording cut short: the figures are for what it holds
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%v: the figures are for the %d events it holds", s.Warning, s.Events.Len()))
+			}
 			if asJSON {
 				return rep.writeJSON(cmd.OutOrStdout())
 			}

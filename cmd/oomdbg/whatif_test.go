@@ -31,6 +31,7 @@ func TestWhatIfCommand(t *testing.T) {
 			[]string{"optimizer adamw8bit: ", "8-bit state", "optimizer-impl for-loop: "}, ""},
 		"bad impl":     {[]string{"whatif", f("fixed.oomdbg"), "--optimizer-impl", "fast"}, 2, nil, "--optimizer-impl"},
 		"zero to none": {[]string{"whatif", f("fixed.oomdbg"), "--zero-grad", "none"}, 0, []string{"already does this"}, ""},
+		"cut short":    {[]string{"whatif", f("cut.oomdbg"), "--batch-scale", "0.5"}, 0, []string{"note: snapshot cut short at byte ", "the figures are for the "}, ""},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
