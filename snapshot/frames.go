@@ -13,7 +13,8 @@ import (
 // allocator, devices and tensor ops of the workload runtime (what ATen is to a PyTorch program), Go's
 // runtime, and PyTorch's C++ allocator and operators.
 var internalFunctions = []string{
-	"github.com/oomdbg/oomdbg/workloads/alloc.",
+	"github.com/oomdbg/oomdbg/allocator.",
+	"github.com/oomdbg/oomdbg/workloads/alloc.", // where the allocator model lived in older recordings
 	"github.com/oomdbg/oomdbg/workloads/device.",
 	"github.com/oomdbg/oomdbg/workloads/tensor.",
 	"runtime.",

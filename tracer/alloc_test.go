@@ -5,15 +5,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 )
 
 // The Recorder is the allocator model's observer without either package importing the other.
-var _ alloc.Observer = (*tracer.Recorder)(nil)
+var _ allocator.Observer = (*tracer.Recorder)(nil)
 
 //go:noinline
-func modelForward(a *alloc.Allocator, size uint64) uint64 {
+func modelForward(a *allocator.Allocator, size uint64) uint64 {
 	addr, err := a.Malloc(size, 0)
 	if err != nil {
 		panic(err)
@@ -24,7 +24,7 @@ func modelForward(a *alloc.Allocator, size uint64) uint64 {
 func TestRecordingTheAllocatorModel(t *testing.T) {
 	sink := newMemSink()
 	r := tracer.New(sink, tracer.WithClock(clock()))
-	a := alloc.New(alloc.NewSimDevice(0, 16<<30, 0), alloc.DefaultConfig())
+	a := allocator.New(allocator.NewSimDevice(0, 16<<30, 0), allocator.DefaultConfig())
 	a.SetObserver(r)
 
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -54,7 +54,7 @@ func TestRecordingTheAllocatorModel(t *testing.T) {
 			t.Fatalf("%v event's innermost frame is %s, want modelForward", e.Action, frames[0].function)
 		}
 		for _, f := range frames {
-			if strings.Contains(f.function, "workloads/alloc.") {
+			if strings.Contains(f.function, "oomdbg/allocator.") {
 				t.Fatalf("allocator frame %s in a stack", f.function)
 			}
 		}

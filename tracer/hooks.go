@@ -2,7 +2,7 @@ package tracer
 
 import "github.com/oomdbg/oomdbg/snapshot"
 
-// The allocator's hooks. Their signatures match workloads/alloc.Observer, which a Recorder satisfies.
+// The allocator's hooks. Their signatures match allocator.Observer, which a Recorder satisfies.
 // Allocations, new segments and OOMs carry the stack of the code that asked for memory; frees do not, since
 // the block's allocation already names its owner.
 

@@ -1,7 +1,7 @@
 // Package tracer records a training workload's memory as snapshot events.
 //
 // A Recorder is two things at once. It is the caching allocator's observer (it implements
-// workloads/alloc.Observer, with basic parameter types so neither package imports the other), turning every
+// allocator.Observer, with basic parameter types so neither package imports the other), turning every
 // alloc, free and segment change into an event with the Go stack of the code that caused it. And it is the
 // runtime's tagger: the training loop tells it the phase and iteration, modules push their scope, tensors say
 // what the next allocation is (category and label), autograd reports category changes, and heap dumps report

@@ -23,7 +23,7 @@ const (
 var defaultSkippedFrames = []string{
 	"runtime.",
 	modulePath + "tracer.",
-	modulePath + "workloads/alloc.",
+	modulePath + "allocator.",
 }
 
 // stackTable captures Go stacks and interns them.

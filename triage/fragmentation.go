@@ -40,7 +40,7 @@ func OOMKind(request, free, deviceFree int64) string {
 }
 
 // Replayer replays a snapshot's allocator trace through the caching allocator model. The command line
-// implements it with workloads/alloc/replay; triage does not run the model itself.
+// implements it with allocator/replay; triage does not run the model itself.
 type Replayer interface {
 	// ServeOOM replays the trace up to its first out-of-memory error under the recorded settings and under
 	// each setting it tries, and says whether each serves that error's request.

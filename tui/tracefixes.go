@@ -11,12 +11,12 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/transform"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay/whatif"
+	"github.com/oomdbg/oomdbg/whatif"
+	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -104,7 +104,7 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 				unrecordedAfter: w.RecordedOOMs > 0}
 			cfg := recorded
 			if f.conf != "" {
-				cfg, _ = alloc.ParseConfig(f.conf)
+				cfg, _ = allocator.ParseConfig(f.conf)
 			}
 			// The pane shows the late end only as a verdict at the edge, which needs a capacity.
 			prepare := whatif.Prepare

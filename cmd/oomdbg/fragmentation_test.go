@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 

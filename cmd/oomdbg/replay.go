@@ -7,9 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
 )
 
 // newReplayCmd is `oomdbg replay FILE [--alloc-conf SETTINGS]`.
@@ -44,9 +44,9 @@ device reported free; otherwise it is unlimited.`,
   oomdbg replay dump_snapshot.pickle --alloc-conf max_split_size_mb:128 --gpu-mem 24GiB --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var tried *alloc.Config
+			var tried *allocator.Config
 			if cmd.Flags().Changed("alloc-conf") {
-				cfg, err := alloc.ParseConfig(conf)
+				cfg, err := allocator.ParseConfig(conf)
 				if err != nil {
 					return fmt.Errorf("--alloc-conf %q: %w", conf, err)
 				}

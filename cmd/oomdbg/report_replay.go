@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// oomReplayer replays a snapshot's trace up to its OOM through the allocator model (workloads/alloc/replay),
+// oomReplayer replays a snapshot's trace up to its OOM through the allocator model (allocator/replay),
 // under the recorded settings and the allocator settings among train.SettingsFixes, for triage. The work is
 // the file's: a replay walks the trace once per setting, and the replayer refuses a trace whose copy would
 // not fit the memory the command may use.
@@ -28,7 +28,7 @@ func (r oomReplayer) ServeOOM(_ context.Context, s *snapshot.Snapshot) (*triage.
 	}
 	recorded, _ := replay.RecordedSettings(s)
 	names, cfgs := replaySettings(recorded)
-	served, capacity, err := replay.ServeOOM(s, append([]alloc.Config{recorded}, cfgs...), 0)
+	served, capacity, err := replay.ServeOOM(s, append([]allocator.Config{recorded}, cfgs...), 0)
 	if err != nil || served == nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func replayed(name string, sv replay.Served) triage.Replayed {
 // replaySettings returns the allocator settings of train.SettingsFixes, each on top of the recorded ones, and
 // their names: the fixes that change only the allocator's settings (empty_cache and the data's shapes change
 // the program, which a trace cannot replay).
-func replaySettings(recorded alloc.Config) (names []string, cfgs []alloc.Config) {
+func replaySettings(recorded allocator.Config) (names []string, cfgs []allocator.Config) {
 	for _, f := range train.SettingsFixes {
 		base := train.Config{AllocConf: train.AllocConf{Config: recorded}, GPUMemory: 1 << 40}
 		c := base

@@ -10,13 +10,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/snapshot/transform"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay"
-	"github.com/oomdbg/oomdbg/workloads/alloc/replay/whatif"
+	"github.com/oomdbg/oomdbg/whatif"
+	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
@@ -37,7 +37,7 @@ type whatIfOptions struct {
 // transforms parses the options into the transformations, in the order they compose: checkpointing
 // first (it works on the recorded passes), then the batch and accumulation, zero_grad, the optimizer's
 // implementation, the optimizer.
-func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error) {
+func (o whatIfOptions) transforms() ([]transform.Transform, *allocator.Config, error) {
 	var ts []transform.Transform
 	if o.changed("amp") {
 		return nil, nil, errors.New("--amp: mixed precision cannot be read off a trace: a trace records sizes, not " +
@@ -85,9 +85,9 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *alloc.Config, error
 		}
 		ts = append(ts, transform.SwitchOptimizer(opt))
 	}
-	var cfg *alloc.Config
+	var cfg *allocator.Config
 	if o.changed("alloc-conf") {
-		c, err := alloc.ParseConfig(o.allocConf)
+		c, err := allocator.ParseConfig(o.allocConf)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--alloc-conf %q: %w", o.allocConf, err)
 		}
@@ -216,7 +216,7 @@ type whatIfReport struct {
 }
 
 // whatIf applies ts to s, replays the trace before and after (after under cfg when given) and compares.
-func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *alloc.Config, gpuMem uint64) (*whatIfReport, error) {
+func whatIf(s *snapshot.Snapshot, ts []transform.Transform, cfg *allocator.Config, gpuMem uint64) (*whatIfReport, error) {
 	recorded, _ := replay.RecordedSettings(s)
 	afterCfg := recorded
 	if cfg != nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/cputime"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/transform"
+	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 

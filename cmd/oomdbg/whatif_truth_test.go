@@ -19,7 +19,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
-	"github.com/oomdbg/oomdbg/snapshot/transform"
+	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )

@@ -1,5 +1,5 @@
 // Package optimrules holds the rules of an optimizer's memory that both the training runtime
-// (workloads/optim) and the trace transformations (snapshot/transform) need, in one place: how torch.optim
+// (workloads/optim) and the trace transformations (whatif/transform) need, in one place: how torch.optim
 // runs Adam (its implementations) and how bitsandbytes lays out 8-bit optimizer state.
 package optimrules
 

@@ -1,5 +1,5 @@
 // Package periodic finds where a sequence repeats itself: a training loop's iterations in a trace's
-// allocations (snapshot/torch), a model's repeated blocks within one forward pass (snapshot/transform).
+// allocations (snapshot/torch), a model's repeated blocks within one forward pass (whatif/transform).
 package periodic
 
 // Prefix returns the longest prefix of the n tokens at gives that repeats one period at least repeats

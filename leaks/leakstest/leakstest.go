@@ -21,10 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -209,8 +209,8 @@ func recordFragmentation(w io.Writer, iterations int) error {
 		return err
 	}
 	rec := tracer.New(sw, Clock())
-	cfg, _ := alloc.ParseConfig("")
-	a := alloc.New(alloc.NewSimDevice(0, capacity, context), cfg)
+	cfg, _ := allocator.ParseConfig("")
+	a := allocator.New(allocator.NewSimDevice(0, capacity, context), cfg)
 	a.SetObserver(rec)
 
 	rec.TagNextAlloc(snapshot.CategoryParameter, "f32[1024,1024] weight")

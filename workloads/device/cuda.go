@@ -28,7 +28,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/allocator"
 )
 
 // NewCUDA returns a cuda device on the GPU with the given ordinal: its caching allocator, with settings cfg,
@@ -38,7 +38,7 @@ import (
 // A binary built with the cuda tag needs the driver to start at all: without libcuda.so.1 the dynamic
 // loader refuses it, and when cuInit fails (no device, a broken driver) gorgonia.org/cu's package init exits
 // the process before main.
-func NewCUDA(ordinal int, cfg alloc.Config) (*Device, error) {
+func NewCUDA(ordinal int, cfg allocator.Config) (*Device, error) {
 	mem, err := OpenCUDAMemory(ordinal)
 	if err != nil {
 		return nil, err
@@ -46,13 +46,13 @@ func NewCUDA(ordinal int, cfg alloc.Config) (*Device, error) {
 	return New(CUDA, mem, cfg), nil
 }
 
-// CUDAMemory is the memory of one GPU, as the caching allocator sees it (an alloc.Device), taken from the
+// CUDAMemory is the memory of one GPU, as the caching allocator sees it (an allocator.Device), taken from the
 // CUDA driver in the device's primary context: the context the CUDA runtime, and so PyTorch, uses, so that
 // nvidia-smi shows one context per process, as with PyTorch.
 //
 // Every segment is written once (cuMemsetD8) when it is allocated, so that the memory is resident on the card
 // and not a mapping the driver might back lazily. A driver out-of-memory error (CUDA_ERROR_OUT_OF_MEMORY) is
-// an alloc.ErrOutOfMemory: the allocator then releases its cache, retries, and finally fails with PyTorch's
+// an allocator.ErrOutOfMemory: the allocator then releases its cache, retries, and finally fails with PyTorch's
 // OOM message, exactly as on a simulated device.
 //
 // It is safe for concurrent use: each call binds the context to the calling thread, and the driver is
@@ -135,13 +135,13 @@ func (m *CUDAMemory) Name() (string, error) {
 // expandable segments (expandable_segments:True) are built on.
 func (m *CUDAMemory) SupportsExpandableSegments() bool { return m.vmm }
 
-// Index implements alloc.Device.
+// Index implements allocator.Device.
 func (m *CUDAMemory) Index() int { return m.ordinal }
 
-// TotalMemory implements alloc.Device: cuDeviceTotalMem, the card's whole memory.
+// TotalMemory implements allocator.Device: cuDeviceTotalMem, the card's whole memory.
 func (m *CUDAMemory) TotalMemory() uint64 { return m.total }
 
-// MemGetInfo implements alloc.Device with cuMemGetInfo: what the driver says is free and in total now,
+// MemGetInfo implements allocator.Device with cuMemGetInfo: what the driver says is free and in total now,
 // after every context and process on the card took its share.
 func (m *CUDAMemory) MemGetInfo() (free, total uint64, err error) {
 	err = m.do(func() error {
@@ -155,11 +155,11 @@ func (m *CUDAMemory) MemGetInfo() (free, total uint64, err error) {
 	return free, total, err
 }
 
-// Processes implements alloc.Device. The driver API does not list the processes on a device (that is
+// Processes implements allocator.Device. The driver API does not list the processes on a device (that is
 // NVML's), so it returns nil and the OOM message says nothing about them.
-func (m *CUDAMemory) Processes() []alloc.ProcessMemory { return nil }
+func (m *CUDAMemory) Processes() []allocator.ProcessMemory { return nil }
 
-// Malloc implements alloc.Device with cuMemAlloc, then writes the whole segment once so that it is
+// Malloc implements allocator.Device with cuMemAlloc, then writes the whole segment once so that it is
 // resident.
 func (m *CUDAMemory) Malloc(size uint64) (uint64, error) {
 	if size == 0 || size > math.MaxInt64 {
@@ -181,7 +181,7 @@ func (m *CUDAMemory) Malloc(size uint64) (uint64, error) {
 	return addr, err
 }
 
-// Free implements alloc.Device with cuMemFree.
+// Free implements allocator.Device with cuMemFree.
 func (m *CUDAMemory) Free(addr uint64) error {
 	return m.do(func() error {
 		if err := cu.MemFree(cu.DevicePtr(addr)); err != nil {
@@ -191,7 +191,7 @@ func (m *CUDAMemory) Free(addr uint64) error {
 	})
 }
 
-// ReserveAddressRange implements alloc.Device with cuMemAddressReserve.
+// ReserveAddressRange implements allocator.Device with cuMemAddressReserve.
 func (m *CUDAMemory) ReserveAddressRange(size uint64) (uint64, error) {
 	if err := m.checkVMM("cuMemAddressReserve", size); err != nil {
 		return 0, err
@@ -206,7 +206,7 @@ func (m *CUDAMemory) ReserveAddressRange(size uint64) (uint64, error) {
 	return uint64(addr), err
 }
 
-// FreeAddressRange implements alloc.Device with cuMemAddressFree.
+// FreeAddressRange implements allocator.Device with cuMemAddressFree.
 func (m *CUDAMemory) FreeAddressRange(addr, size uint64) error {
 	return m.do(func() error {
 		if r := C.cuMemAddressFree(C.CUdeviceptr(addr), C.size_t(size)); r != C.CUDA_SUCCESS {
@@ -216,8 +216,8 @@ func (m *CUDAMemory) FreeAddressRange(addr, size uint64) error {
 	})
 }
 
-// CreatePhysical implements alloc.Device with cuMemCreate of pinned memory on this device.
-func (m *CUDAMemory) CreatePhysical(size uint64) (alloc.PhysicalHandle, error) {
+// CreatePhysical implements allocator.Device with cuMemCreate of pinned memory on this device.
+func (m *CUDAMemory) CreatePhysical(size uint64) (allocator.PhysicalHandle, error) {
 	if err := m.checkVMM("cuMemCreate", size); err != nil {
 		return 0, err
 	}
@@ -229,11 +229,11 @@ func (m *CUDAMemory) CreatePhysical(size uint64) (alloc.PhysicalHandle, error) {
 		}
 		return nil
 	})
-	return alloc.PhysicalHandle(h), err
+	return allocator.PhysicalHandle(h), err
 }
 
-// ReleasePhysical implements alloc.Device with cuMemRelease.
-func (m *CUDAMemory) ReleasePhysical(h alloc.PhysicalHandle) error {
+// ReleasePhysical implements allocator.Device with cuMemRelease.
+func (m *CUDAMemory) ReleasePhysical(h allocator.PhysicalHandle) error {
 	return m.do(func() error {
 		if r := C.cuMemRelease(C.CUmemGenericAllocationHandle(h)); r != C.CUDA_SUCCESS {
 			return driverError(m.ordinal, fmt.Sprintf("cuMemRelease(%d)", h), r)
@@ -242,9 +242,9 @@ func (m *CUDAMemory) ReleasePhysical(h alloc.PhysicalHandle) error {
 	})
 }
 
-// Map implements alloc.Device: cuMemMap, cuMemSetAccess for this device (read and write), then one write
+// Map implements allocator.Device: cuMemMap, cuMemSetAccess for this device (read and write), then one write
 // of the range so that it is resident, as Malloc does.
-func (m *CUDAMemory) Map(addr, size uint64, h alloc.PhysicalHandle) error {
+func (m *CUDAMemory) Map(addr, size uint64, h allocator.PhysicalHandle) error {
 	if size > math.MaxInt64 {
 		return fmt.Errorf("cuda:%d: cuMemMap(%#x, %d): invalid size", m.ordinal, addr, size)
 	}
@@ -269,7 +269,7 @@ func (m *CUDAMemory) Map(addr, size uint64, h alloc.PhysicalHandle) error {
 	})
 }
 
-// Unmap implements alloc.Device with cuMemUnmap.
+// Unmap implements allocator.Device with cuMemUnmap.
 func (m *CUDAMemory) Unmap(addr, size uint64) error {
 	return m.do(func() error {
 		if r := C.cuMemUnmap(C.CUdeviceptr(addr), C.size_t(size)); r != C.CUDA_SUCCESS {
@@ -313,7 +313,7 @@ func (m *CUDAMemory) allocationProp() C.CUmemAllocationProp {
 }
 
 // DriverError is a CUDA driver call that failed. A CUDA_ERROR_OUT_OF_MEMORY unwraps to
-// alloc.ErrOutOfMemory, which sends the caching allocator down its release-and-retry path.
+// allocator.ErrOutOfMemory, which sends the caching allocator down its release-and-retry path.
 type DriverError struct {
 	Device int    // the device ordinal
 	Call   string // the call and its arguments, e.g. "cuMemAlloc(20971520)"
@@ -326,10 +326,10 @@ func (e *DriverError) Error() string {
 	return fmt.Sprintf("cuda:%d: %s: %s (%s)", e.Device, e.Call, e.Text, e.Name)
 }
 
-// Unwrap returns alloc.ErrOutOfMemory for CUDA_ERROR_OUT_OF_MEMORY, nil otherwise.
+// Unwrap returns allocator.ErrOutOfMemory for CUDA_ERROR_OUT_OF_MEMORY, nil otherwise.
 func (e *DriverError) Unwrap() error {
 	if e.Code == C.CUDA_ERROR_OUT_OF_MEMORY {
-		return alloc.ErrOutOfMemory
+		return allocator.ErrOutOfMemory
 	}
 	return nil
 }

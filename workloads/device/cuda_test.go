@@ -29,10 +29,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -199,7 +199,7 @@ func checkTouched(t *testing.T, drv *driverLog) {
 	}
 }
 
-func memGetInfo(t *testing.T, m alloc.Device) (free, total uint64) {
+func memGetInfo(t *testing.T, m allocator.Device) (free, total uint64) {
 	t.Helper()
 	free, total, err := m.MemGetInfo()
 	if err != nil {
@@ -234,7 +234,7 @@ func TestCUDAInitFailureExits(t *testing.T) {
 	}
 }
 
-// TestCUDAMemory checks each alloc.Device call against what the driver saw.
+// TestCUDAMemory checks each allocator.Device call against what the driver saw.
 func TestCUDAMemory(t *testing.T) {
 	const capacity, context = 64 * mib, 8 * mib
 	onFakeDriver(t, fakeSettings{Memory: capacity, ContextMemory: context}, func(t *testing.T, drv *driverLog) {
@@ -282,11 +282,11 @@ func TestCUDAMemory(t *testing.T) {
 			t.Errorf("free after Free = %d, want %d", free, capacity-context)
 		}
 
-		// A driver OOM is alloc.ErrOutOfMemory, in the driver's words.
+		// A driver OOM is allocator.ErrOutOfMemory, in the driver's words.
 		_, err = m.Malloc(capacity - context + 2*mib)
 		var de *device.DriverError
-		if !errors.Is(err, alloc.ErrOutOfMemory) || !errors.As(err, &de) {
-			t.Fatalf("Malloc of more than is free = %v, want a *DriverError that is alloc.ErrOutOfMemory", err)
+		if !errors.Is(err, allocator.ErrOutOfMemory) || !errors.As(err, &de) {
+			t.Fatalf("Malloc of more than is free = %v, want a *DriverError that is allocator.ErrOutOfMemory", err)
 		}
 		want := fmt.Sprintf("cuda:0: cuMemAlloc(%d): out of memory (CUDA_ERROR_OUT_OF_MEMORY)", capacity-context+2*mib)
 		if err.Error() != want {
@@ -297,7 +297,7 @@ func TestCUDAMemory(t *testing.T) {
 		}
 		// Other driver errors are not out-of-memory errors.
 		err = m.Free(0x1000)
-		if err == nil || errors.Is(err, alloc.ErrOutOfMemory) || !errors.As(err, &de) || de.Name != "CUDA_ERROR_INVALID_VALUE" {
+		if err == nil || errors.Is(err, allocator.ErrOutOfMemory) || !errors.As(err, &de) || de.Name != "CUDA_ERROR_INVALID_VALUE" {
 			t.Errorf("Free of an unknown address = %v, want CUDA_ERROR_INVALID_VALUE", err)
 		}
 
@@ -341,7 +341,7 @@ func TestCUDAMemory(t *testing.T) {
 func TestCUDAAllocatorOOM(t *testing.T) {
 	const capacity, context = 64 * mib, 8 * mib
 	onFakeDriver(t, fakeSettings{Memory: capacity, ContextMemory: context}, func(t *testing.T, drv *driverLog) {
-		dev, err := device.NewCUDA(0, alloc.DefaultConfig())
+		dev, err := device.NewCUDA(0, allocator.DefaultConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,9 +390,9 @@ func TestCUDAAllocatorOOM(t *testing.T) {
 		dev.Free(c)
 		mark = drv.len(t)
 		_, err = dev.Malloc(16 * mib)
-		var oom *alloc.OutOfMemoryError
+		var oom *allocator.OutOfMemoryError
 		if !errors.As(err, &oom) {
-			t.Fatalf("Malloc(16 MiB) with 14 MiB free = %v, want an *alloc.OutOfMemoryError", err)
+			t.Fatalf("Malloc(16 MiB) with 14 MiB free = %v, want an *allocator.OutOfMemoryError", err)
 		}
 		// PyTorch's message, with the numbers of the device as the driver has it: 64 MiB in total, of which
 		// the context takes 8 and the allocator holds 42.
@@ -449,7 +449,7 @@ func TestCUDAAllocatorOOM(t *testing.T) {
 func TestCUDAExpandableSegments(t *testing.T) {
 	const capacity, context = 64 * mib, 8 * mib
 	onFakeDriver(t, fakeSettings{Memory: capacity, ContextMemory: context}, func(t *testing.T, drv *driverLog) {
-		cfg, err := alloc.ParseConfig("expandable_segments:True")
+		cfg, err := allocator.ParseConfig("expandable_segments:True")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -481,9 +481,9 @@ func TestCUDAExpandableSegments(t *testing.T) {
 		// 30 MiB more needs two more pages; the driver has memory for one.
 		mark := drv.len(t)
 		_, err = dev.Malloc(30 * mib)
-		var oom *alloc.OutOfMemoryError
+		var oom *allocator.OutOfMemoryError
 		if !errors.As(err, &oom) {
-			t.Fatalf("Malloc(30 MiB) with 36 MiB free = %v, want an *alloc.OutOfMemoryError", err)
+			t.Fatalf("Malloc(30 MiB) with 36 MiB free = %v, want an *allocator.OutOfMemoryError", err)
 		}
 		want := "CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which 36.00 MiB is free."
 		if !strings.HasPrefix(err.Error(), want) {
@@ -529,14 +529,14 @@ func TestCUDAExpandableSegments(t *testing.T) {
 // TestCUDANoVMM checks the message when the device cannot do expandable segments.
 func TestCUDANoVMM(t *testing.T) {
 	onFakeDriver(t, fakeSettings{Memory: 64 * mib, NoVMM: true}, func(t *testing.T, drv *driverLog) {
-		cfg, _ := alloc.ParseConfig("expandable_segments:True")
+		cfg, _ := allocator.ParseConfig("expandable_segments:True")
 		dev, err := device.NewCUDA(0, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer dev.Memory().(*device.CUDAMemory).Close()
 		_, err = dev.Malloc(mib)
-		if err == nil || errors.Is(err, alloc.ErrOutOfMemory) || !strings.Contains(err.Error(), "expandable segments need the CUDA virtual memory management API") {
+		if err == nil || errors.Is(err, allocator.ErrOutOfMemory) || !strings.Contains(err.Error(), "expandable segments need the CUDA virtual memory management API") {
 			t.Errorf("Malloc with expandable segments and no VMM = %v", err)
 		}
 		if _, err := dev.Malloc(mib); err == nil {
@@ -551,7 +551,7 @@ func TestCUDANoVMM(t *testing.T) {
 func TestCUDASnapshot(t *testing.T) {
 	const capacity, context = 64 * mib, 8 * mib
 	onFakeDriver(t, fakeSettings{Memory: capacity, ContextMemory: context}, func(t *testing.T, drv *driverLog) {
-		dev, err := device.NewCUDA(0, alloc.DefaultConfig())
+		dev, err := device.NewCUDA(0, allocator.DefaultConfig())
 		if err != nil {
 			t.Fatal(err)
 		}

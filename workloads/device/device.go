@@ -3,7 +3,7 @@ package device
 import (
 	"fmt"
 
-	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/allocator"
 )
 
 // Kind is the kind of a device: what it does with the math.
@@ -72,9 +72,9 @@ const (
 // Device is one device of a workload: its caching allocator, and whether it computes.
 type Device struct {
 	kind  Kind
-	mem   alloc.Device
-	alloc *alloc.Allocator
-	host  *alloc.HostAllocator // a host device's memory (NewHost); nil on a GPU
+	mem   allocator.Device
+	alloc *allocator.Allocator
+	host  *allocator.HostAllocator // a host device's memory (NewHost); nil on a GPU
 }
 
 // HostIndex is the device index of host memory: PyTorch's CPU device has no ordinal. It is the index
@@ -84,28 +84,28 @@ const HostIndex = -1
 // NewHost returns the host memory of a process whose GPU is of kind k (meta or cpu: whether ops on host
 // tensors compute), allocated through h: where CPU offload keeps optimizer state, master weights and
 // gradients. It has no caching allocator (Allocator returns nil) and no unified memory.
-func NewHost(kind Kind, h *alloc.HostAllocator) *Device {
+func NewHost(kind Kind, h *allocator.HostAllocator) *Device {
 	return &Device{kind: kind, host: h}
 }
 
 // Host returns a host device's allocator, or nil for a GPU.
-func (d *Device) Host() *alloc.HostAllocator { return d.host }
+func (d *Device) Host() *allocator.HostAllocator { return d.host }
 
 // New returns a device of kind whose segments come from mem, allocated through a caching allocator with
 // settings cfg.
-func New(kind Kind, mem alloc.Device, cfg alloc.Config) *Device {
-	return &Device{kind: kind, mem: mem, alloc: alloc.New(mem, cfg)}
+func New(kind Kind, mem allocator.Device, cfg allocator.Config) *Device {
+	return &Device{kind: kind, mem: mem, alloc: allocator.New(mem, cfg)}
 }
 
 // NewSimulated returns a meta or cpu device with a simulated GPU memory of capacity bytes, contextReserve of
 // which the CUDA context takes.
-func NewSimulated(kind Kind, index int, capacity, contextReserve uint64, cfg alloc.Config) *Device {
-	return New(kind, alloc.NewSimDevice(index, capacity, contextReserve), cfg)
+func NewSimulated(kind Kind, index int, capacity, contextReserve uint64, cfg allocator.Config) *Device {
+	return New(kind, allocator.NewSimDevice(index, capacity, contextReserve), cfg)
 }
 
 // Open returns a device of kind: a simulated GPU of capacity bytes (contextReserve of them taken by the CUDA
 // context) for meta and cpu, or GPU ordinal through the CUDA driver for cuda (whose own capacity applies).
-func Open(kind Kind, ordinal int, capacity, contextReserve uint64, cfg alloc.Config) (*Device, error) {
+func Open(kind Kind, ordinal int, capacity, contextReserve uint64, cfg allocator.Config) (*Device, error) {
 	if kind == CUDA {
 		return newCUDA(ordinal, cfg)
 	}
@@ -127,20 +127,20 @@ func (d *Device) Index() int {
 func (d *Device) Computes() bool { return d.kind == CPU }
 
 // Allocator returns the device's caching allocator (nil for host memory).
-func (d *Device) Allocator() *alloc.Allocator { return d.alloc }
+func (d *Device) Allocator() *allocator.Allocator { return d.alloc }
 
 // Memory returns where the allocator's segments come from.
-func (d *Device) Memory() alloc.Device { return d.mem }
+func (d *Device) Memory() allocator.Device { return d.mem }
 
 // Managed returns the device's unified memory (cudaMallocManaged), when it has one: the simulated devices
 // do; the cuda device does not yet.
-func (d *Device) Managed() (alloc.ManagedMemory, bool) {
-	m, ok := d.mem.(alloc.ManagedMemory)
+func (d *Device) Managed() (allocator.ManagedMemory, bool) {
+	m, ok := d.mem.(allocator.ManagedMemory)
 	return m, ok
 }
 
 // Malloc allocates bytes on the default stream through the caching allocator. The error of a failed
-// allocation is the allocator's *alloc.OutOfMemoryError, whose text is PyTorch's OOM message.
+// allocation is the allocator's *allocator.OutOfMemoryError, whose text is PyTorch's OOM message.
 func (d *Device) Malloc(bytes uint64) (uint64, error) {
 	if d.host != nil {
 		return d.host.Malloc(bytes, false)

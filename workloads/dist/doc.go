@@ -12,7 +12,7 @@
 //   - FSDP: torch/distributed/fsdp/_flat_param.py, _runtime_utils.py and _limiter_utils.py (FULL_SHARD,
 //     SHARD_GRAD_OP, HYBRID_SHARD; limit_all_gathers, BACKWARD_PRE prefetching).
 //   - Pinned host memory: aten/src/ATen/core/CachingHostAllocator.h (pytorch/pytorch dd2a7efe), in
-//     workloads/alloc.
+//     package allocator.
 //
 // A Rank is driven by workloads/train: it is told of each block as the model is built, wraps the model,
 // and takes the forward, backward, step and zero_grad in turn; what it moves is counted per step as Traffic

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
@@ -84,7 +84,7 @@ func TestAutocastCastsEachWeightOncePerForward(t *testing.T) {
 	for _, attention := range []string{"naive", "flash"} {
 		t.Run(attention, func(t *testing.T) {
 			counter := &categoryCounter{counts: map[snapshot.Category]int{}}
-			rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 8<<30, 0, alloc.DefaultConfig()), counter, 1)
+			rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 8<<30, 0, allocator.DefaultConfig()), counter, 1)
 			cfg := smallGPT(attention, 0.1)
 			g, _ := NewGPT(rt, cfg)
 			idx := tokens(rt, 2, 8, 13)

@@ -8,15 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
 func gptRuntime(kind device.Kind) *tensor.Runtime {
-	return tensor.NewRuntime(device.NewSimulated(kind, 0, 64<<30, 0, alloc.DefaultConfig()), nil, 3)
+	return tensor.NewRuntime(device.NewSimulated(kind, 0, 64<<30, 0, allocator.DefaultConfig()), nil, 3)
 }
 
 // tokens allocates a (batch, seq) batch of token ids drawn from the runtime's generator.

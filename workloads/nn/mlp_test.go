@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
@@ -64,7 +64,7 @@ out = []
 		for i, s := range shapes {
 			want := want[k*len(shapes)+i]
 			t.Run(fmt.Sprintf("%v batch %d %+v", amp, batches[i], s), func(t *testing.T) {
-				rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 8<<30, 0, alloc.DefaultConfig()), nil, 1)
+				rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 8<<30, 0, allocator.DefaultConfig()), nil, 1)
 				m := NewMLP(rt, s)
 				x := rt.Zeros(tensor.F32, []int{batches[i], s.In}, "x", snapshot.CategoryInput)
 				y := rt.Zeros(tensor.I64, []int{batches[i]}, "y", snapshot.CategoryInput)

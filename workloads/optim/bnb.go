@@ -15,7 +15,7 @@ import (
 //     (fill_qmap, moved to the device); a small parameter keeps float32 state (optimrules.Blockwise8bit);
 //   - paged: state1 and state2 of parameters of at least 1e5 elements come from get_paged, CUDA unified
 //     memory outside PyTorch's allocator, and are prefetched to the device before each update; the driver
-//     evicts them to host when the device needs the room (workloads/alloc's ManagedMemory);
+//     evicts them to host when the device needs the room (allocator.ManagedMemory);
 //   - the update is one kernel per parameter (optimizer_update_8bit_blockwise / optimizer_update_32bit),
 //     in place: no temporaries.
 

@@ -5,16 +5,16 @@ import (
 	"math"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
 func runtimeOn(kind device.Kind) *tensor.Runtime {
-	return tensor.NewRuntime(device.NewSimulated(kind, 0, 1<<30, 0, alloc.DefaultConfig()), nil, 1)
+	return tensor.NewRuntime(device.NewSimulated(kind, 0, 1<<30, 0, allocator.DefaultConfig()), nil, 1)
 }
 
 // params makes two parameters with fixed values and gives them fixed gradients.
@@ -255,7 +255,7 @@ func TestEightBitStateIsSmallForSmallParameters(t *testing.T) {
 // the room, instead of an OOM.
 func TestPagedStateIsOutsideTheAllocator(t *testing.T) {
 	const n = 1 << 20 // 1M elements: 4 MiB of float32 per moment, above the 1e5 paging threshold
-	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 64<<20, 0, alloc.DefaultConfig()), nil, 1)
+	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 64<<20, 0, allocator.DefaultConfig()), nil, 1)
 	ps := params(rt, [][]float32{make([]float32, n)}, [][]float32{make([]float32, n)})
 	base := allocatedNow(rt)
 	opt, _ := New(rt, ps, Config{Kind: PagedAdamW})

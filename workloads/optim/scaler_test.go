@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
@@ -40,7 +40,7 @@ func (p *stepProbe) Release()      {}
 // update. At the kernel inv_scale, found_inf and their copies are alive: four blocks at the peak.
 func TestGradScalerOrderOfEvents(t *testing.T) {
 	log := &labelLog{}
-	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 1<<30, 0, alloc.DefaultConfig()), log, 1)
+	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 1<<30, 0, allocator.DefaultConfig()), log, 1)
 	ps := params(rt, [][]float32{{1, 2}}, [][]float32{{3, 4}})
 	s := NewGradScaler(rt)
 	loss := rt.Zeros(tensor.F32, nil, "loss", snapshot.CategoryTemporary)

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
@@ -21,7 +21,7 @@ func (c *tagCounter) PopScope()                                          {}
 
 func TestAutocastPolicyAndCache(t *testing.T) {
 	tc := &tagCounter{n: map[snapshot.Category]int{}}
-	rt := NewRuntime(device.NewSimulated(device.Meta, 0, 1<<30, 0, alloc.DefaultConfig()), tc, 1)
+	rt := NewRuntime(device.NewSimulated(device.Meta, 0, 1<<30, 0, allocator.DefaultConfig()), tc, 1)
 	w := rt.Zeros(F32, []int{64, 32}, "w", snapshot.CategoryParameter).SetRequiresGrad(true).SetName("w")
 	b := rt.Zeros(F32, []int{64}, "b", snapshot.CategoryParameter).SetRequiresGrad(true).SetName("b")
 	// x requires grad (so the matmuls save their weights) but is no leaf (so its casts are not cached).
@@ -97,7 +97,7 @@ func (l *allocLog) take() []string {
 
 func newLogged(kind device.Kind) (*Runtime, *allocLog) {
 	l := &allocLog{}
-	return NewRuntime(device.NewSimulated(kind, 0, 1<<30, 0, alloc.DefaultConfig()), l, 7), l
+	return NewRuntime(device.NewSimulated(kind, 0, 1<<30, 0, allocator.DefaultConfig()), l, 7), l
 }
 
 // TestSoftmaxHalfToFloat follows aten/src/ATen/native/SoftMax.cpp: softmax(input, dim, dtype) with a float16

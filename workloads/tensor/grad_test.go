@@ -5,21 +5,21 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
 // newCPU returns a runtime on a cpu device with a fixed seed, so that two runtimes draw the same dropout masks.
 func newCPU(t testing.TB) *Runtime {
 	t.Helper()
-	return NewRuntime(device.NewSimulated(device.CPU, 0, 1<<30, 0, alloc.DefaultConfig()), nil, 7)
+	return NewRuntime(device.NewSimulated(device.CPU, 0, 1<<30, 0, allocator.DefaultConfig()), nil, 7)
 }
 
 // newMeta returns a runtime on a meta device.
 func newMeta(t testing.TB, capacity uint64) *Runtime {
 	t.Helper()
-	return NewRuntime(device.NewSimulated(device.Meta, 0, capacity, 0, alloc.DefaultConfig()), nil, 7)
+	return NewRuntime(device.NewSimulated(device.Meta, 0, capacity, 0, allocator.DefaultConfig()), nil, 7)
 }
 
 // input is a leaf of a gradient check: its shape, values and whether it is checked.

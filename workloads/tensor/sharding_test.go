@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
@@ -163,7 +163,7 @@ func TestScopeHook(t *testing.T) {
 // Pinned host memory goes through the caching host allocator's power-of-two blocks; pageable memory does not.
 func TestPinnedHostTensors(t *testing.T) {
 	t.Parallel()
-	h := alloc.NewHostAllocator()
+	h := allocator.NewHostAllocator()
 	rt := NewRuntime(device.NewHost(device.Meta, h), nil, 1)
 	a := rt.Zeros(F32, []int{1000}, "pageable", snapshot.CategoryOptimizerState)
 	var b *Tensor

@@ -13,7 +13,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/oomdbg/oomdbg/workloads/alloc"
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
@@ -276,7 +276,7 @@ func (c *Config) Validate() error {
 	if err := c.Device.Available(); err != nil {
 		return err
 	}
-	if err := alloc.CheckConfig(c.AllocConf.Config); err != nil {
+	if err := allocator.CheckConfig(c.AllocConf.Config); err != nil {
 		return fmt.Errorf("alloc conf: %w", err)
 	}
 	if _, err := optim.ParseKind(string(c.Optimizer)); err != nil {

@@ -1,9 +1,9 @@
 package train
 
 import (
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 )
 
 // Host memory is recorded as a device of its own (snapshot.HostDeviceIndex): readings of the host allocator's
@@ -45,7 +45,7 @@ func (h *hostTracker) SetCategory(_ int, addr uint64, c snapshot.Category, _ str
 }
 
 // observe is the host allocator's observer.
-func (h *hostTracker) observe(e alloc.HostEvent) {
+func (h *hostTracker) observe(e allocator.HostEvent) {
 	c := h.next
 	if e.Alloc {
 		h.cats[e.Addr], h.size[e.Addr] = c, e.Size

@@ -1,13 +1,13 @@
 package train
 
-import "github.com/oomdbg/oomdbg/workloads/alloc"
+import "github.com/oomdbg/oomdbg/allocator"
 
 // memTracker follows reserved and allocated bytes through the allocator's trace, for the run's
 // fragmentation figure, and passes every call on to the recorder, if any. Reserved bytes grow only at a new
 // segment or mapping, and the allocator hands out the block it was made for next: the peak is taken at
 // that alloc, so that the two count together.
 type memTracker struct {
-	next alloc.Observer // nil: nothing is recorded
+	next allocator.Observer // nil: nothing is recorded
 
 	reserved, allocated int64
 	peakReserved        int64

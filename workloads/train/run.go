@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
@@ -42,7 +42,7 @@ type Result struct {
 	// Traffic is what the rank moved in each optimizer step (a data-parallel run), and Host its host
 	// memory (CPU offload).
 	Traffic []dist.Traffic
-	Host    alloc.HostStats
+	Host    allocator.HostStats
 
 	OOM         *OOM // the out-of-memory error that stopped the run, if any
 	Interrupted bool // the context was cancelled
@@ -161,7 +161,7 @@ func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int6
 	switch {
 	case errors.As(err, &oom):
 		r.res.OOM = &OOM{Message: oom.Error(), Phase: r.phase, Iteration: r.iteration, Tensor: oom.Label}
-		var ae *alloc.OutOfMemoryError
+		var ae *allocator.OutOfMemoryError
 		if errors.As(err, &ae) {
 			r.res.OOM.Request, r.res.OOM.Allocated, r.res.OOM.Reserved, r.res.OOM.DeviceFree =
 				int64(ae.Rounded), int64(ae.Allocated), int64(ae.Reserved), int64(ae.DeviceFree)
@@ -227,7 +227,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 func (r *run) newRank() error {
 	cfg := r.cfg
 	if cfg.Parallel.Offload != dist.OffloadNone {
-		h := alloc.NewHostAllocator()
+		h := allocator.NewHostAllocator()
 		var tr tensor.Tracer
 		if r.rec != nil {
 			ht := newHostTracker(r.rec)
@@ -255,7 +255,7 @@ func (r *run) newRank() error {
 // onManaged records what unified memory (a paged optimizer's state) does: its resident bytes as a device
 // reading after every movement, and each eviction as an annotation with the bytes moved to host, so the
 // timeline shows what the allocator's own figures leave out.
-func (r *run) onManaged(e alloc.ManagedEvent) {
+func (r *run) onManaged(e allocator.ManagedEvent) {
 	dev := r.dev.Index()
 	r.rec.Sample(dev, "paged.resident", int64(e.Stats.Resident))
 	if e.Evicted > 0 {

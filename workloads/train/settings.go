@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/words"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
@@ -171,13 +171,13 @@ type checkpointPlan struct {
 }
 
 // AllocConf is the caching allocator's settings (--alloc-conf, PYTORCH_CUDA_ALLOC_CONF), parsed by
-// alloc.ParseConfig. It marshals to the string it was parsed from, verbatim, or for settings made in code to
+// allocator.ParseConfig. It marshals to the string it was parsed from, verbatim, or for settings made in code to
 // their canonical string.
-type AllocConf struct{ alloc.Config }
+type AllocConf struct{ allocator.Config }
 
 // ParseAllocConf parses a settings string as PyTorch does, refusing what the allocator does not model.
 func ParseAllocConf(s string) (AllocConf, error) {
-	cfg, err := alloc.ParseConfig(s)
+	cfg, err := allocator.ParseConfig(s)
 	if err != nil {
 		return AllocConf{}, fmt.Errorf("alloc conf: %w", err)
 	}

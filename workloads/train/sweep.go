@@ -6,9 +6,9 @@ import (
 	"reflect"
 	"slices"
 
+	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
-	"github.com/oomdbg/oomdbg/workloads/alloc"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -151,7 +151,7 @@ type SweepRow struct {
 	Composition [snapshot.NumCategories]int64
 	// Host is a data-parallel rank's host memory, and Traffic what it moved in its last step (of the same
 	// run as Composition).
-	Host    alloc.HostStats
+	Host    allocator.HostStats
 	Traffic dist.Traffic
 }
 
@@ -226,10 +226,10 @@ func sweep(ctx context.Context, cfg Config, fixes []Fix, steps int) ([]SweepRow,
 // the shapes of a variable-length run's batches instead.
 var SettingsFixes = []Fix{
 	{"as configured", func(*Config) {}},
-	{"expandable_segments:True", allocSetting(func(a *alloc.Config, _ *Config) { a.ExpandableSegments = true })},
-	{"max_split_size_mb:128", allocSetting(func(a *alloc.Config, _ *Config) { a.MaxSplitSize = 128 << 20 })},
-	{"max_split_size_mb:512", allocSetting(func(a *alloc.Config, _ *Config) { a.MaxSplitSize = 512 << 20 })},
-	{"garbage_collection_threshold:0.6", allocSetting(func(a *alloc.Config, c *Config) {
+	{"expandable_segments:True", allocSetting(func(a *allocator.Config, _ *Config) { a.ExpandableSegments = true })},
+	{"max_split_size_mb:128", allocSetting(func(a *allocator.Config, _ *Config) { a.MaxSplitSize = 128 << 20 })},
+	{"max_split_size_mb:512", allocSetting(func(a *allocator.Config, _ *Config) { a.MaxSplitSize = 512 << 20 })},
+	{"garbage_collection_threshold:0.6", allocSetting(func(a *allocator.Config, c *Config) {
 		// Garbage collection acts only under a memory fraction (PyTorch's set_fraction); the one set here
 		// limits the allocator to what the card has for it anyway.
 		a.GarbageCollectionThreshold = 0.6
@@ -257,7 +257,7 @@ func SettingsFixesFor(cfg Config) []Fix {
 }
 
 // allocSetting changes the allocator's settings of a configuration.
-func allocSetting(set func(a *alloc.Config, c *Config)) func(*Config) {
+func allocSetting(set func(a *allocator.Config, c *Config)) func(*Config) {
 	return func(c *Config) {
 		a := c.AllocConf.Config
 		set(&a, c)
