@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
-	"github.com/oomdbg/oomdbg/workloads/train"
+	"github.com/oomdbg/oomdbg/knob"
 )
 
 // BenchmarkFitMaxBatch is the search for the largest micro-batch (target: at most 2 s), with the trials and
@@ -15,7 +15,7 @@ func BenchmarkFitMaxBatch(b *testing.B) {
 		cfg := preset(b, name, 24, nil)
 		if name == "llama-3.1-8b" {
 			loraBF16(&cfg) // a full fine-tune, or LoRA without checkpointing, fits no batch on 24 GiB
-			cfg.Checkpoint = train.CheckpointAll
+			cfg.Checkpoint = knob.CheckpointAll
 			name += "-lora-checkpoint"
 		}
 		b.Run(name, func(b *testing.B) {

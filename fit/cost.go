@@ -2,11 +2,10 @@ package fit
 
 import (
 	"math"
-	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -82,21 +81,14 @@ func shapeOf(c train.Config) shape {
 
 // checkpointed returns the share of blocks checkpointing recomputes whole, and whether it recomputes the
 // attention of every block instead.
-func checkpointed(c train.Checkpoint, layers int) (share float64, attention bool) {
-	s := c.String()
+func checkpointed(c knob.Checkpoint, layers int) (share float64, attention bool) {
 	switch {
-	case s == "all":
+	case c.Every() == 1:
 		return 1, false
-	case s == "attn":
-		return 0, true
-	case strings.HasPrefix(s, "every:"):
-		n, _ := strconv.Atoi(strings.TrimPrefix(s, "every:"))
-		if n < 1 || layers == 0 {
-			return 0, false
-		}
-		return math.Ceil(float64(layers)/float64(n)) / float64(layers), false
+	case layers == 0:
+		return 0, c.Attention()
 	}
-	return 0, false
+	return float64(c.Blocks(layers)) / float64(layers), c.Attention()
 }
 
 // Estimate is the part of cfg's step time that follows from the configuration alone (everything but Host
@@ -121,7 +113,7 @@ func Estimate(c train.Config, g GPU) Cost {
 	// FlashAttention-2's five matmuls to two); naive attention computes the full square.
 	attnFwd := 4 * tokens * s.seq * s.attnWidth * float64(s.layers)
 	attnBwd := 2 * attnFwd
-	if c.Attention == train.AttentionFlash {
+	if c.Attention == knob.AttentionFlash {
 		attnFwd /= 2
 		attnBwd = 2.5 * attnFwd
 	}
@@ -132,7 +124,7 @@ func Estimate(c train.Config, g GPU) Cost {
 	}
 	flops := fwd + bwd + attnFwd + attnBwd + recompute
 
-	fp32 := c.AMP == train.AMPOff && c.Weights == train.WeightsF32 && !c.QLoRA
+	fp32 := c.AMP == knob.AMPOff && c.Weights == train.WeightsF32 && !c.QLoRA
 	peak := g.Tensor
 	if fp32 {
 		peak = g.FP32
@@ -157,7 +149,7 @@ func Estimate(c train.Config, g GPU) Cost {
 	// Naive attention writes the B x H x T x T scores and probabilities and reads them back: 4 passes
 	// forward, 8 in backward, 4 more when checkpointing recomputes them; in float32 without autocast.
 	var attnBytes float64
-	if s.attnWidth > 0 && c.Attention == train.AttentionNaive {
+	if s.attnWidth > 0 && c.Attention == knob.AttentionNaive {
 		passes := 12.0
 		if attnOnly {
 			passes += 4
@@ -192,17 +184,17 @@ func optimizerBytes(c train.Config, trained, elem float64) float64 {
 	state := elem // torch.optim keeps the moments in the parameter's dtype
 	var perWeight float64
 	switch c.Optimizer {
-	case optim.SGD:
+	case knob.SGD:
 		perWeight = 3 * elem
-	case optim.Momentum:
+	case knob.Momentum:
 		perWeight = 3*elem + 2*state
-	case optim.AdamW8bit, optim.PagedAdamW8bit:
+	case knob.AdamW8bit, knob.PagedAdamW8bit:
 		perWeight = 3*elem + 4
 	default: // adam, adamw, paged-adamw
 		perWeight = 3*elem + 4*state
 	}
 	bytes := perWeight * trained
-	if c.ZeroGrad == train.ZeroGradZero {
+	if c.ZeroGrad == knob.ZeroGradZero {
 		bytes += elem * trained
 	}
 	return bytes

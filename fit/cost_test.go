@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -29,7 +30,7 @@ func TestEstimateFLOPs(t *testing.T) {
 		t.Errorf("FLOPs %.4g, want 6·N·tokens + attention = %.4g", got, want)
 	}
 	ck := cfg
-	ck.Checkpoint = train.CheckpointAll
+	ck.Checkpoint = knob.CheckpointAll
 	blocks := 12 * float64(cfg.Layers*cfg.DModel*cfg.DModel) // the blocks' matmul weights
 	extra := fit.Estimate(ck, g).FLOPs - got
 	if wantExtra := 2*blocks*tokens + attn/3; math.Abs(extra/wantExtra-1) > 0.01 {
@@ -49,7 +50,7 @@ func TestEstimateFLOPs(t *testing.T) {
 	}
 	// Compute time: the FLOPs at the card's peak, bf16 on tensor cores, fp32 without them.
 	bf := cfg
-	bf.AMP = train.AMPBF16
+	bf.AMP = knob.AMPBF16
 	if r := fit.Estimate(cfg, g).Compute / fit.Estimate(bf, g).Compute; math.Abs(r-989/67.0) > 0.01*989/67 {
 		t.Errorf("fp32 / bf16 compute time %.2f, want the peaks' ratio %.2f", r, 989/67.0)
 	}

@@ -3,6 +3,7 @@ package fit
 import (
 	"context"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -85,8 +86,8 @@ func Explain(ctx context.Context, cfg train.Config, o Options) (*Explanation, er
 		name  string
 		apply func(*train.Config)
 	}{
-		{"bf16 autocast", func(c *train.Config) { c.AMP = train.AMPBF16 }},
-		{"checkpoint every block", func(c *train.Config) { c.Checkpoint = train.CheckpointAll }},
+		{"bf16 autocast", func(c *train.Config) { c.AMP = knob.AMPBF16 }},
+		{"checkpoint every block", func(c *train.Config) { c.Checkpoint = knob.CheckpointAll }},
 		{"micro-batch / 4, accumulate x 4", func(c *train.Config) { c.Batch, c.Accum = max(c.Batch/4, 1), c.Accum*4 }},
 	}
 	need := func(c train.Config) (int64, error) {
@@ -105,8 +106,8 @@ func Explain(ctx context.Context, cfg train.Config, o Options) (*Explanation, er
 	for _, f := range fixes {
 		c := cfg
 		f.apply(&c)
-		if c.Validate() != nil || (f.name == "bf16 autocast" && (cfg.AMP != train.AMPOff || cfg.Weights != train.WeightsF32)) ||
-			(f.name == "checkpoint every block" && (cfg.Model == "mlp" || cfg.Checkpoint == train.CheckpointAll)) {
+		if c.Validate() != nil || (f.name == "bf16 autocast" && (cfg.AMP != knob.AMPOff || cfg.Weights != train.WeightsF32)) ||
+			(f.name == "checkpoint every block" && (cfg.Model == "mlp" || cfg.Checkpoint == knob.CheckpointAll)) {
 			continue
 		}
 		n, err := need(c)

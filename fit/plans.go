@@ -8,9 +8,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -138,32 +138,32 @@ func axes(cfg train.Config, o PlanOptions) []axis {
 		}
 	}
 	// Precision: bf16 autocast (fp16 on a card without bf16); a Llama's weights in bf16.
-	half, halfName := train.AMPBF16, "bf16 autocast"
+	half, halfName := knob.AMPBF16, "bf16 autocast"
 	if !o.GPU.BF16 {
-		half, halfName = train.AMPFP16, "fp16 autocast"
+		half, halfName = knob.AMPFP16, "fp16 autocast"
 	}
 	prec := axis{keep}
-	if cfg.AMP == train.AMPOff && cfg.Weights == train.WeightsF32 {
+	if cfg.AMP == knob.AMPOff && cfg.Weights == train.WeightsF32 {
 		prec = append(prec, option{halfName, func(c *train.Config) { c.AMP = half }, []int{1}})
 	}
 	if cfg.Model == "llama" && cfg.Weights == train.WeightsF32 && o.GPU.BF16 {
-		prec = append(prec, option{"bf16 weights", func(c *train.Config) { c.AMP, c.Weights = train.AMPOff, train.WeightsBF16 }, []int{2}})
+		prec = append(prec, option{"bf16 weights", func(c *train.Config) { c.AMP, c.Weights = knob.AMPOff, train.WeightsBF16 }, []int{2}})
 	}
 	add(prec)
-	if cfg.Model != "mlp" && cfg.Attention == train.AttentionNaive {
-		add(axis{keep, {"flash attention", func(c *train.Config) { c.Attention = train.AttentionFlash }, []int{1}}})
+	if cfg.Model != "mlp" && cfg.Attention == knob.AttentionNaive {
+		add(axis{keep, {"flash attention", func(c *train.Config) { c.Attention = knob.AttentionFlash }, []int{1}}})
 	}
 	if cfg.Model != "mlp" {
 		add(checkpointAxis(cfg))
 	}
 	add(batchAxis(cfg, o.FreeBatch))
-	if cfg.Optimizer == optim.Adam || cfg.Optimizer == optim.AdamW {
+	if cfg.Optimizer == knob.Adam || cfg.Optimizer == knob.AdamW {
 		add(axis{keep,
-			{"8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = optim.AdamW8bit, "" }, []int{1}},
-			{"paged 8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = optim.PagedAdamW8bit, "" }, []int{2}}})
+			{"8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = knob.AdamW8bit, "" }, []int{1}},
+			{"paged 8-bit AdamW", func(c *train.Config) { c.Optimizer, c.OptimizerImpl = knob.PagedAdamW8bit, "" }, []int{2}}})
 	}
-	if cfg.ZeroGrad == train.ZeroGradZero {
-		add(axis{keep, {"zero_grad(set_to_none=True)", func(c *train.Config) { c.ZeroGrad = train.ZeroGradNone }, []int{1}}})
+	if cfg.ZeroGrad == knob.ZeroGradZero {
+		add(axis{keep, {"zero_grad(set_to_none=True)", func(c *train.Config) { c.ZeroGrad = knob.ZeroGradNone }, []int{1}}})
 	}
 	if cfg.Model == "llama" && !cfg.QLoRA {
 		ad := axis{keep}
@@ -193,11 +193,11 @@ func checkpointAxis(cfg train.Config) axis {
 	// alone is comparable with off only: recomputing every block can peak higher than keeping the blocks'
 	// activations but the attention's (the recomputed block's activations live at once in backward).
 	type ck struct {
-		c     train.Checkpoint
+		c     knob.Checkpoint
 		saves []int
 	}
-	all := []ck{{train.CheckpointOff, []int{0, 0}}, {train.CheckpointAttention, []int{0, 1}},
-		{train.CheckpointEvery(4), []int{1, 0}}, {train.CheckpointEvery(2), []int{2, 0}}, {train.CheckpointAll, []int{3, 0}}}
+	all := []ck{{knob.CheckpointOff, []int{0, 0}}, {knob.CheckpointAttention, []int{0, 1}},
+		{knob.CheckpointEvery(4), []int{1, 0}}, {knob.CheckpointEvery(2), []int{2, 0}}, {knob.CheckpointAll, []int{3, 0}}}
 	if cfg.Model != "gpt" {
 		all = slices.Delete(all, 1, 2) // attention-only checkpointing is the GPT's
 	}

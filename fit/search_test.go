@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -24,7 +25,7 @@ func preset(t testing.TB, name string, gib uint64, edit func(*train.Config)) tra
 }
 
 func loraBF16(c *train.Config) {
-	c.Weights, c.AMP, c.LoRA, c.LoRAAlpha, c.LoRATargets = train.WeightsBF16, train.AMPOff, 16, 32, train.AllLoRATargets
+	c.Weights, c.AMP, c.LoRA, c.LoRAAlpha, c.LoRATargets = train.WeightsBF16, knob.AMPOff, 16, 32, train.AllLoRATargets
 }
 
 // fitsByRun records cfg with batch b for two steps with train.Run, as `oomdbg run --steps 2` would, and holds
@@ -46,9 +47,9 @@ func TestMaxBatchHoldsAgainstRuns(t *testing.T) {
 		none bool // nothing fits
 	}{
 		"gpt2-medium on 24 GiB":              {cfg: preset(t, "gpt2-medium", 24, nil)},
-		"gpt2-small bf16 flash on 16 GiB":    {cfg: preset(t, "gpt2-small", 16, func(c *train.Config) { c.AMP, c.Attention = train.AMPBF16, train.AttentionFlash })},
+		"gpt2-small bf16 flash on 16 GiB":    {cfg: preset(t, "gpt2-small", 16, func(c *train.Config) { c.AMP, c.Attention = knob.AMPBF16, knob.AttentionFlash })},
 		"llama-3.2-1b LoRA on 24 GiB":        {cfg: preset(t, "llama-3.2-1b", 24, loraBF16)},
-		"llama-3.2-1b QLoRA ckpt on 8 GiB":   {cfg: preset(t, "llama-3.2-1b", 8, func(c *train.Config) { loraBF16(c); c.QLoRA, c.Checkpoint = true, train.CheckpointAll })},
+		"llama-3.2-1b QLoRA ckpt on 8 GiB":   {cfg: preset(t, "llama-3.2-1b", 8, func(c *train.Config) { loraBF16(c); c.QLoRA, c.Checkpoint = true, knob.CheckpointAll })},
 		"gpt2-medium on 4 GiB: nothing fits": {cfg: preset(t, "gpt2-medium", 4, nil), none: true},
 	}
 	for name, tc := range cases {

@@ -6,9 +6,9 @@ import (
 
 	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -18,16 +18,16 @@ import (
 func TestStopOverLimitKeepsVerdict(t *testing.T) {
 	cases := map[string]train.Config{
 		"small GPT":                   small(t),
-		"small GPT, flash, ckpt attn": withCfg(small(t), func(c *train.Config) { c.Attention, c.Checkpoint = train.AttentionFlash, train.CheckpointAttention }),
+		"small GPT, flash, ckpt attn": withCfg(small(t), func(c *train.Config) { c.Attention, c.Checkpoint = knob.AttentionFlash, knob.CheckpointAttention }),
 		"small GPT, bf16, ckpt all, accumulate 4": withCfg(small(t), func(c *train.Config) {
-			c.AMP, c.Checkpoint, c.Batch, c.Accum = train.AMPBF16, train.CheckpointAll, 2, 4
+			c.AMP, c.Checkpoint, c.Batch, c.Accum = knob.AMPBF16, knob.CheckpointAll, 2, 4
 		}),
 		"small GPT, ZeRO-2 on 2 GPUs": withCfg(smallDDP(t), func(c *train.Config) { c.Parallel.Strategy = dist.ZeRO2 }),
 		"small GPT, ZeRO-3 offload":   withCfg(smallDDP(t), func(c *train.Config) { c.Parallel.Strategy, c.Parallel.Offload = dist.ZeRO3, dist.OffloadOptimizer }),
 		"llama-3.2-1b LoRA":           preset(t, "llama-3.2-1b", 24, func(c *train.Config) { loraBF16(c); c.Batch = 2 }),
 		"llama-3.2-1b QLoRA, ckpt, paged 8-bit AdamW": preset(t, "llama-3.2-1b", 24, func(c *train.Config) {
 			loraBF16(c)
-			c.QLoRA, c.Checkpoint, c.Optimizer, c.Batch = true, train.CheckpointAll, optim.PagedAdamW8bit, 2
+			c.QLoRA, c.Checkpoint, c.Optimizer, c.Batch = true, knob.CheckpointAll, knob.PagedAdamW8bit, 2
 		}),
 	}
 	for name, cfg := range cases {

@@ -11,10 +11,10 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -218,7 +218,7 @@ func checkPoints(t *testing.T, r *leaks.Result, res *train.Result) {
 // TestAdamFirstStep: Adam allocates its state at the first step, a one-time growth that no warm-up may
 // mistake for a leak.
 func TestAdamFirstStep(t *testing.T) {
-	for _, opt := range []optim.Kind{optim.Adam, optim.AdamW} {
+	for _, opt := range []knob.Optimizer{knob.Adam, knob.AdamW} {
 		for warmup := range 3 {
 			t.Run(fmt.Sprintf("%s warm-up %d", opt, warmup), func(t *testing.T) {
 				t.Parallel()

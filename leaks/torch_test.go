@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -260,14 +261,14 @@ func TestLeakInPyTorchTraces(t *testing.T) {
 func TestGradientsThroughPyTorchExport(t *testing.T) {
 	tests := map[string]struct {
 		bug      string
-		zeroGrad train.ZeroGrad
+		zeroGrad knob.ZeroGrad
 		found    bool
 	}{
-		"no-zero-grad":                {bug: train.BugNoZeroGrad, zeroGrad: train.ZeroGradNone, found: true},
-		"zero_grad set_to_none":       {zeroGrad: train.ZeroGradNone},
-		"zero_grad in place":          {zeroGrad: train.ZeroGradZero},
-		"no-zero-grad, accum 2":       {bug: train.BugNoZeroGrad, zeroGrad: train.ZeroGradNone, found: true},
-		"zero_grad in place, accum 2": {zeroGrad: train.ZeroGradZero},
+		"no-zero-grad":                {bug: train.BugNoZeroGrad, zeroGrad: knob.ZeroGradNone, found: true},
+		"zero_grad set_to_none":       {zeroGrad: knob.ZeroGradNone},
+		"zero_grad in place":          {zeroGrad: knob.ZeroGradZero},
+		"no-zero-grad, accum 2":       {bug: train.BugNoZeroGrad, zeroGrad: knob.ZeroGradNone, found: true},
+		"zero_grad in place, accum 2": {zeroGrad: knob.ZeroGradZero},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

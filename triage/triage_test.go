@@ -19,6 +19,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
@@ -396,7 +397,7 @@ func TestAgainstTheAllocator(t *testing.T) {
 		"gpt2-medium (OOM)": preset("gpt2-medium", 2),
 		"tiny bf16 flash": func() train.Config {
 			c := preset("tiny", 3)
-			c.AMP, c.Attention, c.Checkpoint = train.AMPBF16, train.AttentionFlash, train.CheckpointAll
+			c.AMP, c.Attention, c.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
 			return c
 		}(),
 	}
@@ -442,7 +443,7 @@ func TestAgainstTheAllocator(t *testing.T) {
 			if len(phases) != len(res.Phases) {
 				t.Fatalf("%d phases, the run had %d", len(phases), len(res.Phases))
 			}
-			if cfg.Checkpoint != train.CheckpointOff {
+			if cfg.Checkpoint != knob.CheckpointOff {
 				for _, it := range r.Iterations[1:] {
 					i := slices.IndexFunc(it.Phases, func(p triage.Phase) bool { return p.Name == "backward" })
 					if i < 0 || i+1 >= len(it.Phases) || it.Phases[i+1].Name != "recompute" ||

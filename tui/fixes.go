@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
@@ -86,7 +87,18 @@ const allProjections = "q,k,v,o,gate,up,down"
 
 // optimizerChoices are the optimizer row's choices: torch.optim's (AdamW in its three implementations)
 // and bitsandbytes'.
-var optimizerChoices = []string{"adamw", "adamw fused", "adamw for-loop", "adam", "momentum", "sgd", "adamw8bit", "paged-adamw8bit", "paged-adamw"}
+var optimizerChoices = []string{string(knob.AdamW), string(knob.AdamW) + " " + string(knob.Fused),
+	string(knob.AdamW) + " " + string(knob.ForLoop), string(knob.Adam), string(knob.Momentum), string(knob.SGD),
+	string(knob.AdamW8bit), string(knob.PagedAdamW8bit), string(knob.PagedAdamW)}
+
+// words names settings as their rows show them.
+func words[T fmt.Stringer](vs ...T) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.String()
+	}
+	return out
+}
 
 // choices lists a row's choices for the base configuration; the base's own is always one of them.
 func (p *fixesPane) choices(row int) []string {
@@ -102,7 +114,7 @@ func (p *fixesPane) offered(row int) []string {
 	c, llama := p.base.Fixes, p.base.Llama
 	switch row {
 	case rowAMP:
-		return []string{"off", "bf16", "fp16"}
+		return words(knob.AMPOff, knob.AMPBF16, knob.AMPFP16)
 	case rowWeights:
 		if !llama {
 			return nil
@@ -117,13 +129,13 @@ func (p *fixesPane) offered(row int) []string {
 		if !p.base.GPT && !llama {
 			return nil
 		}
-		return []string{"naive", "flash"}
+		return words(knob.AttentionNaive, knob.AttentionFlash)
 	case rowCheckpoint:
 		switch {
 		case p.base.GPT:
-			return []string{"off", "attn", "every:2", "all"}
+			return words(knob.CheckpointOff, knob.CheckpointAttention, knob.CheckpointEvery(2), knob.CheckpointAll)
 		case llama:
-			return []string{"off", "every:2", "all"}
+			return words(knob.CheckpointOff, knob.CheckpointEvery(2), knob.CheckpointAll)
 		}
 		return nil
 	case rowAccum:
@@ -137,7 +149,7 @@ func (p *fixesPane) offered(row int) []string {
 	case rowOptimizer:
 		return optimizerChoices
 	case rowZeroGrad:
-		return []string{"none", "zero"}
+		return words(knob.ZeroGradNone, knob.ZeroGradZero)
 	case rowBug:
 		if c.Bug == "" {
 			return []string{"none"}

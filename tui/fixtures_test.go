@@ -12,9 +12,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -34,7 +34,7 @@ var fixtureConfigs = map[string]func() train.Config{
 	"tiny-oom-fixed": func() train.Config {
 		cfg, _ := train.PresetConfig("tiny")
 		cfg.Steps, cfg.GPUMemory, cfg.ContextReserve = 6, 40<<20, 4<<20
-		cfg.AMP, cfg.Attention, cfg.Device = train.AMPBF16, train.AttentionFlash, "meta"
+		cfg.AMP, cfg.Attention, cfg.Device = knob.AMPBF16, knob.AttentionFlash, "meta"
 		return cfg
 	},
 	// tiny-oom-leak-fixed is tiny-oom with its leak fixed, as the fixes pane applies its best fix.
@@ -51,7 +51,7 @@ var fixtureConfigs = map[string]func() train.Config{
 	"smollm-ft-qlora": func() train.Config {
 		cfg := smollmFineTune()
 		cfg.LoRA, cfg.QLoRA, cfg.LoRATargets = 16, true, train.AllLoRATargets
-		cfg.Checkpoint, cfg.Optimizer = train.CheckpointAll, optim.PagedAdamW8bit
+		cfg.Checkpoint, cfg.Optimizer = knob.CheckpointAll, knob.PagedAdamW8bit
 		return cfg
 	},
 	// leaky is the MLP with the retain-graph bug: a leak to find.

@@ -14,10 +14,10 @@ import (
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // traceFixes is the fixes pane on a snapshot oomdbg did not record (a PyTorch trace): each fix transforms the
@@ -45,15 +45,15 @@ type traceFix struct {
 func traceFixOptions() []traceFix {
 	return []traceFix{
 		{"expandable segments", "keeps everything", 0, nil, "expandable_segments:True"},
-		{"zero_grad set_to_none", "keeps everything", 0, []transform.Transform{transform.ZeroGrad(transform.SetToNone)}, ""},
-		{"adam for-loop", "keeps the training, a slower step", 1, []transform.Transform{transform.OptimizerImpl(optim.ForLoop)}, ""},
-		{"adamw8bit", "keeps the batch, 8-bit optimizer state", 1, []transform.Transform{transform.SwitchOptimizer(transform.AdamW8bit)}, ""},
-		{"checkpoint every:2", "keeps the batch, recomputes half the blocks", 1, []transform.Transform{transform.Checkpoint(transform.Checkpointing{Every: 2})}, ""},
-		{"checkpoint all", "keeps the batch, about a third more compute", 2, []transform.Transform{transform.Checkpoint(transform.Checkpointing{Every: 1})}, ""},
+		{"zero_grad set_to_none", "keeps everything", 0, []transform.Transform{transform.ZeroGrad(knob.ZeroGradNone)}, ""},
+		{"adam for-loop", "keeps the training, a slower step", 1, []transform.Transform{transform.OptimizerImpl(knob.ForLoop)}, ""},
+		{"adamw8bit", "keeps the batch, 8-bit optimizer state", 1, []transform.Transform{transform.SwitchOptimizer(knob.AdamW8bit)}, ""},
+		{"checkpoint every:2", "keeps the batch, recomputes half the blocks", 1, []transform.Transform{transform.Checkpoint(knob.CheckpointEvery(2))}, ""},
+		{"checkpoint all", "keeps the batch, about a third more compute", 2, []transform.Transform{transform.Checkpoint(knob.CheckpointAll)}, ""},
 		{"accumulate 2", "keeps the effective batch, 2 micro-steps", 3, []transform.Transform{transform.Accumulate(2)}, ""},
 		{"accumulate 4", "keeps the effective batch, 4 micro-steps", 4, []transform.Transform{transform.Accumulate(4)}, ""},
-		{"momentum", "keeps the batch, changes the optimizer", 5, []transform.Transform{transform.SwitchOptimizer(transform.Momentum)}, ""},
-		{"sgd", "keeps the batch, changes the optimizer", 6, []transform.Transform{transform.SwitchOptimizer(transform.SGD)}, ""},
+		{"momentum", "keeps the batch, changes the optimizer", 5, []transform.Transform{transform.SwitchOptimizer(knob.Momentum)}, ""},
+		{"sgd", "keeps the batch, changes the optimizer", 6, []transform.Transform{transform.SwitchOptimizer(knob.SGD)}, ""},
 		{"batch x0.5", "halves the batch", 7, []transform.Transform{transform.BatchScale(0.5)}, ""},
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/allocator/replay"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
@@ -23,8 +24,8 @@ func TestOnlyCheckpointingHasTwoEnds(t *testing.T) {
 		ends bool
 	}{
 		{transform.BatchScale(0.5), false},
-		{transform.SwitchOptimizer(transform.SGD), false},
-		{transform.Checkpoint(transform.Checkpointing{Every: 1}), true},
+		{transform.SwitchOptimizer(knob.SGD), false},
+		{transform.Checkpoint(knob.CheckpointAll), true},
 	} {
 		p, err := whatif.Prepare(s, c.fix)
 		if err != nil {

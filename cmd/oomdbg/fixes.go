@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -105,7 +106,7 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 		name, cfg.Batch, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
 	if cfg.Model == "llama" {
 		fmt.Fprintf(w, "sequence %d, AdamW unless named, LoRA and QLoRA of rank 16 (alpha 32) on every projection under bf16 autocast, attention %s\n\n",
-			cfg.Seq, map[train.Attention]string{train.AttentionFlash: "sdpa (flash)", train.AttentionNaive: "eager"}[cfg.Attention])
+			cfg.Seq, map[knob.Attention]string{knob.AttentionFlash: "sdpa (flash)", knob.AttentionNaive: "eager"}[cfg.Attention])
 	}
 	header := []string{"fix", "peak allocated", "peak reserved", "fits", "needs (allocated)"}
 	paged := slices.ContainsFunc(rows, func(r train.SweepRow) bool { return r.Paged > 0 })
@@ -144,7 +145,7 @@ func sweepTitle(cfg train.Config) string {
 			parts = append(parts, p.val)
 		}
 	}
-	if cfg.Checkpoint != train.CheckpointOff {
+	if cfg.Checkpoint != knob.CheckpointOff {
 		parts = append(parts, "checkpoint "+cfg.Checkpoint.String())
 	}
 	shape := fmt.Sprintf("batch %d", cfg.Batch)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/allocator/replay"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -21,7 +22,7 @@ import (
 // batch's longest, on a 24 GiB card.
 func varlenConfig() train.Config {
 	cfg, _ := train.PresetConfig("gpt2-small")
-	cfg.AMP, cfg.Attention, cfg.Batch, cfg.Steps = train.AMPBF16, train.AttentionFlash, 20, 20
+	cfg.AMP, cfg.Attention, cfg.Batch, cfg.Steps = knob.AMPBF16, knob.AttentionFlash, 20, 20
 	cfg.SeqDist = train.UniformSeq(64, 1024)
 	return cfg
 }

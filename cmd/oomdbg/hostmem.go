@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -28,7 +29,7 @@ func checkHostMemory(ctx context.Context, cfg train.Config, mem *memory, stderr 
 		return err
 	}
 	need := res.PeakAllocated
-	if cfg.AMP != train.AMPOff {
+	if cfg.AMP != knob.AMPOff {
 		need *= 2
 	}
 	limit := mem.resolve()

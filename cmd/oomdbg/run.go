@@ -5,7 +5,6 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
-	"github.com/oomdbg/oomdbg/leaks"
 	"io"
 	"io/fs"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/oomdbg/oomdbg/leaks"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -62,7 +63,7 @@ func (sizeFlag) Type() string { return "size" }
 // machine has of anything else.
 const maxSize = train.MaxGPUMemory
 
-// textFlag is a pflag.Value for the settings a Config parses from words (train.AMP, train.Checkpoint,
+// textFlag is a pflag.Value for the settings a Config parses from words (knob.AMP, knob.Checkpoint,
 // device.Kind, ...): a value is parsed once, when the flag is set, and a bad one is refused there.
 type textFlag struct {
 	v interface {

@@ -7,10 +7,10 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tui"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -33,7 +33,7 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	w.Fixes.AMP, w.Fixes.Attention, w.Fixes.Checkpoint = "bf16", "flash", "all"
 	w.Fixes.Batch, w.Fixes.Accum = cfg.Batch/2, 2
 	s, ran := recordThrough(t, tuiRunner{version: "test"}, w)
-	if ran.Device != "meta" || ran.AMP != train.AMPBF16 || ran.Attention != train.AttentionFlash || ran.Checkpoint != train.CheckpointAll ||
+	if ran.Device != "meta" || ran.AMP != knob.AMPBF16 || ran.Attention != knob.AttentionFlash || ran.Checkpoint != knob.CheckpointAll ||
 		ran.Batch != cfg.Batch/2 || ran.Accum != 2 || ran.DModel != cfg.DModel || s.Meta.ToolVersion != "test" {
 		t.Errorf("recorded %+v (tool %q), want the fixes applied to %+v", ran, s.Meta.ToolVersion, cfg)
 	}
@@ -82,7 +82,7 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 	qlora := w.Fixes
 	qlora.LoRA, qlora.QLoRA, qlora.LoRATargets, qlora.Weights, qlora.OptimizerImpl = 16, true, "q,k,v,o,gate,up,down", "f32", "fused"
 	if ran := record(qlora); ran.LoRA != 16 || !ran.QLoRA || ran.LoRATargets != train.AllLoRATargets || ran.LoRAAlpha != 16 ||
-		ran.Weights != train.WeightsF32 || ran.OptimizerImpl != optim.Fused {
+		ran.Weights != train.WeightsF32 || ran.OptimizerImpl != knob.Fused {
 		t.Errorf("QLoRA ran %+v", ran)
 	}
 }
@@ -111,7 +111,7 @@ func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Steps, cfg.Device, cfg.Optimizer = 1, "meta", optim.AdamW
+	cfg.Steps, cfg.Device, cfg.Optimizer = 1, "meta", knob.AdamW
 	cfg.Parallel = dist.Settings{GPUs: 8, Strategy: dist.DDP}
 	w, err := tuiWorkload(cfg)
 	if err != nil {

@@ -13,11 +13,11 @@ import (
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/allocator/replay"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // whatIfOptions are the fixes `oomdbg whatif` applies, parsed.
@@ -44,7 +44,10 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *allocator.Config, e
 			"dtypes, so which tensors would halve is unknown; simulate the model instead (oomdbg run --amp bf16 ...)")
 	}
 	if o.changed("checkpoint") {
-		c, err := transform.ParseCheckpointing(o.checkpoint)
+		c, err := knob.ParseCheckpoint(o.checkpoint)
+		if err == nil {
+			err = transform.CheckCheckpoint(c)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("--checkpoint: %w", err)
 		}
@@ -65,21 +68,24 @@ func (o whatIfOptions) transforms() ([]transform.Transform, *allocator.Config, e
 		ts = append(ts, transform.Accumulate(o.accum))
 	}
 	if o.changed("zero-grad") {
-		m, err := transform.ParseZeroGradMode(o.zeroGrad)
+		m, err := knob.ParseZeroGrad(o.zeroGrad)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--zero-grad: %w", err)
 		}
 		ts = append(ts, transform.ZeroGrad(m))
 	}
 	if o.changed("optimizer-impl") {
-		impl, err := optim.ParseImpl(o.optImpl)
+		impl, err := knob.ParseOptimizerImpl(o.optImpl)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--optimizer-impl: %w", err)
 		}
 		ts = append(ts, transform.OptimizerImpl(impl))
 	}
 	if o.changed("optimizer") {
-		opt, err := transform.ParseOptimizer(o.optimizer)
+		opt, err := knob.ParseOptimizer(o.optimizer)
+		if err == nil {
+			err = transform.CheckOptimizer(opt)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("--optimizer: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/cputime"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -48,8 +49,8 @@ func BenchmarkWhatIf(b *testing.B) {
 		t    transform.Transform
 	}{
 		{"batch/2", transform.BatchScale(0.5)},
-		{"checkpoint-all", transform.Checkpoint(transform.Checkpointing{Every: 1})},
-		{"sgd", transform.SwitchOptimizer(transform.SGD)},
+		{"checkpoint-all", transform.Checkpoint(knob.CheckpointAll)},
+		{"sgd", transform.SwitchOptimizer(knob.SGD)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			cpu := cputime.Process()

@@ -14,13 +14,13 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/export"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/whatif/transform"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -64,21 +64,21 @@ func whatIfFixes() []whatIfFix {
 	return []whatIfFix{
 		{"batch/2", nil, func(c *train.Config) bool { c.Batch /= 2; return true }, transform.BatchScale(0.5), 0.03},
 		{"batch/4 accum 4", nil, func(c *train.Config) bool { c.Batch /= 4; c.Accum = 4; return true }, transform.Accumulate(4), 0.03},
-		{"sgd", nil, func(c *train.Config) bool { c.Optimizer, c.WeightDecay = optim.SGD, 0; return true },
-			transform.SwitchOptimizer(transform.SGD), 0.03},
-		{"adamw8bit", nil, func(c *train.Config) bool { c.Optimizer = optim.AdamW8bit; return true },
-			transform.SwitchOptimizer(transform.AdamW8bit), 0.03},
-		{"for-loop", nil, func(c *train.Config) bool { c.OptimizerImpl = optim.ForLoop; return true },
-			transform.OptimizerImpl(optim.ForLoop), 0.03},
-		{"zero_grad zero", nil, func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradZero; return true },
-			transform.ZeroGrad(transform.Zeroing), 0.03},
-		{"zero_grad none", func(c *train.Config) { c.ZeroGrad = train.ZeroGradZero },
-			func(c *train.Config) bool { c.ZeroGrad = train.ZeroGradNone; return true },
-			transform.ZeroGrad(transform.SetToNone), 0.03},
-		{"checkpoint all", nil, func(c *train.Config) bool { c.Checkpoint = train.CheckpointAll; return gptOnly(c) },
-			transform.Checkpoint(transform.Checkpointing{Every: 1}), 0.05},
-		{"checkpoint every:2", nil, func(c *train.Config) bool { c.Checkpoint = train.CheckpointEvery(2); return gptOnly(c) },
-			transform.Checkpoint(transform.Checkpointing{Every: 2}), 0.05},
+		{"sgd", nil, func(c *train.Config) bool { c.Optimizer, c.WeightDecay = knob.SGD, 0; return true },
+			transform.SwitchOptimizer(knob.SGD), 0.03},
+		{"adamw8bit", nil, func(c *train.Config) bool { c.Optimizer = knob.AdamW8bit; return true },
+			transform.SwitchOptimizer(knob.AdamW8bit), 0.03},
+		{"for-loop", nil, func(c *train.Config) bool { c.OptimizerImpl = knob.ForLoop; return true },
+			transform.OptimizerImpl(knob.ForLoop), 0.03},
+		{"zero_grad zero", nil, func(c *train.Config) bool { c.ZeroGrad = knob.ZeroGradZero; return true },
+			transform.ZeroGrad(knob.ZeroGradZero), 0.03},
+		{"zero_grad none", func(c *train.Config) { c.ZeroGrad = knob.ZeroGradZero },
+			func(c *train.Config) bool { c.ZeroGrad = knob.ZeroGradNone; return true },
+			transform.ZeroGrad(knob.ZeroGradNone), 0.03},
+		{"checkpoint all", nil, func(c *train.Config) bool { c.Checkpoint = knob.CheckpointAll; return gptOnly(c) },
+			transform.Checkpoint(knob.CheckpointAll), 0.05},
+		{"checkpoint every:2", nil, func(c *train.Config) bool { c.Checkpoint = knob.CheckpointEvery(2); return gptOnly(c) },
+			transform.Checkpoint(knob.CheckpointEvery(2)), 0.05},
 	}
 }
 

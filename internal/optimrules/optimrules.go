@@ -1,51 +1,7 @@
 // Package optimrules holds the rules of an optimizer's memory that both the training runtime
-// (workloads/optim) and the trace transformations (whatif/transform) need, in one place: how torch.optim
-// runs Adam (its implementations) and how bitsandbytes lays out 8-bit optimizer state.
+// (workloads/optim) and the trace transformations (whatif/transform) need, in one place: how bitsandbytes
+// lays out 8-bit optimizer state.
 package optimrules
-
-import "fmt"
-
-// Impl is how torch.optim runs Adam and AdamW.
-type Impl string
-
-// The implementations.
-const (
-	// Foreach is _multi_tensor_adam, PyTorch's default on CUDA: each step's temporaries for all parameters at
-	// once.
-	Foreach Impl = "foreach"
-	// Fused is _fused_adam (fused=True): one kernel, no temporaries, a step counter on the device per
-	// parameter.
-	Fused Impl = "fused"
-	// ForLoop is _single_tensor_adam (foreach=False): one parameter's temporaries at a time.
-	ForLoop Impl = "for-loop"
-)
-
-// ParseImpl returns the implementation named s ("" is Foreach).
-func ParseImpl(s string) (Impl, error) {
-	switch i := Impl(s); i {
-	case "":
-		return Foreach, nil
-	case Foreach, Fused, ForLoop:
-		return i, nil
-	}
-	return "", fmt.Errorf("unknown optimizer implementation %q (want foreach, fused or for-loop)", s)
-}
-
-// MarshalText returns the implementation's name.
-func (i Impl) MarshalText() ([]byte, error) { return []byte(i), nil }
-
-// UnmarshalText reads an implementation's name (ParseImpl); "" stays the zero value, which is Foreach.
-func (i *Impl) UnmarshalText(text []byte) error {
-	v, err := ParseImpl(string(text))
-	if err != nil {
-		return err
-	}
-	if len(text) == 0 {
-		v = ""
-	}
-	*i = v
-	return nil
-}
 
 // The constants of bitsandbytes' Optimizer2State (bitsandbytes/optim/optimizer.py).
 const (

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/internal/torchrules"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
@@ -602,12 +603,13 @@ func (d *torchDoc) writeAnnotations() {
 // optimizerClass returns the class name PyTorch gives the workload's optimizer ("AdamW" for adamw), for the
 // names of its record_function regions.
 func optimizerClass(m snapshot.Meta) string {
-	switch strings.ToLower(workloadField(m, "optimizer")) {
-	case "sgd", "momentum":
+	o, _ := knob.ParseOptimizer(strings.ToLower(workloadField(m, "optimizer")))
+	switch o {
+	case knob.SGD, knob.Momentum:
 		return "SGD"
-	case "adam":
+	case knob.Adam:
 		return "Adam"
-	case "adamw":
+	case knob.AdamW:
 		return "AdamW"
 	}
 	return "Optimizer"

@@ -11,31 +11,17 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/periodic"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
-// Checkpointing says which of the repeated blocks run under activation checkpointing: every Every-th, from
-// the first (1: all).
-type Checkpointing struct{ Every int }
-
-// ParseCheckpointing reads "all" or "every:N" (N > 0).
-func ParseCheckpointing(s string) (Checkpointing, error) {
-	if s == "all" {
-		return Checkpointing{Every: 1}, nil
+// CheckCheckpoint says whether c can be applied to a trace: a trace is checkpointed by whole blocks (all or
+// every:N), since which of a block's allocations are its attention's is not recorded.
+func CheckCheckpoint(c knob.Checkpoint) error {
+	if c.Every() == 0 {
+		return fmt.Errorf("checkpoint %s: a trace is checkpointed by whole blocks: want all or every:N with N > 0", c)
 	}
-	if n, ok := strings.CutPrefix(s, "every:"); ok {
-		if v, err := strconv.Atoi(n); err == nil && v > 0 && v <= 1<<20 {
-			return Checkpointing{Every: v}, nil
-		}
-	}
-	return Checkpointing{}, fmt.Errorf("unknown checkpointing %q (want all or every:N with N > 0)", s)
-}
-
-func (c Checkpointing) String() string {
-	if c.Every == 1 {
-		return "all"
-	}
-	return "every:" + strconv.Itoa(c.Every)
+	return nil
 }
 
 // Checkpoint runs the model's repeated blocks (the module list whose scopes read prefix.0, prefix.1, ...,
@@ -47,11 +33,11 @@ func (c Checkpointing) String() string {
 // and backward releases them as it did. The block's output is taken to be its last allocation alive at its
 // end. A tensor several ops read is released after the last of them, which the trace does not show:
 // ApplyEnds's late end holds it instead until the function that made it returns.
-func Checkpoint(c Checkpointing) Transform {
+func Checkpoint(c knob.Checkpoint) Transform {
 	name := "checkpoint " + c.String()
 	check := func(t *trace) error {
-		if c.Every < 1 {
-			return fmt.Errorf("%s: N must be above 0", name)
+		if err := CheckCheckpoint(c); err != nil {
+			return err
 		}
 		return t.requireTags(name, true, false)
 	}
@@ -310,9 +296,9 @@ func (a *additions) len() int { return len(a.places) }
 
 // checkpoint applies c to t. With ends, it also returns the trace with what a checkpointed block saved held
 // until the function that made it returns (the late end); else held is nil.
-func checkpoint(t *trace, c Checkpointing, name string, ends bool) (early, held *trace, line string, err error) {
+func checkpoint(t *trace, c knob.Checkpoint, name string, ends bool) (early, held *trace, line string, err error) {
 	prefix, count, of := t.blocks()
-	chosen := func(n int) bool { return n%c.Every == 0 }
+	chosen := c.Block
 	blockOf := func(id snapshot.StringID) (int, bool) {
 		n, ok := of[id]
 		return n, ok && chosen(n)

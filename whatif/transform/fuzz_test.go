@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oomdbg/oomdbg/internal/optimrules"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 )
@@ -40,11 +40,11 @@ func FuzzApply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := fuzzTrace(data)
 		for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.BatchScale(3),
-			transform.Accumulate(3), transform.SwitchOptimizer(transform.SGD), transform.SwitchOptimizer(transform.Adam),
-			transform.SwitchOptimizer(transform.Momentum), transform.ZeroGrad(transform.Zeroing),
-			transform.ZeroGrad(transform.SetToNone), transform.SwitchOptimizer(transform.AdamW8bit),
-			transform.OptimizerImpl(optimrules.ForLoop),
-			transform.Checkpoint(transform.Checkpointing{Every: 1}), transform.Checkpoint(transform.Checkpointing{Every: 2})} {
+			transform.Accumulate(3), transform.SwitchOptimizer(knob.SGD), transform.SwitchOptimizer(knob.Adam),
+			transform.SwitchOptimizer(knob.Momentum), transform.ZeroGrad(knob.ZeroGradZero),
+			transform.ZeroGrad(knob.ZeroGradNone), transform.SwitchOptimizer(knob.AdamW8bit),
+			transform.OptimizerImpl(knob.ForLoop),
+			transform.Checkpoint(knob.CheckpointAll), transform.Checkpoint(knob.CheckpointEvery(2))} {
 			early, held, _, err := transform.ApplyEnds(s, tr)
 			if err != nil {
 				continue

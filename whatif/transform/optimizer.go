@@ -7,41 +7,9 @@ import (
 	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
-
-// Optimizer names an optimizer by the state it keeps per parameter.
-type Optimizer string
-
-// The optimizers a trace can be moved to.
-const (
-	SGD      Optimizer = "sgd"      // no state
-	Momentum Optimizer = "momentum" // one buffer per parameter
-	Adam     Optimizer = "adam"     // exp_avg and exp_avg_sq per parameter
-	AdamW    Optimizer = "adamw"    // as Adam
-	// AdamW8bit is bitsandbytes' AdamW8bit: both states in 8 bits, quantized blockwise (optimrules.Blockwise8bit).
-	AdamW8bit Optimizer = "adamw8bit"
-)
-
-// ParseOptimizer reads an optimizer's name.
-func ParseOptimizer(s string) (Optimizer, error) {
-	switch o := Optimizer(s); o {
-	case SGD, Momentum, Adam, AdamW, AdamW8bit:
-		return o, nil
-	}
-	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam, adamw or adamw8bit)", s)
-}
-
-// states is how many state tensors the optimizer keeps per parameter.
-func (o Optimizer) states() int {
-	switch o {
-	case Momentum:
-		return 1
-	case Adam, AdamW, AdamW8bit:
-		return 2
-	}
-	return 0
-}
 
 // SwitchOptimizer moves the trace to optimizer o. The recorded optimizer is read off the trace: its
 // optimizer_state blocks per gradient alive at the first optimizer step (2 or more: Adam-like, 1: momentum,
@@ -50,10 +18,10 @@ func (o Optimizer) states() int {
 // optimizer step's temporaries (Adam's foreach lists) are removed when moving to SGD or momentum, whose
 // foreach steps without weight decay work in place; when moving to Adam they are not added, so its step's
 // peak is a lower bound.
-func SwitchOptimizer(o Optimizer) Transform {
+func SwitchOptimizer(o knob.Optimizer) Transform {
 	name := "optimizer " + string(o)
 	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
-		if _, err := ParseOptimizer(string(o)); err != nil {
+		if err := CheckOptimizer(o); err != nil {
 			return nil, "", err
 		}
 		if err := t.requireTags(name, true, true); err != nil {
@@ -63,7 +31,20 @@ func SwitchOptimizer(o Optimizer) Transform {
 	}}
 }
 
-func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error) {
+// CheckOptimizer says whether a trace can be moved to optimizer o: a paged optimizer's state lives in CUDA
+// unified memory, outside the caching allocator, where a replay cannot place it.
+func CheckOptimizer(o knob.Optimizer) error {
+	if _, err := knob.ParseOptimizer(string(o)); err != nil {
+		return err
+	}
+	if o.Paged() {
+		return fmt.Errorf("optimizer %s: a paged optimizer's state lives in unified memory, outside the caching "+
+			"allocator a trace is replayed through (want sgd, momentum, adam, adamw or adamw8bit)", o)
+	}
+	return nil
+}
+
+func switchOptimizer(t *trace, o knob.Optimizer, name string) (*trace, string, error) {
 	start := -1
 	for i := range t.events {
 		if e := &t.events[i]; e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseOptimizer {
@@ -98,32 +79,32 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 		}
 	}
 	perGrad := float64(len(states)) / float64(len(grads))
-	recorded := SGD
+	recorded := knob.SGD
 	switch {
 	case perGrad >= 1.5:
-		recorded = AdamW
+		recorded = knob.AdamW
 	case perGrad >= 0.5:
-		recorded = Momentum
+		recorded = knob.Momentum
 	}
 	var gradBytes int64
 	for _, g := range grads {
 		gradBytes += bs[g].size
 	}
-	if recorded == AdamW && stateBytes < gradBytes { // two states in under 4 bytes an element: 8-bit
-		recorded = AdamW8bit
+	if recorded == knob.AdamW && stateBytes < gradBytes { // two states in under 4 bytes an element: 8-bit
+		recorded = knob.AdamW8bit
 	}
-	recordedName := map[Optimizer]string{SGD: "SGD", Momentum: "momentum", AdamW: "Adam/AdamW", AdamW8bit: "8-bit AdamW"}[recorded]
+	recordedName := map[knob.Optimizer]string{knob.SGD: "SGD", knob.Momentum: "momentum", knob.AdamW: "Adam/AdamW", knob.AdamW8bit: "8-bit AdamW"}[recorded]
 	switch {
 	case recorded == o:
 		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
 			name, len(states), units.FormatSize(stateBytes), recordedName), nil
-	case recorded == AdamW8bit:
+	case recorded == knob.AdamW8bit:
 		return nil, "", fmt.Errorf("%s: the recording's optimizer keeps 8-bit state; moving from it is not modelled: "+
 			"record with the optimizer instead", name)
-	case o == AdamW8bit:
+	case o == knob.AdamW8bit:
 		return to8bit(t, bs, grads, states, start, name, recordedName)
 	}
-	if recorded.states() == o.states() {
+	if recorded.States() == o.States() {
 		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
 			name, len(states), units.FormatSize(stateBytes), recordedName), nil
 	}
@@ -132,11 +113,11 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 	var add int
 	var dropTemps int
 	var tempBytes int64
-	if o.states() < recorded.states() {
-		// Keep o.states() buffers the size of each gradient, the first ones made; drop the rest.
+	if o.States() < recorded.States() {
+		// Keep o.States() buffers the size of each gradient, the first ones made; drop the rest.
 		want := map[int64]int{}
 		for _, g := range grads {
-			want[bs[g].size] += o.states()
+			want[bs[g].size] += o.States()
 		}
 		for _, a := range states {
 			if b := bs[a]; want[b.size] > 0 {
@@ -155,7 +136,7 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 			}
 		}
 	} else {
-		add = o.states() - recorded.states()
+		add = o.States() - recorded.States()
 	}
 	out := t.derive(len(t.events) + add*len(grads))
 	var dropped int
@@ -193,7 +174,7 @@ func switchOptimizer(t *trace, o Optimizer, name string) (*trace, string, error)
 			"is a lower bound", name, recordedName, len(states), len(grads), add*len(grads), units.FormatSize(addedBytes))
 	} else {
 		line = fmt.Sprintf("%s: removed %d of the %d optimizer state blocks of the recording's %s (%s) and its "+
-			"step's %d temporaries (%s requested in all); assumes no weight decay, which in SGD adds a temporary per "+
+			"step's %d temporaries (%s requested in all); assumes no weight decay, which in knob.SGD adds a temporary per "+
 			"parameter", name, dropped, len(states), recordedName, units.FormatSize(droppedBytes), dropTemps,
 			units.FormatSize(tempBytes))
 	}

@@ -3,8 +3,8 @@ package transform
 import (
 	"fmt"
 
-	"github.com/oomdbg/oomdbg/internal/optimrules"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -16,10 +16,10 @@ import (
 // step made its first, by the loop's: for each parameter, the decayed gradient (kept until the next
 // parameter's), the square root and the denominator made from it, the root released at once and the
 // denominator when the next one is made.
-func OptimizerImpl(impl optimrules.Impl) Transform {
+func OptimizerImpl(impl knob.OptimizerImpl) Transform {
 	name := "optimizer-impl " + string(impl)
 	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
-		if impl != optimrules.ForLoop && impl != optimrules.Foreach {
+		if impl != knob.ForLoop && impl != knob.Foreach {
 			return nil, "", fmt.Errorf("%s: only foreach and for-loop are modelled", name)
 		}
 		if err := t.requireTags(name, true, true); err != nil {
@@ -36,7 +36,7 @@ type adamStep struct {
 	most  int      // the most of them alive at once
 }
 
-func optimizerImpl(t *trace, impl optimrules.Impl, name string) (*trace, string, error) {
+func optimizerImpl(t *trace, impl knob.OptimizerImpl, name string) (*trace, string, error) {
 	bs := t.index()
 	var steps []*adamStep
 	var params []*snapshot.Event // the first of each parameter's two state blocks
@@ -82,16 +82,16 @@ func optimizerImpl(t *trace, impl optimrules.Impl, name string) (*trace, string,
 	perParam := len(first.temps) / len(params)
 	// foreach makes one temporary per parameter (two with Adam's L2 decay), each kind alive for all
 	// parameters together; the loop makes two (three), at most three (four) alive at once.
-	recorded := optimrules.Foreach
+	recorded := knob.Foreach
 	switch {
 	case perParam == 3, perParam == 2 && first.most <= 3 && first.most != len(params):
-		recorded = optimrules.ForLoop
+		recorded = knob.ForLoop
 	}
 	if recorded == impl {
 		return t, fmt.Sprintf("%s: the recording's step already runs %s (at most %d temporaries alive at once): "+
 			"nothing changes", name, impl, first.most), nil
 	}
-	if impl == optimrules.Foreach {
+	if impl == knob.Foreach {
 		return nil, "", fmt.Errorf("%s: the recording's step runs for-loop; moving it to foreach is not modelled: "+
 			"record with foreach (PyTorch's default on CUDA) instead", name)
 	}

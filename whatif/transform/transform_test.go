@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oomdbg/oomdbg/internal/optimrules"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/whatif/transform"
@@ -185,7 +185,7 @@ func TestAccumulateRepeatsMicroSteps(t *testing.T) {
 }
 
 func TestSwitchToSGDRemovesStateAndTemporaries(t *testing.T) {
-	out, _, err := transform.Apply(model(2), transform.SwitchOptimizer(transform.SGD))
+	out, _, err := transform.Apply(model(2), transform.SwitchOptimizer(knob.SGD))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestSwitchToSGDRemovesStateAndTemporaries(t *testing.T) {
 }
 
 func TestZeroingKeepsGradients(t *testing.T) {
-	out, _, err := transform.Apply(model(3), transform.ZeroGrad(transform.Zeroing))
+	out, _, err := transform.Apply(model(3), transform.ZeroGrad(knob.ZeroGradZero))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,8 +221,8 @@ func TestMissingTagsAreRefused(t *testing.T) {
 	c.alloc(0x1000, 1000, snapshot.CategoryUnknown, "")
 	c.free(0x1000, 1000)
 	for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.Accumulate(2),
-		transform.SwitchOptimizer(transform.SGD), transform.ZeroGrad(transform.Zeroing),
-		transform.Checkpoint(transform.Checkpointing{Every: 1})} {
+		transform.SwitchOptimizer(knob.SGD), transform.ZeroGrad(knob.ZeroGradZero),
+		transform.Checkpoint(knob.CheckpointAll)} {
 		_, _, err := transform.Apply(c.s, tr)
 		var missing *transform.MissingTagsError
 		if !errors.As(err, &missing) {
@@ -250,7 +250,7 @@ func TestCheckpointRecomputesBeforeBackward(t *testing.T) {
 		c.free(a+0x100, 2000)
 		c.free(a+0x200, 2000)
 	}
-	out, _, err := transform.Apply(c.s, transform.Checkpoint(transform.Checkpointing{Every: 1}))
+	out, _, err := transform.Apply(c.s, transform.Checkpoint(knob.CheckpointAll))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,11 +279,11 @@ func TestCheckpointRecomputesBeforeBackward(t *testing.T) {
 // incoming gradient kept as .grad.
 func TestSetToNoneUndoesZeroing(t *testing.T) {
 	in := model(3)
-	zeroed, _, err := transform.Apply(in, transform.ZeroGrad(transform.Zeroing))
+	zeroed, _, err := transform.Apply(in, transform.ZeroGrad(knob.ZeroGradZero))
 	if err != nil {
 		t.Fatal(err)
 	}
-	back, lines, err := transform.Apply(zeroed, transform.ZeroGrad(transform.SetToNone))
+	back, lines, err := transform.Apply(zeroed, transform.ZeroGrad(knob.ZeroGradNone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func adamModel(steps int) *snapshot.Snapshot {
 // and two float32 absmax of 262144/256 = 1024 blocks, plus the two 256-entry float32 maps; the
 // 1,024-element one keeps float32 state.
 func TestAdamW8bitState(t *testing.T) {
-	out, lines, err := transform.Apply(adamModel(2), transform.SwitchOptimizer(transform.AdamW8bit))
+	out, lines, err := transform.Apply(adamModel(2), transform.SwitchOptimizer(knob.AdamW8bit))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +377,7 @@ func TestAdamW8bitState(t *testing.T) {
 // root and the current denominator, where foreach held every parameter's root at once.
 func TestForLoopAdam(t *testing.T) {
 	in := adamModel(2)
-	out, lines, err := transform.Apply(in, transform.OptimizerImpl(optimrules.ForLoop))
+	out, lines, err := transform.Apply(in, transform.OptimizerImpl(knob.ForLoop))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestForLoopAdam(t *testing.T) {
 		t.Errorf("peak %d, want %d", got, want)
 	}
 	// The step's temporaries are now at most three alive at once: the trace reads as for-loop already.
-	_, lines, err = transform.Apply(out, transform.OptimizerImpl(optimrules.ForLoop))
+	_, lines, err = transform.Apply(out, transform.OptimizerImpl(knob.ForLoop))
 	if err != nil || !strings.Contains(lines[0], "nothing changes") {
 		t.Errorf("applied twice: %v %q", err, lines)
 	}
@@ -442,7 +442,7 @@ func blocksTrace(scoped bool) *snapshot.Snapshot {
 // allocations finds them, and checkpointing gives what it gives on the same trace with module scopes.
 func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
 	for _, every := range []int{1, 2} {
-		cp := transform.Checkpoint(transform.Checkpointing{Every: every})
+		cp := transform.Checkpoint(knob.CheckpointEvery(every))
 		scoped, _, err := transform.Apply(blocksTrace(true), cp)
 		if err != nil {
 			t.Fatal(err)
@@ -469,7 +469,7 @@ func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
 	c.free(0x100, 1000)
 	c.free(0x200, 2000)
 	var missing *transform.MissingTagsError
-	if _, _, err := transform.Apply(c.s, transform.Checkpoint(transform.Checkpointing{Every: 1})); !errors.As(err, &missing) {
+	if _, _, err := transform.Apply(c.s, transform.Checkpoint(knob.CheckpointAll)); !errors.As(err, &missing) {
 		t.Errorf("a forward without repeated blocks: error %v, want a MissingTagsError", err)
 	}
 }
@@ -522,7 +522,7 @@ func heldTrace() *snapshot.Snapshot {
 // made; at the late end it lives until the attention that made it returns, after C and before D. The early
 // end is what Apply gives, and a fix that places no release has no late end.
 func TestCheckpointReleaseEnds(t *testing.T) {
-	cp := transform.Checkpoint(transform.Checkpointing{Every: 1})
+	cp := transform.Checkpoint(knob.CheckpointAll)
 	forward := func(s *snapshot.Snapshot, n int) []int64 { // the first n allocations (+) and completed frees (-) of forward, by size
 		var got []int64
 		for _, e := range s.Events.All() {
@@ -577,10 +577,10 @@ func TestApplyIsDeterministic(t *testing.T) {
 		"blocks": blocksTrace(true), "held": heldTrace()}
 	for name, s := range traces {
 		for _, tr := range []transform.Transform{transform.BatchScale(0.5), transform.Accumulate(3),
-			transform.SwitchOptimizer(transform.SGD), transform.SwitchOptimizer(transform.AdamW8bit),
-			transform.ZeroGrad(transform.Zeroing), transform.ZeroGrad(transform.SetToNone),
-			transform.OptimizerImpl(optimrules.ForLoop), transform.Checkpoint(transform.Checkpointing{Every: 1}),
-			transform.Checkpoint(transform.Checkpointing{Every: 2})} {
+			transform.SwitchOptimizer(knob.SGD), transform.SwitchOptimizer(knob.AdamW8bit),
+			transform.ZeroGrad(knob.ZeroGradZero), transform.ZeroGrad(knob.ZeroGradNone),
+			transform.OptimizerImpl(knob.ForLoop), transform.Checkpoint(knob.CheckpointAll),
+			transform.Checkpoint(knob.CheckpointEvery(2))} {
 			var first []snapshot.Event
 			for run := range 8 {
 				out, _, err := transform.Apply(s, tr)

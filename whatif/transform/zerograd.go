@@ -5,26 +5,9 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
-
-// ZeroGradMode is what optimizer.zero_grad does with the gradients.
-type ZeroGradMode string
-
-// The modes.
-const (
-	SetToNone ZeroGradMode = "none" // release them (PyTorch's default): they live from backward to zero_grad
-	Zeroing   ZeroGradMode = "zero" // zero them in place: they live from the first backward on
-)
-
-// ParseZeroGradMode reads a zero_grad mode.
-func ParseZeroGradMode(s string) (ZeroGradMode, error) {
-	switch m := ZeroGradMode(s); m {
-	case SetToNone, Zeroing:
-		return m, nil
-	}
-	return "", fmt.Errorf("unknown zero_grad mode %q (want none or zero)", s)
-}
 
 // ZeroGrad moves the trace to zero_grad mode m. The recorded mode is read off the trace: whether its
 // zero_grad phases release gradients. From set_to_none to zeroing, the gradients made by the first backward
@@ -33,10 +16,10 @@ func ParseZeroGradMode(s string) (ZeroGradMode, error) {
 // zeroing to set_to_none, the gradients are released at every zero_grad and made again where the next
 // backward first writes them: AccumulateGrad steals the incoming gradient (or copies it) where the first
 // backward did, found in the later backward by the size and stack of what it allocated (toSetToNone).
-func ZeroGrad(m ZeroGradMode) Transform {
-	name := "zero_grad " + string(m)
+func ZeroGrad(m knob.ZeroGrad) Transform {
+	name := "zero_grad " + m.String()
 	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
-		if _, err := ParseZeroGradMode(string(m)); err != nil {
+		if _, err := knob.ParseZeroGrad(m.String()); err != nil {
 			return nil, "", err
 		}
 		if err := t.requireTags(name, true, true); err != nil {
@@ -46,7 +29,7 @@ func ZeroGrad(m ZeroGradMode) Transform {
 	}}
 }
 
-func zeroGrad(t *trace, m ZeroGradMode, name string) (*trace, string, error) {
+func zeroGrad(t *trace, m knob.ZeroGrad, name string) (*trace, string, error) {
 	bs := t.index()
 	first := -1 // the first zero_grad phase
 	var released int
@@ -64,14 +47,14 @@ func zeroGrad(t *trace, m ZeroGradMode, name string) (*trace, string, error) {
 	if first < 0 {
 		return nil, "", &MissingTagsError{name, "zero_grad phase"}
 	}
-	recorded := Zeroing
+	recorded := knob.ZeroGradZero
 	if released > 0 {
-		recorded = SetToNone
+		recorded = knob.ZeroGradNone
 	}
 	if recorded == m {
 		return t, fmt.Sprintf("%s: the recording's zero_grad already does this: nothing changes", name), nil
 	}
-	if m == SetToNone {
+	if m == knob.ZeroGradNone {
 		return toSetToNone(t, bs, first, name)
 	}
 	out := t.derive(len(t.events))

@@ -31,6 +31,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchrules"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/device"
@@ -671,7 +672,7 @@ func trainMLP(t *testing.T, dev *device.Device, rec *tracer.Recorder, batches []
 	err := rt.Catch(func() {
 		rt.SetPhase(snapshot.PhaseSetup)
 		model := nn.NewMLP(rt, nn.MLPConfig{In: 256, Hidden: 1024, Layers: 2, Classes: 10, DType: tensor.F32})
-		opt, err := optim.New(rt, model.Parameters(), optim.Config{Kind: optim.Adam, LR: 1e-3})
+		opt, err := optim.New(rt, model.Parameters(), optim.Config{Kind: knob.Adam, LR: 1e-3})
 		if err != nil {
 			setupErr = err
 			return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -24,7 +25,7 @@ type flatAdam struct {
 
 func newFlatAdam(p *tensor.Tensor, cfg optim.Config, label string) *flatAdam {
 	cfg = cfg.Defaults()
-	return &flatAdam{cfg: cfg, p: p, label: label, decoupled: cfg.Kind == optim.AdamW}
+	return &flatAdam{cfg: cfg, p: p, label: label, decoupled: cfg.Kind == knob.AdamW}
 }
 
 // step updates the partition from its fp32 gradient g.

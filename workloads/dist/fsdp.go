@@ -3,6 +3,7 @@ package dist
 import (
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/optim"
@@ -132,8 +133,8 @@ func (f *fsdp) Wrap(model nn.Module) {
 		rt = f.host
 	}
 	cfg := f.env.Optimizer
-	if f.offloaded() && (cfg.Kind == optim.Adam || cfg.Kind == optim.AdamW) && cfg.Impl == "" {
-		cfg.Impl = optim.ForLoop // torch.optim's default on CPU tensors: neither foreach nor fused
+	if f.offloaded() && (cfg.Kind == knob.Adam || cfg.Kind == knob.AdamW) && cfg.Impl == "" {
+		cfg.Impl = knob.ForLoop // torch.optim's default on CPU tensors: neither foreach nor fused
 	}
 	opt, err := optim.New(rt, f.shards, cfg)
 	if err != nil {

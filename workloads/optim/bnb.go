@@ -2,6 +2,7 @@ package optim
 
 import (
 	"github.com/oomdbg/oomdbg/internal/optimrules"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -35,7 +36,7 @@ type bnbState struct {
 }
 
 func newBNB(rt *tensor.Runtime, params []*nn.Parameter, cfg Config) *bnb {
-	return &bnb{base: base{rt: rt, params: params}, cfg: cfg, bits8: cfg.Kind != PagedAdamW, paged: cfg.Kind != AdamW8bit,
+	return &bnb{base: base{rt: rt, params: params}, cfg: cfg, bits8: cfg.Kind != knob.PagedAdamW, paged: cfg.Kind != knob.AdamW8bit,
 		state: map[*nn.Parameter]*bnbState{}}
 }
 

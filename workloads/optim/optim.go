@@ -9,79 +9,23 @@ package optim
 
 import (
 	"fmt"
-	"github.com/oomdbg/oomdbg/internal/optimrules"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
-// Kind names an optimizer.
-type Kind string
-
-// The optimizers.
-const (
-	SGD      Kind = "sgd"
-	Momentum Kind = "momentum"
-	Adam     Kind = "adam"
-	AdamW    Kind = "adamw"
-	// AdamW8bit is bitsandbytes.optim.AdamW8bit (HF Trainer's adamw_bnb_8bit): one byte per state element.
-	AdamW8bit Kind = "adamw8bit"
-	// PagedAdamW is bitsandbytes.optim.PagedAdamW (paged_adamw_32bit): float32 state in unified memory.
-	PagedAdamW Kind = "paged-adamw"
-	// PagedAdamW8bit is bitsandbytes.optim.PagedAdamW8bit (paged_adamw_8bit).
-	PagedAdamW8bit Kind = "paged-adamw8bit"
-)
-
-// Kinds lists every optimizer.
-var Kinds = []Kind{SGD, Momentum, Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit}
-
-// ParseKind returns the optimizer named s.
-func ParseKind(s string) (Kind, error) {
-	for _, k := range Kinds {
-		if Kind(s) == k {
-			return k, nil
-		}
-	}
-	return "", fmt.Errorf("unknown optimizer %q (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)", s)
-}
-
-// Impl is how torch.optim runs Adam and AdamW (optimrules.Impl).
-type Impl = optimrules.Impl
-
-// The implementations.
-const (
-	Foreach = optimrules.Foreach
-	Fused   = optimrules.Fused
-	ForLoop = optimrules.ForLoop
-)
-
-// ParseImpl returns the implementation named s ("" is Foreach).
-func ParseImpl(s string) (Impl, error) { return optimrules.ParseImpl(s) }
-
-// MarshalText returns the optimizer's name.
-func (k Kind) MarshalText() ([]byte, error) { return []byte(k), nil }
-
-// UnmarshalText reads an optimizer's name (ParseKind).
-func (k *Kind) UnmarshalText(text []byte) error {
-	v, err := ParseKind(string(text))
-	if err != nil {
-		return err
-	}
-	*k = v
-	return nil
-}
-
 // Config sets an optimizer's hyperparameters; zero values take PyTorch's defaults.
 type Config struct {
-	Kind        Kind
+	Kind        knob.Optimizer
 	LR          float32 // learning rate (default 1e-3)
 	Momentum    float32 // SGD momentum (default 0.9 for Momentum)
 	Beta1       float32 // Adam betas (default 0.9, 0.999)
 	Beta2       float32
-	Eps         float32 // Adam eps (default 1e-8)
-	WeightDecay float32 // default 0, and 0.01 for AdamW
-	Impl        Impl    // Adam and AdamW: foreach (default), fused or for-loop
+	Eps         float32            // Adam eps (default 1e-8)
+	WeightDecay float32            // default 0, and 0.01 for AdamW
+	Impl        knob.OptimizerImpl // Adam and AdamW: foreach (default), fused or for-loop
 }
 
 // Optimizer updates parameters from their gradients.
@@ -101,11 +45,11 @@ func (c Config) Defaults() Config {
 		c.LR = 1e-3
 	}
 	switch c.Kind {
-	case Momentum:
+	case knob.Momentum:
 		if c.Momentum == 0 {
 			c.Momentum = 0.9
 		}
-	case Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit:
+	case knob.Adam, knob.AdamW, knob.AdamW8bit, knob.PagedAdamW, knob.PagedAdamW8bit:
 		if c.Beta1 == 0 {
 			c.Beta1 = 0.9
 		}
@@ -115,7 +59,7 @@ func (c Config) Defaults() Config {
 		if c.Eps == 0 {
 			c.Eps = 1e-8
 		}
-		if c.Kind != Adam && c.WeightDecay == 0 {
+		if c.Kind != knob.Adam && c.WeightDecay == 0 {
 			c.WeightDecay = 0.01
 		}
 	}
@@ -126,13 +70,13 @@ func (c Config) Defaults() Config {
 func New(rt *tensor.Runtime, params []*nn.Parameter, cfg Config) (Optimizer, error) {
 	cfg = cfg.Defaults()
 	switch cfg.Kind {
-	case SGD, Momentum:
+	case knob.SGD, knob.Momentum:
 		return &sgd{base: base{rt: rt, params: params}, cfg: cfg}, nil
-	case Adam, AdamW, AdamW8bit, PagedAdamW, PagedAdamW8bit:
-		if cfg.Kind != Adam && cfg.Kind != AdamW {
+	case knob.Adam, knob.AdamW, knob.AdamW8bit, knob.PagedAdamW, knob.PagedAdamW8bit:
+		if cfg.Kind != knob.Adam && cfg.Kind != knob.AdamW {
 			return newBNB(rt, params, cfg), nil
 		}
-		impl, err := ParseImpl(string(cfg.Impl))
+		impl, err := knob.ParseOptimizerImpl(string(cfg.Impl))
 		if err != nil {
 			return nil, err
 		}
@@ -215,7 +159,7 @@ func (o *sgd) Step() {
 			defer releaseAll(decayed)
 			grads = decayed
 		}
-		if o.cfg.Kind == Momentum {
+		if o.cfg.Kind == knob.Momentum {
 			if o.buf == nil {
 				o.buf = map[*nn.Parameter]*tensor.Tensor{}
 			}
@@ -254,9 +198,9 @@ func (o *adam) Step() {
 		exps, sqs := o.initGroup(params)
 		o.step++
 		switch o.cfg.Impl {
-		case Fused:
+		case knob.Fused:
 			o.fused(params, grads, exps, sqs)
-		case ForLoop:
+		case knob.ForLoop:
 			o.forLoop(params, grads, exps, sqs)
 		default:
 			o.foreach(params, grads, exps, sqs)
@@ -275,7 +219,7 @@ func (o *adam) initGroup(params []*nn.Parameter) (exps, sqs []*tensor.Tensor) {
 	for i, p := range params {
 		if o.expAvg[p] == nil {
 			prev := o.rt.SetCategory(snapshot.CategoryOptimizerState)
-			if o.cfg.Impl == Fused {
+			if o.cfg.Impl == knob.Fused {
 				o.newState(o.rt.Zeros(tensor.F32, nil, "step", snapshot.CategoryOptimizerState), p, "step")
 			}
 			o.expAvg[p] = o.newState(tensor.ZerosLike(p.Tensor, "exp_avg", snapshot.CategoryOptimizerState), p, "exp_avg")
@@ -292,7 +236,7 @@ func (o *adam) foreach(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor
 	c := o.cfg
 	var decayed []*tensor.Tensor
 	switch {
-	case c.Kind == AdamW && c.WeightDecay != 0: // decoupled: params scaled in place
+	case c.Kind == knob.AdamW && c.WeightDecay != 0: // decoupled: params scaled in place
 		for _, p := range params {
 			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
 		}
@@ -338,7 +282,7 @@ func (o *adam) forLoop(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor
 		grad.Release()
 		grad = grads[i].Ref()
 		switch {
-		case c.Kind == AdamW && c.WeightDecay != 0:
+		case c.Kind == knob.AdamW && c.WeightDecay != 0:
 			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
 		case c.WeightDecay != 0:
 			d := tensor.AddNoGrad(grad, p.Tensor, c.WeightDecay, "adam.decayed_grad")
@@ -364,11 +308,11 @@ func (o *adam) fused(params []*nn.Parameter, grads, exps, sqs []*tensor.Tensor) 
 	c := o.cfg
 	bc1, bc2 := o.biasCorrections()
 	for i, p := range params {
-		if c.Kind == AdamW && c.WeightDecay != 0 {
+		if c.Kind == knob.AdamW && c.WeightDecay != 0 {
 			tensor.Scale_(p.Tensor, 1-c.LR*c.WeightDecay)
 		}
 		g := grads[i]
-		if c.Kind == Adam && c.WeightDecay != 0 { // inside the kernel: no temporary
+		if c.Kind == knob.Adam && c.WeightDecay != 0 { // inside the kernel: no temporary
 			tensor.AddFused_(exps[i], sqs[i], g, p.Tensor, c.WeightDecay, c.Beta1, c.Beta2)
 		} else {
 			tensor.AddFused_(exps[i], sqs[i], g, nil, 0, c.Beta1, c.Beta2)

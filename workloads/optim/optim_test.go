@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn"
@@ -43,20 +44,20 @@ func TestOptimizersMatchPyTorch(t *testing.T) {
 		{{-0.3, 0.1, 0.2, 0.05}, {0.5, 0.5}},
 	}
 	tests := map[string]optCase{
-		"sgd":        {Config{Kind: SGD, LR: 0.1}, "torch.optim.SGD(ps, lr=0.1, foreach=True)"},
-		"momentum":   {Config{Kind: Momentum, LR: 0.1}, "torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True)"},
-		"sgd decay":  {Config{Kind: SGD, LR: 0.1, WeightDecay: 0.1}, "torch.optim.SGD(ps, lr=0.1, weight_decay=0.1, foreach=True)"},
-		"adam":       {Config{Kind: Adam, LR: 0.01}, "torch.optim.Adam(ps, lr=0.01, foreach=True)"},
-		"adam decay": {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True)"},
-		"adamw":      {Config{Kind: AdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
-		"adam for-loop": {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1, Impl: ForLoop},
+		"sgd":        {Config{Kind: knob.SGD, LR: 0.1}, "torch.optim.SGD(ps, lr=0.1, foreach=True)"},
+		"momentum":   {Config{Kind: knob.Momentum, LR: 0.1}, "torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True)"},
+		"sgd decay":  {Config{Kind: knob.SGD, LR: 0.1, WeightDecay: 0.1}, "torch.optim.SGD(ps, lr=0.1, weight_decay=0.1, foreach=True)"},
+		"adam":       {Config{Kind: knob.Adam, LR: 0.01}, "torch.optim.Adam(ps, lr=0.01, foreach=True)"},
+		"adam decay": {Config{Kind: knob.Adam, LR: 0.01, WeightDecay: 0.1}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True)"},
+		"adamw":      {Config{Kind: knob.AdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
+		"adam for-loop": {Config{Kind: knob.Adam, LR: 0.01, WeightDecay: 0.1, Impl: knob.ForLoop},
 			"torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=False)"},
-		"adamw for-loop": {Config{Kind: AdamW, LR: 0.01, Impl: ForLoop}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
+		"adamw for-loop": {Config{Kind: knob.AdamW, LR: 0.01, Impl: knob.ForLoop}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
 		// PyTorch's CPU build has no fused Adam (it requires CUDA); its math is the for-loop's.
-		"adam fused":  {Config{Kind: Adam, LR: 0.01, WeightDecay: 0.1, Impl: Fused}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=False)"},
-		"adamw fused": {Config{Kind: AdamW, LR: 0.01, Impl: Fused}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
+		"adam fused":  {Config{Kind: knob.Adam, LR: 0.01, WeightDecay: 0.1, Impl: knob.Fused}, "torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=False)"},
+		"adamw fused": {Config{Kind: knob.AdamW, LR: 0.01, Impl: knob.Fused}, "torch.optim.AdamW(ps, lr=0.01, foreach=False)"},
 		// bitsandbytes' 32-bit paged AdamW updates as torch's AdamW does (optimizer_update_32bit).
-		"paged adamw": {Config{Kind: PagedAdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
+		"paged adamw": {Config{Kind: knob.PagedAdamW, LR: 0.01}, "torch.optim.AdamW(ps, lr=0.01, foreach=True)"},
 	}
 	// One PyTorch run computes every case: importing torch is the slow part.
 	script := fmt.Sprintf(`
@@ -175,26 +176,26 @@ func TestOptimizerMemory(t *testing.T) {
 		firstPeak, secondPeak  int64 // above parameters + gradients
 		firstAfter, afterSteps int64 // state left after the first step and after the second
 	}{
-		"sgd":      {Config{Kind: SGD}, 0, 0, 0, 0},
-		"momentum": {Config{Kind: Momentum}, P, P, P, P},
+		"sgd":      {Config{Kind: knob.SGD}, 0, 0, 0, 0},
+		"momentum": {Config{Kind: knob.Momentum}, P, P, P, P},
 		// Adam: exp_avg and exp_avg_sq allocated at the first step, then every sqrt temporary alive at once.
-		"adam":       {Config{Kind: Adam}, 3 * P, 3 * P, 2 * P, 2 * P},
-		"adam decay": {Config{Kind: Adam, WeightDecay: 0.1}, 3 * P, 3 * P, 2 * P, 2 * P},
-		"adamw":      {Config{Kind: AdamW}, 3 * P, 3 * P, 2 * P, 2 * P},
+		"adam":       {Config{Kind: knob.Adam}, 3 * P, 3 * P, 2 * P, 2 * P},
+		"adam decay": {Config{Kind: knob.Adam, WeightDecay: 0.1}, 3 * P, 3 * P, 2 * P, 2 * P},
+		"adamw":      {Config{Kind: knob.AdamW}, 3 * P, 3 * P, 2 * P, 2 * P},
 		// for-loop: one parameter's square root and quotient at a time, and the previous quotient until the
 		// next is made: at p1, 64 KiB (denom of p0) + 2 x 128 KiB.
-		"adam for-loop":  {Config{Kind: Adam, Impl: ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
-		"adamw for-loop": {Config{Kind: AdamW, Impl: ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
+		"adam for-loop":  {Config{Kind: knob.Adam, Impl: knob.ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
+		"adamw for-loop": {Config{Kind: knob.AdamW, Impl: knob.ForLoop}, 2*P + p0*4 + 2*p1*4, 2*P + p0*4 + 2*p1*4, 2 * P, 2 * P},
 		// with L2 decay, grad.add(param) is a temporary too, alive until the next parameter's replaces it.
-		"adam decay for-loop": {Config{Kind: Adam, WeightDecay: 0.1, Impl: ForLoop}, 2*P + p0*4 + 3*p1*4, 2*P + p0*4 + 3*p1*4, 2 * P, 2 * P},
+		"adam decay for-loop": {Config{Kind: knob.Adam, WeightDecay: 0.1, Impl: knob.ForLoop}, 2*P + p0*4 + 3*p1*4, 2*P + p0*4 + 3*p1*4, 2 * P, 2 * P},
 		// fused: no temporaries, and a float32 step counter on the device per parameter (a 512-byte block).
-		"adamw fused": {Config{Kind: AdamW, Impl: Fused}, 2*P + 1024, 2*P + 1024, 2*P + 1024, 2*P + 1024},
+		"adamw fused": {Config{Kind: knob.AdamW, Impl: knob.Fused}, 2*P + 1024, 2*P + 1024, 2*P + 1024, 2*P + 1024},
 		// bitsandbytes 8-bit: a byte per element for each moment, a float32 absmax per 256 elements for each
 		// (p0: 64, p1: 128 blocks; 512-byte blocks), two 1 KiB quantization maps; no temporaries.
-		"adamw8bit":       {Config{Kind: AdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
-		"paged-adamw8bit": {Config{Kind: PagedAdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
+		"adamw8bit":       {Config{Kind: knob.AdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
+		"paged-adamw8bit": {Config{Kind: knob.PagedAdamW8bit}, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024, P/2 + 4*512 + 2*1024},
 		// bitsandbytes 32-bit: float32 moments, no absmax, no maps.
-		"paged-adamw": {Config{Kind: PagedAdamW}, 2 * P, 2 * P, 2 * P, 2 * P},
+		"paged-adamw": {Config{Kind: knob.PagedAdamW}, 2 * P, 2 * P, 2 * P, 2 * P},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -242,7 +243,7 @@ func TestEightBitStateIsSmallForSmallParameters(t *testing.T) {
 	rt := runtimeOn(device.Meta)
 	ps := params(rt, [][]float32{make([]float32, 4095)}, [][]float32{make([]float32, 4095)})
 	base := allocatedNow(rt)
-	opt, _ := New(rt, ps, Config{Kind: AdamW8bit})
+	opt, _ := New(rt, ps, Config{Kind: knob.AdamW8bit})
 	opt.Step()
 	if got, want := allocatedNow(rt)-base, int64(2*16384); got != want { // 4095 x 4 bytes is a 16 KiB block
 		t.Errorf("%d bytes of state for a 4095-element parameter, want %d (two float32 moments)", got, want)
@@ -258,7 +259,7 @@ func TestPagedStateIsOutsideTheAllocator(t *testing.T) {
 	rt := tensor.NewRuntime(device.NewSimulated(device.Meta, 0, 64<<20, 0, allocator.DefaultConfig()), nil, 1)
 	ps := params(rt, [][]float32{make([]float32, n)}, [][]float32{make([]float32, n)})
 	base := allocatedNow(rt)
-	opt, _ := New(rt, ps, Config{Kind: PagedAdamW})
+	opt, _ := New(rt, ps, Config{Kind: knob.PagedAdamW})
 	opt.Step()
 	if got := allocatedNow(rt) - base; got != 0 {
 		t.Errorf("paged state took %d bytes of the caching allocator, want 0", got)
@@ -302,7 +303,7 @@ func TestEightBitAdamWTracksAdamW(t *testing.T) {
 	for i := range r {
 		r[i] = float32(math.Sin(float64(i))) * 0.1
 	}
-	run := func(kind Kind) []float32 {
+	run := func(kind knob.Optimizer) []float32 {
 		rt := runtimeOn(device.CPU)
 		ps := params(rt, [][]float32{r}, [][]float32{r})
 		opt, _ := New(rt, ps, Config{Kind: kind, LR: 0.01})
@@ -316,17 +317,17 @@ func TestEightBitAdamWTracksAdamW(t *testing.T) {
 		}
 		return ps[0].Tensor.Values()
 	}
-	full, eight := run(AdamW), run(AdamW8bit)
+	full, eight := run(knob.AdamW), run(knob.AdamW8bit)
 	var diff, moved float64
 	for i := range full {
 		diff += math.Abs(float64(full[i] - eight[i]))
 		moved += math.Abs(float64(full[i] - r[i]))
 	}
 	if diff > 0.05*moved {
-		t.Errorf("8-bit AdamW is %.4g away from AdamW over a move of %.4g", diff, moved)
+		t.Errorf("8-bit knob.AdamW is %.4g away from knob.AdamW over a move of %.4g", diff, moved)
 	}
 	if diff == 0 {
-		t.Error("8-bit AdamW equals AdamW exactly: the state is not quantized")
+		t.Error("8-bit knob.AdamW equals knob.AdamW exactly: the state is not quantized")
 	}
 }
 
@@ -334,7 +335,7 @@ func TestGradScalerSkipsOverflowingSteps(t *testing.T) {
 	rt := runtimeOn(device.CPU)
 	inf := float32(math.Inf(1))
 	ps := params(rt, [][]float32{{1, 2}}, [][]float32{{0.5, inf}})
-	opt, _ := New(rt, ps, Config{Kind: SGD, LR: 0.1})
+	opt, _ := New(rt, ps, Config{Kind: knob.SGD, LR: 0.1})
 	s := NewGradScaler(rt)
 	loss := rt.FromValues(tensor.F32, nil, []float32{2}, "loss", snapshot.CategoryTemporary)
 	scaled := s.Scale(loss)

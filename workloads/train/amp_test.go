@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -103,7 +104,7 @@ func TestSavedBytesPerLogit(t *testing.T) {
 		t.Run(amp, func(t *testing.T) {
 			saved := func(vocab int) (activations, casts uint64, logits int) {
 				cfg := smallGPT(vocab)
-				a, err := ParseAMP(amp)
+				a, err := knob.ParseAMP(amp)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -153,8 +154,8 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base.Device, base.AMP, base.Attention, base.Dropout, base.Steps = "cpu", AMPBF16, AttentionFlash, 0.1, 1
-	step := func(checkpoint Checkpoint) (*probe, map[string][]float32) {
+	base.Device, base.AMP, base.Attention, base.Dropout, base.Steps = "cpu", knob.AMPBF16, knob.AttentionFlash, 0.1, 1
+	step := func(checkpoint knob.Checkpoint) (*probe, map[string][]float32) {
 		cfg := base
 		cfg.Checkpoint = checkpoint
 		r, p := probedRun(t, cfg)
@@ -167,8 +168,8 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 		}
 		return p, grads
 	}
-	plain, plainGrads := step(CheckpointOff)
-	ckpt, ckptGrads := step(CheckpointAll)
+	plain, plainGrads := step(knob.CheckpointOff)
+	ckpt, ckptGrads := step(knob.CheckpointAll)
 
 	var linears int
 	for _, l := range ckpt.labels[snapshot.PhaseRecompute] {
@@ -204,7 +205,7 @@ func TestRecomputeRunsUnderAutocast(t *testing.T) {
 func TestLogitsKept(t *testing.T) {
 	peaks := func(logits string) []phasePeak {
 		cfg := smallGPT(1000)
-		cfg.AMP, cfg.Logits, cfg.Steps = AMPBF16, logits, 2
+		cfg.AMP, cfg.Logits, cfg.Steps = knob.AMPBF16, logits, 2
 		r, p := probedRun(t, cfg)
 		if err := r.rt.Catch(func() {
 			r.iterate(0, false)

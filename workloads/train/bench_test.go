@@ -6,10 +6,10 @@ import (
 	"io"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // BenchmarkMetaStepBuildalong measures one training step of the OOM build-along model (d_model 2048, 24
@@ -23,7 +23,9 @@ func BenchmarkMetaStepBuildalong(b *testing.B) {
 	}
 	benchmarkMetaStep(b, cfg, []benchFix{
 		{"as-is", func(*Config) {}},
-		{"bf16+flash+checkpoint", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll }},
+		{"bf16+flash+checkpoint", func(c *Config) {
+			c.AMP, c.Attention, c.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
+		}},
 	})
 }
 
@@ -36,10 +38,10 @@ func BenchmarkMetaStepLlama8BQLoRA(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA, cfg.AMP = 16, AllLoRATargets, true, AMPBF16
+	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA, cfg.AMP = 16, AllLoRATargets, true, knob.AMPBF16
 	benchmarkMetaStep(b, cfg, []benchFix{
 		{"qlora", func(*Config) {}},
-		{"qlora+checkpoint+paged-adamw8bit", func(c *Config) { c.Checkpoint, c.Optimizer = CheckpointAll, optim.PagedAdamW8bit }},
+		{"qlora+checkpoint+paged-adamw8bit", func(c *Config) { c.Checkpoint, c.Optimizer = knob.CheckpointAll, knob.PagedAdamW8bit }},
 	})
 }
 
@@ -116,7 +118,7 @@ func BenchmarkMetaStepRank(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.Weights, cfg.AMP, cfg.Checkpoint, cfg.Optimizer = WeightsF32, AMPBF16, CheckpointAll, optim.AdamW
+	cfg.Weights, cfg.AMP, cfg.Checkpoint, cfg.Optimizer = WeightsF32, knob.AMPBF16, knob.CheckpointAll, knob.AdamW
 	var fixes []benchFix
 	for _, s := range []dist.Strategy{dist.Single, dist.DDP, dist.ZeRO3, dist.FSDPFull} {
 		fixes = append(fixes, benchFix{s.String(), func(c *Config) {

@@ -14,10 +14,10 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
@@ -70,11 +70,11 @@ type Config struct {
 	SortByLength bool    `json:"sort_by_length,omitempty"` // group samples of similar length (Trainer's group_by_length)
 
 	// Fixes.
-	AMP        AMP        `json:"amp"`                  // off, fp16 (with dynamic loss scaling) or bf16
-	Checkpoint Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block) or attn (attention only)
-	Attention  Attention  `json:"attention"`            // naive or flash
-	Accum      int        `json:"accum"`                // micro-batches per optimizer step (gradient accumulation)
-	EmptyCache EmptyCache `json:"empty_cache,omitzero"` // when the loop calls torch.cuda.empty_cache()
+	AMP        knob.AMP        `json:"amp"`                  // off, fp16 (with dynamic loss scaling) or bf16
+	Checkpoint knob.Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block) or attn (attention only)
+	Attention  knob.Attention  `json:"attention"`            // naive or flash
+	Accum      int             `json:"accum"`                // micro-batches per optimizer step (gradient accumulation)
+	EmptyCache EmptyCache      `json:"empty_cache,omitzero"` // when the loop calls torch.cuda.empty_cache()
 	// Logits is how long the loop holds the model's logits: LogitsKeep (the GPT presets: nanoGPT's loop) or
 	// LogitsDrop ("" too: the MLP's loop).
 	Logits string `json:"logits,omitempty"`
@@ -89,12 +89,12 @@ type Config struct {
 	ContextReserve uint64      `json:"context_reserve"` // taken by the CUDA context before the allocator
 	AllocConf      AllocConf   `json:"alloc_conf,omitzero"`
 
-	Optimizer optim.Kind `json:"optimizer"` // one of optim.Kinds
+	Optimizer knob.Optimizer `json:"optimizer"` // one of knob.Optimizers
 	// OptimizerImpl is how torch.optim runs Adam and AdamW: foreach ("" too), fused or for-loop.
-	OptimizerImpl optim.Impl `json:"optimizer_impl,omitempty"`
-	LR            float32    `json:"lr"`
-	WeightDecay   float32    `json:"weight_decay,omitempty"`
-	ZeroGrad      ZeroGrad   `json:"zero_grad"` // none (set_to_none, the default) or zero
+	OptimizerImpl knob.OptimizerImpl `json:"optimizer_impl,omitempty"`
+	LR            float32            `json:"lr"`
+	WeightDecay   float32            `json:"weight_decay,omitempty"`
+	ZeroGrad      knob.ZeroGrad      `json:"zero_grad"` // none (set_to_none, the default) or zero
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
@@ -154,7 +154,7 @@ func (c *Config) llamaConfig() nn.LlamaConfig {
 		dtype = tensor.BF16 // the QLoRA recipe loads with torch_dtype=bfloat16
 	}
 	attention := "naive"
-	if c.Attention == AttentionFlash {
+	if c.Attention == knob.AttentionFlash {
 		attention = "flash"
 	}
 	m := nn.LlamaConfig{Vocab: c.Vocab, DModel: c.DModel, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
@@ -232,8 +232,8 @@ func DefaultMLP() Config {
 		Model: "mlp", InFeatures: 32, Hidden: 128, Layers: 2, Classes: 8,
 		Batch: 64, Steps: 200, EvalEvery: 0,
 		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: optim.Adam, LR: 1e-2, ZeroGrad: ZeroGradNone, Seed: 1,
-		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionNaive, Accum: 1,
+		Optimizer: knob.Adam, LR: 1e-2, ZeroGrad: knob.ZeroGradNone, Seed: 1,
+		AMP: knob.AMPOff, Checkpoint: knob.CheckpointOff, Attention: knob.AttentionNaive, Accum: 1,
 	}
 }
 
@@ -255,16 +255,16 @@ func (c *Config) Validate() error {
 	}
 	// The settings below were parsed where they came in (flags, JSON); what is left is to check the ones made
 	// in code and how they combine.
-	if c.AMP > AMPBF16 || c.Attention > AttentionFlash || c.ZeroGrad > ZeroGradZero {
+	if c.AMP > knob.AMPBF16 || c.Attention > knob.AttentionFlash || c.ZeroGrad > knob.ZeroGradZero {
 		return fmt.Errorf("invalid settings: %s, %s, %s", c.AMP, c.Attention, c.ZeroGrad)
 	}
 	if c.Logits != "" && c.Logits != LogitsKeep && c.Logits != LogitsDrop {
 		return fmt.Errorf("unknown logits %q (want keep or drop)", c.Logits)
 	}
-	if c.Model == "mlp" && (c.Checkpoint != CheckpointOff || c.Attention != AttentionNaive) {
+	if c.Model == "mlp" && (c.Checkpoint != knob.CheckpointOff || c.Attention != knob.AttentionNaive) {
 		return fmt.Errorf("checkpoint and attention apply to the gpt and llama models")
 	}
-	if c.Model == "llama" && c.Checkpoint == CheckpointAttention {
+	if c.Model == "llama" && c.Checkpoint == knob.CheckpointAttention {
 		return fmt.Errorf("checkpoint attn applies to the gpt model (llama: off, all or every:N)")
 	}
 	if err := c.validateLengths(); err != nil {
@@ -279,13 +279,13 @@ func (c *Config) Validate() error {
 	if err := allocator.CheckConfig(c.AllocConf.Config); err != nil {
 		return fmt.Errorf("alloc conf: %w", err)
 	}
-	if _, err := optim.ParseKind(string(c.Optimizer)); err != nil {
+	if _, err := knob.ParseOptimizer(string(c.Optimizer)); err != nil {
 		return err // a Config made in code with a name that is not an optimizer's
 	}
-	if _, err := optim.ParseImpl(string(c.OptimizerImpl)); err != nil {
+	if _, err := knob.ParseOptimizerImpl(string(c.OptimizerImpl)); err != nil {
 		return err
 	}
-	if c.AMP == AMPFP16 && c.Weights == WeightsFP16 {
+	if c.AMP == knob.AMPFP16 && c.Weights == WeightsFP16 {
 		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
@@ -305,9 +305,9 @@ func (c *Config) validateParallel() error {
 	switch {
 	case c.Device == device.CPU && s != dist.DDP:
 		return fmt.Errorf("%s runs on the meta (or cuda) device: one rank's shard cannot update the model's values on the cpu device (--dp ddp can)", s)
-	case s.ZeRO() && c.Optimizer != optim.Adam && c.Optimizer != optim.AdamW:
+	case s.ZeRO() && c.Optimizer != knob.Adam && c.Optimizer != knob.AdamW:
 		return fmt.Errorf("%s steps with DeepSpeed's Adam on its fp32 partition: choose --optimizer adam or adamw, not %s", s, c.Optimizer)
-	case s != dist.DDP && (c.Optimizer == optim.PagedAdamW || c.Optimizer == optim.PagedAdamW8bit || c.Optimizer == optim.AdamW8bit):
+	case s != dist.DDP && (c.Optimizer == knob.PagedAdamW || c.Optimizer == knob.PagedAdamW8bit || c.Optimizer == knob.AdamW8bit):
 		return fmt.Errorf("%s with bitsandbytes' optimizers is not modelled (--dp ddp is)", s)
 	case c.QLoRA && s != dist.DDP:
 		return fmt.Errorf("qlora with %s is not modelled: its 4-bit base is not sharded here (--dp ddp is)", s)

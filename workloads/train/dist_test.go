@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
@@ -22,7 +23,7 @@ import (
 func distGPT() Config {
 	c := gpt(4, 4, 256, 32, 500, 2)
 	c.Bias = true
-	c.AMP, c.Attention, c.Optimizer, c.Steps = AMPBF16, AttentionFlash, "adamw", 2
+	c.AMP, c.Attention, c.Optimizer, c.Steps = knob.AMPBF16, knob.AttentionFlash, "adamw", 2
 	c.GPUMemory = 1 << 40
 	return c
 }
@@ -259,7 +260,7 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 // of backward. SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
 func TestFSDPHoldsTwoUnshardedUnits(t *testing.T) {
 	t.Parallel()
-	for _, ckpt := range []Checkpoint{CheckpointOff, CheckpointAll} {
+	for _, ckpt := range []knob.Checkpoint{knob.CheckpointOff, knob.CheckpointAll} {
 		for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
 			t.Run(fmt.Sprintf("%s/checkpoint %s", strategy, ckpt), func(t *testing.T) {
 				t.Parallel()
@@ -395,7 +396,7 @@ func TestActivationsPerRankAreTheSingleGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	base.Layers, base.Seq, base.Batch, base.Steps, base.GPUMemory = 4, 256, 2, 2, 1<<40
-	base.Optimizer, base.Checkpoint = "adamw", CheckpointOff
+	base.Optimizer, base.Checkpoint = "adamw", knob.CheckpointOff
 	activations := func(cfg Config) (atBackward int64) {
 		_, s := record(t, cfg)
 		found := false
@@ -416,11 +417,11 @@ func TestActivationsPerRankAreTheSingleGPUs(t *testing.T) {
 		return atBackward
 	}
 	autocast := base
-	autocast.Weights, autocast.AMP = WeightsF32, AMPBF16
+	autocast.Weights, autocast.AMP = WeightsF32, knob.AMPBF16
 	half := base
-	half.Weights, half.AMP = WeightsBF16, AMPOff
+	half.Weights, half.AMP = WeightsBF16, knob.AMPOff
 	halfAutocast := base
-	halfAutocast.Weights, halfAutocast.AMP = WeightsBF16, AMPBF16
+	halfAutocast.Weights, halfAutocast.AMP = WeightsBF16, knob.AMPBF16
 	single := map[string]int64{"fp32 weights, autocast": activations(autocast), "bf16 weights": activations(half),
 		"bf16 weights, autocast": activations(halfAutocast)}
 	for _, c := range []struct {

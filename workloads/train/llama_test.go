@@ -10,10 +10,10 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/nn"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // publishedFigures reads the exact parameter counts of the published checkpoints
@@ -226,14 +226,14 @@ func TestLlamaLearnsOnCPU(t *testing.T) {
 		mod  func(*Config)
 		fall float32 // the share the loss must fall by
 	}{
-		"full, bf16 autocast, paged adamw": {func(c *Config) { c.AMP, c.Optimizer = AMPBF16, optim.PagedAdamW }, 0.15},
+		"full, bf16 autocast, paged adamw": {func(c *Config) { c.AMP, c.Optimizer = knob.AMPBF16, knob.PagedAdamW }, 0.15},
 		// Adapters on a frozen random base reach a floor within a few steps: from the first step's loss they
 		// must still fall by more than batch-to-batch noise (about 1%).
 		"lora, checkpoint, eager": {func(c *Config) {
-			c.LoRA, c.LoRATargets, c.Checkpoint, c.Attention, c.LR = 8, all, CheckpointAll, AttentionNaive, 0.1
+			c.LoRA, c.LoRATargets, c.Checkpoint, c.Attention, c.LR = 8, all, knob.CheckpointAll, knob.AttentionNaive, 0.1
 		}, 0.03},
 		"qlora, 8-bit adamw": {func(c *Config) {
-			c.LoRA, c.LoRATargets, c.QLoRA, c.Optimizer, c.LR = 8, all, true, optim.AdamW8bit, 0.1
+			c.LoRA, c.LoRATargets, c.QLoRA, c.Optimizer, c.LR = 8, all, true, knob.AdamW8bit, 0.1
 		}, 0.03},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -258,7 +258,7 @@ func TestLlamaLearnsOnCPU(t *testing.T) {
 // autocast, a paged 8-bit optimizer.
 func TestLlamaMetaAndCPURecordTheSameAllocations(t *testing.T) {
 	cfg := smallLlama(t)
-	cfg.LoRA, cfg.LoRADropout, cfg.QLoRA, cfg.Checkpoint, cfg.AMP, cfg.Optimizer = 4, 0.1, true, CheckpointEvery(2), AMPBF16, optim.PagedAdamW8bit
+	cfg.LoRA, cfg.LoRADropout, cfg.QLoRA, cfg.Checkpoint, cfg.AMP, cfg.Optimizer = 4, 0.1, true, knob.CheckpointEvery(2), knob.AMPBF16, knob.PagedAdamW8bit
 	cfg.Steps, cfg.Batch = 2, 2
 	cfg.Device = "meta"
 	_, meta := record(t, cfg)
@@ -284,12 +284,12 @@ func TestLlamaFixesLowerThePeak(t *testing.T) {
 	peak := peakWith(t, base)
 	none := peak(func(*Config) {})
 	for name, mod := range map[string]func(c *Config){
-		"checkpoint every layer": func(c *Config) { c.Checkpoint = CheckpointAll },
+		"checkpoint every layer": func(c *Config) { c.Checkpoint = knob.CheckpointAll },
 		"bf16 weights":           func(c *Config) { c.Weights = WeightsBF16 },
 		"lora":                   func(c *Config) { c.LoRA = 16 },
 		"qlora":                  func(c *Config) { c.LoRA, c.QLoRA = 16, true },
-		"8-bit adamw":            func(c *Config) { c.Optimizer = optim.AdamW8bit },
-		"paged 8-bit adamw":      func(c *Config) { c.Optimizer = optim.PagedAdamW8bit },
+		"8-bit adamw":            func(c *Config) { c.Optimizer = knob.AdamW8bit },
+		"paged 8-bit adamw":      func(c *Config) { c.Optimizer = knob.PagedAdamW8bit },
 	} {
 		t.Run(name, func(t *testing.T) {
 			if p := peak(mod); p >= none {
@@ -299,7 +299,7 @@ func TestLlamaFixesLowerThePeak(t *testing.T) {
 	}
 	// The implementations of AdamW change only the optimizer step's peak: foreach holds every square root
 	// at once, for-loop one parameter's (two tensors of it), fused none.
-	optPeak := func(impl optim.Impl) int64 {
+	optPeak := func(impl knob.OptimizerImpl) int64 {
 		c := base
 		c.OptimizerImpl = impl
 		res, _, err := Run(context.Background(), c, nil)
@@ -315,7 +315,7 @@ func TestLlamaFixesLowerThePeak(t *testing.T) {
 		return p
 	}
 	base.Layers = 16 // the full model: the embedding is not most of the parameters
-	foreach, forLoop, fused := optPeak(optim.Foreach), optPeak(optim.ForLoop), optPeak(optim.Fused)
+	foreach, forLoop, fused := optPeak(knob.Foreach), optPeak(knob.ForLoop), optPeak(knob.Fused)
 	if !(fused < forLoop && forLoop < foreach) {
 		t.Errorf("optimizer step peaks: foreach %d, for-loop %d, fused %d; want fused < for-loop < foreach", foreach, forLoop, fused)
 	}

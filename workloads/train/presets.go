@@ -5,9 +5,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // A Preset is a named starting configuration.
@@ -24,8 +24,8 @@ func gpt(layers, heads, d, seq, vocab, batch int) Config {
 		Model: "gpt", Layers: layers, Heads: heads, DModel: d, Seq: seq, Vocab: vocab, Bias: true,
 		Batch: batch, Steps: 3,
 		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: optim.AdamW, LR: 6e-4, ZeroGrad: ZeroGradNone, Seed: 1,
-		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionNaive, Accum: 1, Logits: LogitsKeep,
+		Optimizer: knob.AdamW, LR: 6e-4, ZeroGrad: knob.ZeroGradNone, Seed: 1,
+		AMP: knob.AMPOff, Checkpoint: knob.CheckpointOff, Attention: knob.AttentionNaive, Accum: 1, Logits: LogitsKeep,
 	}
 }
 
@@ -83,8 +83,8 @@ func FromHF(m *hfconfig.Model) Config {
 		NormEps: float32(m.NormEps), RopeTheta: m.RopeTheta, Dropout: float32(m.Dropout), Seq: seq, Weights: weights,
 		Batch: 4, Steps: 3,
 		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: optim.AdamW, LR: 2e-5, ZeroGrad: ZeroGradNone, Seed: 1,
-		AMP: AMPOff, Checkpoint: CheckpointOff, Attention: AttentionFlash, Accum: 1, Logits: LogitsDrop,
+		Optimizer: knob.AdamW, LR: 2e-5, ZeroGrad: knob.ZeroGradNone, Seed: 1,
+		AMP: knob.AMPOff, Checkpoint: knob.CheckpointOff, Attention: knob.AttentionFlash, Accum: 1, Logits: LogitsDrop,
 	}
 }
 

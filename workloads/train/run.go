@@ -7,6 +7,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/device"
@@ -210,7 +211,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	}
 	dev.Allocator().SetObserver(mem)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
-		amp: cfg.AMP.dtype(), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
+		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
 	r.rt.OnOOM(r.onOOM)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
@@ -389,7 +390,7 @@ func (r *run) build() {
 		if err != nil {
 			panic(err) // Validate checked the shape
 		}
-		plan := cfg.Checkpoint.plan()
+		plan := planCheckpoint(cfg.Checkpoint)
 		g.Checkpoint, g.CheckpointAttention = plan.blocks, plan.attention
 		g.AfterBlock = func(b *nn.Block, out *tensor.Tensor) { r.forwardHook(b.Name(), out) }
 		for _, b := range g.Blocks {
@@ -404,7 +405,7 @@ func (r *run) build() {
 		if err != nil {
 			panic(err) // Validate checked the shape
 		}
-		plan := cfg.Checkpoint.plan()
+		plan := planCheckpoint(cfg.Checkpoint)
 		m.Checkpoint = plan.blocks
 		// Adapters under reentrant checkpointing need an input that requires grad (peft's
 		// _prepare_model_for_gradient_checkpointing, HF's enable_input_require_grads).
@@ -467,9 +468,9 @@ func (r *run) step() {
 	}
 	r.setPhase(snapshot.PhaseZeroGrad)
 	if r.rank != nil {
-		r.rank.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
+		r.rank.ZeroGrad(r.cfg.ZeroGrad == knob.ZeroGradNone)
 	} else {
-		r.opt.ZeroGrad(r.cfg.ZeroGrad == ZeroGradNone)
+		r.opt.ZeroGrad(r.cfg.ZeroGrad == knob.ZeroGradNone)
 	}
 }
 

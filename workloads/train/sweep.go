@@ -7,11 +7,11 @@ import (
 	"slices"
 
 	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
-	"github.com/oomdbg/oomdbg/workloads/optim"
 )
 
 // A Fix is a named change to a configuration: one of the memory fixes or a combination of them.
@@ -23,18 +23,26 @@ type Fix struct {
 // Fixes are the combinations a sweep tries, from none to all, as a user would try them.
 var Fixes = []Fix{
 	{"as configured", func(*Config) {}},
-	{"flash attention", func(c *Config) { c.Attention = AttentionFlash }},
-	{"bf16 autocast", func(c *Config) { c.AMP = AMPBF16 }},
-	{"bf16 + flash", func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash }},
-	{"checkpoint every block", func(c *Config) { c.Checkpoint = CheckpointAll }},
-	{"bf16 + flash + checkpoint attention", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAttention }},
-	{"bf16 + flash + checkpoint every 2nd block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointEvery(2) }},
-	{"bf16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll }},
-	{"fp16 + flash + checkpoint every block", func(c *Config) { c.AMP, c.Attention, c.Checkpoint = AMPFP16, AttentionFlash, CheckpointAll }},
+	{"flash attention", func(c *Config) { c.Attention = knob.AttentionFlash }},
+	{"bf16 autocast", func(c *Config) { c.AMP = knob.AMPBF16 }},
+	{"bf16 + flash", func(c *Config) { c.AMP, c.Attention = knob.AMPBF16, knob.AttentionFlash }},
+	{"checkpoint every block", func(c *Config) { c.Checkpoint = knob.CheckpointAll }},
+	{"bf16 + flash + checkpoint attention", func(c *Config) {
+		c.AMP, c.Attention, c.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAttention
+	}},
+	{"bf16 + flash + checkpoint every 2nd block", func(c *Config) {
+		c.AMP, c.Attention, c.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointEvery(2)
+	}},
+	{"bf16 + flash + checkpoint every block", func(c *Config) {
+		c.AMP, c.Attention, c.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
+	}},
+	{"fp16 + flash + checkpoint every block", func(c *Config) {
+		c.AMP, c.Attention, c.Checkpoint = knob.AMPFP16, knob.AttentionFlash, knob.CheckpointAll
+	}},
 	{"batch / 4, accumulate 4", quarterBatch},
-	{"bf16 + flash + batch / 4, accumulate 4", func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash; quarterBatch(c) }},
+	{"bf16 + flash + batch / 4, accumulate 4", func(c *Config) { c.AMP, c.Attention = knob.AMPBF16, knob.AttentionFlash; quarterBatch(c) }},
 	{"bf16 + flash + checkpoint every block + SGD", func(c *Config) {
-		c.AMP, c.Attention, c.Checkpoint, c.Optimizer = AMPBF16, AttentionFlash, CheckpointAll, optim.SGD
+		c.AMP, c.Attention, c.Checkpoint, c.Optimizer = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll, knob.SGD
 	}},
 }
 
@@ -45,31 +53,31 @@ var Fixes = []Fix{
 var LlamaFixes = []Fix{
 	{"as configured", func(*Config) {}},
 	{"full, bf16 weights", fullBF16},
-	{"full, bf16 weights, checkpoint", func(c *Config) { fullBF16(c); c.Checkpoint = CheckpointAll }},
-	{"full, bf16 weights, checkpoint, 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = CheckpointAll, optim.AdamW8bit }},
-	{"full, bf16 weights, checkpoint, paged 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = CheckpointAll, optim.PagedAdamW8bit }},
+	{"full, bf16 weights, checkpoint", func(c *Config) { fullBF16(c); c.Checkpoint = knob.CheckpointAll }},
+	{"full, bf16 weights, checkpoint, 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = knob.CheckpointAll, knob.AdamW8bit }},
+	{"full, bf16 weights, checkpoint, paged 8-bit AdamW", func(c *Config) { fullBF16(c); c.Checkpoint, c.Optimizer = knob.CheckpointAll, knob.PagedAdamW8bit }},
 	{"full, fp32 weights, bf16 autocast", fullMixed},
-	{"full, fp32 weights, bf16 autocast, checkpoint", func(c *Config) { fullMixed(c); c.Checkpoint = CheckpointAll }},
+	{"full, fp32 weights, bf16 autocast, checkpoint", func(c *Config) { fullMixed(c); c.Checkpoint = knob.CheckpointAll }},
 	{"LoRA, bf16 base", func(c *Config) { lora(c, WeightsBF16) }},
-	{"LoRA, bf16 base, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.Checkpoint = CheckpointAll }},
-	{"LoRA, fp32 base, checkpoint", func(c *Config) { lora(c, WeightsF32); c.Checkpoint = CheckpointAll }},
+	{"LoRA, bf16 base, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.Checkpoint = knob.CheckpointAll }},
+	{"LoRA, fp32 base, checkpoint", func(c *Config) { lora(c, WeightsF32); c.Checkpoint = knob.CheckpointAll }},
 	{"QLoRA", func(c *Config) { lora(c, WeightsBF16); c.QLoRA = true }},
-	{"QLoRA, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.QLoRA, c.Checkpoint = true, CheckpointAll }},
+	{"QLoRA, checkpoint", func(c *Config) { lora(c, WeightsBF16); c.QLoRA, c.Checkpoint = true, knob.CheckpointAll }},
 	{"QLoRA, checkpoint, paged 8-bit AdamW", func(c *Config) {
 		lora(c, WeightsBF16)
-		c.QLoRA, c.Checkpoint, c.Optimizer = true, CheckpointAll, optim.PagedAdamW8bit
+		c.QLoRA, c.Checkpoint, c.Optimizer = true, knob.CheckpointAll, knob.PagedAdamW8bit
 	}},
 }
 
 func fullBF16(c *Config) {
-	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsBF16, AMPOff
+	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsBF16, knob.AMPOff
 }
 func fullMixed(c *Config) {
-	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsF32, AMPBF16
+	c.LoRA, c.QLoRA, c.LoRATargets, c.Weights, c.AMP = 0, false, 0, WeightsF32, knob.AMPBF16
 }
 
 func lora(c *Config, weights Weights) {
-	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, AMPBF16
+	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, knob.AMPBF16
 	if c.LoRAAlpha == 0 {
 		c.LoRAAlpha = 32
 	}
@@ -101,12 +109,12 @@ func parallel(s dist.Strategy, o dist.Offload) func(*Config) {
 	return func(c *Config) {
 		p := c.Parallel
 		c.Parallel = dist.Settings{GPUs: p.GPUs, Nodes: p.Nodes, Rank: p.Rank, Strategy: s, Offload: o, Wrap: p.Wrap}
-		c.AMP, c.LoRA, c.QLoRA, c.LoRATargets, c.LoRAAlpha, c.LoRADropout = AMPBF16, 0, false, 0, 0, 0
+		c.AMP, c.LoRA, c.QLoRA, c.LoRATargets, c.LoRAAlpha, c.LoRADropout = knob.AMPBF16, 0, false, 0, 0, 0
 		if c.Model == "llama" {
 			c.Weights = WeightsF32 // fp32 weights under autocast; ZeRO casts the model to bf16 itself
 		}
-		if c.Optimizer != optim.Adam {
-			c.Optimizer, c.OptimizerImpl = optim.AdamW, ""
+		if c.Optimizer != knob.Adam {
+			c.Optimizer, c.OptimizerImpl = knob.AdamW, ""
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
 )
@@ -268,12 +269,12 @@ func TestFixesLowerThePeak(t *testing.T) {
 	peak := peakWith(t, base)
 	none := peak(func(*Config) {})
 	for name, mod := range map[string]func(c *Config){
-		"flash attention":        func(c *Config) { c.Attention = AttentionFlash },
-		"bf16 autocast":          func(c *Config) { c.AMP = AMPBF16 },
-		"fp16 autocast":          func(c *Config) { c.AMP = AMPFP16 },
-		"checkpoint every block": func(c *Config) { c.Checkpoint = CheckpointAll },
-		"checkpoint attention":   func(c *Config) { c.Checkpoint = CheckpointAttention },
-		"checkpoint every 2nd":   func(c *Config) { c.Checkpoint = CheckpointEvery(2) },
+		"flash attention":        func(c *Config) { c.Attention = knob.AttentionFlash },
+		"bf16 autocast":          func(c *Config) { c.AMP = knob.AMPBF16 },
+		"fp16 autocast":          func(c *Config) { c.AMP = knob.AMPFP16 },
+		"checkpoint every block": func(c *Config) { c.Checkpoint = knob.CheckpointAll },
+		"checkpoint attention":   func(c *Config) { c.Checkpoint = knob.CheckpointAttention },
+		"checkpoint every 2nd":   func(c *Config) { c.Checkpoint = knob.CheckpointEvery(2) },
 		"quarter batch x4":       func(c *Config) { c.Batch, c.Accum = 2, 4 },
 		"sgd instead of adamw":   func(c *Config) { c.Optimizer = "sgd" },
 	} {
@@ -283,8 +284,10 @@ func TestFixesLowerThePeak(t *testing.T) {
 			}
 		})
 	}
-	all := peak(func(c *Config) { c.Checkpoint, c.AMP, c.Attention = CheckpointEvery(2), AMPBF16, AttentionFlash })
-	some := peak(func(c *Config) { c.AMP, c.Attention = AMPBF16, AttentionFlash })
+	all := peak(func(c *Config) {
+		c.Checkpoint, c.AMP, c.Attention = knob.CheckpointEvery(2), knob.AMPBF16, knob.AttentionFlash
+	})
+	some := peak(func(c *Config) { c.AMP, c.Attention = knob.AMPBF16, knob.AttentionFlash })
 	if all >= some {
 		t.Errorf("adding checkpointing to bf16 and flash does not lower the peak (%d >= %d)", all, some)
 	}
@@ -301,7 +304,7 @@ func TestDefaultWorkloadOOMsAndFixesMakeItFit(t *testing.T) {
 		t.Fatalf("the default workload fits in %s (peak %s); it must OOM as configured",
 			units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(res.PeakAllocated))
 	}
-	cfg.AMP, cfg.Attention, cfg.Checkpoint = AMPBF16, AttentionFlash, CheckpointAll
+	cfg.AMP, cfg.Attention, cfg.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
 	res, _, err = Run(context.Background(), cfg, nil)
 	if err != nil || res.OOM != nil {
 		t.Fatalf("with bf16, flash attention and checkpointing: %v %+v", err, res.OOM)
