@@ -19,6 +19,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/whatif"
 )
 
 func noDriver() nvml.Report {
@@ -621,8 +622,8 @@ func TestTraceFixesDrawTheChosenFix(t *testing.T) {
 	if len(p.results) == 0 || p.err != nil {
 		t.Fatalf("no fixes replayed: %v\n%s", p.err, screen(m))
 	}
-	i := slices.IndexFunc(p.results, func(r traceFixResult) bool { return r.fix.name == "batch x0.5" })
-	if i < 0 || p.results[i].err != nil {
+	i := slices.IndexFunc(p.results, func(r whatif.Outcome) bool { return r.Fix.Name == "batch x0.5" })
+	if i < 0 || p.results[i].Err != nil {
 		t.Fatalf("batch x0.5 was not replayed on f3: %v", p.results)
 	}
 	for range i {
@@ -633,7 +634,7 @@ func TestTraceFixesDrawTheChosenFix(t *testing.T) {
 		t.Fatalf("space drew nothing over the timeline:\n%s", screen(m))
 	}
 	// The trace drawn is the fix's: its peak is the replayed outcome's, by the trace's own accounting.
-	if got, want := p.shown.tl.Peak(timeline.Allocated).Bytes, p.results[i].after.PeakAllocated; got > want || got < want*99/100 {
+	if got, want := p.shown.tl.Peak(timeline.Allocated).Bytes, p.results[i].Report.After.PeakAllocated; got > want || got < want*99/100 {
 		t.Errorf("the trace drawn peaks at %d allocated, the replay of the fix at %d", got, want)
 	}
 }

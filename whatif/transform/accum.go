@@ -18,9 +18,9 @@ import (
 // released the previous iteration's.
 func Accumulate(k int) Transform {
 	name := fmt.Sprintf("accumulate %d", k)
-	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
-		if k < 2 || k > 64 {
-			return nil, "", fmt.Errorf("%s: the number of micro-batches must be between 2 and 64", name)
+	return Transform{Name: name, repeats: k, apply: func(t *trace) (*trace, string, error) {
+		if err := CheckAccumulate(k); err != nil {
+			return nil, "", err
 		}
 		scaledT, scaleLine, err := BatchScale(1 / float64(k)).apply(t)
 		if err != nil {
@@ -32,6 +32,14 @@ func Accumulate(k int) Transform {
 		}
 		return out, line + "; " + scaleLine, nil
 	}}
+}
+
+// CheckAccumulate says whether gradients can be accumulated over k micro-batches: 2 to 64.
+func CheckAccumulate(k int) error {
+	if k < 2 || k > 64 {
+		return fmt.Errorf("accumulate %d: the number of micro-batches must be between 2 and 64", k)
+	}
+	return nil
 }
 
 // region is the part of one iteration that gradient accumulation repeats: [start, end) of the events,

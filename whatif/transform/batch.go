@@ -18,14 +18,22 @@ import (
 func BatchScale(f float64) Transform {
 	name := "batch x" + strconv.FormatFloat(f, 'g', 4, 64)
 	return Transform{Name: name, apply: func(t *trace) (*trace, string, error) {
-		if !(f > 0 && f <= 64) {
-			return nil, "", fmt.Errorf("%s: the factor must be above 0 and at most 64", name)
+		if err := CheckBatchScale(f); err != nil {
+			return nil, "", err
 		}
 		if err := t.requireTags(name, true, true); err != nil {
 			return nil, "", err
 		}
 		return scaleBatch(t, f, name)
 	}}
+}
+
+// CheckBatchScale says whether the batch can be scaled by f: above 0 and at most 64.
+func CheckBatchScale(f float64) error {
+	if !(f > 0 && f <= 64) {
+		return fmt.Errorf("batch x%s: the factor must be above 0 and at most 64", strconv.FormatFloat(f, 'g', 4, 64))
+	}
+	return nil
 }
 
 // batchPhases are the phases whose allocations may depend on the batch.

@@ -17,7 +17,18 @@ type Transform struct {
 	// ends, for a fix that places releases the trace does not record, applies it at both ends of what the
 	// trace allows (see ApplyEnds); nil for the others.
 	ends func(t *trace) (early, held *trace, line string, err error)
+	// repeats is how many times the transformed trace repeats the recorded passes (accumulation's
+	// micro-batches); 0 means once.
+	repeats int
 }
+
+// HasEnds reports whether the transformation places releases the trace does not record, and so is applied
+// at both ends of what the trace allows (ApplyEnds).
+func (t Transform) HasEnds() bool { return t.ends != nil }
+
+// Repeats is how many times the transformed trace repeats the recorded forward and backward passes: its
+// events are about that many times the recording's.
+func (t Transform) Repeats() int { return max(t.repeats, 1) }
 
 // MissingTagsError says a trace lacks the tags a transformation reads.
 type MissingTagsError struct {

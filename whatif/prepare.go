@@ -1,7 +1,3 @@
-// Package whatif applies fixes to a recorded trace and replays the result through the allocator model: the
-// what-if that oomdbg whatif prints and the TUI's fixes pane ranks. Where a fix places releases the trace does
-// not record (checkpointing), it replays both ends of what the trace allows, and a verdict that differs
-// between them is at the edge.
 package whatif
 
 import (
@@ -12,22 +8,6 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 )
-
-// Before replays s as recorded under cfg and returns every device's replay and the one whose reserved
-// memory peaks highest, which a what-if shows.
-func Before(s *snapshot.Snapshot, cfg allocator.Config, gpuMem uint64) (worst replay.Replayed, all []replay.Replayed, err error) {
-	all, err = replay.Simulate(s, cfg, gpuMem)
-	if err != nil {
-		return replay.Replayed{}, nil, err
-	}
-	worst = all[0]
-	for _, r := range all[1:] {
-		if r.Outcome.PeakReserved > worst.Outcome.PeakReserved {
-			worst = r
-		}
-	}
-	return worst, all, nil
-}
 
 // Fails reports whether the program fails under an outcome's settings, and PyTorch's message: the first
 // allocation the model could not serve, or a recorded out-of-memory error that still happens.
@@ -60,16 +40,6 @@ func Prepare(s *snapshot.Snapshot, ts ...transform.Transform) (*Prepared, error)
 		return nil, err
 	}
 	return &Prepared{Changed: changed, Held: held, Assumptions: lines}, nil
-}
-
-// PrepareEstimate applies ts to s at the early end only: for a caller that needs no verdict of the late
-// one, such as a replay without a capacity, where no verdict can be at the edge.
-func PrepareEstimate(s *snapshot.Snapshot, ts ...transform.Transform) (*Prepared, error) {
-	changed, lines, err := transform.Apply(s, ts...)
-	if err != nil {
-		return nil, err
-	}
-	return &Prepared{Changed: changed, Assumptions: lines}, nil
 }
 
 // Result is a prepared fix replayed on one device.

@@ -1,4 +1,4 @@
-package main
+package whatif_test
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
+	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -146,14 +147,14 @@ func fitsFrom(lo, hi uint64, oom func(capacity uint64) bool) uint64 {
 // edge (the fix places releases the trace does not record, and the run fits at one end of them only), the
 // verdict is not wrong but the claim behind it is checked: the capacity from which the recording fits must
 // lie between those from which the two ends fit.
-func checkVerdict(t *testing.T, key string, got *whatIfReport, recorded bool, s *snapshot.Snapshot, fix transform.Transform,
+func checkVerdict(t *testing.T, key string, got *whatif.Report, recorded bool, s *snapshot.Snapshot, fix transform.Transform,
 	recordFitsFrom func() uint64) {
 	t.Helper()
 	switch got.Verdict {
 	case "edge":
 		ends := func(held bool) func(uint64) bool {
 			return func(c uint64) bool {
-				r, err := whatIf(s, []transform.Transform{fix}, nil, c)
+				r, err := whatif.Evaluate(s, whatif.Fix{Transforms: []transform.Transform{fix}}, c)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -225,14 +226,14 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 					sp, ss = asTorchPickle(t, s), asStrippedPyTorch(t, s)
 				}
 				_, truth := recordRun(t, direct)
-				rep, err := whatIf(s, []transform.Transform{fix.transform}, nil, 0)
+				rep, err := whatif.Evaluate(s, whatif.Fix{Transforms: []transform.Transform{fix.transform}}, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
 				errAlloc := float64(rep.After.PeakAllocated-truth.PeakAllocated) / float64(truth.PeakAllocated)
 				errRes := float64(rep.After.PeakReserved-truth.PeakReserved) / float64(truth.PeakReserved)
 				// The same trace as a PyTorch pickle, with the tags it can carry.
-				viaPickle, err := whatIf(sp, []transform.Transform{fix.transform}, nil, 0)
+				viaPickle, err := whatif.Evaluate(sp, whatif.Fix{Transforms: []transform.Transform{fix.transform}}, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -241,7 +242,7 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 				// the repeated blocks by the repetition of their allocations): the fix is held to the same
 				// target.
 				stripped := "refused"
-				viaStripped, err := whatIf(ss, []transform.Transform{fix.transform}, nil, 0)
+				viaStripped, err := whatif.Evaluate(ss, whatif.Fix{Transforms: []transform.Transform{fix.transform}}, 0)
 				var missing *transform.MissingTagsError
 				switch {
 				case errors.As(err, &missing):
@@ -270,7 +271,7 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 					tight := direct
 					tight.GPUMemory = capacity + tight.ContextReserve
 					_, tr := recordRun(t, tight)
-					got, err := whatIf(s, []transform.Transform{fix.transform}, nil, capacity)
+					got, err := whatif.Evaluate(s, whatif.Fix{Transforms: []transform.Transform{fix.transform}}, capacity)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -288,7 +289,7 @@ func TestWhatIfMatchesRecordedFix(t *testing.T) {
 						return recFits
 					}
 					if viaStripped != nil {
-						gotS, err := whatIf(ss, []transform.Transform{fix.transform}, nil, capacity)
+						gotS, err := whatif.Evaluate(ss, whatif.Fix{Transforms: []transform.Transform{fix.transform}}, capacity)
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -329,7 +330,7 @@ func TestWhatIfOnATraceEndingInOOM(t *testing.T) {
 			break
 		}
 	}
-	rep, err := whatIf(s, []transform.Transform{transform.BatchScale(0.5)}, nil, 0)
+	rep, err := whatif.Evaluate(s, whatif.Fix{Transforms: []transform.Transform{transform.BatchScale(0.5)}}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

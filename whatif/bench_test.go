@@ -1,4 +1,4 @@
-package main
+package whatif_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/cputime"
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -55,7 +56,7 @@ func BenchmarkWhatIf(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			cpu := cputime.Process()
 			for b.Loop() {
-				if _, err := whatIf(s, []transform.Transform{c.t}, nil, 0); err != nil {
+				if _, err := whatif.Evaluate(s, whatif.Fix{Transforms: []transform.Transform{c.t}}, 0); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,0 +1,53 @@
+package whatif_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
+	"github.com/oomdbg/oomdbg/whatif"
+)
+
+// EvaluateAll replays every fix of the catalogue and ranks them: those that fit first, by what they keep,
+// then the others; a fix the trace lacks the tags for is listed as refused, never guessed.
+func TestEvaluateAllRanksWhatFits(t *testing.T) {
+	s := snapshottest.Trace(snapshottest.Tiny())
+	// 3 MiB for the allocator: the trace as recorded reserves 4 MiB; SGD and momentum, without Adam's
+	// second state and step temporaries, need 2, and so does 8-bit AdamW, its states a quarter the size.
+	d := &s.Meta.Devices[0]
+	d.Capacity = d.ContextReserve + 3<<20
+	_, results, err := whatif.EvaluateAll(context.Background(), s, whatif.Catalogue(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != len(whatif.Catalogue()) {
+		t.Fatalf("%d results for %d fixes", len(results), len(whatif.Catalogue()))
+	}
+	var replayed int
+	for i, r := range results {
+		if r.Err == nil {
+			replayed++
+		}
+		if i == 0 {
+			continue
+		}
+		prev := results[i-1]
+		if checkpoint := strings.HasPrefix(r.Fix.Name, "checkpoint"); r.Err == nil && (r.Report.AfterHeld != nil) != checkpoint {
+			t.Errorf("%s: a replay held late %v; want one for checkpointing only", r.Fix.Name, r.Report.AfterHeld != nil)
+		}
+		switch {
+		case r.Fits() && !prev.Fits():
+			t.Errorf("%s fits but comes after %s, which does not", r.Fix.Name, prev.Fix.Name)
+		case r.Fits() && prev.Fits() && r.Fix.Cost < prev.Fix.Cost:
+			t.Errorf("%s keeps more than %s but comes after it", r.Fix.Name, prev.Fix.Name)
+		}
+	}
+	if replayed == 0 {
+		t.Fatal("no fix was replayed on a trace with every tag")
+	}
+	if got := results[0].Fix.Name + ", " + results[1].Fix.Name + ", " + results[2].Fix.Name; got != "adamw8bit, momentum, sgd" ||
+		!results[2].Fits() || results[3].Fits() {
+		t.Errorf("ranked first: %s; want adamw8bit, momentum, sgd, the only fixes that fit", got)
+	}
+}

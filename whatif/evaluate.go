@@ -1,0 +1,183 @@
+package whatif
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/allocator/replay"
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Baseline is a trace replayed as recorded: what every fix on it is compared with.
+type Baseline struct {
+	// Worst is the replay of the device whose reserved memory peaks highest, which a what-if shows.
+	Worst replay.Replayed
+	// Devices is how many devices the trace has.
+	Devices int
+	// Recorded is the allocator settings the trace was recorded with.
+	Recorded allocator.Config
+}
+
+// Before replays s as recorded, on gpuMem bytes (0: the capacity the snapshot records or implies).
+func Before(s *snapshot.Snapshot, gpuMem uint64) (*Baseline, error) {
+	recorded, _ := replay.RecordedSettings(s)
+	all, err := replay.Simulate(s, recorded, gpuMem)
+	if errors.Is(err, replay.ErrNoTrace) {
+		return nil, fmt.Errorf("%w; record one with torch.cuda.memory._record_memory_history()", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	b := &Baseline{Worst: all[0], Devices: len(all), Recorded: recorded}
+	for _, r := range all[1:] {
+		if r.Outcome.PeakReserved > b.Worst.Outcome.PeakReserved {
+			b.Worst = r
+		}
+	}
+	return b, nil
+}
+
+// Evaluate applies f to s, replays the trace before and after, and compares: oomdbg whatif. s is not
+// changed.
+func Evaluate(s *snapshot.Snapshot, f Fix, gpuMem uint64) (*Report, error) {
+	// The replay before and the transformation only read s: they run side by side.
+	var (
+		prep *Prepared
+		tErr error
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		prep, tErr = Prepare(s, f.Transforms...)
+	}()
+	b, err := Before(s, gpuMem)
+	<-done
+	if err != nil {
+		return nil, err
+	}
+	if tErr != nil {
+		return nil, tErr
+	}
+	return b.replay(f, prep)
+}
+
+// Apply applies f to s and compares its replay with b, which is s replayed as recorded.
+func (b *Baseline) Apply(s *snapshot.Snapshot, f Fix) (*Report, error) {
+	prep, err := Prepare(s, f.Transforms...)
+	if err != nil {
+		return nil, err
+	}
+	return b.replay(f, prep)
+}
+
+// replay replays a prepared fix on b's device and writes the report.
+func (b *Baseline) replay(f Fix, prep *Prepared) (*Report, error) {
+	w := b.Worst
+	after := b.Recorded
+	if f.AllocConf != nil {
+		after = *f.AllocConf
+	}
+	res, err := prep.Replay(after, w.Device, w.Capacity)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Fixes: f.names(), Device: w.Device, Capacity: w.Capacity, CapacityFrom: w.CapacityFrom,
+		Before: sideOf(w.Outcome), After: sideOf(res.After), Assumptions: prep.Assumptions}
+	if f.AllocConf != nil {
+		was := b.Recorded.String()
+		if was == "" {
+			was = "PyTorch's defaults"
+		}
+		rep.Assumptions = append(rep.Assumptions, fmt.Sprintf("alloc-conf: the requests replayed after under %s, "+
+			"before under the recorded settings (%s)", f.AllocConf.String(), was))
+	}
+	switch {
+	case w.Capacity == 0:
+		rep.Verdict = VerdictUnknown
+	case res.Edge():
+		rep.Verdict = VerdictEdge
+	case rep.After.OOM:
+		rep.Verdict = VerdictOOM
+	default:
+		rep.Verdict = VerdictFits
+	}
+	if res.Held != nil {
+		held := sideOf(*res.Held)
+		rep.AfterHeld = &held
+	}
+	if b.Devices > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the trace has %d devices: device %d, whose reserved memory peaks highest, is shown",
+			b.Devices, w.Device))
+	}
+	if w.Capacity == 0 {
+		rep.Notes = append(rep.Notes, "no device capacity is known: give --gpu-mem to see whether the run fits")
+	}
+	if w.RecordedOOMs > 0 {
+		rep.Unrecorded = "the recording ends in an out-of-memory error: the figures are for the part that was " +
+			"recorded; what would have come after it was never recorded (record with a fix that lets the step " +
+			"finish, or simulate the model with oomdbg run)"
+	}
+	return rep, nil
+}
+
+// Outcome is one fix of a list, evaluated: its report, or why the trace could not take it.
+type Outcome struct {
+	Fix    Fix
+	Report *Report // nil when Err is set
+	Err    error
+}
+
+// Fits reports whether the run fits after the fix wherever the releases the trace does not record lie.
+func (o Outcome) Fits() bool { return o.Err == nil && o.Report.Verdict == VerdictFits }
+
+// EvaluateAll evaluates each fix against one replay of s as recorded, and ranks them: those that fit
+// first, by how much of the run they keep; then those at the edge, then the others, lowest peak reserved
+// first, and last those the trace could not take. It stops with ctx's error when ctx is done.
+func EvaluateAll(ctx context.Context, s *snapshot.Snapshot, fixes []Fix, gpuMem uint64) (*Baseline, []Outcome, error) {
+	b, err := Before(s, gpuMem)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]Outcome, 0, len(fixes))
+	for _, f := range fixes {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		rep, err := b.Apply(s, f)
+		out = append(out, Outcome{Fix: f, Report: rep, Err: err})
+	}
+	Rank(out)
+	return b, out, nil
+}
+
+// Rank orders outcomes as EvaluateAll does.
+func Rank(out []Outcome) {
+	slices.SortStableFunc(out, func(a, b Outcome) int {
+		switch {
+		case a.Fits() != b.Fits():
+			if a.Fits() {
+				return -1
+			}
+			return 1
+		case a.Fits():
+			return cmp.Compare(a.Fix.Cost, b.Fix.Cost)
+		case (a.Err == nil) != (b.Err == nil):
+			if a.Err == nil {
+				return -1
+			}
+			return 1
+		case a.Err != nil:
+			return 0
+		case (a.Report.Verdict == VerdictEdge) != (b.Report.Verdict == VerdictEdge):
+			if a.Report.Verdict == VerdictEdge {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.Report.After.PeakReserved, b.Report.After.PeakReserved)
+	})
+}
