@@ -9,6 +9,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
 // Planner finds the plans of fixes that fit the workload's card, cheapest first (oomdbg fit). A Runner that
@@ -98,15 +99,12 @@ func (p *fixesPane) onFitPlans(msg fitPlansMsg, m *Model) {
 // plan's fixes.
 func (p *fixesPane) applyPlan(plan FitPlan, m *Model) tea.Cmd {
 	w := *p.base
-	w.Fixes, w.Device = plan.Fixes, "meta"
-	saved := *p.base
-	p.base.Fixes = plan.Fixes // the rows name their choices from the base: choose the plan's, then restore
-	for r := range numFixRows {
-		if i := indexOf(p.choices(r), p.current(r)); i >= 0 {
+	w.Fixes, w.Device = plan.Fixes, device.Meta
+	for r := range numFixRows { // the plan's choices, where the rows offer them
+		if i := indexOfLabel(options(&w, r), label(plan.Fixes, r)); i >= 0 {
 			p.choice[r] = i
 		}
 	}
-	*p.base = saved
 	if plan.Fixes.Bug == "" { // plans are of the fixed loop
 		if i := indexOf(p.choices(rowBug), "fixed"); i >= 0 {
 			p.choice[rowBug] = i

@@ -7,6 +7,8 @@ import (
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
+
+	"github.com/oomdbg/oomdbg/knob"
 )
 
 // planner is playback that also plans: it offers the given plans, cheapest first.
@@ -22,9 +24,9 @@ func (p planner) Plans(context.Context, Workload) ([]FitPlan, error) { return p.
 func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 	w := workload(t, "tiny-oom")
 	fixed := w.Fixes
-	fixed.AMP, fixed.Attention, fixed.Bug = "bf16", "flash", "" // a re-run the fixtures recorded
+	fixed.AMP, fixed.Attention, fixed.Bug = knob.AMPBF16, knob.AttentionFlash, "" // a re-run the fixtures recorded
 	slower := w.Fixes
-	slower.Checkpoint = "all"
+	slower.Checkpoint = knob.CheckpointAll
 	run := planner{plans: []FitPlan{
 		{Name: "bf16 autocast, flash attention", Fixes: fixed, PeakReserved: 3 << 20, StepTime: 0.010},
 		{Name: "checkpoint all", Fixes: slower, PeakReserved: 2 << 20, StepTime: 0.020},

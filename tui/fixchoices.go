@@ -7,6 +7,9 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // The rows of the pane, each a setting with its choices.
@@ -28,7 +31,7 @@ const (
 var fixRowNames = [numFixRows]string{"mixed precision", "weights", "adapter", "attention", "checkpointing", "batch x accumulation", "optimizer", "zero_grad", "leak bug", "data parallel", "offload"}
 
 // parallelChoices are the data-parallel row's choices: DDP, DeepSpeed's stages and FSDP's strategies.
-var parallelChoices = []string{"ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp"}
+var parallelChoices = dist.Strategies
 
 // rows lists the rows the pane shows: the data-parallel ones for a rank of a job only.
 func (p *fixesPane) rows() []int {
@@ -48,93 +51,131 @@ const adapterRank = 16
 
 // allProjections are the LoRA targets of the adapter choices: every linear layer of a decoder layer, as
 // QLoRA's recipe adapts them (--lora-targets).
-const allProjections = "q,k,v,o,gate,up,down"
+var allProjections = train.AllLoRATargets
 
 // optimizerChoices are the optimizer row's choices: torch.optim's (AdamW in its three implementations)
 // and bitsandbytes'.
-var optimizerChoices = []string{string(knob.AdamW), string(knob.AdamW) + " " + string(knob.Fused),
-	string(knob.AdamW) + " " + string(knob.ForLoop), string(knob.Adam), string(knob.Momentum), string(knob.SGD),
-	string(knob.AdamW8bit), string(knob.PagedAdamW8bit), string(knob.PagedAdamW)}
+var optimizerChoices = []struct {
+	optimizer knob.Optimizer
+	impl      knob.OptimizerImpl
+}{{knob.AdamW, ""}, {knob.AdamW, knob.Fused}, {knob.AdamW, knob.ForLoop}, {knob.Adam, ""}, {knob.Momentum, ""},
+	{knob.SGD, ""}, {knob.AdamW8bit, ""}, {knob.PagedAdamW8bit, ""}, {knob.PagedAdamW, ""}}
 
-// words names settings as their rows show them.
-func words[T fmt.Stringer](vs ...T) []string {
-	out := make([]string, len(vs))
+// A choice is one of a row's settings: its label, as the row shows it, and what choosing it sets. It is made
+// of typed values, so that nothing is parsed back from the label.
+type choice struct {
+	label string
+	set   func(*Fixes) // nil for the base's own setting where the row does not offer it: it keeps the base's
+}
+
+// each makes a choice of each value, labelled as the value prints and set by set.
+func each[T fmt.Stringer](set func(*Fixes, T), vs ...T) []choice {
+	out := make([]choice, len(vs))
 	for i, v := range vs {
-		out[i] = v.String()
+		out[i] = choice{label: v.String(), set: func(f *Fixes) { set(f, v) }}
 	}
 	return out
 }
 
-// choices lists a row's choices for the base configuration; the base's own is always one of them.
-func (p *fixesPane) choices(row int) []string {
-	opts := p.offered(row)
-	if cur := p.current(row); indexOf(opts, cur) < 0 {
-		opts = append([]string{cur}, opts...)
+// options lists a row's choices for workload w; w's own is always one of them, first when the row does not
+// offer it.
+func options(w *Workload, row int) []choice {
+	opts := offered(w, row)
+	if cur := label(w.Fixes, row); indexOfLabel(opts, cur) < 0 {
+		opts = append([]choice{{label: cur}}, opts...)
 	}
 	return opts
 }
 
-// offered lists the choices a row offers for the base's model.
-func (p *fixesPane) offered(row int) []string {
-	c, llama := p.base.Fixes, p.base.Llama
+// offered lists the choices a row offers for w's model.
+func offered(w *Workload, row int) []choice {
+	c, llama := w.Fixes, w.Llama
 	switch row {
 	case rowAMP:
-		return words(knob.AMPOff, knob.AMPBF16, knob.AMPFP16)
+		return each(func(f *Fixes, v knob.AMP) { f.AMP = v }, knob.AMPOff, knob.AMPBF16, knob.AMPFP16)
 	case rowWeights:
 		if !llama {
 			return nil
 		}
-		return []string{"f32", "bf16", "fp16"}
+		return each(func(f *Fixes, v train.Weights) { f.Weights = v }, train.WeightsF32, train.WeightsBF16, train.WeightsFP16)
 	case rowAdapter:
 		if !llama {
 			return nil
 		}
-		return []string{"none", fmt.Sprintf("lora %d", adapterRank), fmt.Sprintf("qlora %d", adapterRank)}
+		return []choice{adapter(0, false), adapter(adapterRank, false), adapter(adapterRank, true)}
 	case rowAttention:
-		if !p.base.GPT && !llama {
+		if !w.GPT && !llama {
 			return nil
 		}
-		return words(knob.AttentionNaive, knob.AttentionFlash)
+		return each(func(f *Fixes, v knob.Attention) { f.Attention = v }, knob.AttentionNaive, knob.AttentionFlash)
 	case rowCheckpoint:
+		set := func(f *Fixes, v knob.Checkpoint) { f.Checkpoint = v }
 		switch {
-		case p.base.GPT:
-			return words(knob.CheckpointOff, knob.CheckpointAttention, knob.CheckpointEvery(2), knob.CheckpointAll)
+		case w.GPT:
+			return each(set, knob.CheckpointOff, knob.CheckpointAttention, knob.CheckpointEvery(2), knob.CheckpointAll)
 		case llama:
-			return words(knob.CheckpointOff, knob.CheckpointEvery(2), knob.CheckpointAll)
+			return each(set, knob.CheckpointOff, knob.CheckpointEvery(2), knob.CheckpointAll)
 		}
 		return nil
 	case rowAccum:
-		var out []string
+		var out []choice
 		for k := 1; k <= 8 && c.Batch*c.Accum/k >= 1; k *= 2 {
 			if (c.Batch*c.Accum)%k == 0 {
-				out = append(out, fmt.Sprintf("%d x %d", c.Batch*c.Accum/k, k))
+				batch := c.Batch * c.Accum / k
+				out = append(out, choice{accumLabel(batch, k), func(f *Fixes) { f.Batch, f.Accum = batch, k }})
 			}
 		}
 		return out
 	case rowOptimizer:
-		return optimizerChoices
+		out := make([]choice, len(optimizerChoices))
+		for i, o := range optimizerChoices {
+			out[i] = choice{optimizerLabel(o.optimizer, o.impl), func(f *Fixes) { f.Optimizer, f.OptimizerImpl = o.optimizer, o.impl }}
+		}
+		return out
 	case rowZeroGrad:
-		return words(knob.ZeroGradNone, knob.ZeroGradZero)
+		return each(func(f *Fixes, v knob.ZeroGrad) { f.ZeroGrad = v }, knob.ZeroGradNone, knob.ZeroGradZero)
 	case rowBug:
 		if c.Bug == "" {
-			return []string{"none"}
+			return []choice{{"none", func(f *Fixes) { f.Bug = "" }}}
 		}
-		return []string{c.Bug, "fixed"}
+		bug := c.Bug
+		return []choice{{bug, func(f *Fixes) { f.Bug = bug }}, {"fixed", func(f *Fixes) { f.Bug = "" }}}
 	case rowParallel:
-		return parallelChoices
+		return each(func(f *Fixes, v dist.Strategy) { f.Parallel = v }, parallelChoices...)
 	case rowOffload:
-		return []string{"none", "optimizer", "optimizer+params"}
+		return each(func(f *Fixes, v dist.Offload) { f.Offload = v }, dist.Offloads...)
 	}
 	return nil
 }
 
+// adapter is the adapter row's choice of LoRA of a rank on allProjections (rank 0: none, a full fine-tune),
+// on the 4-bit base with qlora.
+func adapter(rank int, qlora bool) choice {
+	return choice{adapterLabel(rank, qlora), func(f *Fixes) {
+		f.LoRA, f.QLoRA, f.LoRATargets = rank, qlora, allProjections
+		if rank == 0 {
+			f.LoRATargets = 0
+		}
+	}}
+}
+
+// choices names a row's choices for the base configuration as the row shows them.
+func (p *fixesPane) choices(row int) []string {
+	opts := options(p.base, row)
+	out := make([]string, len(opts))
+	for i, o := range opts {
+		out[i] = o.label
+	}
+	return out
+}
+
 // current names the base's choice in a row.
-func (p *fixesPane) current(row int) string { return valueOf(p.base.Fixes, row) }
+func (p *fixesPane) current(row int) string { return label(p.base.Fixes, row) }
 
 // choose makes the choices those of f, where the rows offer them.
 func (p *fixesPane) choose(f Fixes) {
 	for r := range numFixRows {
-		v := valueOf(f, r)
+		v := label(f, r)
 		if r == rowBug && p.base.Fixes.Bug != "" && f.Bug == "" {
 			v = "fixed"
 		}
@@ -144,37 +185,34 @@ func (p *fixesPane) choose(f Fixes) {
 	}
 }
 
-// valueOf names the choice of c in a row.
-func valueOf(c Fixes, row int) string {
+// label names the choice of c in a row.
+func label(c Fixes, row int) string {
 	switch row {
 	case rowAMP:
-		return c.AMP
+		return c.AMP.String()
 	case rowWeights:
-		return weightsOf(c)
+		return c.Weights.String()
 	case rowAdapter:
 		return adapterOf(c)
 	case rowAttention:
-		return c.Attention
+		return c.Attention.String()
 	case rowCheckpoint:
-		return c.Checkpoint
+		return c.Checkpoint.String()
 	case rowAccum:
-		return fmt.Sprintf("%d x %d", c.Batch, c.Accum)
+		return accumLabel(c.Batch, c.Accum)
 	case rowOptimizer:
 		return optimizerOf(c)
 	case rowZeroGrad:
-		return c.ZeroGrad
+		return c.ZeroGrad.String()
 	case rowBug:
 		if c.Bug == "" {
 			return "none"
 		}
 		return c.Bug
 	case rowParallel:
-		return c.Parallel
+		return c.Parallel.String()
 	case rowOffload:
-		if c.Offload == "" {
-			return "none"
-		}
-		return c.Offload
+		return c.Offload.String()
 	}
 	return ""
 }
@@ -186,30 +224,29 @@ func (p *fixesPane) reset() {
 	}
 }
 
-// weightsOf, adapterOf and optimizerOf name a workload's choice as its row does.
-func weightsOf(c Fixes) string {
-	if c.Weights == "" {
-		return "f32"
-	}
-	return c.Weights
-}
+// adapterOf and optimizerOf name a workload's choice as its row does.
+func adapterOf(c Fixes) string   { return adapterLabel(c.LoRA, c.QLoRA) }
+func optimizerOf(c Fixes) string { return optimizerLabel(c.Optimizer, c.OptimizerImpl) }
 
-func adapterOf(c Fixes) string {
+func adapterLabel(rank int, qlora bool) string {
 	switch {
-	case c.QLoRA:
-		return fmt.Sprintf("qlora %d", c.LoRA)
-	case c.LoRA > 0:
-		return fmt.Sprintf("lora %d", c.LoRA)
+	case qlora:
+		return fmt.Sprintf("qlora %d", rank)
+	case rank > 0:
+		return fmt.Sprintf("lora %d", rank)
 	}
 	return "none"
 }
 
-func optimizerOf(c Fixes) string {
-	if c.OptimizerImpl != "" && c.OptimizerImpl != "foreach" {
-		return c.Optimizer + " " + c.OptimizerImpl
+// optimizerLabel names an optimizer with its implementation, but for the default one: "adamw fused", "adamw".
+func optimizerLabel(o knob.Optimizer, impl knob.OptimizerImpl) string {
+	if impl != "" && impl != knob.Foreach {
+		return string(o) + " " + string(impl)
 	}
-	return c.Optimizer
+	return string(o)
 }
+
+func accumLabel(batch, accum int) string { return fmt.Sprintf("%d x %d", batch, accum) }
 
 func indexOf(list []string, s string) int {
 	for i, v := range list {
@@ -220,34 +257,26 @@ func indexOf(list []string, s string) int {
 	return -1
 }
 
+func indexOfLabel(opts []choice, s string) int {
+	for i, o := range opts {
+		if o.label == s {
+			return i
+		}
+	}
+	return -1
+}
+
 // config returns the base workload with the chosen fixes, on the meta device.
 func (p *fixesPane) config() Workload {
 	w := *p.base
-	c := &w.Fixes
-	pick := func(r int) string { return p.choices(r)[p.choice[r]] }
-	c.AMP, c.Attention, c.Checkpoint, c.ZeroGrad = pick(rowAMP), pick(rowAttention), pick(rowCheckpoint), pick(rowZeroGrad)
-	if o := pick(rowOptimizer); o != optimizerOf(p.base.Fixes) {
-		c.Optimizer, c.OptimizerImpl, _ = strings.Cut(o, " ")
-	}
-	if wt := pick(rowWeights); wt != weightsOf(p.base.Fixes) {
-		c.Weights = wt
-	}
-	if a := pick(rowAdapter); a != adapterOf(p.base.Fixes) {
-		kind, rank, _ := strings.Cut(a, " ")
-		c.LoRA, c.QLoRA, c.LoRATargets = 0, false, ""
-		if kind != "none" {
-			fmt.Sscan(rank, &c.LoRA)
-			c.QLoRA, c.LoRATargets = kind == "qlora", allProjections
+	for _, r := range p.rows() {
+		// A row left at the base's own choice keeps the base's settings, which its label may not say in full
+		// (LoRA's targets, AdamW's implementation left out).
+		if c := options(p.base, r)[p.choice[r]]; c.label != p.current(r) {
+			c.set(&w.Fixes)
 		}
 	}
-	fmt.Sscanf(pick(rowAccum), "%d x %d", &c.Batch, &c.Accum)
-	if pick(rowBug) == "fixed" {
-		c.Bug = ""
-	}
-	if p.base.GPUs > 1 {
-		c.Parallel, c.Offload = pick(rowParallel), pick(rowOffload)
-	}
-	w.Device = "meta"
+	w.Device = device.Meta
 	return w
 }
 
@@ -256,37 +285,37 @@ func (p *fixesPane) describe() string {
 	var parts []string
 	c, b := p.config().Fixes, p.base.Fixes
 	if c.AMP != b.AMP {
-		parts = append(parts, "amp "+c.AMP)
+		parts = append(parts, "amp "+c.AMP.String())
 	}
-	if weightsOf(c) != weightsOf(b) {
-		parts = append(parts, weightsOf(c)+" weights")
+	if c.Weights != b.Weights {
+		parts = append(parts, c.Weights.String()+" weights")
 	}
 	if adapterOf(c) != adapterOf(b) {
 		parts = append(parts, adapterOf(c))
 	}
 	if c.Attention != b.Attention {
-		parts = append(parts, c.Attention+" attention")
+		parts = append(parts, c.Attention.String()+" attention")
 	}
 	if c.Checkpoint != b.Checkpoint {
-		parts = append(parts, "checkpoint "+c.Checkpoint)
+		parts = append(parts, "checkpoint "+c.Checkpoint.String())
 	}
 	if c.Batch != b.Batch {
-		parts = append(parts, fmt.Sprintf("batch %d x %d", c.Batch, c.Accum))
+		parts = append(parts, "batch "+accumLabel(c.Batch, c.Accum))
 	}
 	if optimizerOf(c) != optimizerOf(b) {
 		parts = append(parts, optimizerOf(c))
 	}
 	if c.ZeroGrad != b.ZeroGrad {
-		parts = append(parts, "zero_grad "+c.ZeroGrad)
+		parts = append(parts, "zero_grad "+c.ZeroGrad.String())
 	}
 	if c.Bug != b.Bug {
 		parts = append(parts, "the leak fixed")
 	}
 	if c.Parallel != b.Parallel {
-		parts = append(parts, c.Parallel)
+		parts = append(parts, c.Parallel.String())
 	}
-	if c.Offload != b.Offload && (c.Offload != "none" || b.Offload != "") {
-		parts = append(parts, "offload "+c.Offload)
+	if c.Offload != b.Offload {
+		parts = append(parts, "offload "+c.Offload.String())
 	}
 	if len(parts) == 0 {
 		return "no change"

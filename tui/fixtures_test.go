@@ -15,6 +15,7 @@ import (
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -161,22 +162,22 @@ type playback struct{}
 
 // workloadSpec is the part of a recorded configuration (Meta.Workload) the TUI sees.
 type workloadSpec struct {
-	Model      string `json:"model"`
-	Preset     string `json:"preset"`
-	Device     string `json:"device"`
-	AMP        string `json:"amp"`
-	Attention  string `json:"attention"`
-	Checkpoint string `json:"checkpoint"`
-	Optimizer  string `json:"optimizer"`
-	ZeroGrad   string `json:"zero_grad"`
-	Batch      int    `json:"batch"`
-	Accum      int    `json:"accum"`
-	Bug        string `json:"bug"`
-	Impl       string `json:"optimizer_impl"`
-	Weights    string `json:"weights"`
-	LoRA       int    `json:"lora"`
-	QLoRA      bool   `json:"qlora"`
-	Targets    string `json:"lora_targets"`
+	Model      string             `json:"model"`
+	Preset     string             `json:"preset"`
+	Device     device.Kind        `json:"device"`
+	AMP        knob.AMP           `json:"amp"`
+	Attention  knob.Attention     `json:"attention"`
+	Checkpoint knob.Checkpoint    `json:"checkpoint"`
+	Optimizer  knob.Optimizer     `json:"optimizer"`
+	ZeroGrad   knob.ZeroGrad      `json:"zero_grad"`
+	Batch      int                `json:"batch"`
+	Accum      int                `json:"accum"`
+	Bug        string             `json:"bug"`
+	Impl       knob.OptimizerImpl `json:"optimizer_impl"`
+	Weights    train.Weights      `json:"weights"`
+	LoRA       int                `json:"lora"`
+	QLoRA      bool               `json:"qlora"`
+	Targets    train.LoRATargets  `json:"lora_targets"`
 }
 
 func (p playback) Parse(spec json.RawMessage) (Workload, error) {
@@ -188,10 +189,7 @@ func (p playback) Parse(spec json.RawMessage) (Workload, error) {
 	if name == "" {
 		name = c.Model
 	}
-	if c.Weights == "" {
-		c.Weights = "f32"
-	}
-	return Workload{Name: name + " on " + c.Device, GPT: c.Model == "gpt", Llama: c.Model == "llama", Device: c.Device, Spec: spec,
+	return Workload{Name: name + " on " + string(c.Device), GPT: c.Model == "gpt", Llama: c.Model == "llama", Device: c.Device, Spec: spec,
 		Fixes: Fixes{AMP: c.AMP, Attention: c.Attention, Checkpoint: c.Checkpoint, Batch: c.Batch, Accum: c.Accum,
 			Optimizer: c.Optimizer, OptimizerImpl: c.Impl, ZeroGrad: c.ZeroGrad, Bug: c.Bug,
 			Weights: c.Weights, LoRA: c.LoRA, QLoRA: c.QLoRA, LoRATargets: c.Targets}}, nil

@@ -5,12 +5,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
@@ -74,7 +74,7 @@ func cost(base, f Fixes) []int {
 	precision := f.AMP != base.AMP || f.Weights != base.Weights || f.LoRA != base.LoRA || f.QLoRA != base.QLoRA
 	changed := 0 // then the fewer settings changed, the better
 	for r := range numFixRows {
-		if r != rowBug && valueOf(f, r) != valueOf(base, r) {
+		if r != rowBug && label(f, r) != label(base, r) {
 			changed++
 		}
 	}
@@ -82,14 +82,15 @@ func cost(base, f Fixes) []int {
 		b2i(f.Optimizer != base.Optimizer || f.OptimizerImpl != base.OptimizerImpl), changed}
 }
 
-// recomputed ranks a checkpointing choice by how much of the forward backward recomputes.
-func recomputed(checkpoint string) int {
+// recomputed ranks a checkpointing choice by how much of the forward backward recomputes: none, the
+// attention, every N-th block, every block.
+func recomputed(c knob.Checkpoint) int {
 	switch {
-	case checkpoint == "" || checkpoint == "off":
+	case c.Off():
 		return 0
-	case checkpoint == "attn":
+	case c.Attention():
 		return 1
-	case strings.HasPrefix(checkpoint, "every:"):
+	case c.Every() > 1:
 		return 2
 	}
 	return 3

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
@@ -17,17 +18,17 @@ import (
 // batch kept, less recomputation, the precision kept, the optimizer kept, fewer settings changed; then the
 // smallest need.
 func TestRankPutsWhatFitsFirstThenTheCheapest(t *testing.T) {
-	base := Fixes{AMP: "off", Attention: "naive", Checkpoint: "off", Batch: 16, Accum: 1, Optimizer: "adamw", ZeroGrad: "none"}
+	base := Fixes{AMP: knob.AMPOff, Attention: knob.AttentionNaive, Checkpoint: knob.CheckpointOff, Batch: 16, Accum: 1, Optimizer: knob.AdamW, ZeroGrad: knob.ZeroGradNone}
 	with := func(f func(*Fixes)) Fixes { c := base; f(&c); return c }
 	rows := []Measured{
 		{Fix: "as configured", Fixes: base, Needs: 64, OOM: true},
-		{Fix: "flash", Fixes: with(func(c *Fixes) { c.Attention = "flash" }), Needs: 40, OOM: true},
+		{Fix: "flash", Fixes: with(func(c *Fixes) { c.Attention = knob.AttentionFlash }), Needs: 40, OOM: true},
 		{Fix: "quarter batch", Fixes: with(func(c *Fixes) { c.Batch, c.Accum = 4, 4 }), Needs: 20},
-		{Fix: "checkpoint all", Fixes: with(func(c *Fixes) { c.Checkpoint = "all" }), Needs: 18},
-		{Fix: "bf16 + checkpoint every 2", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = "bf16", "every:2" }), Needs: 21},
-		{Fix: "bf16 + checkpoint all", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = "bf16", "all" }), Needs: 15},
-		{Fix: "bf16 + checkpoint all + sgd", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint, c.Optimizer = "bf16", "all", "sgd" }), Needs: 12},
-		{Fix: "flash + checkpoint all", Fixes: with(func(c *Fixes) { c.Attention, c.Checkpoint = "flash", "all" }), Needs: 16},
+		{Fix: "checkpoint all", Fixes: with(func(c *Fixes) { c.Checkpoint = knob.CheckpointAll }), Needs: 18},
+		{Fix: "bf16 + checkpoint every 2", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = knob.AMPBF16, knob.CheckpointEvery(2) }), Needs: 21},
+		{Fix: "bf16 + checkpoint all", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint = knob.AMPBF16, knob.CheckpointAll }), Needs: 15},
+		{Fix: "bf16 + checkpoint all + sgd", Fixes: with(func(c *Fixes) { c.AMP, c.Checkpoint, c.Optimizer = knob.AMPBF16, knob.CheckpointAll, knob.SGD }), Needs: 12},
+		{Fix: "flash + checkpoint all", Fixes: with(func(c *Fixes) { c.Attention, c.Checkpoint = knob.AttentionFlash, knob.CheckpointAll }), Needs: 16},
 	}
 	var got []string
 	for _, r := range rank(base, rows) {

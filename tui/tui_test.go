@@ -13,13 +13,17 @@ import (
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
 	"github.com/charmbracelet/x/exp/golden"
+
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/whatif"
+	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 func noDriver() nvml.Report {
@@ -289,7 +293,7 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 	press(m, "down", "down", "space", "space", "down", "down", "space", "space", "down", "down", "space", "space", "space", "space",
 		"space", "space", "space")
 	got := m.fixes.config().Fixes
-	if got.LoRA != adapterRank || !got.QLoRA || got.LoRATargets != allProjections || got.Checkpoint != "all" ||
+	if got.LoRA != adapterRank || !got.QLoRA || got.LoRATargets != allProjections || got.Checkpoint != knob.CheckpointAll ||
 		got.Optimizer != "paged-adamw8bit" || got.OptimizerImpl != "" {
 		t.Fatalf("chosen %+v", got)
 	}
@@ -306,7 +310,7 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 // fused) is one of its row's choices, chosen, so that re-running unchanged changes nothing.
 func TestFixesPaneKeepsTheBaseChoice(t *testing.T) {
 	w := *workload(t, "smollm-ft")
-	w.Fixes.LoRA, w.Fixes.LoRATargets, w.Fixes.OptimizerImpl = 8, "q,v", "fused"
+	w.Fixes.LoRA, w.Fixes.LoRATargets, w.Fixes.OptimizerImpl = 8, train.DefaultLoRATargets, knob.Fused
 	p := newFixesPane(&w, playback{}, 0)
 	if got := p.choices(rowAdapter); got[p.choice[rowAdapter]] != "lora 8" {
 		t.Errorf("adapter row %q chooses %d", got, p.choice[rowAdapter])
@@ -325,7 +329,7 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 	// bf16 autocast, flash attention and the leak fixed, then re-run.
 	press(m, "space", "down", "down", "down", "space", "down", "down", "down", "down", "down", "space")
 	cfg := m.fixes.config().Fixes
-	if cfg.AMP != "bf16" || cfg.Attention != "flash" || cfg.Bug != "" {
+	if cfg.AMP != knob.AMPBF16 || cfg.Attention != knob.AttentionFlash || cfg.Bug != "" {
 		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)
 	}
 	cmd := m.fixes.onKey(keyPress("r"), m)
@@ -486,7 +490,7 @@ func TestFixesPaneChoosesAStrategy(t *testing.T) {
 	if n := len(single.rows()); n != rowParallel {
 		t.Errorf("a single GPU shows %d rows, want %d", n, rowParallel)
 	}
-	w.GPUs, w.Fixes.Parallel, w.Fixes.Offload = 8, "ddp", "none"
+	w.GPUs, w.Fixes.Parallel, w.Fixes.Offload = 8, dist.DDP, dist.OffloadNone
 	p := newFixesPane(&w, playback{}, 0)
 	if n := len(p.rows()); n != numFixRows {
 		t.Fatalf("a rank shows %d rows, want %d", n, numFixRows)
@@ -496,7 +500,7 @@ func TestFixesPaneChoosesAStrategy(t *testing.T) {
 	}
 	p.choice[rowParallel] = indexOf(p.choices(rowParallel), "zero3")
 	p.choice[rowOffload] = indexOf(p.choices(rowOffload), "optimizer+params")
-	if c := p.config().Fixes; c.Parallel != "zero3" || c.Offload != "optimizer+params" {
+	if c := p.config().Fixes; c.Parallel != dist.ZeRO3 || c.Offload != dist.OffloadOptimizerParams {
 		t.Errorf("chosen %+v", c)
 	}
 	if d := p.describe(); d != "zero3, offload optimizer+params" {

@@ -4,6 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+
+	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // Runner records oomdbg's own training workloads for the TUI: the one it opens on, and the re-runs of the
@@ -28,33 +33,35 @@ type Workload struct {
 	// GPUs is the job's GPUs when the workload is one rank of a data-parallel job (0 or 1: one GPU); the
 	// data-parallel fixes apply to it.
 	GPUs   int
-	Device string // "meta", "cpu" or "cuda"
+	Device device.Kind
 	Fixes  Fixes
 	// Spec is the whole configuration as a snapshot's metadata stores it; Record applies Device and Fixes
 	// over it.
 	Spec json.RawMessage
 }
 
-// Fixes are the settings the fixes pane changes, in the words of oomdbg run's flags.
+// Fixes are the settings the fixes pane changes, as the values oomdbg run's flags parse into: a choice in
+// the pane is made of them once, and the runtime takes them as they are.
 type Fixes struct {
-	AMP        string // --amp: "off", "bf16", "fp16"
-	Attention  string // --attention: "naive", "flash"
-	Checkpoint string // --checkpoint: "off", "attn", "every:N", "all"
-	Batch      int    // --batch
-	Accum      int    // --accum
-	Optimizer  string // --optimizer: "sgd", "momentum", "adam", "adamw", "adamw8bit", "paged-adamw", "paged-adamw8bit"
-	// OptimizerImpl is --optimizer-impl: "foreach" (or ""), "fused", "for-loop".
-	OptimizerImpl string
-	ZeroGrad      string // --zero-grad: "none", "zero"
-	Bug           string // --bug: "" when the run has no leak bug
+	AMP        knob.AMP        // --amp
+	Attention  knob.Attention  // --attention
+	Checkpoint knob.Checkpoint // --checkpoint
+	Batch      int             // --batch
+	Accum      int             // --accum
+	Optimizer  knob.Optimizer  // --optimizer
+	// OptimizerImpl is --optimizer-impl; "" is foreach, as it is in a recorded configuration that leaves
+	// it out.
+	OptimizerImpl knob.OptimizerImpl
+	ZeroGrad      knob.ZeroGrad // --zero-grad
+	Bug           string        // --bug: "" when the run has no leak bug
 
 	// The Llama's: the weights' dtype and its adapters.
-	Weights     string // --weights: "f32", "bf16", "fp16"
-	LoRA        int    // --lora: the adapters' rank (0: a full fine-tune)
-	QLoRA       bool   // --qlora
-	LoRATargets string // --lora-targets: "" for peft's default
+	Weights     train.Weights     // --weights
+	LoRA        int               // --lora: the adapters' rank (0: a full fine-tune)
+	QLoRA       bool              // --qlora
+	LoRATargets train.LoRATargets // --lora-targets: none for peft's default
 
 	// A data-parallel rank's: its strategy and what it offloads.
-	Parallel string // --dp: "ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp"
-	Offload  string // --offload: "none", "optimizer", "optimizer+params"
+	Parallel dist.Strategy // --dp
+	Offload  dist.Offload  // --offload
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding"
 	"encoding/json"
 	"io"
 
@@ -70,20 +69,12 @@ func configOf(w tui.Workload) (train.Config, error) {
 	if err := json.Unmarshal(w.Spec, &cfg); err != nil {
 		return cfg, err
 	}
-	// The TUI's choices are words; they are parsed here, where they enter the workload.
 	f := w.Fixes
-	for _, set := range []struct {
-		v    encoding.TextUnmarshaler
-		text string
-	}{{&cfg.Device, w.Device}, {&cfg.AMP, f.AMP}, {&cfg.Attention, f.Attention}, {&cfg.Checkpoint, f.Checkpoint},
-		{&cfg.Optimizer, f.Optimizer}, {&cfg.OptimizerImpl, f.OptimizerImpl}, {&cfg.ZeroGrad, f.ZeroGrad},
-		{&cfg.Weights, f.Weights}, {&cfg.LoRATargets, f.LoRATargets}, {&cfg.Parallel.Strategy, f.Parallel},
-		{&cfg.Parallel.Offload, f.Offload}} {
-		if err := set.v.UnmarshalText([]byte(set.text)); err != nil {
-			return cfg, err
-		}
-	}
-	cfg.Batch, cfg.Accum, cfg.Bug, cfg.LoRA, cfg.QLoRA = f.Batch, f.Accum, f.Bug, f.LoRA, f.QLoRA
+	cfg.Device, cfg.AMP, cfg.Attention, cfg.Checkpoint = w.Device, f.AMP, f.Attention, f.Checkpoint
+	cfg.Optimizer, cfg.OptimizerImpl, cfg.ZeroGrad = f.Optimizer, f.OptimizerImpl, f.ZeroGrad
+	cfg.Batch, cfg.Accum, cfg.Bug = f.Batch, f.Accum, f.Bug
+	cfg.Weights, cfg.LoRA, cfg.QLoRA, cfg.LoRATargets = f.Weights, f.LoRA, f.QLoRA, f.LoRATargets
+	cfg.Parallel.Strategy, cfg.Parallel.Offload = f.Parallel, f.Offload
 	if cfg.LoRA == 0 { // a full fine-tune has no adapter to scale or drop out
 		cfg.LoRAAlpha, cfg.LoRADropout = 0, 0
 	}
@@ -105,12 +96,12 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 		GPT:    cfg.Model == "gpt",
 		Llama:  cfg.Model == "llama",
 		GPUs:   cfg.Parallel.World(),
-		Device: string(cfg.Device),
-		Fixes: tui.Fixes{AMP: cfg.AMP.String(), Attention: cfg.Attention.String(), Checkpoint: cfg.Checkpoint.String(),
-			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: string(cfg.Optimizer), OptimizerImpl: string(cfg.OptimizerImpl),
-			ZeroGrad: cfg.ZeroGrad.String(), Bug: cfg.Bug,
-			Weights: cfg.Weights.String(), LoRA: cfg.LoRA, QLoRA: cfg.QLoRA, LoRATargets: cfg.LoRATargets.String(),
-			Parallel: cfg.Parallel.Strategy.String(), Offload: cfg.Parallel.Offload.String()},
+		Device: cfg.Device,
+		Fixes: tui.Fixes{AMP: cfg.AMP, Attention: cfg.Attention, Checkpoint: cfg.Checkpoint,
+			Batch: cfg.Batch, Accum: cfg.Accum, Optimizer: cfg.Optimizer, OptimizerImpl: cfg.OptimizerImpl,
+			ZeroGrad: cfg.ZeroGrad, Bug: cfg.Bug,
+			Weights: cfg.Weights, LoRA: cfg.LoRA, QLoRA: cfg.QLoRA, LoRATargets: cfg.LoRATargets,
+			Parallel: cfg.Parallel.Strategy, Offload: cfg.Parallel.Offload},
 		Spec: spec,
 	}, nil
 }

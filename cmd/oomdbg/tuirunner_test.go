@@ -26,11 +26,11 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.Name != "tiny on cpu" || !w.GPT || w.Fixes.AMP != cfg.AMP.String() || w.Fixes.Batch != cfg.Batch {
+	if w.Name != "tiny on cpu" || !w.GPT || w.Fixes.AMP != cfg.AMP || w.Fixes.Batch != cfg.Batch {
 		t.Fatalf("workload %+v does not describe %+v", w, cfg)
 	}
 	w.Device = "meta"
-	w.Fixes.AMP, w.Fixes.Attention, w.Fixes.Checkpoint = "bf16", "flash", "all"
+	w.Fixes.AMP, w.Fixes.Attention, w.Fixes.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
 	w.Fixes.Batch, w.Fixes.Accum = cfg.Batch/2, 2
 	s, ran := recordThrough(t, tuiRunner{version: "test"}, w)
 	if ran.Device != "meta" || ran.AMP != knob.AMPBF16 || ran.Attention != knob.AttentionFlash || ran.Checkpoint != knob.CheckpointAll ||
@@ -64,7 +64,7 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !w.Llama || w.GPT || w.Fixes.LoRA != 8 || w.Fixes.LoRATargets != "q,v" || w.Fixes.Weights != "bf16" {
+	if !w.Llama || w.GPT || w.Fixes.LoRA != 8 || w.Fixes.LoRATargets != train.DefaultLoRATargets || w.Fixes.Weights != train.WeightsBF16 {
 		t.Fatalf("workload %+v does not describe %+v", w, cfg)
 	}
 	record := func(f tui.Fixes) train.Config {
@@ -75,12 +75,12 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 		return ran
 	}
 	full := w.Fixes
-	full.LoRA, full.LoRATargets = 0, ""
+	full.LoRA, full.LoRATargets = 0, 0
 	if ran := record(full); ran.LoRA != 0 || ran.LoRAAlpha != 0 || ran.LoRATargets != 0 || ran.Weights != train.WeightsBF16 {
 		t.Errorf("full fine-tune ran %+v", ran)
 	}
 	qlora := w.Fixes
-	qlora.LoRA, qlora.QLoRA, qlora.LoRATargets, qlora.Weights, qlora.OptimizerImpl = 16, true, "q,k,v,o,gate,up,down", "f32", "fused"
+	qlora.LoRA, qlora.QLoRA, qlora.LoRATargets, qlora.Weights, qlora.OptimizerImpl = 16, true, train.AllLoRATargets, train.WeightsF32, knob.Fused
 	if ran := record(qlora); ran.LoRA != 16 || !ran.QLoRA || ran.LoRATargets != train.AllLoRATargets || ran.LoRAAlpha != 16 ||
 		ran.Weights != train.WeightsF32 || ran.OptimizerImpl != knob.Fused {
 		t.Errorf("QLoRA ran %+v", ran)
@@ -117,10 +117,10 @@ func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.GPUs != 8 || w.Fixes.Parallel != "ddp" || w.Fixes.Offload != "none" {
+	if w.GPUs != 8 || w.Fixes.Parallel != dist.DDP || w.Fixes.Offload != dist.OffloadNone {
 		t.Fatalf("workload %+v does not describe a ddp rank of 8", w)
 	}
-	w.Fixes.Parallel, w.Fixes.Offload = "zero3", "optimizer+params"
+	w.Fixes.Parallel, w.Fixes.Offload = dist.ZeRO3, dist.OffloadOptimizerParams
 	s, ran := recordThrough(t, tuiRunner{}, w)
 	if ran.Parallel.Strategy != dist.ZeRO3 || ran.Parallel.Offload != dist.OffloadOptimizerParams || ran.Parallel.GPUs != 8 {
 		t.Errorf("ran %+v", ran.Parallel)
