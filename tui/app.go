@@ -21,11 +21,11 @@ import (
 
 // Options say what the TUI shows.
 type Options struct {
-	// Workload, when set, is recorded on start by Runner and streamed in as it runs.
+	// Workload, when set, is recorded on start by Backend and streamed in as it runs.
 	Workload *Workload
-	// Runner records workloads: the one above, and the fixes pane's re-runs of oomdbg's own snapshots. Nil:
-	// the fixes pane cannot re-run.
-	Runner Runner
+	// Backend records workloads (the one above, and the fixes pane's re-runs of oomdbg's own snapshots),
+	// measures their fixes and finds the plans that fit. Nil: the fixes pane cannot re-run.
+	Backend Backend
 	// File, when set, is a snapshot to open; Follow keeps reading it as it grows. Input, when set, is File
 	// already open (a pipe, standard input), read instead of opening File again.
 	File   string
@@ -126,7 +126,7 @@ func New(ctx context.Context, opts Options) *Model {
 			FullKey: plain.Bold(true), FullDesc: plain, FullSeparator: plain}
 	}
 	m.live.filter = newFilterInput()
-	m.fixes = newFixesPane(opts.Workload, opts.Runner, opts.MemoryBudget)
+	m.fixes = newFixesPane(opts.Workload, opts.Backend, opts.MemoryBudget)
 	m.device = newDevicePane(opts.Devices)
 	if opts.Ranks != nil {
 		open := 0
@@ -158,7 +158,7 @@ func (m *Model) Init() tea.Cmd {
 	case m.opts.Snapshot != nil:
 		cmds = append(cmds, m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
 	case m.opts.Workload != nil:
-		cmds = append(cmds, recordWorkload(m.ctx, m.opts.Runner, *m.opts.Workload))
+		cmds = append(cmds, recordWorkload(m.ctx, m.opts.Backend, *m.opts.Workload))
 	case m.opts.File != "":
 		cmds = append(cmds, openFile(m.ctx, m.opts))
 	}

@@ -12,20 +12,6 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
-// Planner finds the plans of fixes that fit the workload's card, cheapest first (oomdbg fit). A Runner that
-// is also a Planner lets the fixes pane list them and re-run the one chosen.
-type Planner interface {
-	Plans(ctx context.Context, w Workload) ([]FitPlan, error)
-}
-
-// FitPlan is one plan: its fixes, in the fixes pane's words, and what the planner measured and estimated.
-type FitPlan struct {
-	Name         string // what it changes, e.g. "bf16 autocast, checkpoint all"
-	Fixes        Fixes
-	PeakReserved int64
-	StepTime     float64 // estimated seconds per optimizer step
-}
-
 // fitPlansMsg is a finished search for plans.
 type fitPlansMsg struct {
 	plans []FitPlan
@@ -47,16 +33,15 @@ func (p *fixesPane) fitKey(msg tea.KeyPressMsg, m *Model) (tea.Cmd, bool) {
 	l := &p.fit
 	switch {
 	case key.Matches(msg, k.Fit) && !l.open:
-		planner, ok := p.run.(Planner)
-		if !ok || p.running != nil {
+		if p.running != nil {
 			return nil, true
 		}
 		ctx, cancel := context.WithCancel(m.ctx)
 		*l = fitList{open: true, busy: true, cancel: cancel}
 		m.setStatus("fit: searching for the plans that fit on the meta device…", false)
-		w := *p.base
+		b, w := p.backend, *p.base
 		return func() tea.Msg {
-			plans, err := planner.Plans(ctx, w)
+			plans, err := b.Plans(ctx, w)
 			return fitPlansMsg{plans: plans, err: err}
 		}, true
 	case !l.open:
@@ -113,7 +98,7 @@ func (p *fixesPane) applyPlan(plan FitPlan, m *Model) tea.Cmd {
 	ctx, cancel := context.WithCancel(m.ctx)
 	p.running, p.err, p.progress = cancel, nil, nil
 	m.setStatus("re-running with "+plan.Name+" on the meta device…", false)
-	return rerun(ctx, p.run, w)
+	return rerun(ctx, p.backend, w)
 }
 
 // fitView is the list of plans, in place of the rows while it is open.
@@ -139,9 +124,9 @@ func (p *fixesPane) fitView(s Styles, w int) []string {
 	return append(lines, s.Muted.Render(ansi.Truncate("step time estimated on the GPU profile; peak reserved simulated", w, "…")))
 }
 
-// fitHint is the fixes pane's line about the fit key, when the runner can plan.
+// fitHint is the fixes pane's line about the fit key, when the backend can plan.
 func (p *fixesPane) fitHint() string {
-	if _, ok := p.run.(Planner); !ok {
+	if !p.backend.CanPlan() {
 		return ""
 	}
 	return ", f plans that fit"

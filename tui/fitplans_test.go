@@ -18,6 +18,7 @@ type planner struct {
 }
 
 func (p planner) Plans(context.Context, Workload) ([]FitPlan, error) { return p.plans, nil }
+func (p planner) CanPlan() bool                                      { return true }
 
 // TestFitListsPlansAndRerunsTheChosen: f in the fixes pane lists the plans with the cheapest selected, and
 // enter re-runs the one chosen with its fixes, which the rows then show.
@@ -31,7 +32,7 @@ func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 		{Name: "bf16 autocast, flash attention", Fixes: fixed, PeakReserved: 3 << 20, StepTime: 0.010},
 		{Name: "checkpoint all", Fixes: slower, PeakReserved: 2 << 20, StepTime: 0.020},
 	}}
-	m := New(context.Background(), Options{Snapshot: fixture(t, "tiny-oom"), Runner: run, Profile: colorprofile.Ascii, Devices: noDriver})
+	m := New(context.Background(), Options{Snapshot: fixture(t, "tiny-oom"), Backend: run, Profile: colorprofile.Ascii, Devices: noDriver})
 	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
 	press(m, "5")
 	if !strings.Contains(screen(m), "f plans that fit") {

@@ -18,7 +18,7 @@ import (
 // curve is drawn over the timeline, and a table compares the peaks, whether it fits, the bytes by category at
 // each peak, and what the fix costs in recomputation.
 type fixesPane struct {
-	run      Runner
+	backend  Backend
 	base     *Workload // the workload as recorded; nil when the snapshot is not oomdbg's own
 	choice   [numFixRows]int
 	selected int
@@ -41,9 +41,9 @@ type fixesPane struct {
 
 // newFixesPane is the pane for workload w (nil: none, the snapshot is not oomdbg's own), whose re-runs stop at
 // the memory budget (0: DefaultMemoryBudget).
-func newFixesPane(w *Workload, run Runner, budget int64) fixesPane {
-	p := fixesPane{run: run, budget: cmp.Or(budget, DefaultMemoryBudget)}
-	if w != nil && run != nil {
+func newFixesPane(w *Workload, b Backend, budget int64) fixesPane {
+	p := fixesPane{backend: b, budget: cmp.Or(budget, DefaultMemoryBudget)}
+	if w != nil && b != nil {
 		c := *w
 		p.base = &c
 		p.reset()
@@ -57,8 +57,8 @@ func (p *fixesPane) setBaseline(ix *index) {
 		return
 	}
 	p.trace.snap = ix.snap
-	if p.base == nil && p.run != nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
-		if w, err := p.run.Parse(ix.snap.Meta.Workload); err == nil {
+	if p.base == nil && p.backend != nil && len(ix.snap.Meta.Workload) > 0 && ix.snap.Meta.Source == "oomdbg" {
+		if w, err := p.backend.Parse(ix.snap.Meta.Workload); err == nil {
 			p.base = &w
 			p.reset()
 		}
@@ -130,7 +130,7 @@ func (p *fixesPane) start(m *Model) tea.Cmd {
 	m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
 	p.progress = nil
 	w := p.config()
-	return tea.Batch(rerun(ctx, p.run, w), p.measureAfter(ctx, w))
+	return tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))
 }
 
 func (p *fixesPane) cancel() {

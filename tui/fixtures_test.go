@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -65,7 +66,7 @@ var fixtureConfigs = map[string]func() train.Config{
 	"no-zero-grad":     func() train.Config { return mlpBug(train.BugNoZeroGrad) },
 	// gpt-retain-graph is the tiny GPT with the retain-graph leak under nanoGPT's loop, which keeps the
 	// logits until the next forward: they hold the newest iteration's graph too, and are held across
-	// iterations. Batch 8 tells it from tiny-oom for the playback Runner.
+	// iterations. Batch 8 tells it from tiny-oom for the playback Backend.
 	"gpt-retain-graph": func() train.Config {
 		cfg, _ := train.PresetConfig("tiny")
 		cfg.Device, cfg.Steps, cfg.Batch, cfg.Bug = "meta", 4, 8, train.BugRetainGraph
@@ -101,7 +102,7 @@ var (
 )
 
 // fixtureData returns the bytes of testdata/fixtures/name.oomdbg, recording it first under -update. It
-// returns errors rather than fail a test: Runner.Record calls it from the recording goroutine.
+// returns errors rather than fail a test: Backend.Record calls it from the recording goroutine.
 func fixtureData(name string) ([]byte, error) {
 	fixtureMu.Lock()
 	defer fixtureMu.Unlock()
@@ -156,7 +157,7 @@ func fixture(t testing.TB, name string) *snapshot.Snapshot {
 	return s
 }
 
-// playback is a Runner that plays back the frozen recordings: the workload of a fixture, and the re-run
+// playback is a Backend that plays back the frozen recordings: the workload of a fixture, and the re-run
 // with other fixes when one was recorded.
 type playback struct{}
 
@@ -224,7 +225,7 @@ func workload(t testing.TB, name string) *Workload {
 }
 
 // MeasureFixes plays back the measurements frozen beside a fixture (name.fixes.json), measured again from
-// its configuration under -update with train.Sweep, as the command line's Measurer measures.
+// its configuration under -update with train.Sweep, as the command line's backend measures.
 func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, error) {
 	for name := range fixtureConfigs {
 		s, err := readFixture(name)
@@ -275,3 +276,11 @@ func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, err
 	}
 	return nil, fmt.Errorf("no measurement of %s with %+v", w.Name, w.Fixes)
 }
+
+// Plans says that playback has no plans: none were recorded.
+func (playback) Plans(context.Context, Workload) ([]FitPlan, error) {
+	return nil, errors.New("the recordings played back hold no plans")
+}
+
+// CanPlan reports that playback does not plan.
+func (playback) CanPlan() bool { return false }

@@ -62,14 +62,14 @@ const (
 	refreshEvery = 100 * time.Millisecond
 )
 
-// recordWorkload starts run recording w into a pipe and opens the pipe's other end.
-func recordWorkload(ctx context.Context, run Runner, w Workload) tea.Cmd {
+// recordWorkload starts b recording w into a pipe and opens the pipe's other end.
+func recordWorkload(ctx context.Context, b Backend, w Workload) tea.Cmd {
 	return func() tea.Msg {
-		if run == nil {
+		if b == nil {
 			return streamMsg{err: fmt.Errorf("recording %s: no workload runner", w.Name)}
 		}
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(run.Record(ctx, w, pw)) }()
+		go func() { pw.CloseWithError(b.Record(ctx, w, pw)) }()
 		r, err := snapshot.NewReader(pr)
 		if err != nil {
 			pr.CloseWithError(err)

@@ -14,7 +14,7 @@ import (
 // TestProgramStreamsTheWorkloadAndQuits runs the TUI as a program: it records a workload, streams it in,
 // lands on the OOM, follows keys and quits.
 func TestProgramStreamsTheWorkloadAndQuits(t *testing.T) {
-	m := New(context.Background(), Options{Workload: workload(t, "tiny-oom"), Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
+	m := New(context.Background(), Options{Workload: workload(t, "tiny-oom"), Backend: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
 	tm := teatest.NewTestModel(t, m, teatest.WithInitialTermSize(80, 24))
 	teatest.WaitFor(t, tm.Output(), func(b []byte) bool { return bytes.Contains(b, []byte("landed on the OOM")) },
 		teatest.WithDuration(20*time.Second))

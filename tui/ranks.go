@@ -110,7 +110,7 @@ func (m *Model) openRank(msg rankMsg) tea.Cmd {
 	}
 	m.ranks.open = msg.row
 	m.opts.File = m.ranks.table.Ranks[msg.row].File
-	m.fixes = newFixesPane(nil, m.opts.Runner, m.opts.MemoryBudget)
+	m.fixes = newFixesPane(nil, m.opts.Backend, m.opts.MemoryBudget)
 	m.landedOnTarget, m.zoomed, m.cursor, m.prev = false, false, 0, 0
 	m.setSnapshot(msg.s)
 	m.load = loadState{label: "snapshot", done: true}

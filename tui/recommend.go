@@ -14,25 +14,6 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// A Measurer is a Runner that also measures fixes, as oomdbg fixes does: it runs the workload with each fix
-// on the meta device, once on the configured device and once with unlimited memory. The fixes pane ranks
-// what it measures and the OOM panel says what the run needs.
-type Measurer interface {
-	// MeasureFixes returns w without its leak bug as the first row, then w with each fix, measured.
-	MeasureFixes(ctx context.Context, w Workload) ([]Measured, error)
-}
-
-// Measured is one fix's run.
-type Measured struct {
-	Fix   string
-	Fixes Fixes // the workload's settings with the fix
-	// Needs is the peak of allocated memory with unlimited memory: what the run needs. Peak is the peak on
-	// the configured device, up to its OOM; OOM says it ran out there, in OOMPhase.
-	Needs, Peak int64
-	OOM         bool
-	OOMPhase    string
-}
-
 // measuredMsg is a finished measurement of the workload with settings of.
 type measuredMsg struct {
 	of   Fixes
@@ -41,13 +22,9 @@ type measuredMsg struct {
 }
 
 // measureFixes measures w's fixes in the background.
-func measureFixes(ctx context.Context, run Runner, w Workload) tea.Cmd {
-	m, ok := run.(Measurer)
-	if !ok {
-		return nil
-	}
+func measureFixes(ctx context.Context, b Backend, w Workload) tea.Cmd {
 	return func() tea.Msg {
-		rows, err := m.MeasureFixes(ctx, w)
+		rows, err := b.MeasureFixes(ctx, w)
 		return measuredMsg{of: w.Fixes, rows: rows, err: err}
 	}
 }
@@ -219,7 +196,7 @@ func (p *fixesPane) measureAfter(ctx context.Context, w Workload) tea.Cmd {
 			return nil
 		}
 	}
-	return measureFixes(ctx, p.run, w)
+	return measureFixes(ctx, p.backend, w)
 }
 
 // onAfterMeasured takes what the re-run needs.
@@ -234,9 +211,8 @@ func (p *fixesPane) measure(ctx context.Context) tea.Cmd {
 	if p.base == nil || p.rec.measuring || p.rec.base != nil {
 		return nil
 	}
-	cmd := measureFixes(ctx, p.run, *p.base)
-	p.rec.measuring = cmd != nil
-	return cmd
+	p.rec.measuring = true
+	return measureFixes(ctx, p.backend, *p.base)
 }
 
 // leakWords says a leak verdict in a few words: "leak, +64.50 KiB per iteration", "no leak".

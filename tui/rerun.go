@@ -25,8 +25,8 @@ type (
 )
 
 // rerun records w into a pipe and starts reading it.
-func rerun(ctx context.Context, run Runner, w Workload) tea.Cmd {
-	open := recordWorkload(ctx, run, w)
+func rerun(ctx context.Context, b Backend, w Workload) tea.Cmd {
+	open := recordWorkload(ctx, b, w)
 	return func() tea.Msg { return fixStreamMsg(open().(streamMsg)) }
 }
 

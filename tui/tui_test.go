@@ -33,7 +33,7 @@ func noDriver() nvml.Report {
 // newTestModel returns a model showing s at w x h, with device readings answered without a driver.
 func newTestModel(t testing.TB, s *snapshot.Snapshot, w, h int) *Model {
 	t.Helper()
-	m := New(context.Background(), Options{Snapshot: s, Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
+	m := New(context.Background(), Options{Snapshot: s, Backend: playback{}, Profile: colorprofile.Ascii, Devices: noDriver})
 	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 	m.Update(deviceMsg{noDriver()})
 	m.Update(m.leaks.analyze(m.ix.tl)()) // as Init's commands would
@@ -358,7 +358,7 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 
 func TestStreamingAWorkloadLandsOnTheOOM(t *testing.T) {
 	w := workload(t, "tiny-oom")
-	m := New(context.Background(), Options{Workload: w, Runner: playback{}, Profile: colorprofile.Ascii})
+	m := New(context.Background(), Options{Workload: w, Backend: playback{}, Profile: colorprofile.Ascii})
 	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
 	chunks := 0
 	drive(m, m.Init(), func(msg tea.Msg) bool {
@@ -647,7 +647,7 @@ func TestTraceFixesDrawTheChosenFix(t *testing.T) {
 // would outgrow the view's memory budget, held whole, is stopped with one line that says so.
 func TestFixesRerunStopsAtTheMemoryBudget(t *testing.T) {
 	s := fixture(t, "tiny-oom")
-	m := New(context.Background(), Options{Snapshot: s, Runner: playback{}, Profile: colorprofile.Ascii, Devices: noDriver,
+	m := New(context.Background(), Options{Snapshot: s, Backend: playback{}, Profile: colorprofile.Ascii, Devices: noDriver,
 		MemoryBudget: 500 * residentPerEvent})
 	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
 	m.Update(deviceMsg{noDriver()})

@@ -8,7 +8,7 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
 
-// Plans implements tui.Planner with fit.FindPlans: the plans that fit w's card, cheapest first on the
+// Plans implements tui.Backend with fit.FindPlans: the plans that fit w's card, cheapest first on the
 // default GPU profile, with the adapters the fixes pane offers allowed for a Llama and ZeRO and FSDP for a
 // rank of a job.
 func (tuiRunner) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, error) {
@@ -38,4 +38,5 @@ func (tuiRunner) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, erro
 	return out, nil
 }
 
-var _ tui.Planner = tuiRunner{}
+// CanPlan implements tui.Backend: the planner is there.
+func (tuiRunner) CanPlan() bool { return true }

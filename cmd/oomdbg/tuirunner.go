@@ -9,13 +9,13 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// tuiRunner records workloads for the TUI (tui.Runner) with workloads/train, as sweepMeasurer measures fixes
-// for triage: the TUI itself never imports the runtime.
+// tuiRunner is the TUI's backend (tui.Backend): it records workloads and measures their fixes with
+// workloads/train and finds the plans that fit with fit, as sweepMeasurer measures fixes for triage.
 type tuiRunner struct {
 	version string // written into the snapshots it records
 }
 
-// Parse implements tui.Runner: it reads a train.Config from a snapshot's Meta.Workload.
+// Parse implements tui.Backend: it reads a train.Config from a snapshot's Meta.Workload.
 func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
 	var cfg train.Config
 	if err := json.Unmarshal(spec, &cfg); err != nil {
@@ -27,7 +27,7 @@ func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
 	return tuiWorkload(cfg)
 }
 
-// Record implements tui.Runner: it records w's configuration with its device and fixes applied.
+// Record implements tui.Backend: it records w's configuration with its device and fixes applied.
 func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) error {
 	cfg, err := configOf(w)
 	if err != nil {
@@ -37,7 +37,7 @@ func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) er
 	return err
 }
 
-// MeasureFixes implements tui.Measurer as oomdbg fixes measures: w without its leak bug, then with each of
+// MeasureFixes implements tui.Backend as oomdbg fixes measures: w without its leak bug, then with each of
 // train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
 func (tuiRunner) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
 	cfg, err := configOf(w)
@@ -106,4 +106,4 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 	}, nil
 }
 
-var _ tui.Measurer = tuiRunner{}
+var _ tui.Backend = tuiRunner{}

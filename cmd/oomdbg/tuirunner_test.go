@@ -47,7 +47,7 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	if _, err := (tuiRunner{}).Parse(json.RawMessage(`{"model":"gpt","amp":"fp8"}`)); err == nil {
 		t.Error("a configuration that does not validate parsed")
 	}
-	var _ tui.Runner = tuiRunner{}
+	var _ tui.Backend = tuiRunner{}
 }
 
 // TestTUIRunnerAppliesTheAdapterFixes turns a LoRA fine-tune into a full one and a full one into QLoRA with

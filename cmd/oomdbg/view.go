@@ -126,7 +126,7 @@ func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
-	opts.Runner = tuiRunner{version: toolVersion()}
+	opts.Backend = tuiRunner{version: toolVersion()}
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
 	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(keys), tea.WithOutput(cmd.OutOrStdout()))

@@ -11,15 +11,46 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// Runner records oomdbg's own training workloads for the TUI: the one it opens on, and the re-runs of the
-// fixes pane. The command line provides one over workloads/train, as it gives triage a Measurer, so the TUI
-// never imports the runtime; tests provide one that plays back recorded snapshots.
-type Runner interface {
+// Backend is what the TUI needs of the domain: oomdbg's own training workloads read from a snapshot's
+// metadata and recorded (the one the TUI opens on, and the fixes pane's re-runs), their fixes measured, and
+// the plans that fit their card found. The command line provides one over workloads/train and fit, as it
+// gives triage its Measurer, so that the TUI never drives the runtime itself; tests provide one that plays
+// back recorded snapshots. A backend that cannot do one of these returns an error, which the pane that
+// asked shows.
+type Backend interface {
 	// Parse reads the workload an oomdbg snapshot recorded (its Meta.Workload), or says why it cannot.
 	Parse(spec json.RawMessage) (Workload, error)
 	// Record runs w with its Device and Fixes, writing the snapshot to out as it records, and returns when
 	// the run has ended. Running out of device memory is what a run may do, not an error of Record's.
 	Record(ctx context.Context, w Workload, out io.Writer) error
+	// MeasureFixes measures fixes as oomdbg fixes does: it runs w without its leak bug, then w with each
+	// fix, on the meta device, once on the configured device and once with unlimited memory, and returns
+	// them in that order. The fixes pane ranks them and the OOM panel says what the run needs.
+	MeasureFixes(ctx context.Context, w Workload) ([]Measured, error)
+	// Plans finds the plans of fixes that fit w's card, cheapest first (oomdbg fit).
+	Plans(ctx context.Context, w Workload) ([]FitPlan, error)
+	// CanPlan reports whether Plans searches for plans at all; the fixes pane mentions the fit key only
+	// then (pressed anyway, it shows Plans' error).
+	CanPlan() bool
+}
+
+// Measured is one fix's run.
+type Measured struct {
+	Fix   string
+	Fixes Fixes // the workload's settings with the fix
+	// Needs is the peak of allocated memory with unlimited memory: what the run needs. Peak is the peak on
+	// the configured device, up to its OOM; OOM says it ran out there, in OOMPhase.
+	Needs, Peak int64
+	OOM         bool
+	OOMPhase    string
+}
+
+// FitPlan is one plan: its fixes, in the fixes pane's words, and what the planner measured and estimated.
+type FitPlan struct {
+	Name         string // what it changes, e.g. "bf16 autocast, checkpoint all"
+	Fixes        Fixes
+	PeakReserved int64
+	StepTime     float64 // estimated seconds per optimizer step
 }
 
 // Workload is one of oomdbg's own training runs as the TUI shows and re-runs it.
