@@ -2,6 +2,7 @@ package triage_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -52,7 +53,11 @@ var layers = map[string][]string{
 	"leaks/leakstest": {"knob", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
 	"tui":             {"knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.
-	"fit":        {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"fit": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	// The runtime behind the TUI and the report: it serves the TUI's Backend and triage's Measurer and
+	// Replayer with the workloads, the planner and the allocator's replay.
+	"internal/backend": {"tui", "fit", "triage", "leaks", "knob", "snapshot", "snapshot/", "tracer", "tracer/", "workloads/",
+		"allocator", "allocator/", "whatif", "whatif/", "internal/"},
 	"cmd/oomdbg": {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,
@@ -60,6 +65,10 @@ var layers = map[string][]string{
 
 // presentation lists the libraries only the TUI and the command line may use.
 var presentation = []string{"charm.land/", "github.com/charmbracelet/", "github.com/NimbleMarkets/", "github.com/spf13/"}
+
+// frontends are the packages that may use them: the TUI, the command line, and the backend that speaks the
+// TUI's types (and so depends on them through package tui).
+var frontends = []string{"tui", "cmd/oomdbg", "internal/backend"}
 
 // TestLayering checks every package's dependencies against layers: no package reaches up or sideways, the
 // analysis and data packages never use the TUI libraries, and snapshot needs nothing beyond the standard
@@ -95,7 +104,7 @@ func TestLayering(t *testing.T) {
 			if pkg == "snapshot" && !strings.HasPrefix(dep, "github.com/klauspost/compress") {
 				t.Errorf("snapshot depends on %s: it may use only the standard library and zstd", dep)
 			}
-			if pkg != "tui" && pkg != "cmd/oomdbg" && allows(presentation, dep) {
+			if !slices.Contains(frontends, pkg) && allows(presentation, dep) {
 				t.Errorf("%s depends on %s, a presentation library", pkg, dep)
 			}
 		}

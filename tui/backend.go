@@ -13,10 +13,10 @@ import (
 
 // Backend is what the TUI needs of the domain: oomdbg's own training workloads read from a snapshot's
 // metadata and recorded (the one the TUI opens on, and the fixes pane's re-runs), their fixes measured, and
-// the plans that fit their card found. The command line provides one over workloads/train and fit, as it
-// gives triage its Measurer, so that the TUI never drives the runtime itself; tests provide one that plays
-// back recorded snapshots. A backend that cannot do one of these returns an error, which the pane that
-// asked shows.
+// the plans that fit their card found. The command line provides internal/backend's, over workloads/train
+// and fit, the same that serves triage as its Measurer, so that the TUI never drives the runtime itself;
+// tests provide one that plays back recorded snapshots. A backend that cannot do one of these returns an
+// error, which the pane that asked shows.
 type Backend interface {
 	// Parse reads the workload an oomdbg snapshot recorded (its Meta.Workload), or says why it cannot.
 	Parse(spec json.RawMessage) (Workload, error)

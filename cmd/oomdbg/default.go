@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/tui"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -21,7 +22,7 @@ func runDefault(cmd *cobra.Command) error {
 		return err
 	}
 	if isTerminal(os.Stdin) && isTerminal(os.Stdout) {
-		w, err := tuiWorkload(cfg)
+		w, err := backend.Workload(cfg)
 		if err != nil {
 			return err
 		}

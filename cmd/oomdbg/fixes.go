@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -177,7 +178,7 @@ func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 	var table [][]string
 	var ms []triage.Measurement
 	for _, r := range rows {
-		m := measurement(r)
+		m := backend.Measurement(r)
 		ms = append(ms, m)
 		fits := "yes"
 		if o := r.OOM; o != nil {

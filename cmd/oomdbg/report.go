@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -83,9 +84,10 @@ snapshots, and thousands of ranks).`,
 			if err != nil {
 				return err
 			}
-			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}, Replayer: oomReplayer{&mem}}
+			be := backend.Backend{MeasureTimeout: measureTimeout, ReplayBudget: mem.budget(costReplay)}
+			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}, Replayer: be}
 			if measure || measureOld {
-				opts.Measurer = sweepMeasurer{timeout: measureTimeout}
+				opts.Measurer = be
 			}
 			return write(triage.Analyze(cmd.Context(), timeline.New(s), opts), cmd.OutOrStdout())
 		},

@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -126,7 +127,7 @@ func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
-	opts.Backend = tuiRunner{version: toolVersion()}
+	opts.Backend = backend.Backend{Version: toolVersion()}
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
 	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(keys), tea.WithOutput(cmd.OutOrStdout()))

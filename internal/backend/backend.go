@@ -1,22 +1,43 @@
-package main
+// Package backend is the runtime behind oomdbg's TUI and reports: it records oomdbg's own training
+// workloads (workloads/train), measures their fixes, finds the plans that fit their card (fit), and replays
+// a trace up to its OOM under other allocator settings (allocator/replay). One Backend is the TUI's
+// tui.Backend and the report's triage.Measurer and triage.Replayer, so that the command line hands the same
+// one to both, and neither the TUI nor triage drives the runtime itself.
+package backend
 
 import (
 	"context"
 	"encoding/json"
 	"io"
+	"time"
 
+	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/tui"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// tuiRunner is the TUI's backend (tui.Backend): it records workloads and measures their fixes with
-// workloads/train and finds the plans that fit with fit, as sweepMeasurer measures fixes for triage.
-type tuiRunner struct {
-	version string // written into the snapshots it records
+// Backend records, measures, plans and replays. The zero value works: it writes no tool version, and sets
+// no limit on the re-runs' time or on the memory a replay may take.
+type Backend struct {
+	// Version is oomdbg's, written into the snapshots it records.
+	Version string
+	// MeasureTimeout is the time Measure's re-runs may take, in all (report --measure-timeout); 0: no limit.
+	// The workload comes from a file, perhaps someone else's.
+	MeasureTimeout time.Duration
+	// ReplayBudget is the memory a replay may take, at PerEvent bytes an event of the trace (--max-memory);
+	// ServeOOM refuses a trace that needs more. The zero value sets no limit.
+	ReplayBudget load.Budget
 }
 
+var (
+	_ tui.Backend     = Backend{}
+	_ triage.Measurer = Backend{}
+	_ triage.Replayer = Backend{}
+)
+
 // Parse implements tui.Backend: it reads a train.Config from a snapshot's Meta.Workload.
-func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
+func (Backend) Parse(spec json.RawMessage) (tui.Workload, error) {
 	var cfg train.Config
 	if err := json.Unmarshal(spec, &cfg); err != nil {
 		return tui.Workload{}, err
@@ -24,43 +45,17 @@ func (tuiRunner) Parse(spec json.RawMessage) (tui.Workload, error) {
 	if err := cfg.Validate(); err != nil {
 		return tui.Workload{}, err
 	}
-	return tuiWorkload(cfg)
+	return Workload(cfg)
 }
 
 // Record implements tui.Backend: it records w's configuration with its device and fixes applied.
-func (r tuiRunner) Record(ctx context.Context, w tui.Workload, out io.Writer) error {
+func (b Backend) Record(ctx context.Context, w tui.Workload, out io.Writer) error {
 	cfg, err := configOf(w)
 	if err != nil {
 		return err
 	}
-	_, err = train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: r.version, FlushEvery: train.DefaultFlushEvery})
+	_, err = train.Record(ctx, cfg, out, train.RecordOptions{ToolVersion: b.Version, FlushEvery: train.DefaultFlushEvery})
 	return err
-}
-
-// MeasureFixes implements tui.Backend as oomdbg fixes measures: w without its leak bug, then with each of
-// train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
-func (tuiRunner) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
-	cfg, err := configOf(w)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]tui.Measured, 0, len(rows))
-	for _, row := range rows {
-		fw, err := tuiWorkload(row.Config)
-		if err != nil {
-			return nil, err
-		}
-		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil}
-		if row.OOM != nil {
-			m.OOMPhase = row.OOM.Phase.String()
-		}
-		out = append(out, m)
-	}
-	return out, nil
 }
 
 // configOf is w's configuration with its device and fixes applied.
@@ -81,8 +76,8 @@ func configOf(w tui.Workload) (train.Config, error) {
 	return cfg, nil
 }
 
-// tuiWorkload is cfg as the TUI sees it.
-func tuiWorkload(cfg train.Config) (tui.Workload, error) {
+// Workload is cfg as the TUI shows and re-runs it.
+func Workload(cfg train.Config) (tui.Workload, error) {
 	spec, err := json.Marshal(cfg)
 	if err != nil {
 		return tui.Workload{}, err
@@ -105,5 +100,3 @@ func tuiWorkload(cfg train.Config) (tui.Workload, error) {
 		Spec: spec,
 	}, nil
 }
-
-var _ tui.Backend = tuiRunner{}

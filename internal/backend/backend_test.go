@@ -1,4 +1,4 @@
-package main
+package backend
 
 import (
 	"bytes"
@@ -14,15 +14,15 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// TestTUIRunnerAppliesTheFixes records a workload through the TUI's runner with other fixes and on the meta
+// TestTUIBackendAppliesTheFixes records a workload through the TUI's backend with other fixes and on the meta
 // device, and reads the configuration back from the snapshot: what the TUI chose is what ran.
-func TestTUIRunnerAppliesTheFixes(t *testing.T) {
+func TestTUIBackendAppliesTheFixes(t *testing.T) {
 	cfg, err := train.PresetConfig("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Steps, cfg.Device = 1, "cpu"
-	w, err := tuiWorkload(cfg)
+	w, err := Workload(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,35 +32,35 @@ func TestTUIRunnerAppliesTheFixes(t *testing.T) {
 	w.Device = "meta"
 	w.Fixes.AMP, w.Fixes.Attention, w.Fixes.Checkpoint = knob.AMPBF16, knob.AttentionFlash, knob.CheckpointAll
 	w.Fixes.Batch, w.Fixes.Accum = cfg.Batch/2, 2
-	s, ran := recordThrough(t, tuiRunner{version: "test"}, w)
+	s, ran := recordThrough(t, Backend{Version: "test"}, w)
 	if ran.Device != "meta" || ran.AMP != knob.AMPBF16 || ran.Attention != knob.AttentionFlash || ran.Checkpoint != knob.CheckpointAll ||
 		ran.Batch != cfg.Batch/2 || ran.Accum != 2 || ran.DModel != cfg.DModel || s.Meta.ToolVersion != "test" {
 		t.Errorf("recorded %+v (tool %q), want the fixes applied to %+v", ran, s.Meta.ToolVersion, cfg)
 	}
-	back, err := (tuiRunner{}).Parse(s.Meta.Workload)
+	back, err := (Backend{}).Parse(s.Meta.Workload)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if back.Fixes != w.Fixes || back.Device != "meta" {
 		t.Errorf("parsed back %+v, want %+v on meta", back.Fixes, w.Fixes)
 	}
-	if _, err := (tuiRunner{}).Parse(json.RawMessage(`{"model":"gpt","amp":"fp8"}`)); err == nil {
+	if _, err := (Backend{}).Parse(json.RawMessage(`{"model":"gpt","amp":"fp8"}`)); err == nil {
 		t.Error("a configuration that does not validate parsed")
 	}
-	var _ tui.Backend = tuiRunner{}
+	var _ tui.Backend = Backend{}
 }
 
-// TestTUIRunnerAppliesTheAdapterFixes turns a LoRA fine-tune into a full one and a full one into QLoRA with
-// bf16 weights and fused AdamW through the TUI's runner: the adapter settings follow the choice, and a
+// TestTUIBackendAppliesTheAdapterFixes turns a LoRA fine-tune into a full one and a full one into QLoRA with
+// bf16 weights and fused AdamW through the TUI's backend: the adapter settings follow the choice, and a
 // full fine-tune carries no LoRA alpha (which would not validate).
-func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
+func TestTUIBackendAppliesTheAdapterFixes(t *testing.T) {
 	cfg, err := train.PresetConfig("smollm2-135m")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Steps, cfg.Batch, cfg.Seq, cfg.Layers = 1, 1, 16, 2
 	cfg.LoRA, cfg.LoRAAlpha, cfg.LoRATargets = 8, 16, train.DefaultLoRATargets
-	w, err := tuiWorkload(cfg)
+	w, err := Workload(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 		t.Helper()
 		w := w
 		w.Fixes = f
-		_, ran := recordThrough(t, tuiRunner{}, w)
+		_, ran := recordThrough(t, Backend{}, w)
 		return ran
 	}
 	full := w.Fixes
@@ -87,8 +87,8 @@ func TestTUIRunnerAppliesTheAdapterFixes(t *testing.T) {
 	}
 }
 
-// recordThrough records w through the runner r and returns the snapshot and the configuration it stored.
-func recordThrough(t *testing.T, r tuiRunner, w tui.Workload) (*snapshot.Snapshot, train.Config) {
+// recordThrough records w through the backend r and returns the snapshot and the configuration it stored.
+func recordThrough(t *testing.T, r Backend, w tui.Workload) (*snapshot.Snapshot, train.Config) {
 	t.Helper()
 	var out bytes.Buffer
 	if err := r.Record(context.Background(), w, &out); err != nil {
@@ -105,15 +105,15 @@ func recordThrough(t *testing.T, r tuiRunner, w tui.Workload) (*snapshot.Snapsho
 	return s, ran
 }
 
-// TestTUIRunnerAppliesTheStrategy turns a DDP rank into a ZeRO-3 rank that offloads through the TUI's runner.
-func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
+// TestTUIBackendAppliesTheStrategy turns a DDP rank into a ZeRO-3 rank that offloads through the TUI's backend.
+func TestTUIBackendAppliesTheStrategy(t *testing.T) {
 	cfg, err := train.PresetConfig("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Steps, cfg.Device, cfg.Optimizer = 1, "meta", knob.AdamW
 	cfg.Parallel = dist.Settings{GPUs: 8, Strategy: dist.DDP}
-	w, err := tuiWorkload(cfg)
+	w, err := Workload(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
 		t.Fatalf("workload %+v does not describe a ddp rank of 8", w)
 	}
 	w.Fixes.Parallel, w.Fixes.Offload = dist.ZeRO3, dist.OffloadOptimizerParams
-	s, ran := recordThrough(t, tuiRunner{}, w)
+	s, ran := recordThrough(t, Backend{}, w)
 	if ran.Parallel.Strategy != dist.ZeRO3 || ran.Parallel.Offload != dist.OffloadOptimizerParams || ran.Parallel.GPUs != 8 {
 		t.Errorf("ran %+v", ran.Parallel)
 	}
@@ -130,20 +130,20 @@ func TestTUIRunnerAppliesTheStrategy(t *testing.T) {
 	}
 }
 
-// TestTUIRunnerMeasuresWhatItApplies measures the fixes of a workload through the TUI's runner: each row's
+// TestTUIBackendMeasuresWhatItApplies measures the fixes of a workload through the TUI's backend: each row's
 // settings, applied as the fixes pane applies them, are the configuration the sweep ran, and the figures
 // are the sweep's; the first row is the workload without its leak bug.
-func TestTUIRunnerMeasuresWhatItApplies(t *testing.T) {
+func TestTUIBackendMeasuresWhatItApplies(t *testing.T) {
 	cfg, err := train.PresetConfig("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Steps, cfg.Bug = 2, train.BugRetainGraph
-	w, err := tuiWorkload(cfg)
+	w, err := Workload(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tuiRunner{}.MeasureFixes(context.Background(), w)
+	rows, err := Backend{}.MeasureFixes(context.Background(), w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,24 +1,48 @@
-package main
+package backend
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/tui"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// sweepMeasurer measures fixes the way oomdbg fixes does: it re-runs the workload a snapshot recorded with
-// each of train.FixesFor its configuration on the meta device, on the configured device's capacity and with
-// unlimited memory. The workload comes from a file, perhaps someone else's: the re-runs stop at the timeout.
-type sweepMeasurer struct{ timeout time.Duration }
+// MeasureFixes implements tui.Backend as oomdbg fixes measures: w without its leak bug, then with each of
+// train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
+func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
+	cfg, err := configOf(w)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]tui.Measured, 0, len(rows))
+	for _, row := range rows {
+		fw, err := Workload(row.Config)
+		if err != nil {
+			return nil, err
+		}
+		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil}
+		if row.OOM != nil {
+			m.OOMPhase = row.OOM.Phase.String()
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
 
-// Measure implements triage.Measurer.
-func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
+// Measure implements triage.Measurer the way oomdbg fixes measures: it re-runs the workload a snapshot
+// recorded with each of train.FixesFor its configuration on the meta device, on the configured device's
+// capacity and with unlimited memory, then with each of train.SettingsFixesFor it over the steps the
+// snapshot recorded. The re-runs stop at MeasureTimeout.
+func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
 	cfg, err := workloadOf(s)
 	if err != nil {
 		return nil, err
@@ -26,14 +50,14 @@ func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*tri
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if sm.timeout > 0 {
+	if b.MeasureTimeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, sm.timeout)
+		ctx, cancel = context.WithTimeout(ctx, b.MeasureTimeout)
 		defer cancel()
 	}
 	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", sm.timeout)
+		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", b.MeasureTimeout)
 	}
 	if err != nil {
 		return nil, err
@@ -45,13 +69,13 @@ func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*tri
 		Note: fmt.Sprintf("the workload re-run with each fix on the meta device, %d steps each, without its leak bug", rows[0].MeasuredOnSteps),
 	}
 	for _, r := range rows {
-		m.Rows = append(m.Rows, measurement(r))
+		m.Rows = append(m.Rows, Measurement(r))
 	}
 	// The allocator settings, empty_cache and the data's shapes act over steps: they are measured over the
 	// steps the snapshot recorded.
 	settings, err := train.SweepSettings(ctx, cfg, train.SettingsFixesFor(cfg))
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", sm.timeout)
+		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", b.MeasureTimeout)
 	}
 	if err != nil {
 		return nil, err
@@ -59,14 +83,14 @@ func (sm sweepMeasurer) Measure(ctx context.Context, s *snapshot.Snapshot) (*tri
 	if len(settings) > 0 {
 		m.SettingsNote = fmt.Sprintf("the workload re-run with each on the meta device, %d steps each", settings[0].MeasuredOnSteps)
 		for _, r := range settings {
-			m.Settings = append(m.Settings, measurement(r))
+			m.Settings = append(m.Settings, Measurement(r))
 		}
 	}
 	return m, nil
 }
 
-// measurement is a sweep row as triage reads it.
-func measurement(r train.SweepRow) triage.Measurement {
+// Measurement is a sweep row as triage reads it.
+func Measurement(r train.SweepRow) triage.Measurement {
 	row := triage.Measurement{Fix: r.Fix, PeakAllocated: r.PeakAllocated, PeakReserved: r.PeakReserved,
 		NeedsAllocated: r.NeedsAllocated, NeedsReserved: r.NeedsReserved, Fragmentation: r.Fragmentation()}
 	if r.OOM != nil {

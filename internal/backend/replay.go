@@ -1,4 +1,4 @@
-package main
+package backend
 
 import (
 	"context"
@@ -13,16 +13,13 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
-// oomReplayer replays a snapshot's trace up to its OOM through the allocator model (allocator/replay),
-// under the recorded settings and the allocator settings among train.SettingsFixes, for triage. The work is
-// the file's: a replay walks the trace once per setting, and the replayer refuses a trace whose copy would
-// not fit the memory the command may use.
-type oomReplayer struct{ mem *memory }
-
-// ServeOOM implements triage.Replayer.
-func (r oomReplayer) ServeOOM(_ context.Context, s *snapshot.Snapshot) (*triage.Replays, error) {
-	if r.mem != nil {
-		if need := int64(s.Events.Len()) * costReplay; uint64(need) > r.mem.resolve() {
+// ServeOOM implements triage.Replayer: it replays a snapshot's trace up to its OOM through the allocator
+// model (allocator/replay), under the recorded settings and the allocator settings among
+// train.SettingsFixes. The work is the file's: a replay walks the trace once per setting, and a trace whose
+// copy would not fit ReplayBudget is refused.
+func (b Backend) ServeOOM(_ context.Context, s *snapshot.Snapshot) (*triage.Replays, error) {
+	if lim := b.ReplayBudget; lim.Memory > 0 {
+		if need := int64(s.Events.Len()) * lim.PerEvent; need > lim.Memory {
 			return nil, fmt.Errorf("replaying %d events needs about %s, more than --max-memory", s.Events.Len(), units.FormatSize(need))
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package backend
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // Plans implements tui.Backend with fit.FindPlans: the plans that fit w's card, cheapest first on the
 // default GPU profile, with the adapters the fixes pane offers allowed for a Llama and ZeRO and FSDP for a
 // rank of a job.
-func (tuiRunner) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, error) {
+func (Backend) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, error) {
 	cfg, err := configOf(w)
 	if err != nil {
 		return nil, err
@@ -29,7 +29,7 @@ func (tuiRunner) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, erro
 	}
 	var out []tui.FitPlan
 	for _, p := range ps.Fitting {
-		pw, err := tuiWorkload(p.Config)
+		pw, err := Workload(p.Config)
 		if err != nil {
 			return nil, err
 		}
@@ -39,4 +39,4 @@ func (tuiRunner) Plans(ctx context.Context, w tui.Workload) ([]tui.FitPlan, erro
 }
 
 // CanPlan implements tui.Backend: the planner is there.
-func (tuiRunner) CanPlan() bool { return true }
+func (Backend) CanPlan() bool { return true }
