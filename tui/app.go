@@ -196,25 +196,15 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case fixChunkMsg:
 		return m, m.fixes.onChunk(msg)
 	case fitPlansMsg:
-		m.fixes.onFitPlans(msg, m)
-		return m, nil
+		return m, m.apply(m.fixes.onFitPlans(msg))
 	case traceFixesMsg:
-		m.fixes.trace.onResult(msg)
-		if msg.err != nil {
-			m.setStatus("what-if: "+msg.err.Error(), true)
-		} else {
-			m.setStatus("what-if done: the fixes that fit come first", false)
-		}
-		return m, nil
+		return m, m.apply(m.fixes.trace.onResult(msg))
 	case traceFixShowMsg:
-		if msg.err != nil {
-			m.setStatus("what-if: "+msg.err.Error(), true)
-			return m, nil
+		cmd := m.apply(m.fixes.trace.onShow(msg))
+		if msg.err == nil {
+			m.timeline.after = m.fixes.afterIndex()
 		}
-		m.fixes.trace.shown = msg.ix
-		m.timeline.after = m.fixes.afterIndex()
-		m.setStatus("the • curve is the fix's trace, phase by phase", false)
-		return m, nil
+		return m, cmd
 	case fixResultMsg:
 		m.fixes.onResult(msg)
 		m.timeline.after = m.fixes.afterIndex()
@@ -295,7 +285,7 @@ func (m *Model) landOnTarget() {
 func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	k := m.keys
 	if m.live.filtering() {
-		return m.live.onFilterKey(msg, m)
+		return m.live.onFilterKey(msg)
 	}
 	switch {
 	case key.Matches(msg, k.Quit):
@@ -347,15 +337,15 @@ func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
 				return nil
 			}
 		}
-		return m.live.onKey(msg, m)
+		return m.apply(m.live.onKey(msg, m.keys, m.layout.pane.h))
 	case paneSegments:
 		m.segs.onKey(msg, m.keys)
 	case paneLeaks:
-		return m.leaks.onKey(msg, m)
+		return m.apply(m.leaks.onKey(msg, m.keys))
 	case paneFixes:
-		return m.fixes.onKey(msg, m)
+		return m.apply(m.fixes.onKey(m.ctx, msg, m.keys))
 	case paneRanks:
-		return m.ranks.onKey(msg, m)
+		return m.apply(m.ranks.onKey(msg, m.keys))
 	}
 	return nil
 }

@@ -28,24 +28,22 @@ type fitList struct {
 }
 
 // fitKey handles the fit key, and the list's keys while it is open; ok says the key was the list's.
-func (p *fixesPane) fitKey(msg tea.KeyPressMsg, m *Model) (tea.Cmd, bool) {
-	k := m.keys
+func (p *fixesPane) fitKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) (action, bool) {
 	l := &p.fit
 	switch {
 	case key.Matches(msg, k.Fit) && !l.open:
 		if p.running != nil {
-			return nil, true
+			return action{}, true
 		}
-		ctx, cancel := context.WithCancel(m.ctx)
+		ctx, cancel := context.WithCancel(ctx)
 		*l = fitList{open: true, busy: true, cancel: cancel}
-		m.setStatus("fit: searching for the plans that fit on the meta device…", false)
 		b, w := p.backend, *p.base
-		return func() tea.Msg {
+		return action{status: "fit: searching for the plans that fit on the meta device…", cmd: func() tea.Msg {
 			plans, err := b.Plans(ctx, w)
 			return fitPlansMsg{plans: plans, err: err}
-		}, true
+		}}, true
 	case !l.open:
-		return nil, false
+		return action{}, false
 	case key.Matches(msg, k.Back), key.Matches(msg, k.Fit):
 		if l.cancel != nil {
 			l.cancel()
@@ -55,34 +53,33 @@ func (p *fixesPane) fitKey(msg tea.KeyPressMsg, m *Model) (tea.Cmd, bool) {
 		l.selected = listStep(msg, k, l.selected, len(l.plans))
 	case key.Matches(msg, k.Detail, k.Rerun):
 		if l.busy || len(l.plans) == 0 {
-			return nil, true
+			return action{}, true
 		}
 		plan := l.plans[l.selected]
 		*l = fitList{}
-		return p.applyPlan(plan, m), true
+		return p.applyPlan(ctx, plan), true
 	}
-	return nil, true
+	return action{}, true
 }
 
 // onFitPlans shows the plans found, the cheapest selected.
-func (p *fixesPane) onFitPlans(msg fitPlansMsg, m *Model) {
+func (p *fixesPane) onFitPlans(msg fitPlansMsg) action {
 	if !p.fit.open { // closed meanwhile
-		return
+		return action{}
 	}
 	p.fit.busy, p.fit.plans, p.fit.err, p.fit.selected = false, msg.plans, msg.err, 0
 	switch {
 	case msg.err != nil:
-		m.setStatus("fit failed: "+msg.err.Error(), true)
+		return action{status: "fit failed: " + msg.err.Error(), isErr: true}
 	case len(msg.plans) == 0:
-		m.setStatus("fit: no plan fits this card", true)
-	default:
-		m.setStatus(fmt.Sprintf("fit: %d plans fit; enter re-runs the one selected", len(msg.plans)), false)
+		return action{status: "fit: no plan fits this card", isErr: true}
 	}
+	return say(fmt.Sprintf("fit: %d plans fit; enter re-runs the one selected", len(msg.plans)))
 }
 
 // applyPlan sets the rows to the plan's choices where they offer them and re-runs the workload with the
 // plan's fixes.
-func (p *fixesPane) applyPlan(plan FitPlan, m *Model) tea.Cmd {
+func (p *fixesPane) applyPlan(ctx context.Context, plan FitPlan) action {
 	w := *p.base
 	w.Fixes, w.Device = plan.Fixes, device.Meta
 	for r := range numFixRows { // the plan's choices, where the rows offer them
@@ -95,10 +92,9 @@ func (p *fixesPane) applyPlan(plan FitPlan, m *Model) tea.Cmd {
 			p.choice[rowBug] = i
 		}
 	}
-	ctx, cancel := context.WithCancel(m.ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	p.running, p.err, p.progress = cancel, nil, nil
-	m.setStatus("re-running with "+plan.Name+" on the meta device…", false)
-	return rerun(ctx, p.backend, w)
+	return action{status: "re-running with " + plan.Name + " on the meta device…", cmd: rerun(ctx, p.backend, w)}
 }
 
 // fitView is the list of plans, in place of the rows while it is open.

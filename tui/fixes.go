@@ -68,14 +68,14 @@ func (p *fixesPane) setBaseline(ix *index) {
 	}
 }
 
-func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+// onKey answers a key; the re-runs and searches it starts end with ctx.
+func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) action {
 	if p.base == nil {
-		return p.trace.onKey(msg, m)
+		return p.trace.onKey(ctx, msg, k)
 	}
-	if cmd, ok := p.fitKey(msg, m); ok {
-		return cmd
+	if a, ok := p.fitKey(ctx, msg, k); ok {
+		return a
 	}
-	k := m.keys
 	r := &p.rec
 	switch {
 	case p.focusRanked && key.Matches(msg, k.Up):
@@ -85,12 +85,12 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 			r.selected, p.focusRanked = len(r.ranked)-1, false
 		}
 	case p.focusRanked && key.Matches(msg, k.Detail, k.Toggle):
-		return p.apply(r.ranked[r.selected], m)
+		return p.apply(ctx, r.ranked[r.selected])
 	case key.Matches(msg, k.Apply):
 		if b := r.best(); b != nil {
-			return p.apply(*b, m)
+			return p.apply(ctx, *b)
 		}
-		m.setStatus("no measured fix fits yet", false)
+		return say("no measured fix fits yet")
 	case key.Matches(msg, k.Up):
 		if p.selected == 0 && len(r.ranked) > 0 {
 			p.focusRanked = true
@@ -103,34 +103,33 @@ func (p *fixesPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Back):
 		if p.running != nil {
 			p.cancel()
-			m.setStatus("re-run cancelled", false)
+			return say("re-run cancelled")
 		}
 	case key.Matches(msg, k.Rerun):
 		if p.running != nil {
 			p.cancel()
-			m.setStatus("re-run cancelled", false)
-			return nil
+			return say("re-run cancelled")
 		}
-		return p.start(m)
+		return p.start(ctx)
 	}
-	return nil
+	return action{}
 }
 
 // apply chooses a measured fix's settings and re-runs with them.
-func (p *fixesPane) apply(f Measured, m *Model) tea.Cmd {
+func (p *fixesPane) apply(ctx context.Context, f Measured) action {
 	p.cancel()
 	p.choose(f.Fixes)
-	return p.start(m)
+	return p.start(ctx)
 }
 
 // start re-runs the workload with the chosen settings, and measures what it needs.
-func (p *fixesPane) start(m *Model) tea.Cmd {
-	ctx, cancel := context.WithCancel(m.ctx)
+func (p *fixesPane) start(ctx context.Context) action {
+	ctx, cancel := context.WithCancel(ctx)
 	p.running, p.err, p.after, p.afterIx = cancel, nil, nil, nil
-	m.setStatus("re-running with "+p.describe()+" on the meta device…", false)
 	p.progress = nil
 	w := p.config()
-	return tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))
+	return action{status: "re-running with " + p.describe() + " on the meta device…",
+		cmd: tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))}
 }
 
 func (p *fixesPane) cancel() {

@@ -47,11 +47,11 @@ func (p *leaksPane) example(i int) timeline.Allocation {
 	return p.res.Held[i-len(p.res.Suspects)].Example
 }
 
-func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+// onKey moves in the rows; enter asks for the row's example block in the live set.
+func (p *leaksPane) onKey(msg tea.KeyPressMsg, k KeyMap) action {
 	if p.res == nil {
-		return nil
+		return action{}
 	}
-	k := m.keys
 	switch {
 	case key.Matches(msg, k.Up, k.Down):
 		p.selected = listStep(msg, k, p.selected, p.rows())
@@ -64,17 +64,14 @@ func (p *leaksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 			if n := len(p.res.Points); n > 0 && p.res.Points[n-1].Seq >= ex.Alloc {
 				at = p.res.Points[n-1].Seq
 			}
-			m.moveTo(at)
-			m.pane = paneLive
-			m.live.selectAlloc(ex.Alloc)
 			what := "the suspect's"
 			if p.selected >= len(p.res.Suspects) {
 				what = "the held group's"
 			}
-			m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here at the end of iteration %d", what, ex.Alloc, m.ix.snap.Events.At(at).Iteration), false)
+			return action{show: &shownBlock{at: at, alloc: ex.Alloc, what: what}}
 		}
 	}
-	return nil
+	return action{}
 }
 
 func (p *leaksPane) view(s Styles, w, h int) string {

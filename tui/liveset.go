@@ -160,8 +160,8 @@ func (p *livePane) selectAlloc(alloc int) {
 	}
 }
 
-func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
-	k := m.keys
+// onKey answers a key in a pane h lines high.
+func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	switch {
 	case p.detail && key.Matches(msg, k.Back, k.Detail):
 		p.detail = false
@@ -169,9 +169,9 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		p.allFrames = !p.allFrames
 		p.toCompiled = p.allFrames // bring the frames a asked for into view
 	case p.detail:
-		p.scrollDetail(msg, k, m.layout.pane.h)
+		p.scrollDetail(msg, k, h)
 	case key.Matches(msg, k.Group):
-		m.setStatus(p.cycleGroup(), false)
+		return say(p.cycleGroup())
 	case p.grouped() && key.Matches(msg, k.Up):
 		p.groupSel = max(p.groupSel-1, 0)
 	case p.grouped() && key.Matches(msg, k.Down):
@@ -191,20 +191,20 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 	case key.Matches(msg, k.Sort):
 		p.sortBy = (p.sortBy + 1) % len(sortNames)
 		p.apply()
-		m.setStatus("live set sorted by "+sortNames[p.sortBy], false)
+		return say("live set sorted by " + sortNames[p.sortBy])
 	case key.Matches(msg, k.Filter):
-		return p.filter.Focus()
+		return action{cmd: p.filter.Focus()}
 	case key.Matches(msg, k.Back):
 		if p.filter.Value() != "" {
 			p.filter.Reset()
 			p.apply()
 		}
 	}
-	return nil
+	return action{}
 }
 
 // onFilterKey edits the filter while typing it: enter keeps it, esc clears it.
-func (p *livePane) onFilterKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+func (p *livePane) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
 	var cmd tea.Cmd
 	switch msg.String() {
 	case "enter":

@@ -34,26 +34,25 @@ type rankMsg struct {
 	err error
 }
 
-func (p *ranksPane) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
+// onKey moves in the ranks; enter reads the one chosen, in the background.
+func (p *ranksPane) onKey(msg tea.KeyPressMsg, k KeyMap) action {
 	if p.table == nil {
-		return nil
+		return action{}
 	}
-	k := m.keys
 	switch {
 	case key.Matches(msg, k.Up, k.Down):
 		p.selected = listStep(msg, k, p.selected, len(p.table.Ranks))
 	case key.Matches(msg, k.Detail):
 		if p.selected == p.open || p.table.Ranks[p.selected].Error != "" || p.load == nil {
-			return nil
+			return action{}
 		}
 		row, file, load := p.selected, p.table.Ranks[p.selected].File, p.load
-		m.setStatus("reading "+file+"…", false)
-		return func() tea.Msg {
+		return action{status: "reading " + file + "…", cmd: func() tea.Msg {
 			s, err := load(file)
 			return rankMsg{row: row, s: s, err: err}
-		}
+		}}
 	}
-	return nil
+	return action{}
 }
 
 func (p *ranksPane) view(s Styles, w, h int) string {

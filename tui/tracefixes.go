@@ -48,8 +48,8 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 	}
 }
 
-func (p *traceFixes) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
-	k := m.keys
+// onKey answers a key; the replays it starts end with ctx.
+func (p *traceFixes) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) action {
 	switch {
 	case key.Matches(msg, k.Up, k.Down):
 		p.selected = listStep(msg, k, p.selected, len(p.results))
@@ -58,42 +58,53 @@ func (p *traceFixes) onKey(msg tea.KeyPressMsg, m *Model) tea.Cmd {
 		// that a long trace and its eleven fixes do not take eleven copies of memory.
 		if p.selected < len(p.results) && p.results[p.selected].Err == nil && p.snap != nil {
 			s, fix := p.snap, p.results[p.selected].Fix
-			m.setStatus("drawing "+fix.Name+" over the timeline…", false)
-			return func() tea.Msg {
+			return action{status: "drawing " + fix.Name + " over the timeline…", cmd: func() tea.Msg {
 				changed, err := fix.Trace(s)
 				if err != nil {
 					return traceFixShowMsg{err: err}
 				}
 				return traceFixShowMsg{ix: newIndex(changed)}
-			}
+			}}
 		}
 	case key.Matches(msg, k.Back):
 		if p.running != nil {
 			p.running()
 			p.running = nil
-			m.setStatus("what-if cancelled", false)
+			return say("what-if cancelled")
 		}
 	case key.Matches(msg, k.Rerun):
 		if p.running != nil {
 			p.running()
 			p.running = nil
-			m.setStatus("what-if cancelled", false)
-			return nil
+			return say("what-if cancelled")
 		}
 		if p.snap == nil {
-			return nil
+			return action{}
 		}
-		ctx, cancel := context.WithCancel(m.ctx)
+		ctx, cancel := context.WithCancel(ctx)
 		p.running, p.err = cancel, nil
-		m.setStatus("replaying the trace under each fix…", false)
-		return runTraceFixes(ctx, p.snap)
+		return action{status: "replaying the trace under each fix…", cmd: runTraceFixes(ctx, p.snap)}
 	}
-	return nil
+	return action{}
 }
 
-func (p *traceFixes) onResult(msg traceFixesMsg) {
+// onResult takes the replays.
+func (p *traceFixes) onResult(msg traceFixesMsg) action {
 	p.running = nil
 	p.before, p.results, p.err, p.selected = msg.before, msg.results, msg.err, 0
+	if msg.err != nil {
+		return action{status: "what-if: " + msg.err.Error(), isErr: true}
+	}
+	return say("what-if done: the fixes that fit come first")
+}
+
+// onShow takes the selected fix's trace, to be drawn over the timeline.
+func (p *traceFixes) onShow(msg traceFixShowMsg) action {
+	if msg.err != nil {
+		return action{status: "what-if: " + msg.err.Error(), isErr: true}
+	}
+	p.shown = msg.ix
+	return say("the • curve is the fix's trace, phase by phase")
 }
 
 func (p *traceFixes) view(s Styles, w, h int) string {

@@ -300,7 +300,7 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 	if d := m.fixes.describe(); d != "qlora 16, checkpoint all, paged-adamw8bit" {
 		t.Errorf("describe %q", d)
 	}
-	run(m, m.fixes.onKey(keyPress("r"), m))
+	run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys)))
 	if m.fixes.after == nil || m.fixes.after.peakAlloc >= m.fixes.before.peakAlloc {
 		t.Fatalf("after the re-run: %+v (err %v), before %+v", m.fixes.after, m.fixes.err, m.fixes.before)
 	}
@@ -332,7 +332,7 @@ func TestFixesRerunLowersThePeak(t *testing.T) {
 	if cfg.AMP != knob.AMPBF16 || cfg.Attention != knob.AttentionFlash || cfg.Bug != "" {
 		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)
 	}
-	cmd := m.fixes.onKey(keyPress("r"), m)
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys))
 	if cmd == nil {
 		t.Fatal("r started no re-run")
 	}
@@ -528,7 +528,7 @@ func TestRanksPane(t *testing.T) {
 		t.Fatalf("ranks pane:\n%s", got)
 	}
 	press(m, "down")
-	cmd := m.ranks.onKey(keyPress("enter"), m)
+	cmd := m.apply(m.ranks.onKey(keyPress("enter"), m.keys))
 	if cmd == nil {
 		t.Fatal("enter on another rank loads nothing")
 	}
@@ -652,7 +652,7 @@ func TestFixesRerunStopsAtTheMemoryBudget(t *testing.T) {
 	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
 	m.Update(deviceMsg{noDriver()})
 	press(m, "5")
-	cmd := m.fixes.onKey(keyPress("r"), m)
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys))
 	if cmd == nil {
 		t.Fatal("r started no re-run")
 	}

@@ -2,7 +2,6 @@ package tui
 
 import (
 	"fmt"
-	"github.com/oomdbg/oomdbg/triage"
 	"path/filepath"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // rect is a region of the screen.
