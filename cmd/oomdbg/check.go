@@ -85,7 +85,7 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 				incomplete = warning
 			}
 			switch {
-			case err != nil && (r == nil || events == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
+			case err != nil && (r == nil || !load.Partial(events, err) || !allowTruncated):
 				return err
 			case incomplete != nil && !allowTruncated:
 				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, events)

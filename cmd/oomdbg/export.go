@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -196,7 +195,7 @@ func loadForExport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapsh
 			fmt.Fprintf(stderr, "oomdbg: warning: %v\n", s.Warning)
 		}
 		return s, nil
-	case s != nil && s.Events.Len() > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
+	case s != nil && load.Partial(s.Events.Len(), err):
 		fmt.Fprintf(stderr, "oomdbg: warning: %v; exporting the %d events before the damage\n", err, s.Events.Len())
 		return s, nil
 	}

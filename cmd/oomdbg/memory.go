@@ -17,17 +17,12 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/load"
 )
 
-// What one event of a snapshot costs each command, loaded and analysed, in bytes: peak resident memory over
-// events, measured with /usr/bin/time -f %M on an 11.7M-event recording of gpt2-small (report 43, diff 45 a
-// file with both files held, check 8, export 83 for perfetto and 50 for torch, replay 33, view 38), rounded
-// up. The events are held in columns that share the fields a training loop repeats (snapshot.Events): a
-// recording whose events share nothing takes up to 50 bytes more an event. A snapshot whose events would not
-// fit --max-memory at these rates is refused while it is read, before the analysis starts.
+// What one event of a snapshot costs each command, loaded and analysed (snapshot/load's costs).
 const (
-	costAnalyse = 48 // report, check, diff
-	costExport  = 96 // export: perfetto's per-event counters besides
-	costReplay  = 40 // replay: the trace and the allocator model
-	costView    = 48 // view, holding the run whole; a longer one is paged (tui.Options.MemoryBudget)
+	costAnalyse = load.CostAnalyse
+	costExport  = load.CostExport
+	costReplay  = load.CostReplay
+	costView    = load.CostView
 )
 
 // memory is the --max-memory setting: the memory a command may use, in bytes.

@@ -33,7 +33,7 @@ func reportRanks(ctx context.Context, files []string, mem *memory, warmup int) *
 			defer wg.Done()
 			for i := range next {
 				s, err := load.File(files[i], load.WithBudget(budget))
-				if err != nil && (s == nil || s.Events.Len() == 0) {
+				if err != nil && (s == nil || !load.Partial(s.Events.Len(), err)) {
 					errs[i] = memoryError(err, mem)
 					continue
 				}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -133,7 +132,7 @@ func loadForReport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapsh
 	switch {
 	case err == nil:
 		return s, nil
-	case s != nil && s.Events.Len() > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
+	case s != nil && load.Partial(s.Events.Len(), err):
 		fmt.Fprintf(stderr, "oomdbg: warning: %v; reporting the %d events before the damage\n", err, s.Events.Len())
 		if s.Warning == nil {
 			s.Warning = err

@@ -163,7 +163,7 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
 		s, err := openSnapshot(path, mem, costView)
-		if err != nil && (s == nil || s.Events.Len() == 0) {
+		if err != nil && (s == nil || !load.Partial(s.Events.Len(), err)) {
 			return nil, err
 		}
 		return s, nil
