@@ -24,6 +24,7 @@ var layers = map[string][]string{
 	"internal/torchtest":         nil,
 	"internal/units":             nil,
 	"internal/words":             nil,
+	"internal/table":             nil,
 	// The words of the knobs a user turns, spoken by every layer.
 	"knob":                  {"internal/words"},
 	"snapshot":              {"internal/torchrules"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/table"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -121,7 +122,7 @@ func printBugs(w io.Writer, cfg train.Config, warmup int, rows []bugCheck, markd
 	fmt.Fprintf(w, "%s, batch %d, meta device, %d steps, warm-up %d, each recording checked as oomdbg check checks it:\n\n",
 		name, cfg.Batch, cfg.Steps, warmup)
 	header := []string{"bug", "the loop", "check", "check --max-held 0", "verdict", "grows or is held", "kept alive by", "gradients"}
-	var table [][]string
+	var cells [][]string
 	exit := func(c *check) string {
 		if c.Pass {
 			return "0 pass"
@@ -165,8 +166,8 @@ func printBugs(w io.Writer, cfg train.Config, warmup int, rows []bugCheck, markd
 		if g := r.Gradients; g != nil {
 			grads = "never cleared, " + units.FormatSize(g.Bytes)
 		}
-		table = append(table, []string{bug, train.DescribeBug(b.bug), exit(b.check), exit(b.strict), verdict,
+		cells = append(cells, []string{bug, train.DescribeBug(b.bug), exit(b.check), exit(b.strict), verdict,
 			strings.Join(amount, ", "), strings.Join(keeps, "; "), grads})
 	}
-	printTable(w, header, table, markdown, len(header))
+	table.Write(w, header, cells, markdown, len(header))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/internal/table"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -329,7 +330,7 @@ func (r *fitReport) print(w io.Writer, markdown bool) {
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "No plan fits: allow more (--allow lora,qlora,offload,zero), or a larger card.")
 	} else {
-		printTable(w, header, rows, markdown, 2)
+		table.Write(w, header, rows, markdown, 2)
 	}
 	if r.plans.Interrupted {
 		fmt.Fprintln(w, "\nInterrupted: more plans were left to try.")
@@ -363,7 +364,7 @@ func (r *fitReport) printExplain(w io.Writer) {
 		{e.Doubling.Name, batch(e.Doubling.Batch), fmt.Sprint(e.Doubling.Trials), fmt.Sprint(e.Doubling.Steps)},
 		{"oomdbg fit (simulated)", batch(r.batch.MaxBatch), fmt.Sprint(len(r.batch.Trials)), fmt.Sprint(r.batch.Steps)},
 	}
-	printTable(w, []string{"finder", "batch", "trials", "steps"}, rows, false, 1)
+	table.Write(w, []string{"finder", "batch", "trials", "steps"}, rows, false, 1)
 	fmt.Fprintf(w, "\nHalving takes the first power of two below %d that fits; the largest that fits is %s. Doubling counts\n"+
 		"%d steps a trial (Lightning's steps_per_trial), halving one step for each OOM and the trial that fits.\n",
 		fit.HalvingStart, batch(r.batch.MaxBatch), fit.LightningStepsPerTrial)
@@ -375,7 +376,7 @@ func (r *fitReport) printExplain(w io.Writer) {
 	for _, s := range e.Savings {
 		rows = append(rows, []string{s.Fix, units.FormatSize(s.Needs), fmt.Sprintf("%.0f%%", 100*s.SavedShare)})
 	}
-	printTable(w, []string{"fix", "needs", "saves"}, rows, false, 1)
+	table.Write(w, []string{"fix", "needs", "saves"}, rows, false, 1)
 }
 
 func capitalize(s string) string {

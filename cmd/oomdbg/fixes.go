@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/table"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -113,7 +114,7 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 	if paged { // unified memory is outside the allocator's figures: say it apart
 		header = append(header, "paged state (evicted)")
 	}
-	var table [][]string
+	var cells [][]string
 	for _, r := range rows {
 		fits := "yes"
 		if r.OOM != nil {
@@ -128,9 +129,9 @@ func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown b
 			}
 			row = append(row, cell)
 		}
-		table = append(table, row)
+		cells = append(cells, row)
 	}
-	printTable(w, header, table, markdown, 1)
+	table.Write(w, header, cells, markdown, 1)
 }
 
 // sweepTitle says what a sweep ran: the workload, its shape and data, and the card.
@@ -174,7 +175,7 @@ func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 	}
 	fmt.Fprintf(w, "%s, meta device, %d steps:\n\n", sweepTitle(cfg), steps)
 	header := []string{"setting", "peak allocated", "peak reserved", "fragmentation", "fits", "cudaMalloc per step", "cudaFree per step", "empty_cache returns per step"}
-	var table [][]string
+	var cells [][]string
 	var ms []triage.Measurement
 	for _, r := range rows {
 		m := measurement(r)
@@ -191,48 +192,16 @@ func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 				released = units.FormatSize(m.ReleasedPerStep)
 			}
 		}
-		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved),
+		cells = append(cells, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved),
 			fmt.Sprintf("%.1f%%", 100*m.Fragmentation), fits, mallocs, frees, released})
 	}
-	printTable(w, header, table, markdown, 1)
+	table.Write(w, header, cells, markdown, 1)
 	fmt.Fprintf(w, "\nFragmentation is (reserved - allocated) / reserved when reserved memory peaked; the costs are the means\n"+
 		"of the completed steps after the first, which fills the cache (- when none completed, or for empty_cache\n"+
 		"when the setting does not call it).\n")
 	if rc := triage.CheckFragmentationRule(ms); rc != nil {
 		fmt.Fprintf(w, "\nThe %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
 			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
-	}
-}
-
-// printTable prints rows under header as markdown, or aligned for a terminal: the first left columns to
-// the left, the others (figures) to the right.
-func printTable(w io.Writer, header []string, rows [][]string, markdown bool, left int) {
-	if markdown {
-		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
-		for _, row := range rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
-		}
-		return
-	}
-	widths := make([]int, len(header))
-	for _, row := range append([][]string{header}, rows...) {
-		for i, c := range row {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	for _, row := range append([][]string{header}, rows...) {
-		var line strings.Builder
-		for i, c := range row {
-			switch {
-			case i == 0:
-				fmt.Fprintf(&line, "%-*s", widths[i], c)
-			case i < left:
-				fmt.Fprintf(&line, "  %-*s", widths[i], c)
-			default:
-				fmt.Fprintf(&line, "  %*s", widths[i], c)
-			}
-		}
-		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
 	}
 }
 
@@ -249,7 +218,7 @@ func printDistFixes(w io.Writer, cfg train.Config, name string, rows []train.Swe
 	fmt.Fprintf(w, "mixed-precision AdamW (bf16), checkpoint %s, attention %s; the peak's parts are those of the run with unlimited memory where the rank ran out\n\n",
 		cfg.Checkpoint, cfg.Attention)
 	header := []string{"strategy", "peak per rank", "fits", "parameters", "gradients", "optimizer state", "activations", "other", "host", "sent per step"}
-	var table [][]string
+	var cells [][]string
 	for _, r := range rows {
 		fits := "yes"
 		if r.OOM != nil {
@@ -262,10 +231,10 @@ func printDistFixes(w io.Writer, cfg train.Config, name string, rows []train.Swe
 		if r.Host.PeakAllocated > 0 {
 			host = units.FormatSize(int64(r.Host.PeakAllocated))
 		}
-		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), fits,
+		cells = append(cells, []string{r.Fix, units.FormatSize(r.PeakAllocated), fits,
 			units.FormatSize(c[snapshot.CategoryParameter]), units.FormatSize(c[snapshot.CategoryGradient]),
 			units.FormatSize(c[snapshot.CategoryOptimizerState]), units.FormatSize(c[snapshot.CategoryActivation]),
 			units.FormatSize(other), host, units.FormatSize(r.Traffic.Sent)})
 	}
-	printTable(w, header, table, markdown, 1)
+	table.Write(w, header, cells, markdown, 1)
 }
