@@ -297,7 +297,7 @@ func (r *fitReport) print(w io.Writer, markdown bool) {
 	limit := fit.Limit(cfg, r.margin)
 	if !markdown {
 		fmt.Fprintf(w, "%s, micro-batch %d x accumulate %d, on %s (%s taken by the CUDA context), step times for %s\n",
-			modelName(cfg), cfg.Batch, cfg.Accum, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)), r.req.gpu.Name)
+			cfg.ModelName(), cfg.Batch, cfg.Accum, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)), r.req.gpu.Name)
 		fmt.Fprintf(w, "fits: no OOM in %d simulated steps and peak reserved <= %s (%.0f%% of what the context leaves)\n\n",
 			fit.Steps(cfg), units.FormatSize(limit), 100*(1-r.margin))
 		fmt.Fprintf(w, "%s.\n", capitalize(r.batch.String()))

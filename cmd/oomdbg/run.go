@@ -490,7 +490,7 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		params = fmt.Sprintf("%s (%s trainable, %.2f%%)", params, humanCount(res.Trainable), 100*float64(res.Trainable)/float64(max(res.Parameters, 1)))
 	}
 	fmt.Fprintf(w, "model      %s, %s parameters, batch %d, %s, device %s with %s (%s CUDA context)\n",
-		modelName(cfg), params, cfg.Batch, cfg.Optimizer, cfg.Device,
+		cfg.ModelName(), params, cfg.Batch, cfg.Optimizer, cfg.Device,
 		units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
 	fmt.Fprintf(w, "steps      %d of %d", res.Steps, cfg.Steps)
 	if n := len(res.Losses); n > 0 && cfg.Device == device.CPU {
@@ -530,32 +530,6 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 	if res.OOM != nil {
 		fmt.Fprintf(w, "\nOOM in iteration %d, %s, allocating %s:\n%s\n", res.OOM.Iteration, res.OOM.Phase, res.OOM.Tensor, res.OOM.Message)
 	}
-}
-
-// modelName says what model a configuration trains: its preset or Hugging Face architecture, else its kind.
-func modelName(cfg train.Config) string {
-	name := cfg.Model
-	if cfg.Architecture != "" {
-		name += " (" + cfg.Architecture + ")"
-	}
-	if cfg.Preset != "" {
-		name = cfg.Preset
-	}
-	var parts []string
-	if cfg.LoRA > 0 {
-		kind := "LoRA"
-		if cfg.QLoRA {
-			kind = "QLoRA"
-		}
-		parts = append(parts, fmt.Sprintf("%s r=%d", kind, cfg.LoRA))
-	}
-	if cfg.Weights != train.WeightsF32 {
-		parts = append(parts, cfg.Weights.String()+" weights")
-	}
-	if len(parts) > 0 {
-		name += " [" + strings.Join(parts, ", ") + "]"
-	}
-	return name
 }
 
 // humanCount prints a parameter count: 1.3B, 355M, 12.5K.
