@@ -128,7 +128,7 @@ const checkPage = 1 << 18
 // bound it); a PyTorch snapshot imported whole within mem. A damaged snapshot returns the analysis of what
 // came before the damage with the error; one cut short, with its warning.
 func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *firstOOM, events int, warning, err error) {
-	in, err := load.Open(path, load.WithBudget(mem.budget(costAnalyse)))
+	in, err := load.Open(path, load.WithBudget(mem.Budget(costAnalyse)))
 	if err != nil {
 		return nil, nil, 0, nil, err
 	}
@@ -136,10 +136,10 @@ func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, 
 	if in.Format != load.FormatNative {
 		s, err := in.Load()
 		if s == nil {
-			return nil, nil, 0, nil, memoryError(err, mem)
+			return nil, nil, 0, nil, mem.Explain(err)
 		}
 		tl := timeline.New(s)
-		return leaks.Analyze(tl, opts...), oomOf(tl), s.Events.Len(), s.Warning, memoryError(err, mem)
+		return leaks.Analyze(tl, opts...), oomOf(tl), s.Events.Len(), s.Warning, mem.Explain(err)
 	}
 	rd, err := snapshot.NewReader(in.Reader(), snapshot.WithLimits(snapshot.Limits{Events: snapshot.MaxEvents}))
 	if err != nil {

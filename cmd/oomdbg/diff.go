@@ -41,9 +41,9 @@ snapshot.`,
 					// it and give its memory back, so that the peak is one snapshot's, not two.
 					debug.FreeOSMemory()
 				}
-				s, err := load.File(path, load.WithBudget(mem.budget(costAnalyse)))
+				s, err := load.File(path, load.WithBudget(mem.Budget(costAnalyse)))
 				if err != nil {
-					return memoryError(err, &mem)
+					return mem.Explain(err)
 				}
 				reports[i] = triage.Analyze(cmd.Context(), timeline.New(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/export"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -101,7 +102,7 @@ func runExport(o exportOptions, stdout, stderr io.Writer) error {
 	if o.device != nil && *o.device < 0 {
 		return fmt.Errorf("--device %d: must be at least 0", *o.device)
 	}
-	target, err := checkOutput(out, o.force, false)
+	target, err := outfile.Check(out, o.force, false)
 	if err != nil {
 		return err
 	}
@@ -122,8 +123,8 @@ func runExport(o exportOptions, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if target.kind == outputStdout {
-		if f.Binary() && isTerminalWriter(stdout) {
+	if target.Kind == outfile.Stdout {
+		if f.Binary() && outfile.IsTerminal(stdout) {
 			return fmt.Errorf("refusing to write %s to a terminal: redirect standard output, or name a file with -o", f)
 		}
 		w := bufio.NewWriterSize(stdout, 1<<20)
@@ -137,7 +138,7 @@ func runExport(o exportOptions, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "wrote %s\n", what)
 		return nil
 	}
-	what, err := target.writeAtomic(func(w io.Writer) (string, error) { return export.Write(w, s, f, opts) })
+	what, err := target.WriteAtomic(func(w io.Writer) (string, error) { return export.Write(w, s, f, opts) })
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/table"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -198,7 +199,7 @@ type fitReport struct {
 // runFit searches for the largest batch, then for plans, telling stderr how it goes when it is a terminal.
 func runFit(ctx context.Context, cfg train.Config, req fitRequest, stderr io.Writer) (*fitReport, error) {
 	progress := func(string) {}
-	if isTerminalWriter(stderr) {
+	if outfile.IsTerminal(stderr) {
 		progress = func(s string) { fmt.Fprintf(stderr, "\r\x1b[K%s", s) }
 		defer fmt.Fprint(stderr, "\r\x1b[K")
 	}

@@ -21,7 +21,7 @@ import (
 // read is a row that says so: one bad rank does not hide the others.
 func reportRanks(ctx context.Context, files []string, mem *memory, warmup int) *triage.RankTable {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
-	budget := mem.budget(costAnalyse)
+	budget := mem.Budget(costAnalyse)
 	budget.Memory /= int64(workers)
 	reports := make([]*triage.Report, len(files))
 	errs := make([]error, len(files))
@@ -34,7 +34,7 @@ func reportRanks(ctx context.Context, files []string, mem *memory, warmup int) *
 			for i := range next {
 				s, err := load.File(files[i], load.WithBudget(budget))
 				if err != nil && (s == nil || !load.Partial(s.Events.Len(), err)) {
-					errs[i] = memoryError(err, mem)
+					errs[i] = mem.Explain(err)
 					continue
 				}
 				reports[i] = triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],

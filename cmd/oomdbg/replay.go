@@ -52,9 +52,9 @@ device reported free; otherwise it is unlimited.`,
 				}
 				tried = &cfg
 			}
-			s, err := load.File(args[0], load.WithBudget(mem.budget(costReplay)))
+			s, err := load.File(args[0], load.WithBudget(mem.Budget(costReplay)))
 			if err != nil {
-				return memoryError(err, &mem)
+				return mem.Explain(err)
 			}
 			rep, err := replay.Run(filepath.Base(args[0]), s, tried, gpuMem)
 			if errors.Is(err, replay.ErrNoTrace) {

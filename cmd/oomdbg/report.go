@@ -121,8 +121,8 @@ func formatWriter[T any](format string, text, markdown, json func(T, io.Writer) 
 // snapshot, within the memory --max-memory gives a command whose events cost perEvent bytes each. A
 // snapshot damaged after its start returns what was read with the error.
 func openSnapshot(path string, mem *memory, perEvent int64) (*snapshot.Snapshot, error) {
-	s, err := load.File(path, load.WithBudget(mem.budget(perEvent)))
-	return s, memoryError(err, mem)
+	s, err := load.File(path, load.WithBudget(mem.Budget(perEvent)))
+	return s, mem.Explain(err)
 }
 
 // loadForReport opens a snapshot for a report: a file damaged part-way is reported up to the damage, with a

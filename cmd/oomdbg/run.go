@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/tracer"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
@@ -310,12 +311,12 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	o, err := checkOutput(to.path, to.force, true)
+	o, err := outfile.Check(to.path, to.force, true)
 	if err != nil {
 		return err
 	}
 	summary := stdout
-	if o.kind == outputStdout {
+	if o.Kind == outfile.Stdout {
 		summary = stderr
 	}
 	if cfg.Device == device.CPU && to.mem != nil {
@@ -323,7 +324,7 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 			return err
 		}
 	}
-	w, closeOut, err := o.openStream(stdout)
+	w, closeOut, err := o.Stream(stdout)
 	if err != nil {
 		return err
 	}
@@ -338,8 +339,12 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 		err = cerr
 	}
 	name := to.path
-	if o.kind == outputStdout {
+	if o.Kind == outfile.Stdout {
 		name = "standard output"
+	}
+	var oe *outfile.OpenError
+	if errors.As(err, &oe) {
+		return oe
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) {
@@ -349,7 +354,7 @@ func runRecord(ctx context.Context, cfg train.Config, to recordTarget, stdout, s
 		return err
 	}
 	printRunSummary(summary, cfg, res, name, cw.n)
-	if (o.kind == outputNew || o.kind == outputRegular) && res.OOM == nil {
+	if (o.Kind == outfile.New || o.Kind == outfile.Regular) && res.OOM == nil {
 		printLeakVerdict(summary, to.path)
 	}
 	if sig := caught(); sig != nil {

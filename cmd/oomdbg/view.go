@@ -53,7 +53,7 @@ peak and phase side by side, from which enter opens another.`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			opts := []load.Option{load.WithBudget(mem.budget(costView))}
+			opts := []load.Option{load.WithBudget(mem.Budget(costView))}
 			if follow {
 				opts = append(opts, load.WithFollow(ctx))
 			}
@@ -64,13 +64,13 @@ peak and phase side by side, from which enter opens another.`,
 			defer in.Close()
 			switch in.Format {
 			case load.FormatNative: // streamed in, so a growing file can be followed
-				b := mem.budget(costView)
+				b := mem.Budget(costView)
 				lim := snapshot.Limits{Events: b.MaxEvents()}
-				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: viewHold(&mem)})
+				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)})
 			default:
 				s, err := in.Load()
 				if err != nil {
-					return memoryError(err, &mem)
+					return mem.Explain(err)
 				}
 				return runTUI(cmd, keys, tui.Options{File: path, Snapshot: s})
 			}
@@ -79,17 +79,6 @@ peak and phase side by side, from which enter opens another.`,
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
-}
-
-// viewHold is the memory the TUI may hold a run in before it pages it: its own budget, or less when that is
-// more than this machine's default --max-memory; --max-memory given on the command line, whatever it says.
-// Half the machine by default would hold a 100M-event run whole, in gigabytes, where paging it takes few.
-func viewHold(mem *memory) int64 {
-	limit := int64(mem.resolve())
-	if mem.set {
-		return limit
-	}
-	return min(limit, tui.DefaultMemoryBudget)
 }
 
 // viewTerminal returns where the TUI reads keys: standard input, or the terminal itself when standard input

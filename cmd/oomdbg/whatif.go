@@ -120,9 +120,9 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 			if err != nil {
 				return err
 			}
-			s, err := load.File(args[0], load.WithBudget(mem.budget(fix.EventCost())))
+			s, err := load.File(args[0], load.WithBudget(mem.Budget(fix.EventCost())))
 			if err != nil {
-				return memoryError(err, &mem)
+				return mem.Explain(err)
 			}
 			rep, err := whatif.Evaluate(s, fix, o.gpuMem)
 			if err != nil {
