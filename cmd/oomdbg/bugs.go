@@ -14,6 +14,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
+	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -73,8 +74,8 @@ for 8 steps unless --steps says otherwise.`,
 // bugCheck is one recording and its checks.
 type bugCheck struct {
 	bug       string
-	check     *check // as oomdbg check FILE
-	strict    *check // as oomdbg check FILE --max-held 0
+	check     *triage.Check // as oomdbg check FILE
+	strict    *triage.Check // as oomdbg check FILE --max-held 0
 	result    *leaks.Result
 	steps     int
 	truncated bool
@@ -100,11 +101,11 @@ func checkBugs(ctx context.Context, cfg train.Config, warmup int) ([]bugCheck, e
 		}
 		tl := timeline.New(s)
 		zero := int64(0)
-		strict := checkLimits{maxHeld: &zero}
+		strict := triage.CheckLimits{MaxHeld: &zero}
 		r := leaks.Analyze(tl, leaks.Warmup(warmup))
 		rows = append(rows, bugCheck{bug: bug, result: r, steps: res.Steps, truncated: res.OOM != nil || res.Interrupted,
-			check:  checkResult("", r, checkLimits{}),
-			strict: checkResult("", leaks.Analyze(tl, append([]leaks.Option{leaks.Warmup(warmup)}, strict.options()...)...), strict)})
+			check:  triage.NewCheck("", r, triage.CheckLimits{}),
+			strict: triage.NewCheck("", leaks.Analyze(tl, append([]leaks.Option{leaks.Warmup(warmup)}, strict.Options()...)...), strict)})
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
 		}
@@ -123,7 +124,7 @@ func printBugs(w io.Writer, cfg train.Config, warmup int, rows []bugCheck, markd
 		name, cfg.Batch, cfg.Steps, warmup)
 	header := []string{"bug", "the loop", "check", "check --max-held 0", "verdict", "grows or is held", "kept alive by", "gradients"}
 	var cells [][]string
-	exit := func(c *check) string {
+	exit := func(c *triage.Check) string {
 		if c.Pass {
 			return "0 pass"
 		}

@@ -1,24 +1,16 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
-
-// checkFormat is the value of the check result's "format" field.
-const checkFormat = "oomdbg-check/1"
 
 func newCheckCmd() *cobra.Command {
 	var maxGrowth, maxPeak, maxHeld uint64
@@ -63,7 +55,7 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
-			var lim checkLimits
+			var lim triage.CheckLimits
 			set := func(flag string, v uint64) *int64 {
 				if !cmd.Flags().Changed(flag) {
 					return nil
@@ -71,8 +63,8 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 				n := int64(v)
 				return &n
 			}
-			lim.maxGrowth, lim.maxPeak, lim.maxHeld = set("max-growth", maxGrowth), set("max-peak", maxPeak), set("max-held", maxHeld)
-			opts := append([]leaks.Option{leaks.Warmup(warmup)}, lim.options()...)
+			lim.MaxGrowth, lim.MaxPeak, lim.MaxHeld = set("max-growth", maxGrowth), set("max-peak", maxPeak), set("max-held", maxHeld)
+			opts := append([]leaks.Option{leaks.Warmup(warmup)}, lim.Options()...)
 			if len(scopes) > 0 {
 				opts = append(opts, leaks.IgnoreScopes(scopes...))
 			}
@@ -92,14 +84,14 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			case incomplete != nil:
 				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, events)
 			}
-			res := checkResult(args[0], r, lim)
-			failOnOOM(res, oom)
+			res := triage.NewCheck(args[0], r, lim)
+			res.FailOnOOM(oom)
+			write := res.WriteText
 			if asJSON {
-				if err := writeCheckJSON(cmd.OutOrStdout(), res); err != nil {
-					return err
-				}
-			} else {
-				writeCheckText(cmd.OutOrStdout(), res, r)
+				write = res.WriteJSON
+			}
+			if err := write(cmd.OutOrStdout()); err != nil {
+				return err
 			}
 			if !res.Pass {
 				return &problemError{msg: "check failed: " + res.Reason}
@@ -127,7 +119,7 @@ const checkPage = 1 << 18
 // streamed page by page, which no number of events makes need more memory (only the readers' density caps
 // bound it); a PyTorch snapshot imported whole within mem. A damaged snapshot returns the analysis of what
 // came before the damage with the error; one cut short, with its warning.
-func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *firstOOM, events int, warning, err error) {
+func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *triage.FirstOOM, events int, warning, err error) {
 	in, err := load.Open(path, load.WithBudget(mem.Budget(costAnalyse)))
 	if err != nil {
 		return nil, nil, 0, nil, err
@@ -139,7 +131,7 @@ func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, 
 			return nil, nil, 0, nil, mem.Explain(err)
 		}
 		tl := timeline.New(s)
-		return leaks.Analyze(tl, opts...), oomOf(tl), s.Events.Len(), s.Warning, mem.Explain(err)
+		return leaks.Analyze(tl, opts...), triage.FirstOOMOf(tl), s.Events.Len(), s.Warning, mem.Explain(err)
 	}
 	rd, err := snapshot.NewReader(in.Reader(), snapshot.WithLimits(snapshot.Limits{Events: snapshot.MaxEvents}))
 	if err != nil {
@@ -148,7 +140,7 @@ func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, 
 	st := leaks.NewStream(opts...)
 	s, err := timeline.Scan(rd, checkPage, func(tl *timeline.Timeline) {
 		if oom == nil {
-			oom = oomOf(tl)
+			oom = triage.FirstOOMOf(tl)
 		}
 		st.Observe(tl)
 	})
@@ -156,107 +148,4 @@ func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, 
 		err = fmt.Errorf("%s: %w", path, err)
 	}
 	return st.Result(s), oom, s.Events.Len(), s.Warning, err
-}
-
-// firstOOM is where a run first ran out of memory.
-type firstOOM struct {
-	seq       int
-	iteration int32
-	phase     snapshot.Phase
-}
-
-// oomOf returns the first oom event tl indexes, or nil.
-func oomOf(tl *timeline.Timeline) *firstOOM {
-	ooms := tl.OOMs()
-	if len(ooms) == 0 {
-		return nil
-	}
-	e := tl.Snapshot().Events.At(ooms[0])
-	return &firstOOM{seq: ooms[0], iteration: e.Iteration, phase: e.Phase}
-}
-
-// check is the result of a check, as --json prints it.
-type check struct {
-	Format        string       `json:"format"`
-	File          string       `json:"file"`
-	Pass          bool         `json:"pass"`
-	Reason        string       `json:"reason"`
-	Failures      []string     `json:"failures"`
-	MaxGrowth     *int64       `json:"max_growth"`
-	MaxPeak       *int64       `json:"max_peak"`
-	MaxHeld       *int64       `json:"max_held"`
-	PeakAllocated int64        `json:"peak_allocated"`
-	Leaks         triage.Leaks `json:"leaks"`
-}
-
-// checkLimits are the limits a check was given; nil for one not given.
-type checkLimits struct {
-	maxGrowth, maxPeak, maxHeld *int64
-}
-
-// options returns the limits as leak-analysis options.
-func (l checkLimits) options() []leaks.Option {
-	var opts []leaks.Option
-	if l.maxGrowth != nil {
-		opts = append(opts, leaks.MaxGrowth(*l.maxGrowth))
-	}
-	if l.maxPeak != nil {
-		opts = append(opts, leaks.MaxPeak(*l.maxPeak))
-	}
-	if l.maxHeld != nil {
-		opts = append(opts, leaks.MaxHeld(*l.maxHeld))
-	}
-	return opts
-}
-
-// checkResult is the check of analysis r, which was given the limits' options.
-func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
-	c := &check{Format: checkFormat, File: file, Pass: true, Failures: []string{}, PeakAllocated: r.PeakAllocated,
-		MaxGrowth: lim.maxGrowth, MaxPeak: lim.maxPeak, MaxHeld: lim.maxHeld}
-	c.Leaks = triage.LeakReport(r)
-	var f *leaks.Failure
-	if err := r.Err(); errors.As(err, &f) {
-		c.Pass = false
-		c.Reason = f.Reason
-		c.Failures = strings.Split(f.Reason, "; ")
-		return c
-	}
-	c.Reason = r.Reason
-	if r.Verdict == leaks.Leak && lim.maxGrowth != nil {
-		c.Reason += ", within the limit of " + units.FormatSize(*lim.maxGrowth) + " per iteration"
-	}
-	if lim.maxHeld != nil {
-		c.Reason += fmt.Sprintf("; %s held across iterations is within the limit of %s", units.FormatSize(r.HeldBytes), units.FormatSize(*lim.maxHeld))
-	}
-	if lim.maxPeak != nil {
-		c.Reason += fmt.Sprintf("; peak %s is within the limit of %s", units.FormatSize(r.PeakAllocated), units.FormatSize(*lim.maxPeak))
-	}
-	return c
-}
-
-// failOnOOM fails a check of a run that ran out of memory: a snapshot that ends in an OOM has too few
-// iterations for the leak check to pass it.
-func failOnOOM(c *check, oom *firstOOM) {
-	if oom == nil {
-		return
-	}
-	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", oom.seq, oom.iteration, oom.phase)
-	c.Failures = append([]string{reason}, c.Failures...)
-	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
-}
-
-func writeCheckText(w io.Writer, c *check, r *leaks.Result) {
-	verdict := "PASS"
-	if !c.Pass {
-		verdict = "FAIL"
-	}
-	fmt.Fprintf(w, "%s: %s\n", verdict, c.Reason)
-	r.WriteText(w, 10)
-}
-
-func writeCheckJSON(w io.Writer, c *check) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(c)
 }

@@ -374,7 +374,7 @@ func printLeakVerdict(w io.Writer, path string) {
 	if err != nil || r == nil {
 		return
 	}
-	if c := checkResult(path, r, checkLimits{}); !c.Pass {
+	if c := triage.NewCheck(path, r, triage.CheckLimits{}); !c.Pass {
 		fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
 	}
 }
