@@ -61,7 +61,9 @@ var layers = map[string][]string{
 	"fit": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The tables of oomdbg fixes and oomdbg bugs: workloads re-run, and checked as oomdbg check checks them.
 	"internal/fixes": {"knob", "triage", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
-	"cmd/oomdbg":     {""},
+	// What the commands do beyond their flags: everything but the TUI and the command line itself.
+	"internal/app": {"knob", "snapshot", "snapshot/", "triage", "leaks", "tracer", "tracer/nvml", "workloads/", "allocator", "allocator/", "whatif", "whatif/", "internal/"},
+	"cmd/oomdbg":   {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,
 }
@@ -69,13 +71,13 @@ var layers = map[string][]string{
 // presentation lists the libraries only the TUI and the command line may use.
 var presentation = []string{"charm.land/", "github.com/charmbracelet/", "github.com/NimbleMarkets/", "github.com/spf13/"}
 
-// driver lists the command line's own packages, which the "internal/" of other packages' rules does not
-// reach: only the command line, and the packages named with them, may import them.
-var driver = map[string][]string{"internal/fixes": {"cmd/oomdbg"}}
-
 // terminal is the package below the TUI that may ask x/term whether a file is a terminal (x/term draws
 // nothing), and so may the packages that use it.
 const terminal = "internal/outfile"
+
+// driver lists the command line's own packages, which the "internal/" of other packages' rules does not
+// reach: only the command line, and the packages named with them, may import them.
+var driver = map[string][]string{"internal/app": {"cmd/oomdbg"}, "internal/fixes": {"cmd/oomdbg"}}
 
 // TestLayering checks every package's dependencies against layers: no package reaches up or sideways, the
 // analysis and data packages never use the TUI libraries, and snapshot needs nothing beyond the standard

@@ -8,6 +8,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/fixes"
 	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -45,13 +46,13 @@ for 8 steps unless --steps says otherwise.`,
 			if !cmd.Flags().Changed("steps") {
 				cfg.Steps = 8
 			}
-			cfg.Device = "meta"
+			cfg.Device = device.Meta
 			if err := cfg.Validate(); err != nil {
 				return flagError(err)
 			}
 			rows, err := fixes.CheckBugs(cmd.Context(), cfg, warmup, toolVersion())
 			if err != nil {
-				return err
+				return flagError(err)
 			}
 			fixes.WriteBugs(cmd.OutOrStdout(), cfg, warmup, rows, markdown)
 			return nil

@@ -5,19 +5,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
-	"github.com/oomdbg/oomdbg/triage"
 )
 
 func newCheckCmd() *cobra.Command {
 	var maxGrowth, maxPeak, maxHeld uint64
-	var warmup int
-	var asJSON, allowTruncated bool
+	var asJSON bool
 	var mem memory
-	var scopes, functions []string
+	var req app.CheckRequest
 	cmd := &cobra.Command{
 		Use:   "check FILE",
 		Short: "Exit 1 when a snapshot leaks or breaks a memory budget",
@@ -52,100 +48,43 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
   oomdbg check run.oomdbg --warmup 5 --ignore-scope eval --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if warmup < 0 {
-				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			if req.Warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", req.Warmup)
 			}
-			var lim triage.CheckLimits
-			set := func(flag string, v uint64) *int64 {
+			given := func(flag string, v uint64) *int64 {
 				if !cmd.Flags().Changed(flag) {
 					return nil
 				}
 				n := int64(v)
 				return &n
 			}
-			lim.MaxGrowth, lim.MaxPeak, lim.MaxHeld = set("max-growth", maxGrowth), set("max-peak", maxPeak), set("max-held", maxHeld)
-			opts := append([]leaks.Option{leaks.Warmup(warmup)}, lim.Options()...)
-			if len(scopes) > 0 {
-				opts = append(opts, leaks.IgnoreScopes(scopes...))
-			}
-			if len(functions) > 0 {
-				opts = append(opts, leaks.IgnoreFunctions(functions...))
-			}
-			r, oom, events, warning, err := findLeaks(args[0], &mem, opts)
-			incomplete := err
-			if incomplete == nil {
-				incomplete = warning
-			}
-			switch {
-			case err != nil && (r == nil || !load.Partial(events, err) || !allowTruncated):
+			req.Limits.MaxGrowth, req.Limits.MaxPeak, req.Limits.MaxHeld = given("max-growth", maxGrowth), given("max-peak", maxPeak), given("max-held", maxHeld)
+			req.Memory = &mem.Limit
+			c, err := app.Check(args[0], req, cmd.ErrOrStderr())
+			if err != nil {
 				return err
-			case incomplete != nil && !allowTruncated:
-				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, events)
-			case incomplete != nil:
-				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, events)
 			}
-			res := triage.NewCheck(args[0], r, lim)
-			res.FailOnOOM(oom)
-			write := res.WriteText
+			write := c.WriteText
 			if asJSON {
-				write = res.WriteJSON
+				write = c.WriteJSON
 			}
 			if err := write(cmd.OutOrStdout()); err != nil {
 				return err
 			}
-			if !res.Pass {
-				return &problemError{msg: "check failed: " + res.Reason}
+			if !c.Pass {
+				return &app.ProblemError{Msg: "check failed: " + c.Reason}
 			}
 			return nil
 		},
 	}
-	cmd.Flags().Var(sizeFlag{&maxGrowth, maxSize}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
-	cmd.Flags().Var(sizeFlag{&maxPeak, maxSize}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
-	cmd.Flags().Var(sizeFlag{&maxHeld, maxSize}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
-	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
-	cmd.Flags().BoolVar(&allowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
+	cmd.Flags().Var(sizeFlag{&maxGrowth}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
+	cmd.Flags().Var(sizeFlag{&maxPeak}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
+	cmd.Flags().Var(sizeFlag{&maxHeld}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
+	cmd.Flags().IntVar(&req.Warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
+	cmd.Flags().BoolVar(&req.AllowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
 	addMemoryFlag(cmd.Flags(), &mem)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (format oomdbg-check/1, docs/report-json.md)")
-	cmd.Flags().StringSliceVar(&scopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
-	cmd.Flags().StringSliceVar(&functions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")
+	cmd.Flags().StringSliceVar(&req.IgnoreScopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
+	cmd.Flags().StringSliceVar(&req.IgnoreFunctions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")
 	return cmd
-}
-
-// checkPage is how many events check indexes at a time: it streams oomdbg's own snapshots page by page, in
-// the memory of a few pages and a little per iteration, whatever their length.
-const checkPage = 1 << 18
-
-// findLeaks analyzes the snapshot at path for leaks and says how many events it read: an oomdbg snapshot
-// streamed page by page, which no number of events makes need more memory (only the readers' density caps
-// bound it); a PyTorch snapshot imported whole within mem. A damaged snapshot returns the analysis of what
-// came before the damage with the error; one cut short, with its warning.
-func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *triage.FirstOOM, events int, warning, err error) {
-	in, err := load.Open(path, load.WithBudget(mem.Budget(costAnalyse)))
-	if err != nil {
-		return nil, nil, 0, nil, err
-	}
-	defer in.Close()
-	if in.Format != load.FormatNative {
-		s, err := in.Load()
-		if s == nil {
-			return nil, nil, 0, nil, mem.Explain(err)
-		}
-		tl := timeline.New(s)
-		return leaks.Analyze(tl, opts...), triage.FirstOOMOf(tl), s.Events.Len(), s.Warning, mem.Explain(err)
-	}
-	rd, err := snapshot.NewReader(in.Reader(), snapshot.WithLimits(snapshot.Limits{Events: snapshot.MaxEvents}))
-	if err != nil {
-		return nil, nil, 0, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	st := leaks.NewStream(opts...)
-	s, err := timeline.Scan(rd, checkPage, func(tl *timeline.Timeline) {
-		if oom == nil {
-			oom = triage.FirstOOMOf(tl)
-		}
-		st.Observe(tl)
-	})
-	if err != nil {
-		err = fmt.Errorf("%s: %w", path, err)
-	}
-	return st.Result(s), oom, s.Events.Len(), s.Warning, err
 }

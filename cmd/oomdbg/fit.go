@@ -9,27 +9,22 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
-
-// fitFlags are fit's own flags, beside the workload's.
-type fitFlags struct {
-	gpu, allow                 string
-	keepBatch, asJSON, explain bool
-	markdown                   bool
-	margin                     float64
-	top                        int
-}
 
 func newFitCmd() *cobra.Command {
 	cfg, err := train.PresetConfig(train.DefaultPreset)
 	if err != nil {
 		panic(err) // the default preset is built in
 	}
+	var gpu, allow string
+	var keepBatch, asJSON, explain, markdown bool
+	var margin float64
+	var top int
 	var preset string
-	var ff fitFlags
 	cmd := &cobra.Command{
 		Use:   "fit [workload flags] [--gpu-mem SIZE] [--gpu NAME] [--allow lora,qlora,offload,zero]",
 		Short: "Find the largest batch and the cheapest fixes that fit a card",
@@ -70,21 +65,21 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			if err != nil {
 				return err
 			}
-			req := fit.Request{FreeBatch: !ff.keepBatch, Top: ff.top, Margin: ff.margin / 100, Explain: ff.explain}
-			if req.GPU, err = fit.LookupGPU(ff.gpu); err != nil {
+			req := fit.Request{FreeBatch: !keepBatch, Top: top, Margin: margin / 100, Explain: explain}
+			if req.GPU, err = fit.LookupGPU(gpu); err != nil {
 				return err
 			}
 			if cmd.Flags().Changed("gpu") && !cmd.Flags().Changed("gpu-mem") {
 				cfg.GPUMemory = req.GPU.Memory
 			}
-			if req.Allow, err = fit.ParseAllow(ff.allow); err != nil {
+			if req.Allow, err = fit.ParseAllow(allow); err != nil {
 				return err
 			}
-			if ff.margin < 0 || ff.margin >= 100 || ff.margin != ff.margin {
-				return fmt.Errorf("--margin %v: want a percentage in [0, 100)", ff.margin)
+			if margin < 0 || margin >= 100 || margin != margin {
+				return fmt.Errorf("--margin %v: want a percentage in [0, 100)", margin)
 			}
-			if ff.top < 1 || ff.top > 1000 {
-				return fmt.Errorf("--plans %d: want 1 to 1000", ff.top)
+			if top < 1 || top > 1000 {
+				return fmt.Errorf("--plans %d: want 1 to 1000", top)
 			}
 			if err := cfg.Validate(); err != nil {
 				return flagError(err)
@@ -93,24 +88,24 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			if outfile.IsTerminal(cmd.ErrOrStderr()) {
 				req.Progress = cmd.ErrOrStderr()
 			}
-			ctx, caught, stop := stopOnSignals(cmd.Context())
+			ctx, caught, stop := app.StopOnSignals(cmd.Context())
 			defer stop()
 			rep, err := fit.Search(ctx, cfg, req)
 			if err != nil {
-				return err
+				return flagError(err)
 			}
 			write := rep.WriteText
 			switch {
-			case ff.asJSON:
+			case asJSON:
 				write = rep.WriteJSON
-			case ff.markdown:
+			case markdown:
 				write = rep.WriteMarkdown
 			}
 			if err := write(cmd.OutOrStdout()); err != nil {
 				return err
 			}
 			if sig := caught(); sig != nil {
-				return &fitStopped{signalError{sig: sig}}
+				return &app.SignalError{Sig: sig, Then: "what is printed is what was found until then"}
 			}
 			return nil
 		},
@@ -120,22 +115,15 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 		cmd.Flags().MarkHidden(name)
 	}
 	addModelSourceFlags(cmd.Flags(), &preset)
-	cmd.Flags().StringVar(&ff.gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
-	cmd.Flags().StringVar(&ff.allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
-	cmd.Flags().BoolVar(&ff.keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
-	cmd.Flags().Float64Var(&ff.margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")
-	cmd.Flags().IntVar(&ff.top, "plans", fit.DefaultTop, "how many fitting plans to find")
-	cmd.Flags().BoolVar(&ff.asJSON, "json", false, "print JSON (docs/fit.md)")
-	cmd.Flags().BoolVar(&ff.markdown, "markdown", false, "print the plans as a markdown table")
-	cmd.Flags().BoolVar(&ff.explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
+	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
+	cmd.Flags().StringVar(&allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
+	cmd.Flags().BoolVar(&keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
+	cmd.Flags().Float64Var(&margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")
+	cmd.Flags().IntVar(&top, "plans", fit.DefaultTop, "how many fitting plans to find")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (docs/fit.md)")
+	cmd.Flags().BoolVar(&markdown, "markdown", false, "print the plans as a markdown table")
+	cmd.Flags().BoolVar(&explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
 	return cmd
-}
-
-// fitStopped ends a search stopped by a signal, with the shell's exit code for it (signalError's).
-type fitStopped struct{ signalError }
-
-func (e *fitStopped) Error() string {
-	return fmt.Sprintf("stopped by %s; what is printed is what was found until then", signalName(e.sig))
 }
 
 func gpuNames() []string {

@@ -59,7 +59,7 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			}
 			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
 			if err != nil {
-				return err
+				return flagError(err)
 			}
 			write := fixes.Write
 			if frag {

@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -53,7 +54,7 @@ peak and phase side by side, from which enter opens another.`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			opts := []load.Option{load.WithBudget(mem.Budget(costView))}
+			opts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
 			if follow {
 				opts = append(opts, load.WithFollow(ctx))
 			}
@@ -64,8 +65,7 @@ peak and phase side by side, from which enter opens another.`,
 			defer in.Close()
 			switch in.Format {
 			case load.FormatNative: // streamed in, so a growing file can be followed
-				b := mem.Budget(costView)
-				lim := snapshot.Limits{Events: b.MaxEvents()}
+				lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
 				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)})
 			default:
 				s, err := in.Load()
@@ -146,16 +146,13 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 		return err
 	}
 	defer closeKeys()
-	t := reportRanks(cmd.Context(), files, mem, leaks.DefaultWarmup)
+	t := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup)
 	if t.Worst < 0 {
 		return fmt.Errorf("none of the %d files could be read", len(files))
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
-		s, err := openSnapshot(path, mem, costView)
-		if err != nil && (s == nil || !load.Partial(s.Events.Len(), err)) {
-			return nil, err
-		}
-		return s, nil
+		s, _, err := app.Open(path, &mem.Limit, load.CostView)
+		return s, err
 	}
 	s, err := load(files[t.Worst])
 	if err != nil {
