@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -13,10 +12,9 @@ import (
 )
 
 func newBugsCmd() *cobra.Command {
-	cfg := train.DefaultMLP()
-	var preset string
 	var warmup int
 	var markdown bool
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "bugs [flags]",
 		Short: "Record each leak bug and the fixed loop, and check each",
@@ -39,7 +37,7 @@ for 8 steps unless --steps says otherwise.`,
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
 			}
@@ -47,9 +45,6 @@ for 8 steps unless --steps says otherwise.`,
 				cfg.Steps = 8
 			}
 			cfg.Device = device.Meta
-			if err := cfg.Validate(); err != nil {
-				return flagError(err)
-			}
 			rows, err := fixes.CheckBugs(cmd.Context(), cfg, warmup, toolVersion())
 			if err != nil {
 				return flagError(err)
@@ -58,8 +53,7 @@ for 8 steps unless --steps says otherwise.`,
 			return nil
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
-	cmd.Flags().StringVar(&preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP())
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	return cmd

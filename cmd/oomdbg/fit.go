@@ -24,7 +24,7 @@ func newFitCmd() *cobra.Command {
 	var keepBatch, asJSON, explain, markdown bool
 	var margin float64
 	var top int
-	var preset string
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "fit [workload flags] [--gpu-mem SIZE] [--gpu NAME] [--allow lora,qlora,offload,zero]",
 		Short: "Find the largest batch and the cheapest fixes that fit a card",
@@ -58,10 +58,10 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 					return fmt.Errorf("--%s does not apply: fit simulates on the meta device, without leak bugs", name)
 				}
 			}
-			if preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				preset = train.DefaultPreset
+			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
+				flags.preset = train.DefaultPreset
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
 			}
@@ -81,10 +81,7 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			if top < 1 || top > 1000 {
 				return fmt.Errorf("--plans %d: want 1 to 1000", top)
 			}
-			if err := cfg.Validate(); err != nil {
-				return flagError(err)
-			}
-			req.Base = workloadFlags(cmd.Flags(), preset, cfg)
+			req.Base = flags.runFlags(cfg)
 			if outfile.IsTerminal(cmd.ErrOrStderr()) {
 				req.Progress = cmd.ErrOrStderr()
 			}
@@ -110,11 +107,10 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			return nil
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
+	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
 	for _, name := range []string{"device", "bug"} {
 		cmd.Flags().MarkHidden(name)
 	}
-	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
 	cmd.Flags().StringVar(&allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
 	cmd.Flags().BoolVar(&keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
@@ -134,24 +130,18 @@ func gpuNames() []string {
 	return names
 }
 
-// workloadFlags returns the run flags that describe the workload as given, less those a plan sets: the
-// model's source, every workload flag the user set, and the card's memory.
-func workloadFlags(fs *pflag.FlagSet, preset string, cfg train.Config) []string {
+// runFlags returns the run flags that describe the workload as given, less those a plan sets: the model's
+// source, every workload flag the user set, and the card's memory.
+func (f *configFlags) runFlags(cfg train.Config) []string {
 	var out []string
-	if preset != "" {
-		out = append(out, "--preset="+preset)
+	if f.preset != "" {
+		out = append(out, "--preset="+f.preset)
 	}
-	fs.Visit(func(f *pflag.Flag) {
-		switch {
-		case f.Name == "preset" || f.Name == "gpu-mem" || slices.Contains(fit.PlanFlagNames, f.Name):
-		case fitOnly[f.Name]:
-		default:
-			out = append(out, "--"+f.Name+"="+f.Value.String())
+	f.fs.Visit(func(fl *pflag.Flag) {
+		_, workload := f.copies[fl.Name]
+		if (workload || fl.Name == "hf-config") && fl.Name != "gpu-mem" && !slices.Contains(fit.PlanFlagNames, fl.Name) {
+			out = append(out, "--"+fl.Name+"="+fl.Value.String())
 		}
 	})
 	return append(out, "--gpu-mem="+units.FormatSizeExact(cfg.GPUMemory))
 }
-
-// fitOnly are fit's flags that are not run's.
-var fitOnly = map[string]bool{"gpu": true, "allow": true, "keep-batch": true, "margin": true, "plans": true,
-	"json": true, "markdown": true, "explain": true}

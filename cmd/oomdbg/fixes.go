@@ -14,8 +14,8 @@ func newFixesCmd() *cobra.Command {
 	if err != nil {
 		panic(err) // the default preset is built in
 	}
-	var preset string
 	var markdown, frag bool
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "fixes [flags]",
 		Short: "Measure what each memory fix does to a workload's peak",
@@ -47,15 +47,12 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs", name)
 				}
 			}
-			if preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				preset = train.DefaultPreset
+			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
+				flags.preset = train.DefaultPreset
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return flagError(err)
 			}
 			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
 			if err != nil {
@@ -69,11 +66,10 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			return nil
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
+	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
 	for _, name := range sweepFixed {
 		cmd.Flags().MarkHidden(name)
 	}
-	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	cmd.Flags().BoolVar(&frag, "fragmentation", false, "measure the allocator settings, empty_cache and the data's shapes over --steps steps instead")
 	return cmd

@@ -4,15 +4,17 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -105,162 +107,162 @@ func (m *memory) resolve() uint64 { return m.Resolve() }
 
 const costReplay = load.CostReplay
 
-// seqDistFlag is --seq-dist. It is a textFlag but for file:PATH, which reads the file when the flag is set:
-// configFromFlags copies the value it read instead of setting the flag again, so the file is read once (a
-// FIFO or /dev/stdin could not be read twice).
-type seqDistFlag struct{ v *train.SeqDist }
-
-func (f seqDistFlag) String() string {
-	if f.v == nil {
-		return ""
-	}
-	return f.v.String()
+// configFlags are the flags of a training run: --preset or --hf-config, which name a whole model, and a flag
+// for every knob. Each knob's flag parses once, when it is set, into the field of given it is bound to
+// (whose values are the defaults --help shows); config starts from the configuration the model's source
+// names and copies onto it the typed value of every flag the user set.
+type configFlags struct {
+	fs               *pflag.FlagSet
+	given            *train.Config
+	copies           map[string]func(to *train.Config) // by flag name: copies the flag's field from given
+	preset, hfConfig string
 }
 
-func (f seqDistFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
+// field binds the flag name to the field of a Config that at returns: a flag of T's kind, or of value's
+// when given, parsing into given's field, and a copy of that field onto another Config.
+func field[T any](f *configFlags, name string, at func(*train.Config) *T, usage string, value ...func(*T) pflag.Value) {
+	p := at(f.given)
+	if len(value) > 0 {
+		f.fs.Var(value[0](p), name, usage)
+	} else {
+		switch v := any(p).(type) {
+		case *string:
+			f.fs.StringVar(v, name, *v, usage)
+		case *int:
+			f.fs.IntVar(v, name, *v, usage)
+		case *uint64:
+			f.fs.Uint64Var(v, name, *v, usage)
+		case *float32:
+			f.fs.Float32Var(v, name, *v, usage)
+		case *float64:
+			f.fs.Float64Var(v, name, *v, usage)
+		case *bool:
+			f.fs.BoolVar(v, name, *v, usage)
+		default:
+			f.fs.Var(textFlag{v.(textValue)}, name, usage)
+		}
+	}
+	f.copies[name] = func(to *train.Config) { *at(to) = *at(f.given) }
+}
 
-func (seqDistFlag) Type() string { return "string" }
+// sizeValue and elementsValue are field's value for sizes and element counts.
+func sizeValue(p *uint64) pflag.Value    { return sizeFlag{p} }
+func elementsValue(p *int64) pflag.Value { return elementsFlag{p} }
 
-// addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
-func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
-	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "batch size (per micro-batch with --accum)")
-	fs.IntVar(&cfg.InFeatures, "in-features", cfg.InFeatures, "mlp: input features")
-	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "mlp: hidden width")
-	fs.IntVar(&cfg.Layers, "layers", cfg.Layers, "hidden layers (mlp) or transformer blocks (gpt, llama)")
-	fs.IntVar(&cfg.Classes, "classes", cfg.Classes, "mlp: output classes")
-	fs.IntVar(&cfg.Seq, "seq", cfg.Seq, "gpt, llama: sequence length (gpt: the block size)"+presetDefault(cfg))
-	fs.IntVar(&cfg.DModel, "d-model", cfg.DModel, "gpt, llama: embedding width (hidden_size)"+presetDefault(cfg))
-	fs.IntVar(&cfg.Heads, "heads", cfg.Heads, "gpt, llama: attention heads"+presetDefault(cfg))
-	fs.IntVar(&cfg.Vocab, "vocab", cfg.Vocab, "gpt, llama: vocabulary size"+presetDefault(cfg))
-	fs.Float32Var(&cfg.Dropout, "dropout", cfg.Dropout, "gpt: dropout probability; llama: attention dropout"+presetDefault(cfg))
-	fs.IntVar(&cfg.KVHeads, "kv-heads", cfg.KVHeads, "llama: key-value heads (grouped-query attention; 0: as many as heads)")
-	fs.IntVar(&cfg.FFN, "ffn", cfg.FFN, "llama: MLP width (intermediate_size)")
-	fs.IntVar(&cfg.HeadDim, "head-dim", cfg.HeadDim, "llama: head size (0: d-model / heads)")
-	fs.BoolVar(&cfg.Tied, "tied", cfg.Tied, "llama: lm_head shares the embedding's weight")
-	fs.BoolVar(&cfg.QKVBias, "qkv-bias", cfg.QKVBias, "llama: biases on q, k and v (Qwen2)")
-	fs.Var(textFlag{&cfg.Weights}, "weights", "llama: the parameters' dtype (from_pretrained's torch_dtype): f32, bf16 or fp16")
-	fs.IntVar(&cfg.LoRA, "lora", cfg.LoRA, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
-	fs.Float32Var(&cfg.LoRAAlpha, "lora-alpha", cfg.LoRAAlpha, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
-	fs.Float32Var(&cfg.LoRADropout, "lora-dropout", cfg.LoRADropout, "llama: LoRA dropout")
-	fs.Var(textFlag{&cfg.LoRATargets}, "lora-targets", "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
-	fs.BoolVar(&cfg.QLoRA, "qlora", cfg.QLoRA, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
-	fs.Var(textFlag{&cfg.AMP}, "amp", "mixed precision: off, fp16 (with loss scaling) or bf16")
-	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "activation checkpointing: off, all, every:N or attn (gpt only)")
-	fs.Var(textFlag{&cfg.Attention}, "attention", "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
-	fs.IntVar(&cfg.Accum, "accum", cfg.Accum, "micro-batches per optimizer step (gradient accumulation)")
-	fs.Var(seqDistFlag{&cfg.SeqDist}, "seq-dist", "gpt and llama sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")
-	fs.Var(textFlag{&cfg.Padding}, "padding", "gpt and llama batch padding: none (to the batch's longest sample), max (to --seq) or multiple:N (the longest rounded up to a multiple of N)")
-	fs.BoolVar(&cfg.SortByLength, "sort-by-length", cfg.SortByLength, "gpt and llama: group samples of similar length into batches (megabatches of 50 batches sorted longest first, as Trainer's group_by_length)")
-	fs.Var(textFlag{&cfg.EmptyCache}, "empty-cache", "call torch.cuda.empty_cache(): never, every step or every phase")
-	fs.StringVar(&cfg.Logits, "logits", cfg.Logits, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
-	fs.IntVar(&cfg.Steps, "steps", cfg.Steps, "training steps")
-	fs.IntVar(&cfg.EvalEvery, "eval-every", cfg.EvalEvery, "evaluate after every N-th step (0: never)")
-	fs.Var(textFlag{&cfg.Device}, "device", "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
-	fs.Var(sizeFlag{&cfg.GPUMemory}, "gpu-mem", "device memory, e.g. 24GiB or 80GB (binary units)")
-	fs.Var(sizeFlag{&cfg.ContextReserve}, "context-reserve", "memory the CUDA context takes before the allocator")
-	fs.Var(textFlag{&cfg.AllocConf}, "alloc-conf", "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	fs.Var(textFlag{&cfg.Optimizer}, "optimizer", "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
-	fs.Var(textFlag{&cfg.OptimizerImpl}, "optimizer-impl", "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
-	fs.Float32Var(&cfg.LR, "lr", cfg.LR, "learning rate")
-	fs.Float32Var(&cfg.WeightDecay, "weight-decay", cfg.WeightDecay, "weight decay (adamw defaults to 0.01)")
-	fs.Var(textFlag{&cfg.ZeroGrad}, "zero-grad", "zero_grad: none (set_to_none) or zero (in place)")
-	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")
-	fs.StringVar(&cfg.Bug, "bug", cfg.Bug, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
-	addParallelFlags(fs, &cfg.Parallel)
+// addConfigFlags puts every knob of a training run on fs, with defaults' values as the defaults shown, and
+// --preset.
+func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
+	f := &configFlags{fs: fs, given: &defaults, copies: map[string]func(*train.Config){}}
+	type cfg = train.Config
+	pd := presetDefault(defaults)
+	field(f, "model", func(c *cfg) *string { return &c.Model }, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
+	field(f, "batch", func(c *cfg) *int { return &c.Batch }, "batch size (per micro-batch with --accum)")
+	field(f, "in-features", func(c *cfg) *int { return &c.InFeatures }, "mlp: input features")
+	field(f, "hidden", func(c *cfg) *int { return &c.Hidden }, "mlp: hidden width")
+	field(f, "layers", func(c *cfg) *int { return &c.Layers }, "hidden layers (mlp) or transformer blocks (gpt, llama)")
+	field(f, "classes", func(c *cfg) *int { return &c.Classes }, "mlp: output classes")
+	field(f, "seq", func(c *cfg) *int { return &c.Seq }, "gpt, llama: sequence length (gpt: the block size)"+pd)
+	field(f, "d-model", func(c *cfg) *int { return &c.DModel }, "gpt, llama: embedding width (hidden_size)"+pd)
+	field(f, "heads", func(c *cfg) *int { return &c.Heads }, "gpt, llama: attention heads"+pd)
+	field(f, "vocab", func(c *cfg) *int { return &c.Vocab }, "gpt, llama: vocabulary size"+pd)
+	field(f, "dropout", func(c *cfg) *float32 { return &c.Dropout }, "gpt: dropout probability; llama: attention dropout"+pd)
+	field(f, "kv-heads", func(c *cfg) *int { return &c.KVHeads }, "llama: key-value heads (grouped-query attention; 0: as many as heads)")
+	field(f, "ffn", func(c *cfg) *int { return &c.FFN }, "llama: MLP width (intermediate_size)")
+	field(f, "head-dim", func(c *cfg) *int { return &c.HeadDim }, "llama: head size (0: d-model / heads)")
+	field(f, "tied", func(c *cfg) *bool { return &c.Tied }, "llama: lm_head shares the embedding's weight")
+	field(f, "qkv-bias", func(c *cfg) *bool { return &c.QKVBias }, "llama: biases on q, k and v (Qwen2)")
+	field(f, "weights", func(c *cfg) *train.Weights { return &c.Weights }, "llama: the parameters' dtype (from_pretrained's torch_dtype): f32, bf16 or fp16")
+	field(f, "lora", func(c *cfg) *int { return &c.LoRA }, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
+	field(f, "lora-alpha", func(c *cfg) *float32 { return &c.LoRAAlpha }, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
+	field(f, "lora-dropout", func(c *cfg) *float32 { return &c.LoRADropout }, "llama: LoRA dropout")
+	field(f, "lora-targets", func(c *cfg) *train.LoRATargets { return &c.LoRATargets }, "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
+	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
+	field(f, "amp", func(c *cfg) *knob.AMP { return &c.AMP }, "mixed precision: off, fp16 (with loss scaling) or bf16")
+	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N or attn (gpt only)")
+	field(f, "attention", func(c *cfg) *knob.Attention { return &c.Attention }, "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
+	field(f, "accum", func(c *cfg) *int { return &c.Accum }, "micro-batches per optimizer step (gradient accumulation)")
+	field(f, "seq-dist", func(c *cfg) *train.SeqDist { return &c.SeqDist }, "gpt and llama sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")
+	field(f, "padding", func(c *cfg) *train.Padding { return &c.Padding }, "gpt and llama batch padding: none (to the batch's longest sample), max (to --seq) or multiple:N (the longest rounded up to a multiple of N)")
+	field(f, "sort-by-length", func(c *cfg) *bool { return &c.SortByLength }, "gpt and llama: group samples of similar length into batches (megabatches of 50 batches sorted longest first, as Trainer's group_by_length)")
+	field(f, "empty-cache", func(c *cfg) *train.EmptyCache { return &c.EmptyCache }, "call torch.cuda.empty_cache(): never, every step or every phase")
+	field(f, "logits", func(c *cfg) *string { return &c.Logits }, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
+	field(f, "steps", func(c *cfg) *int { return &c.Steps }, "training steps")
+	field(f, "eval-every", func(c *cfg) *int { return &c.EvalEvery }, "evaluate after every N-th step (0: never)")
+	field(f, "device", func(c *cfg) *device.Kind { return &c.Device }, "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
+	field(f, "gpu-mem", func(c *cfg) *uint64 { return &c.GPUMemory }, "device memory, e.g. 24GiB or 80GB (binary units)", sizeValue)
+	field(f, "context-reserve", func(c *cfg) *uint64 { return &c.ContextReserve }, "memory the CUDA context takes before the allocator", sizeValue)
+	field(f, "alloc-conf", func(c *cfg) *train.AllocConf { return &c.AllocConf }, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
+	field(f, "optimizer", func(c *cfg) *knob.Optimizer { return &c.Optimizer }, "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
+	field(f, "optimizer-impl", func(c *cfg) *knob.OptimizerImpl { return &c.OptimizerImpl }, "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
+	field(f, "lr", func(c *cfg) *float32 { return &c.LR }, "learning rate")
+	field(f, "weight-decay", func(c *cfg) *float32 { return &c.WeightDecay }, "weight decay (adamw defaults to 0.01)")
+	field(f, "zero-grad", func(c *cfg) *knob.ZeroGrad { return &c.ZeroGrad }, "zero_grad: none (set_to_none) or zero (in place)")
+	field(f, "seed", func(c *cfg) *uint64 { return &c.Seed }, "random seed")
+	field(f, "bug", func(c *cfg) *string { return &c.Bug }, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
+	addParallelFlags(f)
+	fs.StringVar(&f.preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	return f
+}
+
+// addHFConfig adds --hf-config, the other flag that names a whole model.
+func (f *configFlags) addHFConfig() *configFlags {
+	f.fs.StringVar(&f.hfConfig, "hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
+	return f
+}
+
+// addParallelFlags puts the data-parallel settings on flags.
+func addParallelFlags(f *configFlags) {
+	p := func(c *train.Config) *dist.Settings { return &c.Parallel }
+	field(f, "gpus", func(c *train.Config) *int { return &p(c).GPUs }, "GPUs in the job, every node's together (the world size; more than 1 without --dp is ddp)")
+	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
+	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
+	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
+	field(f, "offload", func(c *train.Config) *dist.Offload { return &p(c).Offload }, "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
+	field(f, "offload-pageable", func(c *train.Config) *bool { return &p(c).OffloadPageable }, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
+	field(f, "bucket-cap-mb", func(c *train.Config) *float64 { return &p(c).BucketCapMB }, "ddp: gradient bucket size in MiB (0: 25, with a first bucket of 1 MiB)")
+	field(f, "gradient-as-bucket-view", func(c *train.Config) *bool { return &p(c).GradientAsBucketView }, "ddp: gradients are views of their buckets, not copies")
+	for _, e := range []struct {
+		name string
+		at   func(*train.Config) *int64
+		def  int64
+		doc  string
+	}{
+		{"reduce-bucket-size", func(c *train.Config) *int64 { return &p(c).ReduceBucketSize }, dist.DefaultReduceBucketSize, "deepspeed: elements reduced at a time (reduce_bucket_size)"},
+		{"allgather-bucket-size", func(c *train.Config) *int64 { return &p(c).AllgatherBucketSize }, dist.DefaultAllgatherBucketSize, "deepspeed: elements all-gathered at a time (allgather_bucket_size)"},
+		{"prefetch-bucket-size", func(c *train.Config) *int64 { return &p(c).PrefetchBucketSize }, dist.DefaultPrefetchBucketSize, "zero3: parameter elements fetched ahead of use (stage3_prefetch_bucket_size)"},
+		{"max-live-parameters", func(c *train.Config) *int64 { return &p(c).MaxLiveParameters }, dist.DefaultMaxLiveParameters, "zero3: most parameter elements gathered at once (stage3_max_live_parameters)"},
+		{"max-reuse-distance", func(c *train.Config) *int64 { return &p(c).MaxReuseDistance }, dist.DefaultMaxReuseDistance, "zero3: keep a parameter used again within this many elements (stage3_max_reuse_distance)"},
+		{"param-persistence-threshold", func(c *train.Config) *int64 { return &p(c).ParamPersistenceThreshold }, dist.DefaultParamPersistenceThreshold, "zero3: parameters this small stay gathered (stage3_param_persistence_threshold)"},
+	} {
+		field(f, e.name, e.at, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")", elementsValue)
+	}
+	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
 }
 
 // presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.
-func presetDefault(cfg *train.Config) string {
+func presetDefault(cfg train.Config) string {
 	if cfg.Model == "gpt" || cfg.Model == "llama" {
 		return ""
 	}
 	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt, " + train.DefaultLlamaPreset + "'s with --model llama)"
 }
 
-// addParallelFlags puts the data-parallel settings on flags, with s's values as defaults.
-func addParallelFlags(fs *pflag.FlagSet, s *dist.Settings) {
-	fs.IntVar(&s.GPUs, "gpus", s.GPUs, "GPUs in the job, every node's together (the world size; more than 1 without --dp is ddp)")
-	fs.IntVar(&s.Nodes, "nodes", s.Nodes, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
-	fs.Var(textFlag{&s.Strategy}, "dp", "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
-	fs.IntVar(&s.Rank, "rank", s.Rank, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
-	fs.Var(textFlag{&s.Offload}, "offload", "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
-	fs.BoolVar(&s.OffloadPageable, "offload-pageable", s.OffloadPageable, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
-	fs.Float64Var(&s.BucketCapMB, "bucket-cap-mb", s.BucketCapMB, "ddp: gradient bucket size in MiB (0: 25, with a first bucket of 1 MiB)")
-	fs.BoolVar(&s.GradientAsBucketView, "gradient-as-bucket-view", s.GradientAsBucketView, "ddp: gradients are views of their buckets, not copies")
-	for _, e := range []struct {
-		name string
-		v    *int64
-		def  int64
-		doc  string
-	}{
-		{"reduce-bucket-size", &s.ReduceBucketSize, dist.DefaultReduceBucketSize, "deepspeed: elements reduced at a time (reduce_bucket_size)"},
-		{"allgather-bucket-size", &s.AllgatherBucketSize, dist.DefaultAllgatherBucketSize, "deepspeed: elements all-gathered at a time (allgather_bucket_size)"},
-		{"prefetch-bucket-size", &s.PrefetchBucketSize, dist.DefaultPrefetchBucketSize, "zero3: parameter elements fetched ahead of use (stage3_prefetch_bucket_size)"},
-		{"max-live-parameters", &s.MaxLiveParameters, dist.DefaultMaxLiveParameters, "zero3: most parameter elements gathered at once (stage3_max_live_parameters)"},
-		{"max-reuse-distance", &s.MaxReuseDistance, dist.DefaultMaxReuseDistance, "zero3: keep a parameter used again within this many elements (stage3_max_reuse_distance)"},
-		{"param-persistence-threshold", &s.ParamPersistenceThreshold, dist.DefaultParamPersistenceThreshold, "zero3: parameters this small stay gathered (stage3_param_persistence_threshold)"},
-	} {
-		fs.Var(elementsFlag{e.v}, e.name, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")")
+// config returns the run configuration the command line describes: the configuration of the model's source
+// (app.BaseConfig), with every flag the user set. It is validated where it runs, once.
+func (f *configFlags) config() (train.Config, error) {
+	cfg, err := app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	if err != nil {
+		return cfg, err
 	}
-	fs.Var(textFlag{&s.Wrap}, "fsdp-wrap", "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
-}
-
-// configFromFlags returns the run configuration the command line describes: the preset, the config.json
-// of --hf-config or the model's default first, then every flag the user set, in the order given.
-func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
-	base := train.DefaultMLP()
-	hf, _ := fs.GetString("hf-config")
-	model, _ := fs.GetString("model")
-	switch {
-	case hf != "" && preset != "":
-		return base, fmt.Errorf("--hf-config and --preset both name a model: give one")
-	case hf != "":
-		f, err := os.Open(hf)
-		if err != nil {
-			return base, err
+	f.fs.Visit(func(fl *pflag.Flag) {
+		if copyField, ok := f.copies[fl.Name]; ok {
+			copyField(&cfg)
 		}
-		m, err := hfconfig.Read(f)
-		f.Close()
-		if err != nil {
-			return base, fmt.Errorf("%s: %w", hf, err)
-		}
-		base = train.FromHF(m)
-	case preset == "" && model == "gpt":
-		preset = train.DefaultPreset
-	case preset == "" && model == "llama":
-		preset = train.DefaultLlamaPreset
-	}
-	if preset != "" {
-		var err error
-		if base, err = train.PresetConfig(preset); err != nil {
-			return base, err
-		}
-	}
-	replay := pflag.NewFlagSet("", pflag.ContinueOnError)
-	addConfigFlags(replay, &base)
-	var err error
-	fs.Visit(func(f *pflag.Flag) {
-		to := replay.Lookup(f.Name)
-		if to == nil || err != nil {
-			return
-		}
-		if sd, ok := f.Value.(seqDistFlag); ok { // read once, when the flag was set
-			*to.Value.(seqDistFlag).v = *sd.v
-			return
-		}
-		err = replay.Set(f.Name, f.Value.String())
 	})
-	if p := &base.Parallel; p.GPUs > 1 && p.Strategy == dist.Single {
+	if p := &cfg.Parallel; p.GPUs > 1 && p.Strategy == dist.Single {
 		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
 	}
-	return base, err
-}
-
-// addModelSourceFlags adds the flags that name a whole model: --preset and --hf-config.
-func addModelSourceFlags(fs *pflag.FlagSet, preset *string) {
-	fs.StringVar(preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
-	fs.String("hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
+	return cfg, nil
 }
 
 // flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:

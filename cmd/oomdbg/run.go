@@ -10,10 +10,10 @@ import (
 )
 
 func newRunCmd() *cobra.Command {
-	cfg := train.DefaultMLP()
 	var rec app.Recording
-	var preset, ranks string
+	var ranks string
 	var mem memory
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "run [flags]",
 		Short: "Record a training workload headless into a snapshot file",
@@ -51,12 +51,9 @@ meta device and refuses to start when that is more than --max-memory.`,
 			if ranks != "" && ranks != "uneven" {
 				return fmt.Errorf("--ranks %q: the only choice is uneven (--rank N records one rank)", ranks)
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return flagError(err)
 			}
 			rec.Memory, rec.Version = &mem.Limit, toolVersion()
 			record := app.Record
@@ -66,8 +63,7 @@ meta device and refuses to start when that is more than --max-memory.`,
 			return flagError(record(cmd.Context(), cfg, rec, cmd.OutOrStdout(), cmd.ErrOrStderr()))
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
-	addModelSourceFlags(cmd.Flags(), &preset)
+	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP()).addHFConfig()
 	cmd.Flags().StringVar(&ranks, "ranks", "", "uneven: record rank 0 and every rank whose memory differs, each into -o's name with .rankN before its extension")
 	cmd.Flags().StringVarP(&rec.Path, "output", "o", "run.oomdbg", "snapshot file to write ('-' for standard output)")
 	cmd.Flags().BoolVar(&rec.Force, "force", false, "write through a symbolic link, or replace a read-only file")
