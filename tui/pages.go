@@ -10,6 +10,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
@@ -26,7 +27,7 @@ const DefaultMemoryBudget = 1 << 30
 const (
 	// residentPerEvent is what an event of a training loop and its index take when held whole, with room for
 	// the garbage collector.
-	residentPerEvent = 64
+	residentPerEvent = load.CostView
 	pageEvents       = 1 << 20 // events per page, unless Options say otherwise
 	windowPages      = 3       // pages held around the cursor
 	bucketEvents     = 1 << 10 // events per column of the overview's memory series

@@ -1,31 +1,19 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
-	"github.com/oomdbg/oomdbg/triage"
 )
-
-// checkFormat is the value of the check result's "format" field.
-const checkFormat = "oomdbg-check/1"
 
 func newCheckCmd() *cobra.Command {
 	var maxGrowth, maxPeak, maxHeld uint64
-	var warmup int
-	var asJSON, allowTruncated bool
+	var asJSON bool
 	var mem memory
-	var scopes, functions []string
+	var req app.CheckRequest
 	cmd := &cobra.Command{
 		Use:   "check FILE",
 		Short: "Exit 1 when a snapshot leaks or breaks a memory budget",
@@ -60,203 +48,43 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
   oomdbg check run.oomdbg --warmup 5 --ignore-scope eval --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if warmup < 0 {
-				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
+			if req.Warmup < 0 {
+				return fmt.Errorf("--warmup %d: must be at least 0", req.Warmup)
 			}
-			var lim checkLimits
-			set := func(flag string, v uint64) *int64 {
+			given := func(flag string, v uint64) *int64 {
 				if !cmd.Flags().Changed(flag) {
 					return nil
 				}
 				n := int64(v)
 				return &n
 			}
-			lim.maxGrowth, lim.maxPeak, lim.maxHeld = set("max-growth", maxGrowth), set("max-peak", maxPeak), set("max-held", maxHeld)
-			opts := append([]leaks.Option{leaks.Warmup(warmup)}, lim.options()...)
-			if len(scopes) > 0 {
-				opts = append(opts, leaks.IgnoreScopes(scopes...))
-			}
-			if len(functions) > 0 {
-				opts = append(opts, leaks.IgnoreFunctions(functions...))
-			}
-			r, oom, events, warning, err := findLeaks(args[0], &mem, opts)
-			incomplete := err
-			if incomplete == nil {
-				incomplete = warning
-			}
-			switch {
-			case err != nil && (r == nil || events == 0 || !allowTruncated || errors.Is(err, load.ErrMemory)):
+			req.Limits.MaxGrowth, req.Limits.MaxPeak, req.Limits.MaxHeld = given("max-growth", maxGrowth), given("max-peak", maxPeak), given("max-held", maxHeld)
+			req.Memory = &mem.Limit
+			c, err := app.Check(args[0], req, cmd.ErrOrStderr())
+			if err != nil {
 				return err
-			case incomplete != nil && !allowTruncated:
-				return fmt.Errorf("%s is incomplete: %v; --allow-truncated checks the %d events it holds", args[0], incomplete, events)
-			case incomplete != nil:
-				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; checking the %d events before it\n", incomplete, events)
 			}
-			res := checkResult(args[0], r, lim)
-			failOnOOM(res, oom)
+			write := c.WriteText
 			if asJSON {
-				if err := writeCheckJSON(cmd.OutOrStdout(), res); err != nil {
-					return err
-				}
-			} else {
-				writeCheckText(cmd.OutOrStdout(), res, r)
+				write = c.WriteJSON
 			}
-			if !res.Pass {
-				return &problemError{msg: "check failed: " + res.Reason}
+			if err := write(cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if !c.Pass {
+				return &app.ProblemError{Msg: "check failed: " + c.Reason}
 			}
 			return nil
 		},
 	}
-	cmd.Flags().Var(sizeFlag{&maxGrowth, maxSize}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
-	cmd.Flags().Var(sizeFlag{&maxPeak, maxSize}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
-	cmd.Flags().Var(sizeFlag{&maxHeld, maxSize}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
-	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
-	cmd.Flags().BoolVar(&allowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
+	cmd.Flags().Var(sizeFlag{&maxGrowth}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
+	cmd.Flags().Var(sizeFlag{&maxPeak}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
+	cmd.Flags().Var(sizeFlag{&maxHeld}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
+	cmd.Flags().IntVar(&req.Warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
+	cmd.Flags().BoolVar(&req.AllowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
 	addMemoryFlag(cmd.Flags(), &mem)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (format oomdbg-check/1, docs/report-json.md)")
-	cmd.Flags().StringSliceVar(&scopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
-	cmd.Flags().StringSliceVar(&functions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")
+	cmd.Flags().StringSliceVar(&req.IgnoreScopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")
+	cmd.Flags().StringSliceVar(&req.IgnoreFunctions, "ignore-function", nil, "leave out memory allocated with this function on its stack (repeatable)")
 	return cmd
-}
-
-// checkPage is how many events check indexes at a time: it streams oomdbg's own snapshots page by page, in
-// the memory of a few pages and a little per iteration, whatever their length.
-const checkPage = 1 << 18
-
-// findLeaks analyzes the snapshot at path for leaks and says how many events it read: an oomdbg snapshot
-// streamed page by page, which no number of events makes need more memory (only the readers' density caps
-// bound it); a PyTorch snapshot imported whole within mem. A damaged snapshot returns the analysis of what
-// came before the damage with the error; one cut short, with its warning.
-func findLeaks(path string, mem *memory, opts []leaks.Option) (r *leaks.Result, oom *firstOOM, events int, warning, err error) {
-	in, err := load.Open(path, load.WithBudget(mem.budget(costAnalyse)))
-	if err != nil {
-		return nil, nil, 0, nil, err
-	}
-	defer in.Close()
-	if in.Format != load.FormatNative {
-		s, err := in.Load()
-		if s == nil {
-			return nil, nil, 0, nil, memoryError(err, mem)
-		}
-		tl := timeline.New(s)
-		return leaks.Analyze(tl, opts...), oomOf(tl), s.Events.Len(), s.Warning, memoryError(err, mem)
-	}
-	rd, err := snapshot.NewReader(in.Reader(), snapshot.WithLimits(snapshot.Limits{Events: snapshot.MaxEvents}))
-	if err != nil {
-		return nil, nil, 0, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	st := leaks.NewStream(opts...)
-	s, err := timeline.Scan(rd, checkPage, func(tl *timeline.Timeline) {
-		if oom == nil {
-			oom = oomOf(tl)
-		}
-		st.Observe(tl)
-	})
-	if err != nil {
-		err = fmt.Errorf("%s: %w", path, err)
-	}
-	return st.Result(s), oom, s.Events.Len(), s.Warning, err
-}
-
-// firstOOM is where a run first ran out of memory.
-type firstOOM struct {
-	seq       int
-	iteration int32
-	phase     snapshot.Phase
-}
-
-// oomOf returns the first oom event tl indexes, or nil.
-func oomOf(tl *timeline.Timeline) *firstOOM {
-	ooms := tl.OOMs()
-	if len(ooms) == 0 {
-		return nil
-	}
-	e := tl.Snapshot().Events.At(ooms[0])
-	return &firstOOM{seq: ooms[0], iteration: e.Iteration, phase: e.Phase}
-}
-
-// check is the result of a check, as --json prints it.
-type check struct {
-	Format        string       `json:"format"`
-	File          string       `json:"file"`
-	Pass          bool         `json:"pass"`
-	Reason        string       `json:"reason"`
-	Failures      []string     `json:"failures"`
-	MaxGrowth     *int64       `json:"max_growth"`
-	MaxPeak       *int64       `json:"max_peak"`
-	MaxHeld       *int64       `json:"max_held"`
-	PeakAllocated int64        `json:"peak_allocated"`
-	Leaks         triage.Leaks `json:"leaks"`
-}
-
-// checkLimits are the limits a check was given; nil for one not given.
-type checkLimits struct {
-	maxGrowth, maxPeak, maxHeld *int64
-}
-
-// options returns the limits as leak-analysis options.
-func (l checkLimits) options() []leaks.Option {
-	var opts []leaks.Option
-	if l.maxGrowth != nil {
-		opts = append(opts, leaks.MaxGrowth(*l.maxGrowth))
-	}
-	if l.maxPeak != nil {
-		opts = append(opts, leaks.MaxPeak(*l.maxPeak))
-	}
-	if l.maxHeld != nil {
-		opts = append(opts, leaks.MaxHeld(*l.maxHeld))
-	}
-	return opts
-}
-
-// checkResult is the check of analysis r, which was given the limits' options.
-func checkResult(file string, r *leaks.Result, lim checkLimits) *check {
-	c := &check{Format: checkFormat, File: file, Pass: true, Failures: []string{}, PeakAllocated: r.PeakAllocated,
-		MaxGrowth: lim.maxGrowth, MaxPeak: lim.maxPeak, MaxHeld: lim.maxHeld}
-	c.Leaks = triage.LeakReport(r)
-	var f *leaks.Failure
-	if err := r.Err(); errors.As(err, &f) {
-		c.Pass = false
-		c.Reason = f.Reason
-		c.Failures = strings.Split(f.Reason, "; ")
-		return c
-	}
-	c.Reason = r.Reason
-	if r.Verdict == leaks.Leak && lim.maxGrowth != nil {
-		c.Reason += ", within the limit of " + units.FormatSize(*lim.maxGrowth) + " per iteration"
-	}
-	if lim.maxHeld != nil {
-		c.Reason += fmt.Sprintf("; %s held across iterations is within the limit of %s", units.FormatSize(r.HeldBytes), units.FormatSize(*lim.maxHeld))
-	}
-	if lim.maxPeak != nil {
-		c.Reason += fmt.Sprintf("; peak %s is within the limit of %s", units.FormatSize(r.PeakAllocated), units.FormatSize(*lim.maxPeak))
-	}
-	return c
-}
-
-// failOnOOM fails a check of a run that ran out of memory: a snapshot that ends in an OOM has too few
-// iterations for the leak check to pass it.
-func failOnOOM(c *check, oom *firstOOM) {
-	if oom == nil {
-		return
-	}
-	reason := fmt.Sprintf("oom: the run ran out of memory at event %d (iteration %d, %s)", oom.seq, oom.iteration, oom.phase)
-	c.Failures = append([]string{reason}, c.Failures...)
-	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
-}
-
-func writeCheckText(w io.Writer, c *check, r *leaks.Result) {
-	verdict := "PASS"
-	if !c.Pass {
-		verdict = "FAIL"
-	}
-	fmt.Fprintf(w, "%s: %s\n", verdict, c.Reason)
-	r.WriteText(w, 10)
-}
-
-func writeCheckJSON(w io.Writer, c *check) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(c)
 }

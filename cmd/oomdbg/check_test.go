@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/hostmem"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
 
@@ -164,7 +167,7 @@ func BenchmarkCheck(b *testing.B) {
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	s, err := openSnapshot(path, &memory{}, costAnalyse)
+	s, _, err := app.Open(path, &hostmem.Limit{}, load.CostAnalyse)
 	if err != nil {
 		b.Fatal(err)
 	}

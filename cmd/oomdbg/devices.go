@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
 )
 
@@ -48,7 +49,7 @@ with its own PID namespace, processes are listed as "not visible in this PID nam
 				return nil
 			}
 			if err := r.Problem(); err != nil {
-				return &problemError{msg: err.Error()}
+				return &app.ProblemError{Msg: err.Error()}
 			}
 			return nil
 		},

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/nvmlib"
 	"github.com/oomdbg/oomdbg/internal/nvmlib/nvmlibtest"
 	"github.com/oomdbg/oomdbg/tracer/nvml"
@@ -28,7 +30,7 @@ func runDevices(t *testing.T, args []string, opts ...nvml.Option) (code int, std
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	err := root.Execute()
-	var p *problemError
+	var p *app.ProblemError
 	switch {
 	case err == nil:
 		code = exitOK
@@ -133,7 +135,7 @@ func TestDevicesThroughRun(t *testing.T) {
 		t.Skip("an NVIDIA driver is installed here")
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"devices"}, &out, &errOut); code != exitOK || out.Len() != 0 || errOut.String() != noDriverLine {
+	if code := run(context.Background(), []string{"devices"}, &out, &errOut); code != exitOK || out.Len() != 0 || errOut.String() != noDriverLine {
 		t.Errorf("oomdbg devices: exit %d, stdout %q, stderr %q; want 0, nothing, %q", code, out.String(), errOut.String(), noDriverLine)
 	}
 }

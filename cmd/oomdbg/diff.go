@@ -2,14 +2,11 @@ package main
 
 import (
 	"fmt"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
-	"github.com/oomdbg/oomdbg/triage"
 )
 
 func newDiffCmd() *cobra.Command {
@@ -34,20 +31,10 @@ snapshot.`,
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
-			var reports [2]*triage.Report
-			for i, path := range args {
-				if i > 0 {
-					// The first snapshot is garbage once analysed (a Report holds none of it): collect
-					// it and give its memory back, so that the peak is one snapshot's, not two.
-					debug.FreeOSMemory()
-				}
-				s, err := load.File(path, load.WithBudget(mem.budget(costAnalyse)))
-				if err != nil {
-					return memoryError(err, &mem)
-				}
-				reports[i] = triage.Analyze(cmd.Context(), timeline.New(s), triage.Options{File: path, Leaks: []leaks.Option{leaks.Warmup(warmup)}})
+			c, err := app.Diff(cmd.Context(), args[0], args[1], &mem.Limit, warmup)
+			if err != nil {
+				return err
 			}
-			c := triage.Diff(reports[0], reports[1])
 			if format == "text" {
 				return c.WriteText(cmd.OutOrStdout())
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,7 @@ func recordForExport(t *testing.T, dir string) string {
 	t.Helper()
 	path := filepath.Join(dir, "run.oomdbg")
 	var out, errOut bytes.Buffer
-	if code := run([]string{"run", "--preset", "tiny", "--device", "meta", "--steps", "3", "-o", path}, &out, &errOut); code != exitOK {
+	if code := run(context.Background(), []string{"run", "--preset", "tiny", "--device", "meta", "--steps", "3", "-o", path}, &out, &errOut); code != exitOK {
 		t.Fatalf("recording exited %d: %s", code, errOut.String())
 	}
 	return path
@@ -79,7 +80,7 @@ func TestExport(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			code := run(tc.args, &out, &errOut)
+			code := run(context.Background(), tc.args, &out, &errOut)
 			if code != tc.code {
 				t.Fatalf("exit code %d, want %d (stderr %q)", code, tc.code, errOut.String())
 			}
@@ -120,7 +121,7 @@ func TestExport(t *testing.T) {
 func TestExportToStdout(t *testing.T) {
 	in := recordForExport(t, t.TempDir())
 	var out, errOut bytes.Buffer
-	if code := run([]string{"export", in, "--format", "pprof", "--at", "end", "-o", "-"}, &out, &errOut); code != exitOK {
+	if code := run(context.Background(), []string{"export", in, "--format", "pprof", "--at", "end", "-o", "-"}, &out, &errOut); code != exitOK {
 		t.Fatalf("exit code %d: %s", code, errOut.String())
 	}
 	if !bytes.HasPrefix(out.Bytes(), []byte("\x1f\x8b")) {

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 
@@ -12,26 +9,22 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
-
-// fitFlags are fit's own flags, beside the workload's.
-type fitFlags struct {
-	gpu, allow                 string
-	keepBatch, asJSON, explain bool
-	markdown                   bool
-	margin                     float64
-	top                        int
-}
 
 func newFitCmd() *cobra.Command {
 	cfg, err := train.PresetConfig(train.DefaultPreset)
 	if err != nil {
 		panic(err) // the default preset is built in
 	}
-	var preset string
-	var ff fitFlags
+	var gpu, allow string
+	var keepBatch, asJSON, explain, markdown bool
+	var margin float64
+	var top int
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "fit [workload flags] [--gpu-mem SIZE] [--gpu NAME] [--allow lora,qlora,offload,zero]",
 		Short: "Find the largest batch and the cheapest fixes that fit a card",
@@ -65,81 +58,68 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 					return fmt.Errorf("--%s does not apply: fit simulates on the meta device, without leak bugs", name)
 				}
 			}
-			if preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				preset = train.DefaultPreset
+			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
+				flags.preset = train.DefaultPreset
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
 			}
-			gpu, err := fit.LookupGPU(ff.gpu)
-			if err != nil {
+			req := fit.Request{FreeBatch: !keepBatch, Top: top, Margin: margin / 100, Explain: explain}
+			if req.GPU, err = fit.LookupGPU(gpu); err != nil {
 				return err
 			}
 			if cmd.Flags().Changed("gpu") && !cmd.Flags().Changed("gpu-mem") {
-				cfg.GPUMemory = gpu.Memory
+				cfg.GPUMemory = req.GPU.Memory
 			}
-			allow, err := fit.ParseAllow(ff.allow)
-			if err != nil {
+			if req.Allow, err = fit.ParseAllow(allow); err != nil {
 				return err
 			}
-			if ff.margin < 0 || ff.margin >= 100 || ff.margin != ff.margin {
-				return fmt.Errorf("--margin %v: want a percentage in [0, 100)", ff.margin)
+			if margin < 0 || margin >= 100 || margin != margin {
+				return fmt.Errorf("--margin %v: want a percentage in [0, 100)", margin)
 			}
-			if ff.top < 1 || ff.top > 1000 {
-				return fmt.Errorf("--plans %d: want 1 to 1000", ff.top)
+			if top < 1 || top > 1000 {
+				return fmt.Errorf("--plans %d: want 1 to 1000", top)
 			}
-			if err := cfg.Validate(); err != nil {
+			req.Base = flags.runFlags(cfg)
+			if outfile.IsTerminal(cmd.ErrOrStderr()) {
+				req.Progress = cmd.ErrOrStderr()
+			}
+			ctx, caught, stop := app.StopOnSignals(cmd.Context())
+			defer stop()
+			rep, err := fit.Search(ctx, cfg, req)
+			if err != nil {
 				return flagError(err)
 			}
-			margin := ff.margin / 100
-			if margin == 0 {
-				margin = -1 // fit.Options: none
+			write := rep.WriteText
+			switch {
+			case asJSON:
+				write = rep.WriteJSON
+			case markdown:
+				write = rep.WriteMarkdown
 			}
-			ctx, caught, stop := stopOnSignals(cmd.Context())
-			defer stop()
-			rep, err := runFit(ctx, cfg, fitRequest{gpu: gpu, allow: allow, free: !ff.keepBatch, top: ff.top, margin: margin,
-				base: workloadFlags(cmd.Flags(), preset, cfg), explain: ff.explain}, cmd.ErrOrStderr())
-			if err != nil {
+			if err := write(cmd.OutOrStdout()); err != nil {
 				return err
 			}
-			switch {
-			case ff.asJSON:
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep.JSON()); err != nil {
-					return err
-				}
-			default:
-				rep.print(cmd.OutOrStdout(), ff.markdown)
-			}
 			if sig := caught(); sig != nil {
-				return &fitStopped{signalError{sig: sig}}
+				return &app.SignalError{Sig: sig, Then: "what is printed is what was found until then"}
 			}
 			return nil
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
+	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
 	for _, name := range []string{"device", "bug"} {
 		cmd.Flags().MarkHidden(name)
 	}
-	addModelSourceFlags(cmd.Flags(), &preset)
-	cmd.Flags().StringVar(&ff.gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
-	cmd.Flags().StringVar(&ff.allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
-	cmd.Flags().BoolVar(&ff.keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
-	cmd.Flags().Float64Var(&ff.margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")
-	cmd.Flags().IntVar(&ff.top, "plans", fit.DefaultTop, "how many fitting plans to find")
-	cmd.Flags().BoolVar(&ff.asJSON, "json", false, "print JSON (docs/fit.md)")
-	cmd.Flags().BoolVar(&ff.markdown, "markdown", false, "print the plans as a markdown table")
-	cmd.Flags().BoolVar(&ff.explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
+	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
+	cmd.Flags().StringVar(&allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
+	cmd.Flags().BoolVar(&keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
+	cmd.Flags().Float64Var(&margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")
+	cmd.Flags().IntVar(&top, "plans", fit.DefaultTop, "how many fitting plans to find")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (docs/fit.md)")
+	cmd.Flags().BoolVar(&markdown, "markdown", false, "print the plans as a markdown table")
+	cmd.Flags().BoolVar(&explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
 	return cmd
-}
-
-// fitStopped ends a search stopped by a signal, with the shell's exit code for it (signalError's).
-type fitStopped struct{ signalError }
-
-func (e *fitStopped) Error() string {
-	return fmt.Sprintf("stopped by %s; what is printed is what was found until then", signalName(e.sig))
 }
 
 func gpuNames() []string {
@@ -150,237 +130,18 @@ func gpuNames() []string {
 	return names
 }
 
-// workloadFlags returns the run flags that describe the workload as given, less those a plan sets: the
-// model's source, every workload flag the user set, and the card's memory.
-func workloadFlags(fs *pflag.FlagSet, preset string, cfg train.Config) []string {
+// runFlags returns the run flags that describe the workload as given, less those a plan sets: the model's
+// source, every workload flag the user set, and the card's memory.
+func (f *configFlags) runFlags(cfg train.Config) []string {
 	var out []string
-	if preset != "" {
-		out = append(out, "--preset="+preset)
+	if f.preset != "" {
+		out = append(out, "--preset="+f.preset)
 	}
-	fs.Visit(func(f *pflag.Flag) {
-		switch {
-		case f.Name == "preset" || f.Name == "gpu-mem" || slices.Contains(fit.PlanFlagNames, f.Name):
-		case fitOnly[f.Name]:
-		default:
-			out = append(out, "--"+f.Name+"="+f.Value.String())
+	f.fs.Visit(func(fl *pflag.Flag) {
+		_, workload := f.copies[fl.Name]
+		if (workload || fl.Name == "hf-config") && fl.Name != "gpu-mem" && !slices.Contains(fit.PlanFlagNames, fl.Name) {
+			out = append(out, "--"+fl.Name+"="+fl.Value.String())
 		}
 	})
 	return append(out, "--gpu-mem="+units.FormatSizeExact(cfg.GPUMemory))
-}
-
-// fitOnly are fit's flags that are not run's.
-var fitOnly = map[string]bool{"gpu": true, "allow": true, "keep-batch": true, "margin": true, "plans": true,
-	"json": true, "markdown": true, "explain": true}
-
-// fitRequest is what runFit searches for.
-type fitRequest struct {
-	gpu    fit.GPU
-	allow  fit.Allow
-	free   bool
-	top    int
-	margin float64
-	base   []string // the workload's run flags
-	// explain compares with other batch finders and measures what the common fixes save.
-	explain bool
-}
-
-// fitReport is what fit found.
-type fitReport struct {
-	cfg    train.Config
-	req    fitRequest
-	batch  *fit.BatchSearch
-	plans  *fit.Plans
-	margin float64
-	why    *fit.Explanation // with --explain
-}
-
-// runFit searches for the largest batch, then for plans, telling stderr how it goes when it is a terminal.
-func runFit(ctx context.Context, cfg train.Config, req fitRequest, stderr io.Writer) (*fitReport, error) {
-	progress := func(string) {}
-	if isTerminalWriter(stderr) {
-		progress = func(s string) { fmt.Fprintf(stderr, "\r\x1b[K%s", s) }
-		defer fmt.Fprint(stderr, "\r\x1b[K")
-	}
-	n := 0
-	opts := fit.Options{Margin: req.margin, Progress: func(t fit.Trial) {
-		n++
-		verdict := "does not fit"
-		if t.Fits {
-			verdict = "fits"
-		}
-		progress(fmt.Sprintf("fit: trial %d, micro-batch %d x %d: %s", n, t.Config.Batch, t.Config.Accum, verdict))
-	}}
-	rep := &fitReport{cfg: cfg, req: req, margin: req.margin}
-	if rep.margin < 0 {
-		rep.margin = 0
-	}
-	var err error
-	if rep.batch, err = fit.MaxBatch(ctx, cfg, opts); err != nil {
-		return nil, err
-	}
-	if rep.batch.Interrupted {
-		rep.plans = &fit.Plans{Interrupted: true}
-		return rep, nil
-	}
-	rep.plans, err = fit.FindPlans(ctx, cfg, fit.PlanOptions{Options: opts, GPU: req.gpu, Allow: req.allow, FreeBatch: req.free, Top: req.top})
-	if err != nil || !req.explain || rep.plans.Interrupted {
-		return rep, err
-	}
-	opts.Progress = nil
-	if rep.why, err = fit.Explain(ctx, cfg, opts); err != nil && ctx.Err() != nil {
-		return rep, nil // interrupted: the rest stands
-	}
-	return rep, err
-}
-
-// flags returns the run flags that reproduce plan p.
-func (r *fitReport) flags(p *fit.Plan) string {
-	return fit.JoinFlags(append(slices.Clip(r.req.base), fit.Flags(p.Config)...))
-}
-
-// fitJSON is fit --json's document (docs/fit.md).
-type fitJSON struct {
-	MaxBatch       int              `json:"max_batch"`
-	Capped         bool             `json:"max_batch_capped,omitempty"`
-	SimulatedSteps int              `json:"simulated_steps"`
-	Trials         int              `json:"trials"`
-	GPU            string           `json:"gpu"`
-	GPUMemory      uint64           `json:"gpu_memory"`
-	Limit          int64            `json:"limit"`
-	Margin         float64          `json:"margin"`
-	Considered     int              `json:"plans_considered"`
-	Pruned         int              `json:"plans_pruned"`
-	Interrupted    bool             `json:"interrupted,omitempty"`
-	Plans          []planJSON       `json:"plans"`
-	Explain        *fit.Explanation `json:"explain,omitempty"`
-}
-
-type planJSON struct {
-	Plan          string  `json:"plan"`
-	Flags         string  `json:"flags"`
-	PeakAllocated int64   `json:"peak_allocated"`
-	PeakReserved  int64   `json:"peak_reserved"`
-	Headroom      int64   `json:"headroom"`
-	Fits          bool    `json:"fits"`
-	StepTime      float64 `json:"step_time_s"`
-	Cost          struct {
-		Compute   float64 `json:"compute_s"`
-		Attention float64 `json:"attention_s"`
-		Optimizer float64 `json:"optimizer_s"`
-		Host      float64 `json:"host_s"`
-		Comm      float64 `json:"comm_s"`
-		FLOPs     float64 `json:"flops"`
-	} `json:"cost"`
-}
-
-// JSON returns the report as fit --json prints it.
-func (r *fitReport) JSON() fitJSON {
-	j := fitJSON{MaxBatch: r.batch.MaxBatch, Capped: r.batch.Capped, SimulatedSteps: r.batch.Steps + r.plans.Steps,
-		Trials: len(r.batch.Trials) + len(r.plans.Tried), GPU: r.req.gpu.Name, GPUMemory: r.cfg.GPUMemory,
-		Limit: fit.Limit(r.cfg, r.margin), Margin: r.margin, Considered: r.plans.Considered, Pruned: r.plans.Pruned,
-		Interrupted: r.batch.Interrupted || r.plans.Interrupted, Plans: []planJSON{}, Explain: r.why}
-	for _, p := range r.plans.Fitting {
-		pj := planJSON{Plan: p.Name(), Flags: r.flags(p), PeakAllocated: p.PeakAllocated, PeakReserved: p.PeakReserved,
-			Headroom: p.Headroom, Fits: p.Fits, StepTime: p.StepTime()}
-		c := p.Cost
-		pj.Cost.Compute, pj.Cost.Attention, pj.Cost.Optimizer, pj.Cost.Host, pj.Cost.Comm, pj.Cost.FLOPs =
-			c.Compute, c.Attention, c.Optimizer, c.Host, c.Comm, c.FLOPs
-		j.Plans = append(j.Plans, pj)
-	}
-	return j
-}
-
-// print writes the report for a terminal, or its plans as a markdown table.
-func (r *fitReport) print(w io.Writer, markdown bool) {
-	cfg := r.cfg
-	limit := fit.Limit(cfg, r.margin)
-	if !markdown {
-		fmt.Fprintf(w, "%s, micro-batch %d x accumulate %d, on %s (%s taken by the CUDA context), step times for %s\n",
-			modelName(cfg), cfg.Batch, cfg.Accum, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)), r.req.gpu.Name)
-		fmt.Fprintf(w, "fits: no OOM in %d simulated steps and peak reserved <= %s (%.0f%% of what the context leaves)\n\n",
-			fit.Steps(cfg), units.FormatSize(limit), 100*(1-r.margin))
-		fmt.Fprintf(w, "%s.\n", capitalize(r.batch.String()))
-		if r.batch.Interrupted {
-			fmt.Fprintln(w, "Interrupted: the search for the largest batch stopped there.")
-			return
-		}
-		alike := 0
-		for _, p := range r.plans.Skipped {
-			if p.Skipped == fit.SkippedFailsAlike {
-				alike++
-			}
-		}
-		fmt.Fprintf(w, "\nPlans that fit, cheapest first: %d combinations, %d simulated (%d steps), %d skipped by dominance, %d as failing alike:\n\n",
-			r.plans.Considered, len(r.plans.Tried), r.plans.Steps, r.plans.Pruned-alike, alike)
-	}
-	header := []string{"#", "plan", "peak allocated", "peak reserved", "headroom", "step time"}
-	if r.req.free {
-		header = append(header, "per sample")
-	}
-	var rows [][]string
-	for i, p := range r.plans.Fitting {
-		row := []string{fmt.Sprint(i + 1), p.Name(), units.FormatSize(p.PeakAllocated), units.FormatSize(p.PeakReserved),
-			units.FormatSize(p.Headroom), fmt.Sprintf("%.3f s", p.StepTime())}
-		if r.req.free {
-			row = append(row, fmt.Sprintf("%.2f ms", 1e3*p.PerSample()))
-		}
-		rows = append(rows, row)
-	}
-	if len(rows) == 0 {
-		fmt.Fprintln(w, "No plan fits: allow more (--allow lora,qlora,offload,zero), or a larger card.")
-	} else {
-		printTable(w, header, rows, markdown, 2)
-	}
-	if r.plans.Interrupted {
-		fmt.Fprintln(w, "\nInterrupted: more plans were left to try.")
-	}
-	if markdown {
-		return
-	}
-	if len(rows) > 0 {
-		fmt.Fprintln(w, "\nTo run a plan:")
-	}
-	for i, p := range r.plans.Fitting {
-		fmt.Fprintf(w, "%3d  oomdbg run %s\n", i+1, r.flags(p))
-	}
-	if r.why != nil {
-		r.printExplain(w)
-	}
-}
-
-// printExplain prints --explain's comparisons.
-func (r *fitReport) printExplain(w io.Writer) {
-	e := r.why
-	fmt.Fprintf(w, "\nBatch finders, each trial judged by the rule above (on a GPU each trial is real steps):\n\n")
-	batch := func(b int) string {
-		if b == 0 {
-			return "none"
-		}
-		return fmt.Sprint(b)
-	}
-	rows := [][]string{
-		{e.Halving.Name, batch(e.Halving.Batch), fmt.Sprint(e.Halving.Trials), fmt.Sprint(e.Halving.Steps)},
-		{e.Doubling.Name, batch(e.Doubling.Batch), fmt.Sprint(e.Doubling.Trials), fmt.Sprint(e.Doubling.Steps)},
-		{"oomdbg fit (simulated)", batch(r.batch.MaxBatch), fmt.Sprint(len(r.batch.Trials)), fmt.Sprint(r.batch.Steps)},
-	}
-	printTable(w, []string{"finder", "batch", "trials", "steps"}, rows, false, 1)
-	fmt.Fprintf(w, "\nHalving takes the first power of two below %d that fits; the largest that fits is %s. Doubling counts\n"+
-		"%d steps a trial (Lightning's steps_per_trial), halving one step for each OOM and the trial that fits.\n",
-		fit.HalvingStart, batch(r.batch.MaxBatch), fit.LightningStepsPerTrial)
-	if len(e.Savings) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "\nWhat each fix saves of the memory a step needs (peak allocated with unlimited memory, %d steps):\n\n", fit.Steps(r.cfg))
-	rows = [][]string{{"as configured", units.FormatSize(e.Savings[0].Base), "-"}}
-	for _, s := range e.Savings {
-		rows = append(rows, []string{s.Fix, units.FormatSize(s.Needs), fmt.Sprintf("%.0f%%", 100*s.SavedShare)})
-	}
-	printTable(w, []string{"fix", "needs", "saves"}, rows, false, 1)
-}
-
-func capitalize(s string) string {
-	if s == "" {
-		return s
-	}
-	return strings.ToUpper(s[:1]) + s[1:]
 }

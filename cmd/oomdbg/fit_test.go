@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
+
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -16,12 +18,12 @@ import (
 // holds it to docs/fit.md's rule: no OOM, peak reserved within 95% of what the CUDA context leaves.
 func runFlagsFit(t *testing.T, args []string) bool {
 	t.Helper()
-	cmd := newRunCmd()
-	if err := cmd.ParseFlags(args); err != nil {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	flags := addConfigFlags(fs, train.DefaultMLP()).addHFConfig()
+	if err := fs.Parse(args); err != nil {
 		t.Fatalf("run %s: %v", strings.Join(args, " "), err)
 	}
-	preset, _ := cmd.Flags().GetString("preset")
-	cfg, err := configFromFlags(cmd.Flags(), preset)
+	cfg, err := flags.config()
 	if err != nil {
 		t.Fatalf("run %s: %v", strings.Join(args, " "), err)
 	}

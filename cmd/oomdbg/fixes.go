@@ -2,17 +2,10 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"slices"
-	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/oomdbg/oomdbg/internal/backend"
-	"github.com/oomdbg/oomdbg/internal/units"
-	"github.com/oomdbg/oomdbg/knob"
-	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/internal/fixes"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -21,8 +14,8 @@ func newFixesCmd() *cobra.Command {
 	if err != nil {
 		panic(err) // the default preset is built in
 	}
-	var preset string
 	var markdown, frag bool
+	var flags *configFlags
 	cmd := &cobra.Command{
 		Use:   "fixes [flags]",
 		Short: "Measure what each memory fix does to a workload's peak",
@@ -54,37 +47,29 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs", name)
 				}
 			}
-			if preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				preset = train.DefaultPreset
+			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
+				flags.preset = train.DefaultPreset
 			}
-			cfg, err := configFromFlags(cmd.Flags(), preset)
+			cfg, err := flags.config()
 			if err != nil {
 				return err
 			}
-			if err := cfg.Validate(); err != nil {
+			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
+			if err != nil {
 				return flagError(err)
 			}
+			write := fixes.Write
 			if frag {
-				rows, err := train.SweepSettings(cmd.Context(), cfg, train.SettingsFixesFor(cfg))
-				if err != nil {
-					return err
-				}
-				printSettings(cmd.OutOrStdout(), cfg, rows, markdown)
-				return nil
+				write = fixes.WriteSettings
 			}
-			rows, err := train.Sweep(cmd.Context(), cfg, train.FixesFor(cfg))
-			if err != nil {
-				return err
-			}
-			printFixes(cmd.OutOrStdout(), cfg, rows, markdown)
+			write(cmd.OutOrStdout(), cfg, rows, markdown)
 			return nil
 		},
 	}
-	addConfigFlags(cmd.Flags(), &cfg)
+	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
 	for _, name := range sweepFixed {
 		cmd.Flags().MarkHidden(name)
 	}
-	addModelSourceFlags(cmd.Flags(), &preset)
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	cmd.Flags().BoolVar(&frag, "fragmentation", false, "measure the allocator settings, empty_cache and the data's shapes over --steps steps instead")
 	return cmd
@@ -92,181 +77,3 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 
 // sweepFixed are run's flags that a sweep sets itself (train.Sweep), hidden from fixes --help and refused.
 var sweepFixed = []string{"steps", "device", "bug"}
-
-// printFixes prints the sweep as an aligned table, or as markdown.
-func printFixes(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) {
-	name := cfg.Preset
-	if name == "" {
-		name = cfg.Model
-	}
-	if cfg.Parallel.World() > 1 {
-		printDistFixes(w, cfg, name, rows, markdown)
-		return
-	}
-	fmt.Fprintf(w, "%s, batch %d, on %s (%s taken by the CUDA context), meta device, 2 steps:\n\n",
-		name, cfg.Batch, units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
-	if cfg.Model == "llama" {
-		fmt.Fprintf(w, "sequence %d, AdamW unless named, LoRA and QLoRA of rank 16 (alpha 32) on every projection under bf16 autocast, attention %s\n\n",
-			cfg.Seq, map[knob.Attention]string{knob.AttentionFlash: "sdpa (flash)", knob.AttentionNaive: "eager"}[cfg.Attention])
-	}
-	header := []string{"fix", "peak allocated", "peak reserved", "fits", "needs (allocated)"}
-	paged := slices.ContainsFunc(rows, func(r train.SweepRow) bool { return r.Paged > 0 })
-	if paged { // unified memory is outside the allocator's figures: say it apart
-		header = append(header, "paged state (evicted)")
-	}
-	var table [][]string
-	for _, r := range rows {
-		fits := "yes"
-		if r.OOM != nil {
-			fits = fmt.Sprintf("OOM in %s", r.OOM.Phase)
-		}
-		row := []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved), fits,
-			units.FormatSize(r.NeedsAllocated)}
-		if paged {
-			cell := ""
-			if r.Paged > 0 {
-				cell = fmt.Sprintf("%s (%s)", units.FormatSize(int64(r.Paged)), units.FormatSize(int64(r.PagedEvicted)))
-			}
-			row = append(row, cell)
-		}
-		table = append(table, row)
-	}
-	printTable(w, header, table, markdown, 1)
-}
-
-// sweepTitle says what a sweep ran: the workload, its shape and data, and the card.
-func sweepTitle(cfg train.Config) string {
-	name := cfg.Preset
-	if name == "" {
-		name = cfg.Model
-	}
-	var parts []string
-	for _, p := range []struct{ val, off string }{{cfg.AMP.String(), "off"}, {cfg.Attention.String(), "naive"}} {
-		if p.val != p.off {
-			parts = append(parts, p.val)
-		}
-	}
-	if cfg.Checkpoint != knob.CheckpointOff {
-		parts = append(parts, "checkpoint "+cfg.Checkpoint.String())
-	}
-	shape := fmt.Sprintf("batch %d", cfg.Batch)
-	if !cfg.SeqDist.Fixed() {
-		shape += ", lengths " + cfg.SeqDist.String() + " (context " + fmt.Sprint(cfg.Seq) + "), padding " + cfg.Padding.String()
-		if cfg.SortByLength {
-			shape += ", sorted by length"
-		}
-	}
-	if s := cfg.AllocConf.String(); s != "" {
-		parts = append(parts, "PYTORCH_CUDA_ALLOC_CONF="+s)
-	}
-	if len(parts) > 0 {
-		name += " (" + strings.Join(parts, ", ") + ")"
-	}
-	return fmt.Sprintf("%s, %s, on %s (%s taken by the CUDA context)", name, shape,
-		units.FormatSize(int64(cfg.GPUMemory)), units.FormatSize(int64(cfg.ContextReserve)))
-}
-
-// printSettings prints a settings sweep: each setting's peaks, fragmentation, fit and cost, then the rule
-// of thumb held against it.
-func printSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) {
-	steps := 0
-	if len(rows) > 0 {
-		steps = rows[0].MeasuredOnSteps
-	}
-	fmt.Fprintf(w, "%s, meta device, %d steps:\n\n", sweepTitle(cfg), steps)
-	header := []string{"setting", "peak allocated", "peak reserved", "fragmentation", "fits", "cudaMalloc per step", "cudaFree per step", "empty_cache returns per step"}
-	var table [][]string
-	var ms []triage.Measurement
-	for _, r := range rows {
-		m := backend.Measurement(r)
-		ms = append(ms, m)
-		fits := "yes"
-		if o := r.OOM; o != nil {
-			kind := triage.OOMKind(o.Request, o.Reserved-o.Allocated, o.DeviceFree)
-			fits = fmt.Sprintf("OOM in step %d, %s (%s)", o.Iteration, o.Phase, kind)
-		}
-		mallocs, frees, released := "-", "-", "-"
-		if m.CostSteps > 0 {
-			mallocs, frees = triage.PerStep(m.MallocsPerStep), triage.PerStep(m.FreesPerStep)
-			if r.Config.EmptyCache != train.EmptyCacheNever {
-				released = units.FormatSize(m.ReleasedPerStep)
-			}
-		}
-		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), units.FormatSize(r.PeakReserved),
-			fmt.Sprintf("%.1f%%", 100*m.Fragmentation), fits, mallocs, frees, released})
-	}
-	printTable(w, header, table, markdown, 1)
-	fmt.Fprintf(w, "\nFragmentation is (reserved - allocated) / reserved when reserved memory peaked; the costs are the means\n"+
-		"of the completed steps after the first, which fills the cache (- when none completed, or for empty_cache\n"+
-		"when the setting does not call it).\n")
-	if rc := triage.CheckFragmentationRule(ms); rc != nil {
-		fmt.Fprintf(w, "\nThe %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
-			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
-	}
-}
-
-// printTable prints rows under header as markdown, or aligned for a terminal: the first left columns to
-// the left, the others (figures) to the right.
-func printTable(w io.Writer, header []string, rows [][]string, markdown bool, left int) {
-	if markdown {
-		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
-		for _, row := range rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
-		}
-		return
-	}
-	widths := make([]int, len(header))
-	for _, row := range append([][]string{header}, rows...) {
-		for i, c := range row {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	for _, row := range append([][]string{header}, rows...) {
-		var line strings.Builder
-		for i, c := range row {
-			switch {
-			case i == 0:
-				fmt.Fprintf(&line, "%-*s", widths[i], c)
-			case i < left:
-				fmt.Fprintf(&line, "  %-*s", widths[i], c)
-			default:
-				fmt.Fprintf(&line, "  %*s", widths[i], c)
-			}
-		}
-		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
-	}
-}
-
-// printDistFixes prints a sweep of a data-parallel job's strategies: each rank's peak and what it is made of
-// at the peak, its host memory and what it sends per step.
-func printDistFixes(w io.Writer, cfg train.Config, name string, rows []train.SweepRow, markdown bool) {
-	p := cfg.Parallel
-	nodes := ""
-	if p.NodeCount() > 1 {
-		nodes = fmt.Sprintf(" on %d nodes", p.NodeCount())
-	}
-	fmt.Fprintf(w, "%s, micro-batch %d per rank, %d x %s%s (%s taken by the CUDA context), meta device, 2 steps, rank %d:\n",
-		name, cfg.Batch, p.World(), units.FormatSize(int64(cfg.GPUMemory)), nodes, units.FormatSize(int64(cfg.ContextReserve)), p.Rank)
-	fmt.Fprintf(w, "mixed-precision AdamW (bf16), checkpoint %s, attention %s; the peak's parts are those of the run with unlimited memory where the rank ran out\n\n",
-		cfg.Checkpoint, cfg.Attention)
-	header := []string{"strategy", "peak per rank", "fits", "parameters", "gradients", "optimizer state", "activations", "other", "host", "sent per step"}
-	var table [][]string
-	for _, r := range rows {
-		fits := "yes"
-		if r.OOM != nil {
-			fits = fmt.Sprintf("OOM in %s (needs %s)", r.OOM.Phase, units.FormatSize(r.NeedsAllocated))
-		}
-		c := r.Composition
-		other := c[snapshot.CategoryTemporary] + c[snapshot.CategoryAutogradDetail] + c[snapshot.CategoryAMPCache] +
-			c[snapshot.CategoryInput] + c[snapshot.CategoryUnknown]
-		host := "-"
-		if r.Host.PeakAllocated > 0 {
-			host = units.FormatSize(int64(r.Host.PeakAllocated))
-		}
-		table = append(table, []string{r.Fix, units.FormatSize(r.PeakAllocated), fits,
-			units.FormatSize(c[snapshot.CategoryParameter]), units.FormatSize(c[snapshot.CategoryGradient]),
-			units.FormatSize(c[snapshot.CategoryOptimizerState]), units.FormatSize(c[snapshot.CategoryActivation]),
-			units.FormatSize(other), host, units.FormatSize(r.Traffic.Sent)})
-	}
-	printTable(w, header, table, markdown, 1)
-}

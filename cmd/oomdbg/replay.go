@@ -1,15 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/allocator"
-	"github.com/oomdbg/oomdbg/allocator/replay"
-	"github.com/oomdbg/oomdbg/snapshot/load"
+	"github.com/oomdbg/oomdbg/internal/app"
 )
 
 // newReplayCmd is `oomdbg replay FILE [--alloc-conf SETTINGS]`.
@@ -52,19 +49,9 @@ device reported free; otherwise it is unlimited.`,
 				}
 				tried = &cfg
 			}
-			s, err := load.File(args[0], load.WithBudget(mem.budget(costReplay)))
+			rep, err := app.Replay(args[0], tried, gpuMem, &mem.Limit, cmd.ErrOrStderr())
 			if err != nil {
-				return memoryError(err, &mem)
-			}
-			rep, err := replay.Run(filepath.Base(args[0]), s, tried, gpuMem)
-			if errors.Is(err, replay.ErrNoTrace) {
-				return fmt.Errorf("%s: %w; record one with torch.cuda.memory._record_memory_history()", args[0], err)
-			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
-			}
-			if s.Warning != nil { // a recording cut short: replayed as far as it goes (an error says it alone)
-				fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %v; replayed the %d events it holds\n", s.Warning, s.Events.Len())
+				return err
 			}
 			if asJSON {
 				return rep.WriteJSON(cmd.OutOrStdout())
@@ -73,7 +60,7 @@ device reported free; otherwise it is unlimited.`,
 		},
 	}
 	cmd.Flags().StringVar(&conf, "alloc-conf", "", "allocator settings to try, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	cmd.Flags().Var(sizeFlag{&gpuMem, maxSize}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units)")
+	cmd.Flags().Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd

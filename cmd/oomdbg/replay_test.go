@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -41,7 +42,7 @@ func TestReplayCmd(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			code := run(append([]string{"replay"}, tc.args...), &out, &errOut)
+			code := run(context.Background(), append([]string{"replay"}, tc.args...), &out, &errOut)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d; stderr %q", code, tc.code, errOut.String())
 			}

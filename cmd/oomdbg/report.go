@@ -1,18 +1,16 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/leaks"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -60,11 +58,11 @@ snapshots, and thousands of ranks).`,
 				if measure || measureOld {
 					return fmt.Errorf("--measure-fixes measures one snapshot's workload; give one file")
 				}
-				write, err := rankWriter(format)
+				write, err := formatWriter(format, (*triage.RankTable).WriteText, (*triage.RankTable).WriteMarkdown, (*triage.RankTable).WriteJSON)
 				if err != nil {
 					return err
 				}
-				t := reportRanks(cmd.Context(), args, &mem, warmup)
+				t := app.ReportRanks(cmd.Context(), args, &mem.Limit, warmup)
 				if err := write(t, cmd.OutOrStdout()); err != nil {
 					return err
 				}
@@ -73,23 +71,23 @@ snapshots, and thousands of ranks).`,
 				}
 				return nil
 			}
-			write, err := reportWriter(format)
+			write, err := formatWriter(format, (*triage.Report).WriteText, (*triage.Report).WriteMarkdown, (*triage.Report).WriteJSON)
 			if err != nil {
 				return err
 			}
 			if measureTimeout <= 0 {
 				return fmt.Errorf("--measure-timeout %v: must be positive", measureTimeout)
 			}
-			s, err := loadForReport(args[0], &mem, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			be := backend.Backend{MeasureTimeout: measureTimeout, ReplayBudget: mem.budget(costReplay)}
+			be := backend.Backend{MeasureTimeout: measureTimeout, ReplayBudget: mem.Budget(load.CostReplay)}
 			opts := triage.Options{File: args[0], Leaks: []leaks.Option{leaks.Warmup(warmup)}, Replayer: be}
 			if measure || measureOld {
 				opts.Measurer = be
 			}
-			return write(triage.Analyze(cmd.Context(), timeline.New(s), opts), cmd.OutOrStdout())
+			r, err := app.Report(cmd.Context(), args[0], &mem.Limit, opts, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			return write(r, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text, markdown or json")
@@ -100,11 +98,6 @@ snapshots, and thousands of ranks).`,
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before leaks are measured")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
-}
-
-// reportWriter returns the writer of a report format.
-func reportWriter(format string) (func(*triage.Report, io.Writer) error, error) {
-	return formatWriter(format, (*triage.Report).WriteText, (*triage.Report).WriteMarkdown, (*triage.Report).WriteJSON)
 }
 
 // formatWriter returns the writer of --format's text, markdown (or md) or json.
@@ -120,27 +113,10 @@ func formatWriter[T any](format string, text, markdown, json func(T, io.Writer) 
 	return nil, fmt.Errorf("unknown format %q (want text, markdown or json)", format)
 }
 
-// openSnapshot reads a snapshot file of any format oomdbg reads (load.File): oomdbg's own, or a PyTorch memory
-// snapshot, within the memory --max-memory gives a command whose events cost perEvent bytes each. A
-// snapshot damaged after its start returns what was read with the error.
-func openSnapshot(path string, mem *memory, perEvent int64) (*snapshot.Snapshot, error) {
-	s, err := load.File(path, load.WithBudget(mem.budget(perEvent)))
-	return s, memoryError(err, mem)
-}
-
-// loadForReport opens a snapshot for a report: a file damaged part-way is reported up to the damage, with a
-// warning on stderr; an unreadable one is an error.
-func loadForReport(path string, mem *memory, stderr io.Writer) (*snapshot.Snapshot, error) {
-	s, err := openSnapshot(path, mem, costAnalyse)
-	switch {
-	case err == nil:
-		return s, nil
-	case s != nil && s.Events.Len() > 0 && !errors.Is(err, load.ErrMemory) && !errors.Is(err, snapshot.ErrLimit):
-		fmt.Fprintf(stderr, "oomdbg: warning: %v; reporting the %d events before the damage\n", err, s.Events.Len())
-		if s.Warning == nil {
-			s.Warning = err
-		}
-		return s, nil
+// snapshotArgs accepts one snapshot file or several (a job's ranks).
+func snapshotArgs(_ *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("give a snapshot file, or several: the ranks of a job")
 	}
-	return nil, err
+	return nil
 }

@@ -16,9 +16,12 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/workloads/train"
@@ -141,7 +144,7 @@ func TestMain(m *testing.M) {
 // runCmd runs the command line and returns the exit code, stdout and stderr.
 func runCmd(args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	code := run(args, &stdout, &stderr)
+	code := run(context.Background(), args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 
@@ -309,14 +312,14 @@ func TestReportJSONSchema(t *testing.T) {
 
 func TestOpenSnapshot(t *testing.T) {
 	dir := testFiles(t)
-	s, err := openSnapshot(filepath.Join(dir, "cut.oomdbg"), &memory{}, costAnalyse)
+	s, _, err := app.Open(filepath.Join(dir, "cut.oomdbg"), &hostmem.Limit{}, load.CostAnalyse)
 	var trunc *snapshot.TruncatedError
 	if err != nil || !errors.As(s.Warning, &trunc) {
 		t.Errorf("a file cut short: %v, warning %v", err, s.Warning)
 	}
 	pickles, _ := filepath.Glob(filepath.Join("..", "..", "snapshot", "torch", "testdata", "snapshots", "*.pickle"))
 	for _, p := range pickles {
-		s, err := openSnapshot(p, &memory{}, costAnalyse)
+		s, _, err := app.Open(p, &hostmem.Limit{}, load.CostAnalyse)
 		if err != nil || s.Meta.Source != "pytorch" {
 			t.Errorf("%s: %v", p, err)
 		}

@@ -1,33 +1,36 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 
 	"github.com/spf13/cobra"
+
+	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/backend"
+	"github.com/oomdbg/oomdbg/tui"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // Exit codes, the same for every command.
 const (
-	exitOK      = 0 // all went well
-	exitProblem = 1 // a check found a problem (a leak, a budget broken)
-	exitUsage   = 2 // bad usage or unreadable input
+	exitOK      = 0               // all went well
+	exitProblem = app.ExitProblem // a check found a problem (a leak, a budget broken): *app.ProblemError
+	exitUsage   = 2               // bad usage or unreadable input
 )
 
-// problemError is returned by a command that ran fine but found a problem; it exits 1.
-type problemError struct{ msg string }
-
-func (e *problemError) Error() string { return e.msg }
-
-// run executes the command line args and returns the process exit code. Errors print as one line on stderr.
-func run(args []string, stdout, stderr io.Writer) int {
+// run executes the command line args under ctx and returns the process exit code. Errors print as one line
+// on stderr; an error with an ExitCode (app.ProblemError, app.SignalError) exits with it.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
@@ -35,10 +38,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var coded interface{ ExitCode() int }
 	if errors.As(err, &coded) {
 		return coded.ExitCode()
-	}
-	var p *problemError
-	if errors.As(err, &p) {
-		return exitProblem
 	}
 	return exitUsage
 }
@@ -61,9 +60,7 @@ command that reads one also reads PyTorch's (torch.cuda.memory._dump_snapshot).`
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDefault(cmd)
-		},
+		RunE:          runDefault,
 	}
 	// Usage mistakes (unknown flag, bad value) print one line and exit 2, like every other bad input.
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
@@ -74,4 +71,22 @@ command that reads one also reads PyTorch's (torch.cuda.memory._dump_snapshot).`
 	})
 	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newWhatIfCmd(), newExportCmd(), newFixesCmd(), newFitCmd(), newBugsCmd(), newDevicesCmd(), newVersionCmd())
 	return root
+}
+
+// runDefault is oomdbg without arguments: the default workload (GPT-2 medium at batch 16 on a 24 GiB card,
+// which runs out of memory as configured) recorded on the meta device. In a terminal it opens the TUI, which
+// streams the run in and lands on the OOM; otherwise it prints the summary (app.RecordDefault).
+func runDefault(cmd *cobra.Command, _ []string) error {
+	if !isTerminal(os.Stdin) || !isTerminal(os.Stdout) {
+		return app.RecordDefault(cmd.Context(), toolVersion(), cmd.OutOrStdout(), cmd.ErrOrStderr())
+	}
+	cfg, err := train.PresetConfig(train.DefaultPreset)
+	if err != nil {
+		return err
+	}
+	w, err := backend.Workload(cfg)
+	if err != nil {
+		return err
+	}
+	return runTUI(cmd, os.Stdin, tui.Options{Workload: &w})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 )
@@ -29,7 +30,7 @@ func TestExitCodes(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			code := run(tc.args, &out, &errOut)
+			code := run(context.Background(), tc.args, &out, &errOut)
 			if code != tc.code {
 				t.Fatalf("exit code %d, want %d (stderr %q)", code, tc.code, errOut.String())
 			}

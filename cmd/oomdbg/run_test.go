@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -58,7 +59,7 @@ func TestRunCommand(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			out := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".oomdbg")
 			var stdout, stderr bytes.Buffer
-			code := run(append([]string{"run", "-o", out}, tc.args...), &stdout, &stderr)
+			code := run(context.Background(), append([]string{"run", "-o", out}, tc.args...), &stdout, &stderr)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d; stderr %q", code, tc.code, stderr.String())
 			}
@@ -130,7 +131,7 @@ func TestReportCarriesParameterCounts(t *testing.T) {
 		out := filepath.Join(dir, name+".oomdbg")
 		args := append([]string{"run", "-o", out, "--hf-config", smollm, "--batch", "1", "--seq", "16", "--steps", "1"}, tc.args...)
 		var stdout, stderr bytes.Buffer
-		if code := run(args, &stdout, &stderr); code != exitOK {
+		if code := run(context.Background(), args, &stdout, &stderr); code != exitOK {
 			t.Fatalf("%s: exit %d: %s", name, code, stderr.String())
 		}
 		code, report, errs := runCmd("report", out, "--format", "json", "--measure=false")

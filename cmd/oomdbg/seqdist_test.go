@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -32,7 +33,7 @@ func TestSeqDistFlags(t *testing.T) {
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(append([]string{"run", "-o", filepath.Join(dir, "x.oomdbg")}, tc.args...), &stdout, &stderr)
+			code := run(context.Background(), append([]string{"run", "-o", filepath.Join(dir, "x.oomdbg")}, tc.args...), &stdout, &stderr)
 			if code != exitUsage || !strings.Contains(stderr.String(), tc.want) || strings.Count(stderr.String(), "\n") != 1 {
 				t.Errorf("exit %d, stderr %q; want 2 and one line saying %q", code, stderr.String(), tc.want)
 			}
@@ -54,7 +55,7 @@ func TestSeqDistFlags(t *testing.T) {
 		}()
 		out := filepath.Join(dir, "fifo.oomdbg")
 		var stdout, stderr bytes.Buffer
-		code := run([]string{"run", "--preset", "tiny", "--device", "meta", "--steps", "2", "--seq-dist", "file:" + fifo, "--padding", "multiple:8", "--empty-cache", "step", "-o", out}, &stdout, &stderr)
+		code := run(context.Background(), []string{"run", "--preset", "tiny", "--device", "meta", "--steps", "2", "--seq-dist", "file:" + fifo, "--padding", "multiple:8", "--empty-cache", "step", "-o", out}, &stdout, &stderr)
 		if code != exitOK {
 			t.Fatalf("exit %d: %s", code, stderr.String())
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
 
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/backend"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -54,7 +55,7 @@ peak and phase side by side, from which enter opens another.`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			opts := []load.Option{load.WithBudget(mem.budget(costView))}
+			opts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
 			if follow {
 				opts = append(opts, load.WithFollow(ctx))
 			}
@@ -65,13 +66,12 @@ peak and phase side by side, from which enter opens another.`,
 			defer in.Close()
 			switch in.Format {
 			case load.FormatNative: // streamed in, so a growing file can be followed
-				b := mem.budget(costView)
-				lim := snapshot.Limits{Events: b.MaxEvents()}
-				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: viewHold(&mem)})
+				lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
+				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)})
 			default:
 				s, err := in.Load()
 				if err != nil {
-					return memoryError(err, &mem)
+					return mem.Explain(err)
 				}
 				return runTUI(cmd, keys, tui.Options{File: path, Snapshot: s})
 			}
@@ -80,17 +80,6 @@ peak and phase side by side, from which enter opens another.`,
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
-}
-
-// viewHold is the memory the TUI may hold a run in before it pages it: its own budget, or less when that is
-// more than this machine's default --max-memory; --max-memory given on the command line, whatever it says.
-// Half the machine by default would hold a 100M-event run whole, in gigabytes, where paging it takes few.
-func viewHold(mem *memory) int64 {
-	limit := int64(mem.resolve())
-	if mem.set {
-		return limit
-	}
-	return min(limit, tui.DefaultMemoryBudget)
 }
 
 // viewTerminal returns where the TUI reads keys: standard input, or the terminal itself when standard input
@@ -158,16 +147,13 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 		return err
 	}
 	defer closeKeys()
-	t := reportRanks(cmd.Context(), files, mem, leaks.DefaultWarmup)
+	t := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup)
 	if t.Worst < 0 {
 		return fmt.Errorf("none of the %d files could be read", len(files))
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
-		s, err := openSnapshot(path, mem, costView)
-		if err != nil && (s == nil || s.Events.Len() == 0) {
-			return nil, err
-		}
-		return s, nil
+		s, _, err := app.Open(path, &mem.Limit, load.CostView)
+		return s, err
 	}
 	s, err := load(files[t.Worst])
 	if err != nil {

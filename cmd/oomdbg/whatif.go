@@ -3,13 +3,12 @@ package main
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/allocator"
+	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/knob"
-	"github.com/oomdbg/oomdbg/snapshot/load"
 	"github.com/oomdbg/oomdbg/whatif"
 	"github.com/oomdbg/oomdbg/whatif/transform"
 )
@@ -120,17 +119,9 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 			if err != nil {
 				return err
 			}
-			s, err := load.File(args[0], load.WithBudget(mem.budget(fix.EventCost())))
+			rep, err := app.WhatIf(args[0], fix, o.gpuMem, &mem.Limit)
 			if err != nil {
-				return memoryError(err, &mem)
-			}
-			rep, err := whatif.Evaluate(s, fix, o.gpuMem)
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
-			}
-			rep.File = filepath.Base(args[0])
-			if s.Warning != nil { // a recording cut short: the figures are for what it holds
-				rep.Notes = append(rep.Notes, fmt.Sprintf("%v: the figures are for the %d events it holds", s.Warning, s.Events.Len()))
+				return err
 			}
 			if asJSON {
 				return rep.WriteJSON(cmd.OutOrStdout())
@@ -147,7 +138,7 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 	f.StringVar(&o.checkpoint, "checkpoint", "", "activation checkpointing of the repeated blocks: all or every:N")
 	f.StringVar(&o.allocConf, "alloc-conf", "", "allocator settings for the replay after, as PYTORCH_CUDA_ALLOC_CONF")
 	f.StringVar(&o.amp, "amp", "", "mixed precision: refused, since a trace does not record dtypes")
-	f.Var(sizeFlag{&o.gpuMem, maxSize}, "gpu-mem", "device memory the allocator may use, e.g. 24GiB (binary units)")
+	f.Var(sizeFlag{&o.gpuMem}, "gpu-mem", "device memory the allocator may use, e.g. 24GiB (binary units)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	addMemoryFlag(f, &mem)
 	return cmd

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/internal/fixes"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
 	"github.com/oomdbg/oomdbg/tui"
@@ -69,7 +70,7 @@ func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Mea
 		Note: fmt.Sprintf("the workload re-run with each fix on the meta device, %d steps each, without its leak bug", rows[0].MeasuredOnSteps),
 	}
 	for _, r := range rows {
-		m.Rows = append(m.Rows, Measurement(r))
+		m.Rows = append(m.Rows, fixes.Measurement(r))
 	}
 	// The allocator settings, empty_cache and the data's shapes act over steps: they are measured over the
 	// steps the snapshot recorded.
@@ -83,24 +84,10 @@ func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Mea
 	if len(settings) > 0 {
 		m.SettingsNote = fmt.Sprintf("the workload re-run with each on the meta device, %d steps each", settings[0].MeasuredOnSteps)
 		for _, r := range settings {
-			m.Settings = append(m.Settings, Measurement(r))
+			m.Settings = append(m.Settings, fixes.Measurement(r))
 		}
 	}
 	return m, nil
-}
-
-// Measurement is a sweep row as triage reads it.
-func Measurement(r train.SweepRow) triage.Measurement {
-	row := triage.Measurement{Fix: r.Fix, PeakAllocated: r.PeakAllocated, PeakReserved: r.PeakReserved,
-		NeedsAllocated: r.NeedsAllocated, NeedsReserved: r.NeedsReserved, Fragmentation: r.Fragmentation()}
-	if r.OOM != nil {
-		row.OOM, row.OOMPhase = true, r.OOM.Phase.String()
-	}
-	if r.Result != nil {
-		c := r.Result.SteadyCost()
-		row.CostSteps, row.MallocsPerStep, row.FreesPerStep, row.ReleasedPerStep = c.Steps, c.Mallocs, c.Frees, int64(c.EmptyCacheReleased)
-	}
-	return row
 }
 
 // workloadOf returns the configuration of the oomdbg workload a snapshot recorded.

@@ -55,7 +55,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	if opts.OnStart != nil {
 		stop = opts.OnStart(rec)
 	}
-	res, dev, err := Run(ctx, cfg, rec)
+	res, dev, err := runValid(ctx, cfg, rec, 0)
 	stop()
 	stopFlush()
 	if err != nil {

@@ -152,6 +152,11 @@ func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int6
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
+	return runValid(ctx, cfg, rec, limit)
+}
+
+// runValid is runWithin of a configuration already validated: Record validates before it writes the header.
+func runValid(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64) (*Result, *device.Device, error) {
 	r, err := newRun(ctx, cfg, rec)
 	if err != nil {
 		return nil, nil, err

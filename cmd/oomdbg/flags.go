@@ -1,0 +1,279 @@
+package main
+
+import (
+	"encoding"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/hostmem"
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// maxSize bounds the sizes flags take: 1 PiB of device memory is the most a run simulates, and more than any
+// machine has of anything else.
+const maxSize = train.MaxGPUMemory
+
+// sizeFlag is a pflag.Value for sizes in binary units ("24GiB", "24GB"), up to maxSize bytes.
+type sizeFlag struct{ v *uint64 }
+
+// String prints the size exactly, so that setting it back gives the same bytes.
+func (f sizeFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return units.FormatSizeExact(*f.v)
+}
+
+func (f sizeFlag) Set(s string) error {
+	n, err := units.ParseSize(s)
+	if err != nil {
+		return err
+	}
+	if n > maxSize {
+		return fmt.Errorf("%s is more than %s", s, units.FormatSizeExact(maxSize))
+	}
+	*f.v = n
+	return nil
+}
+
+func (sizeFlag) Type() string { return "size" }
+
+// textFlag is a pflag.Value for the settings a Config parses from words (knob.AMP, knob.Checkpoint,
+// device.Kind, train.SeqDist, ...): a value is parsed once, when the flag is set, and a bad one is refused
+// there (--seq-dist file:PATH reads the file then, once, so that a FIFO or /dev/stdin works).
+type textFlag struct{ v textValue }
+
+// textValue is what a Config's word settings are: text in, text out.
+type textValue interface {
+	encoding.TextMarshaler
+	encoding.TextUnmarshaler
+}
+
+func (f textFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	b, _ := f.v.MarshalText()
+	return string(b)
+}
+
+func (f textFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
+
+func (textFlag) Type() string { return "string" }
+
+// elementsFlag is an element count, as DeepSpeed's config writes them (5e8 or 500000000).
+type elementsFlag struct{ v *int64 }
+
+func (f elementsFlag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return strconv.FormatInt(*f.v, 10)
+}
+
+func (f elementsFlag) Set(s string) error {
+	n, err := dist.ParseElements(s)
+	if err != nil {
+		return err
+	}
+	*f.v = n
+	return nil
+}
+
+func (elementsFlag) Type() string { return "elements" }
+
+// memory is --max-memory (hostmem.Limit, which parses it).
+type memory struct{ hostmem.Limit }
+
+// addMemoryFlag puts --max-memory on fs.
+func addMemoryFlag(fs *pflag.FlagSet, m *memory) {
+	fs.Var(m, "max-memory", "memory a command may use; a snapshot that needs more is refused (exit 2) "+
+		"before it is analysed (default: half the physical memory, or what is available when that is less)")
+}
+
+// configFlags are the flags of a training run: --preset or --hf-config, which name a whole model, and a flag
+// for every knob. Each knob's flag parses once, when it is set, into the field of given it is bound to
+// (whose values are the defaults --help shows); config starts from the configuration the model's source
+// names and copies onto it the typed value of every flag the user set.
+type configFlags struct {
+	fs               *pflag.FlagSet
+	given            *train.Config
+	copies           map[string]func(to *train.Config) // by flag name: copies the flag's field from given
+	preset, hfConfig string
+}
+
+// field binds the flag name to the field of a Config that at returns: a flag of T's kind, or of value's
+// when given, parsing into given's field, and a copy of that field onto another Config.
+func field[T any](f *configFlags, name string, at func(*train.Config) *T, usage string, value ...func(*T) pflag.Value) {
+	p := at(f.given)
+	if len(value) > 0 {
+		f.fs.Var(value[0](p), name, usage)
+	} else {
+		switch v := any(p).(type) {
+		case *string:
+			f.fs.StringVar(v, name, *v, usage)
+		case *int:
+			f.fs.IntVar(v, name, *v, usage)
+		case *uint64:
+			f.fs.Uint64Var(v, name, *v, usage)
+		case *float32:
+			f.fs.Float32Var(v, name, *v, usage)
+		case *float64:
+			f.fs.Float64Var(v, name, *v, usage)
+		case *bool:
+			f.fs.BoolVar(v, name, *v, usage)
+		default:
+			f.fs.Var(textFlag{v.(textValue)}, name, usage)
+		}
+	}
+	f.copies[name] = func(to *train.Config) { *at(to) = *at(f.given) }
+}
+
+// sizeValue and elementsValue are field's value for sizes and element counts.
+func sizeValue(p *uint64) pflag.Value    { return sizeFlag{p} }
+func elementsValue(p *int64) pflag.Value { return elementsFlag{p} }
+
+// addConfigFlags puts every knob of a training run on fs, with defaults' values as the defaults shown, and
+// --preset.
+func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
+	f := &configFlags{fs: fs, given: &defaults, copies: map[string]func(*train.Config){}}
+	type cfg = train.Config
+	pd := presetDefault(defaults)
+	field(f, "model", func(c *cfg) *string { return &c.Model }, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
+	field(f, "batch", func(c *cfg) *int { return &c.Batch }, "batch size (per micro-batch with --accum)")
+	field(f, "in-features", func(c *cfg) *int { return &c.InFeatures }, "mlp: input features")
+	field(f, "hidden", func(c *cfg) *int { return &c.Hidden }, "mlp: hidden width")
+	field(f, "layers", func(c *cfg) *int { return &c.Layers }, "hidden layers (mlp) or transformer blocks (gpt, llama)")
+	field(f, "classes", func(c *cfg) *int { return &c.Classes }, "mlp: output classes")
+	field(f, "seq", func(c *cfg) *int { return &c.Seq }, "gpt, llama: sequence length (gpt: the block size)"+pd)
+	field(f, "d-model", func(c *cfg) *int { return &c.DModel }, "gpt, llama: embedding width (hidden_size)"+pd)
+	field(f, "heads", func(c *cfg) *int { return &c.Heads }, "gpt, llama: attention heads"+pd)
+	field(f, "vocab", func(c *cfg) *int { return &c.Vocab }, "gpt, llama: vocabulary size"+pd)
+	field(f, "dropout", func(c *cfg) *float32 { return &c.Dropout }, "gpt: dropout probability; llama: attention dropout"+pd)
+	field(f, "kv-heads", func(c *cfg) *int { return &c.KVHeads }, "llama: key-value heads (grouped-query attention; 0: as many as heads)")
+	field(f, "ffn", func(c *cfg) *int { return &c.FFN }, "llama: MLP width (intermediate_size)")
+	field(f, "head-dim", func(c *cfg) *int { return &c.HeadDim }, "llama: head size (0: d-model / heads)")
+	field(f, "tied", func(c *cfg) *bool { return &c.Tied }, "llama: lm_head shares the embedding's weight")
+	field(f, "qkv-bias", func(c *cfg) *bool { return &c.QKVBias }, "llama: biases on q, k and v (Qwen2)")
+	field(f, "weights", func(c *cfg) *train.Weights { return &c.Weights }, "llama: the parameters' dtype (from_pretrained's torch_dtype): f32, bf16 or fp16")
+	field(f, "lora", func(c *cfg) *int { return &c.LoRA }, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
+	field(f, "lora-alpha", func(c *cfg) *float32 { return &c.LoRAAlpha }, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
+	field(f, "lora-dropout", func(c *cfg) *float32 { return &c.LoRADropout }, "llama: LoRA dropout")
+	field(f, "lora-targets", func(c *cfg) *train.LoRATargets { return &c.LoRATargets }, "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
+	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
+	field(f, "amp", func(c *cfg) *knob.AMP { return &c.AMP }, "mixed precision: off, fp16 (with loss scaling) or bf16")
+	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N or attn (gpt only)")
+	field(f, "attention", func(c *cfg) *knob.Attention { return &c.Attention }, "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
+	field(f, "accum", func(c *cfg) *int { return &c.Accum }, "micro-batches per optimizer step (gradient accumulation)")
+	field(f, "seq-dist", func(c *cfg) *train.SeqDist { return &c.SeqDist }, "gpt and llama sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")
+	field(f, "padding", func(c *cfg) *train.Padding { return &c.Padding }, "gpt and llama batch padding: none (to the batch's longest sample), max (to --seq) or multiple:N (the longest rounded up to a multiple of N)")
+	field(f, "sort-by-length", func(c *cfg) *bool { return &c.SortByLength }, "gpt and llama: group samples of similar length into batches (megabatches of 50 batches sorted longest first, as Trainer's group_by_length)")
+	field(f, "empty-cache", func(c *cfg) *train.EmptyCache { return &c.EmptyCache }, "call torch.cuda.empty_cache(): never, every step or every phase")
+	field(f, "logits", func(c *cfg) *string { return &c.Logits }, "what the loop does with the logits: keep them alive through backward until the next forward (nanoGPT's train.py; the gpt presets' default) or drop them before backward (HF Trainer's compute_loss; the mlp's default)")
+	field(f, "steps", func(c *cfg) *int { return &c.Steps }, "training steps")
+	field(f, "eval-every", func(c *cfg) *int { return &c.EvalEvery }, "evaluate after every N-th step (0: never)")
+	field(f, "device", func(c *cfg) *device.Kind { return &c.Device }, "device: meta (no math, any size in milliseconds), cpu (real float32 math) or cuda")
+	field(f, "gpu-mem", func(c *cfg) *uint64 { return &c.GPUMemory }, "device memory, e.g. 24GiB or 80GB (binary units)", sizeValue)
+	field(f, "context-reserve", func(c *cfg) *uint64 { return &c.ContextReserve }, "memory the CUDA context takes before the allocator", sizeValue)
+	field(f, "alloc-conf", func(c *cfg) *train.AllocConf { return &c.AllocConf }, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
+	field(f, "optimizer", func(c *cfg) *knob.Optimizer { return &c.Optimizer }, "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
+	field(f, "optimizer-impl", func(c *cfg) *knob.OptimizerImpl { return &c.OptimizerImpl }, "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
+	field(f, "lr", func(c *cfg) *float32 { return &c.LR }, "learning rate")
+	field(f, "weight-decay", func(c *cfg) *float32 { return &c.WeightDecay }, "weight decay (adamw defaults to 0.01)")
+	field(f, "zero-grad", func(c *cfg) *knob.ZeroGrad { return &c.ZeroGrad }, "zero_grad: none (set_to_none) or zero (in place)")
+	field(f, "seed", func(c *cfg) *uint64 { return &c.Seed }, "random seed")
+	field(f, "bug", func(c *cfg) *string { return &c.Bug }, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
+	addParallelFlags(f)
+	fs.StringVar(&f.preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	return f
+}
+
+// addHFConfig adds --hf-config, the other flag that names a whole model.
+func (f *configFlags) addHFConfig() *configFlags {
+	f.fs.StringVar(&f.hfConfig, "hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
+	return f
+}
+
+// addParallelFlags puts the data-parallel settings on flags.
+func addParallelFlags(f *configFlags) {
+	p := func(c *train.Config) *dist.Settings { return &c.Parallel }
+	field(f, "gpus", func(c *train.Config) *int { return &p(c).GPUs }, "GPUs in the job, every node's together (the world size; more than 1 without --dp is ddp)")
+	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
+	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
+	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
+	field(f, "offload", func(c *train.Config) *dist.Offload { return &p(c).Offload }, "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
+	field(f, "offload-pageable", func(c *train.Config) *bool { return &p(c).OffloadPageable }, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
+	field(f, "bucket-cap-mb", func(c *train.Config) *float64 { return &p(c).BucketCapMB }, "ddp: gradient bucket size in MiB (0: 25, with a first bucket of 1 MiB)")
+	field(f, "gradient-as-bucket-view", func(c *train.Config) *bool { return &p(c).GradientAsBucketView }, "ddp: gradients are views of their buckets, not copies")
+	for _, e := range []struct {
+		name string
+		at   func(*train.Config) *int64
+		def  int64
+		doc  string
+	}{
+		{"reduce-bucket-size", func(c *train.Config) *int64 { return &p(c).ReduceBucketSize }, dist.DefaultReduceBucketSize, "deepspeed: elements reduced at a time (reduce_bucket_size)"},
+		{"allgather-bucket-size", func(c *train.Config) *int64 { return &p(c).AllgatherBucketSize }, dist.DefaultAllgatherBucketSize, "deepspeed: elements all-gathered at a time (allgather_bucket_size)"},
+		{"prefetch-bucket-size", func(c *train.Config) *int64 { return &p(c).PrefetchBucketSize }, dist.DefaultPrefetchBucketSize, "zero3: parameter elements fetched ahead of use (stage3_prefetch_bucket_size)"},
+		{"max-live-parameters", func(c *train.Config) *int64 { return &p(c).MaxLiveParameters }, dist.DefaultMaxLiveParameters, "zero3: most parameter elements gathered at once (stage3_max_live_parameters)"},
+		{"max-reuse-distance", func(c *train.Config) *int64 { return &p(c).MaxReuseDistance }, dist.DefaultMaxReuseDistance, "zero3: keep a parameter used again within this many elements (stage3_max_reuse_distance)"},
+		{"param-persistence-threshold", func(c *train.Config) *int64 { return &p(c).ParamPersistenceThreshold }, dist.DefaultParamPersistenceThreshold, "zero3: parameters this small stay gathered (stage3_param_persistence_threshold)"},
+	} {
+		field(f, e.name, e.at, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")", elementsValue)
+	}
+	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
+}
+
+// presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.
+func presetDefault(cfg train.Config) string {
+	if cfg.Model == "gpt" || cfg.Model == "llama" {
+		return ""
+	}
+	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt, " + train.DefaultLlamaPreset + "'s with --model llama)"
+}
+
+// config returns the run configuration the command line describes: the configuration of the model's source
+// (app.BaseConfig), with every flag the user set. It is validated where it runs, once.
+func (f *configFlags) config() (train.Config, error) {
+	cfg, err := app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	if err != nil {
+		return cfg, err
+	}
+	f.fs.Visit(func(fl *pflag.Flag) {
+		if copyField, ok := f.copies[fl.Name]; ok {
+			copyField(&cfg)
+		}
+	})
+	if p := &cfg.Parallel; p.GPUs > 1 && p.Strategy == dist.Single {
+		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
+	}
+	return cfg, nil
+}
+
+// flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:
+// ...". Other errors pass unchanged.
+func flagError(err error) error {
+	var fe *train.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
+	field = strings.TrimPrefix(field, "stage3_")
+	name := strings.ReplaceAll(field, "_", "-")
+	switch fe.Field {
+	case "gpu_memory":
+		name = "gpu-mem"
+	case "norm_eps", "rope_theta": // no flag: they come from --hf-config or a preset
+		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
+	}
+	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
+}

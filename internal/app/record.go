@@ -1,0 +1,217 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/oomdbg/oomdbg/internal/hostmem"
+	"github.com/oomdbg/oomdbg/internal/outfile"
+	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/tracer/nvml"
+	"github.com/oomdbg/oomdbg/triage"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/train"
+)
+
+// Recording is where Record writes a run, and what it may do there.
+type Recording struct {
+	Path    string         // -o: a file, or "-" for standard output (outfile's policy)
+	Force   bool           // --force: through links, over read-only files
+	Memory  *hostmem.Limit // --max-memory, for the cpu device's host memory (nil: not checked)
+	Version string         // oomdbg's version, written into the snapshot
+}
+
+// Record records cfg into rec's file and prints the summary, on stdout unless the snapshot goes there. The
+// configuration is validated once, by train.Record, before the file is touched. SIGINT, SIGTERM and SIGHUP
+// stop the run at the next step with the snapshot complete, and the error is then a *SignalError; a run
+// that ran out of memory is a *ProblemError.
+func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr io.Writer) error {
+	o, err := outfile.Check(rec.Path, rec.Force, true)
+	if err != nil {
+		return err
+	}
+	summary := stdout
+	if o.Kind == outfile.Stdout {
+		summary = stderr
+	}
+	if cfg.Device == device.CPU && rec.Memory != nil {
+		if err := checkHostMemory(ctx, cfg, rec.Memory, stderr); err != nil {
+			return err
+		}
+	}
+	w, closeOut, err := o.Stream(stdout)
+	if err != nil {
+		return err
+	}
+	ctx, caught, stopSignals := StopOnSignals(ctx)
+	defer stopSignals()
+	// No buffer between the recorder and the file: each chunk reaches the file (or pipe) when it is cut, so
+	// a process killed at any moment leaves what it recorded until the last chunk.
+	cw := &countingWriter{w: w}
+	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr),
+		FlushEvery: train.DefaultFlushEvery})
+	if cerr := closeOut(); err == nil {
+		err = cerr
+	}
+	name := rec.Path
+	if o.Kind == outfile.Stdout {
+		name = "standard output"
+	}
+	var oe *outfile.OpenError
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &oe):
+		return oe
+	case errors.As(err, &pe):
+		return fmt.Errorf("cannot write %s: %w", name, pe.Err)
+	case err != nil:
+		return err
+	}
+	WriteRunSummary(summary, cfg, res, name, cw.n)
+	if (o.Kind == outfile.New || o.Kind == outfile.Regular) && res.OOM == nil {
+		writeLeakVerdict(summary, rec.Path)
+	}
+	if sig := caught(); sig != nil {
+		return &SignalError{Sig: sig, Then: fmt.Sprintf("the snapshot %s is complete up to then", name)}
+	}
+	if res.OOM != nil {
+		return &ProblemError{Msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, name)}
+	}
+	return nil
+}
+
+// RecordRanks records rank 0 and every rank of cfg's job whose memory differs (train.DistinctRanks), each into
+// rec's path with .rankN before its extension. The error is that of the last rank that found a problem, or
+// the first that failed otherwise.
+func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr io.Writer) error {
+	if rec.Path == "-" || rec.Path == "/dev/stdout" {
+		return fmt.Errorf("--ranks uneven writes one file per rank: give -o a file name")
+	}
+	ranks, err := train.DistinctRanks(cfg)
+	if err != nil {
+		return err
+	}
+	ext := filepath.Ext(rec.Path)
+	var last error
+	for _, r := range ranks {
+		c := cfg
+		c.Parallel.Rank = r
+		to := rec
+		to.Path = fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(rec.Path, ext), r, ext)
+		if err := Record(ctx, c, to, stdout, stderr); err != nil {
+			var pe *ProblemError
+			if !errors.As(err, &pe) {
+				return err
+			}
+			last = err
+		}
+	}
+	return last
+}
+
+// RecordDefault is oomdbg without arguments and without a terminal: the default workload (GPT-2 medium at
+// batch 16 on a 24 GiB card, which runs out of memory as configured) recorded on the meta device into the
+// temporary directory, its summary, and how to go on. The error is Record's: a *ProblemError, since the
+// workload runs out of memory.
+func RecordDefault(ctx context.Context, version string, stdout, stderr io.Writer) error {
+	cfg, err := train.PresetConfig(train.DefaultPreset)
+	if err != nil {
+		return err
+	}
+	out := filepath.Join(os.TempDir(), fmt.Sprintf("oomdbg-%s-%d.oomdbg", train.DefaultPreset, os.Getpid()))
+	fmt.Fprintf(stdout, "Recording the built-in %s workload on the meta device (see oomdbg --help for everything else).\n\n", train.DefaultPreset)
+	err = Record(ctx, cfg, Recording{Path: out, Version: version}, stdout, stderr)
+	if _, oom := err.(*ProblemError); oom {
+		fmt.Fprintf(stdout, "\nSee what each fix would do:  oomdbg fixes\n")
+		fmt.Fprintf(stdout, "Record it fixed:             oomdbg run --preset %s --amp bf16 --attention flash --checkpoint all\n", train.DefaultPreset)
+	}
+	return err
+}
+
+// hostProbeSteps is how many steps the meta device runs to measure a cpu run's memory: the second step
+// carries the optimizer's state.
+const hostProbeSteps = 2
+
+// checkHostMemory runs before a cpu-device run allocates anything. The cpu device keeps every tensor in host
+// memory as float32 (a half-precision tensor takes twice the bytes it accounts on the device), so the run
+// needs about the device memory it allocates at its peak: the meta device measures that in milliseconds,
+// running the same configuration for up to two steps against the same simulated capacity. A run that needs
+// more than --max-memory is refused; otherwise one line on stderr says what it will take.
+func checkHostMemory(ctx context.Context, cfg train.Config, lim *hostmem.Limit, stderr io.Writer) error {
+	probe := cfg
+	probe.Device = device.Meta
+	probe.Steps = min(cfg.Steps, hostProbeSteps)
+	res, _, err := train.Run(ctx, probe, nil)
+	if err != nil {
+		return err
+	}
+	need := res.PeakAllocated
+	if cfg.AMP != knob.AMPOff {
+		need *= 2
+	}
+	limit := lim.Resolve()
+	if uint64(need) > limit {
+		return fmt.Errorf("the cpu device would hold about %s of tensors in host memory (the run's peak on the meta device), "+
+			"more than --max-memory %s: use --device meta, or a smaller model, --batch or --gpu-mem", units.FormatSize(need), units.FormatSize(int64(limit)))
+	}
+	fmt.Fprintf(stderr, "oomdbg: the cpu device will hold about %s of tensors in host memory (--max-memory %s)\n", units.FormatSize(need), units.FormatSize(int64(limit)))
+	return nil
+}
+
+// writeLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict
+// (a leak, or gradients never cleared), so that a leak is named where the run is, not only when asked for.
+// The snapshot is read back as check streams it, in the memory of a few pages.
+func writeLeakVerdict(w io.Writer, path string) {
+	r, _, _, _, err := findLeaks(path, &hostmem.Limit{}, []leaks.Option{leaks.Warmup(leaks.DefaultWarmup)})
+	if err != nil || r == nil {
+		return
+	}
+	if c := triage.NewCheck(path, r, triage.CheckLimits{}); !c.Pass {
+		fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	}
+}
+
+// countingWriter passes writes through and counts the bytes.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// nvmlSamples returns, for a run on the cuda device, a function that feeds the recorder NVML's reading of
+// the GPU's used memory every 100 ms (as sample events), so the snapshot shows what the driver saw next to
+// what the allocator held. Simulated devices have nothing to read; without a driver it says so once.
+func nvmlSamples(ctx context.Context, cfg train.Config, stderr io.Writer) func(*tracer.Recorder) func() {
+	if cfg.Device != device.CUDA {
+		return nil
+	}
+	return func(rec *tracer.Recorder) func() {
+		s, err := nvml.Open()
+		if err != nil {
+			fmt.Fprintf(stderr, "oomdbg: %v; recording without device readings\n", err)
+			return func() {}
+		}
+		sampler := nvml.StartSampler(ctx, s, 0, nvml.DefaultInterval, func(dev int, used, _ uint64, _ time.Time) {
+			rec.Sample(dev, "nvml.used", int64(used))
+		})
+		return func() {
+			sampler.Stop()
+			s.Close()
+		}
+	}
+}
