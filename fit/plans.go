@@ -341,7 +341,54 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 	if top <= 0 {
 		top = DefaultTop
 	}
-	as := axes(cfg, o)
+	plans := enumerate(cfg, axes(cfg, o), o.GPU)
+	// Cheapest first; among equals, the plan that changes less, then the larger micro-batch.
+	sort.SliceStable(plans, func(i, j int) bool {
+		a, b := plans[i], plans[j]
+		if ra, rb := o.rank(a), o.rank(b); ra != rb {
+			return ra < rb
+		}
+		if len(a.Changes) != len(b.Changes) {
+			return len(a.Changes) < len(b.Changes)
+		}
+		return a.Config.Batch > b.Config.Batch
+	})
+	s := &planSearch{o: o, top: top, res: &Plans{Considered: len(plans)}, failed: map[string]*Plan{}}
+	ahead := newAhead(ctx, o.Options, plans, func(p *Plan) string { return beforeOptimizer(p.Config) })
+	defer func() { s.res.Discarded = ahead.stop() }()
+	for i, p := range plans {
+		if s.pastTop(p) {
+			break
+		}
+		if s.skip(p) {
+			continue
+		}
+		if ctx.Err() != nil { // trials run ahead may have ended before it did: take none of them
+			s.res.Interrupted = true
+			break
+		}
+		t, err := ahead.take(i, s.done)
+		if t.Result != nil {
+			o.progress(t)
+		}
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				s.res.Interrupted = true
+				break
+			}
+			return nil, err
+		}
+		s.record(p, t)
+	}
+	if len(s.res.Fitting) > top {
+		s.res.Fitting = s.res.Fitting[:top]
+	}
+	return s.res, nil
+}
+
+// enumerate returns every combination of one option of each axis that makes a valid configuration from
+// cfg, as a plan with its estimated cost on gpu.
+func enumerate(cfg train.Config, as []axis, gpu GPU) []*Plan {
 	var plans []*Plan
 	idx := make([]int, len(as))
 	for {
@@ -357,7 +404,7 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 			level = append(level, opt.saves...)
 		}
 		if c.Validate() == nil {
-			plans = append(plans, &Plan{Config: c, Changes: changes, level: level, Cost: Estimate(c, o.GPU)})
+			plans = append(plans, &Plan{Config: c, Changes: changes, level: level, Cost: Estimate(c, gpu)})
 		}
 		i := len(as) - 1
 		for ; i >= 0; i-- {
@@ -367,96 +414,83 @@ func FindPlans(ctx context.Context, cfg train.Config, o PlanOptions) (*Plans, er
 			idx[i] = 0
 		}
 		if i < 0 {
-			break
+			return plans
 		}
 	}
-	rank := func(p *Plan) float64 {
-		if o.FreeBatch {
-			return p.PerSample()
-		}
-		return p.StepTime()
+}
+
+// rank is what plans are ordered by: the time per step, or per sample when the batch may shrink.
+func (o PlanOptions) rank(p *Plan) float64 {
+	if o.FreeBatch {
+		return p.PerSample()
 	}
-	// Cheapest first; among equals, the plan that changes less, then the larger micro-batch.
-	sort.SliceStable(plans, func(i, j int) bool {
-		a, b := plans[i], plans[j]
-		if ra, rb := rank(a), rank(b); ra != rb {
-			return ra < rb
-		}
-		if len(a.Changes) != len(b.Changes) {
-			return len(a.Changes) < len(b.Changes)
-		}
-		return a.Config.Batch > b.Config.Batch
-	})
-	res := &Plans{Considered: len(plans)}
-	var fit []*Plan
-	failed := map[string]*Plan{} // by beforeOptimizer, the plans that failed before their optimizer
-	failedAlike := func(p *Plan) *Plan {
-		if k := beforeOptimizer(p.Config); k != "" {
-			return failed[k]
-		}
-		return nil
+	return p.StepTime()
+}
+
+// planSearch is FindPlans' search through the plans in estimate order: what it found, and what it learned
+// that lets it skip plans without simulating them.
+type planSearch struct {
+	o      PlanOptions
+	top    int
+	res    *Plans
+	fit    []*Plan          // the plans found to fit, in the order found
+	failed map[string]*Plan // by beforeOptimizer, the plans that failed before their optimizer
+}
+
+// pastTop reports whether the search stops before p: Top plans fit, each cheaper than p.
+func (s *planSearch) pastTop(p *Plan) bool {
+	return len(s.res.Fitting) >= s.top && s.o.rank(p) > s.o.rank(s.res.Fitting[s.top-1])
+}
+
+// failedAlike returns the plan that failed before its optimizer as p would, nil for none.
+func (s *planSearch) failedAlike(p *Plan) *Plan {
+	if k := beforeOptimizer(p.Config); k != "" {
+		return s.failed[k]
 	}
-	// done says the search will not simulate p: it stops before p, or p is dominated. Both only grow more
-	// true as plans are found to fit (the Top-th fitting plan's cost only falls; plans not tried come in
-	// estimate order), so a plan done now is done for good.
-	done := func(p *Plan) bool {
-		if len(res.Fitting) >= top && rank(p) > rank(res.Fitting[top-1]) {
-			return true
-		}
-		return slices.ContainsFunc(fit, func(f *Plan) bool { return le(f.level, p.level) }) || failedAlike(p) != nil
+	return nil
+}
+
+// skip reports whether p is skipped without a trial, and records why: a plan that fits saves no more than
+// p in every respect (p is dominated), or a plan like p failed before its optimizer.
+func (s *planSearch) skip(p *Plan) bool {
+	if i := slices.IndexFunc(s.fit, func(f *Plan) bool { return le(f.level, p.level) }); i >= 0 {
+		p.Skipped, p.Because = SkippedDominated, s.fit[i]
+	} else if f := s.failedAlike(p); f != nil {
+		p.Skipped, p.Because = SkippedFailsAlike, f
 	}
-	ahead := newAhead(ctx, o.Options, plans, func(p *Plan) string { return beforeOptimizer(p.Config) })
-	defer func() { res.Discarded = ahead.stop() }()
-	for i, p := range plans {
-		if len(res.Fitting) >= top {
-			worst := res.Fitting[top-1]
-			if rank(p) > rank(worst) {
-				break
-			}
-		}
-		if i := slices.IndexFunc(fit, func(f *Plan) bool { return le(f.level, p.level) }); i >= 0 {
-			p.Skipped, p.Because = SkippedDominated, fit[i]
-		} else if f := failedAlike(p); f != nil {
-			p.Skipped, p.Because = SkippedFailsAlike, f
-		}
-		if p.Skipped != "" {
-			res.Skipped = append(res.Skipped, p)
-			res.Pruned++
-			continue
-		}
-		if ctx.Err() != nil { // trials run ahead may have ended before it did: take none of them
-			res.Interrupted = true
-			break
-		}
-		t, err := ahead.take(i, done)
-		if t.Result != nil {
-			o.progress(t)
-		}
-		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-				res.Interrupted = true
-				break
-			}
-			return nil, err
-		}
-		res.Steps += t.Steps
-		p.Tried, p.Fits, p.Result = true, t.Fits, t.Result
-		p.PeakAllocated, p.PeakReserved = t.Result.PeakAllocated, t.Result.PeakReserved
-		p.Headroom = Limit(p.Config, o.margin()) - p.PeakReserved
-		p.Cost = Measure(p.Cost, t.Result, o.GPU)
-		res.Tried = append(res.Tried, p)
-		if !p.Fits {
-			if k := beforeOptimizer(p.Config); k != "" && failedBeforeOptimizer(t.Result) {
-				failed[k] = p
-			}
-			continue
-		}
-		fit = append(fit, p)
-		res.Fitting = append(res.Fitting, p)
-		sort.SliceStable(res.Fitting, func(i, j int) bool { return rank(res.Fitting[i]) < rank(res.Fitting[j]) })
+	if p.Skipped == "" {
+		return false
 	}
-	if len(res.Fitting) > top {
-		res.Fitting = res.Fitting[:top]
+	s.res.Skipped = append(s.res.Skipped, p)
+	s.res.Pruned++
+	return true
+}
+
+// done says the search will not simulate p: it stops before p, or p is dominated. Both only grow more true
+// as plans are found to fit (the Top-th fitting plan's cost only falls; plans not tried come in estimate
+// order), so a plan done now is done for good.
+func (s *planSearch) done(p *Plan) bool {
+	if s.pastTop(p) {
+		return true
 	}
-	return res, nil
+	return slices.ContainsFunc(s.fit, func(f *Plan) bool { return le(f.level, p.level) }) || s.failedAlike(p) != nil
+}
+
+// record takes p's trial t into the search: its peaks and measured cost, and whether it fits.
+func (s *planSearch) record(p *Plan, t Trial) {
+	s.res.Steps += t.Steps
+	p.Tried, p.Fits, p.Result = true, t.Fits, t.Result
+	p.PeakAllocated, p.PeakReserved = t.Result.PeakAllocated, t.Result.PeakReserved
+	p.Headroom = Limit(p.Config, s.o.margin()) - p.PeakReserved
+	p.Cost = Measure(p.Cost, t.Result, s.o.GPU)
+	s.res.Tried = append(s.res.Tried, p)
+	if !p.Fits {
+		if k := beforeOptimizer(p.Config); k != "" && failedBeforeOptimizer(t.Result) {
+			s.failed[k] = p
+		}
+		return
+	}
+	s.fit = append(s.fit, p)
+	s.res.Fitting = append(s.res.Fitting, p)
+	sort.SliceStable(s.res.Fitting, func(i, j int) bool { return s.o.rank(s.res.Fitting[i]) < s.o.rank(s.res.Fitting[j]) })
 }

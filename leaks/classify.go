@@ -8,25 +8,38 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
-// suspectFrames is how many frames of a suspect's stack are kept.
+// suspectFrames is how many frames of a site's stack are kept.
 const suspectFrames = 8
+
+// userStack returns a site's allocating stack, innermost first, without the allocator's frames, as
+// "function file:line", suspectFrames at most.
+func userStack(s *snapshot.Snapshot, stack snapshot.StackID) []string {
+	var out []string
+	for _, f := range s.UserFrames(stack, suspectFrames) {
+		out = append(out, s.FrameString(f))
+	}
+	return out
+}
+
+// scopeName returns the module scope a site's blocks were allocated in, noScope for none.
+func scopeName(s *snapshot.Snapshot, scope snapshot.StringID) string {
+	if name := s.String(scope); name != "" {
+		return name
+	}
+	return noScope
+}
 
 // suspect describes growing group g over n measured iterations; live is the live set at the last point.
 func suspect(s *snapshot.Snapshot, m measurer, g *group, n int, firstMeasured int32, last Point, live []timeline.Allocation) *Suspect {
 	sp := &Suspect{
-		Scope:             s.String(g.key.scope),
+		Scope:             scopeName(s, g.key.scope),
 		Category:          g.key.category,
 		Bytes:             g.bytes,
 		Counts:            g.counts,
 		BytesPerIteration: (g.bytes[n] - g.bytes[0]) / int64(n),
 		CountPerIteration: float64(g.counts[n]-g.counts[0]) / float64(n),
 	}
-	if sp.Scope == "" {
-		sp.Scope = noScope
-	}
-	for _, f := range s.UserFrames(g.key.stack, suspectFrames) {
-		sp.Stack = append(sp.Stack, s.FrameString(f))
-	}
+	sp.Stack = userStack(s, g.key.stack)
 
 	// The survivors, and the example: a block that outlived the end of an iteration after its own, so that
 	// what holds it is what grows and not a name rebound every iteration (nanoGPT's logits hold the newest

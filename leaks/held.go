@@ -1,7 +1,6 @@
 package leaks
 
 import (
-	"cmp"
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -90,7 +89,7 @@ func held(s *snapshot.Snapshot, m measurer, c *config, live []timeline.Allocatio
 		if !ok {
 			i = len(groups)
 			index[k] = i
-			groups = append(groups, HeldGroup{Scope: s.String(b.Scope), Category: b.Category})
+			groups = append(groups, HeldGroup{Scope: scopeName(s, b.Scope), Category: b.Category})
 			keys = append(keys, k)
 		}
 		h := &groups[i]
@@ -103,28 +102,12 @@ func held(s *snapshot.Snapshot, m measurer, c *config, live []timeline.Allocatio
 	}
 	for i := range groups {
 		h := &groups[i]
-		if h.Scope == "" {
-			h.Scope = noScope
-		}
 		slices.Sort(h.Iterations)
-		for _, f := range s.UserFrames(keys[i].stack, suspectFrames) {
-			h.Stack = append(h.Stack, s.FrameString(f))
-		}
+		h.Stack = userStack(s, keys[i].stack)
 		h.Label = s.String(h.Example.Label)
 		h.RetainedBy = retainedBy(m, h.Example, last.Seq)
 	}
-	slices.SortFunc(groups, func(a, b HeldGroup) int {
-		if x := cmp.Compare(b.Bytes, a.Bytes); x != 0 {
-			return x
-		}
-		if x := cmp.Compare(a.Scope, b.Scope); x != 0 {
-			return x
-		}
-		if x := cmp.Compare(a.Category, b.Category); x != 0 {
-			return x
-		}
-		return cmp.Compare(a.Example.Alloc, b.Example.Alloc)
-	})
+	rankSites(groups, func(h *HeldGroup) site { return site{h.Bytes, h.Scope, h.Category, h.Example.Alloc} })
 	return groups
 }
 

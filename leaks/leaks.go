@@ -283,8 +283,7 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 	r := &Result{Warmup: c.warmup, cfg: c, PeakAllocated: peak}
 	r.Gradients = m.gradients()
 	r.Iterations = len(its)
-	n := len(its) - c.warmup // deltas measured
-	if n < 2 {
+	if n := len(its) - c.warmup; n < 2 { // deltas measured
 		r.Verdict = Inconclusive
 		r.Reason = fmt.Sprintf("inconclusive: %d complete %s with a warm-up of %d; need 2 or more after it",
 			len(its), plural(len(its), "iteration"), c.warmup)
@@ -294,24 +293,51 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 		return r
 	}
 
-	// The points: the end of the iteration before the measured ones (the last warm-up iteration), or the event
-	// before the first iteration, then the end of each measured one.
-	first := c.warmup
-	if n > maxMeasured {
-		first, n = len(its)-maxMeasured, maxMeasured
+	seqs, iters, first := measurePoints(its, c.warmup)
+	groups := r.measure(m, seqs, iters)
+	allocs, reserved := r.growth()
+	last := r.Points[len(r.Points)-1]
+	live := m.liveAt(last.Seq)
+	growing := r.findSuspects(&c, s, m, groups, its[first].Iteration, live)
+
+	// What grows is the leak's when the total grows, and held like the rest when it does not.
+	leak := len(r.Suspects) > 0 && allocs[len(allocs)-1] > allocs[0]
+	if !leak {
+		clear(growing)
+	}
+	r.Held = held(s, m, &c, live, growing, r.Gradients != nil, last)
+	for _, h := range r.Held {
+		r.HeldBytes += h.Bytes
+	}
+	r.conclude(leak, allocs, reserved)
+	return r
+}
+
+// measurePoints returns where memory is measured in its after a warm-up of warmup iterations: the end of the
+// iteration before the measured ones (the last warm-up iteration), or the event before the first iteration,
+// then the end of each measured one (the last maxMeasured at most), as event seqs and iterations. first is
+// the index in its of the first measured iteration.
+func measurePoints(its []timeline.IterationSpan, warmup int) (seqs []int, iters []int32, first int) {
+	first = warmup
+	if len(its)-warmup > maxMeasured {
+		first = len(its) - maxMeasured
 	}
 	baseSeq := its[0].Start - 1
 	baseIter := its[0].Iteration - 1
 	if first > 0 {
 		baseSeq, baseIter = its[first-1].End-1, its[first-1].Iteration
 	}
-	seqs := []int{baseSeq}
-	iters := []int32{baseIter}
+	seqs = []int{baseSeq}
+	iters = []int32{baseIter}
 	for _, it := range its[first:] {
 		seqs, iters = append(seqs, it.End-1), append(iters, it.Iteration)
 	}
+	return seqs, iters, first
+}
 
-	// The groups' bytes at each point.
+// measure records memory at each point (seqs, with their iterations iters) into r.Points and returns the
+// groups' bytes at each point, in a fixed order whatever the map's.
+func (r *Result) measure(m measurer, seqs []int, iters []int32) []*group {
 	index := map[groupKey]int{}
 	var groups []*group
 	for i, seq := range seqs {
@@ -327,21 +353,32 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 			groups[j].bytes[i], groups[j].counts[i] = v.bytes, v.count
 		}
 	}
-	slices.SortFunc(groups, func(a, b *group) int { // a fixed order, whatever the map's
+	slices.SortFunc(groups, func(a, b *group) int {
 		return cmp.Or(cmp.Compare(a.key.stack, b.key.stack), cmp.Compare(a.key.scope, b.key.scope), cmp.Compare(a.key.category, b.key.category))
 	})
-	allocs := make([]int64, len(r.Points))
-	reserved := make([]int64, len(r.Points))
+	return groups
+}
+
+// growth sets the mean growth per iteration of allocated and reserved memory over r.Points and returns
+// both at each point.
+func (r *Result) growth() (allocs, reserved []int64) {
+	allocs = make([]int64, len(r.Points))
+	reserved = make([]int64, len(r.Points))
 	for i, p := range r.Points {
 		allocs[i], reserved[i] = p.Allocated, p.Reserved
 	}
+	n := len(r.Points) - 1
 	r.GrowthPerIteration = (allocs[n] - allocs[0]) / int64(n)
 	r.ReservedGrowthPerIteration = (reserved[n] - reserved[0]) / int64(n)
+	return allocs, reserved
+}
 
-	// Suspects: groups that keep growing, and that the ignore options do not leave out.
-	firstMeasured := its[first].Iteration
+// findSuspects sets r.Suspects to the groups that keep growing and that the options do not leave out,
+// largest first, and returns every group that keeps growing, left out or not. firstMeasured is the first
+// measured iteration, live the live set at the last point.
+func (r *Result) findSuspects(c *config, s *snapshot.Snapshot, m measurer, groups []*group, firstMeasured int32, live []timeline.Allocation) map[groupKey]bool {
+	n := len(r.Points) - 1
 	last := r.Points[n]
-	live := m.liveAt(last.Seq)
 	growing := map[groupKey]bool{}
 	for _, g := range groups {
 		if !sustained(g.bytes) {
@@ -358,30 +395,16 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 		r.Suspects = append(r.Suspects, *sp)
 		r.LeakPerIteration += sp.BytesPerIteration
 	}
-	slices.SortFunc(r.Suspects, func(a, b Suspect) int {
-		if x := cmp.Compare(b.BytesPerIteration, a.BytesPerIteration); x != 0 {
-			return x
-		}
-		if x := cmp.Compare(a.Scope, b.Scope); x != 0 {
-			return x
-		}
-		if x := cmp.Compare(a.Category, b.Category); x != 0 {
-			return x
-		}
-		return cmp.Compare(a.Example.Alloc, b.Example.Alloc)
+	rankSites(r.Suspects, func(sp *Suspect) site {
+		return site{sp.BytesPerIteration, sp.Scope, sp.Category, sp.Example.Alloc}
 	})
+	return growing
+}
 
-	// What grows is the leak's when the total grows, and held like the rest when it does not.
-	leak := len(r.Suspects) > 0 && allocs[n] > allocs[0]
-	if !leak {
-		clear(growing)
-	}
-	r.Held = held(s, m, &c, live, growing, r.Gradients != nil, last)
-	for _, h := range r.Held {
-		r.HeldBytes += h.Bytes
-	}
-
-	window := fmt.Sprintf("iterations %d-%d", r.Points[1].Iteration, last.Iteration)
+// conclude sets the verdict and its reason from what was measured: leak whether the suspects make a leak,
+// allocs and reserved the memory at each point.
+func (r *Result) conclude(leak bool, allocs, reserved []int64) {
+	window := fmt.Sprintf("iterations %d-%d", r.Points[1].Iteration, r.Points[len(r.Points)-1].Iteration)
 	switch {
 	case leak:
 		r.Verdict = Leak
@@ -390,16 +413,11 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 		r.Reason = fmt.Sprintf("leak: allocated memory grows %s per iteration over %s (%s: %d %s, the largest %s per iteration of %s",
 			units.FormatSize(r.LeakPerIteration), window, r.Kind.Describe(), len(r.Suspects), plural(len(r.Suspects), "suspect"),
 			units.FormatSize(top.BytesPerIteration), top.Category)
-		if top.Scope != noScope {
-			r.Reason += " in " + top.Scope
-		}
-		if site := top.Site(); site != "" {
-			r.Reason += " at " + site
-		}
+		retainer := ""
 		if top.RetainedBy != nil {
-			r.Reason += ", retained by " + top.RetainedBy.Root
+			retainer = top.RetainedBy.Root
 		}
-		r.Reason += ")"
+		r.Reason += siteClause(top.Scope, top.Site(), retainer) + ")"
 	case sustained(reserved) && !sustained(allocs):
 		r.Verdict = Fragmentation
 		r.Reason = fmt.Sprintf("fragmentation, not a leak: reserved memory grows %s per iteration over %s while allocated memory does not (%s per iteration)",
@@ -409,25 +427,52 @@ func analyze(c config, s *snapshot.Snapshot, peak int64, markers int, its []time
 		top := r.Held[0]
 		r.Reason = fmt.Sprintf("held across iterations, not a leak: %s allocated during training outlives its iteration without growing over %s (%d %s, the largest %s of %s",
 			units.FormatSize(r.HeldBytes), window, len(r.Held), plural(len(r.Held), "group"), units.FormatSize(top.Bytes), top.Category)
-		if top.Scope != noScope {
-			r.Reason += " in " + top.Scope
-		}
-		if site := top.Site(); site != "" {
-			r.Reason += " at " + site
-		}
+		retainer := ""
 		if top.RetainedBy != nil {
-			r.Reason += ", retained by " + top.RetainedBy.Short(4)
+			retainer = top.RetainedBy.Short(4)
 		}
-		r.Reason += ")"
+		r.Reason += siteClause(top.Scope, top.Site(), retainer) + ")"
 	default:
 		r.Verdict = NoLeak
 		r.Reason = fmt.Sprintf("no leak: allocated memory at the end of %s changes by %s per iteration after a warm-up of %d",
-			window, units.FormatChange(r.GrowthPerIteration), c.warmup)
+			window, units.FormatChange(r.GrowthPerIteration), r.Warmup)
 		if len(r.Suspects) > 0 {
 			r.Reason += fmt.Sprintf(" (%d %s grow, but the total does not)", len(r.Suspects), plural(len(r.Suspects), "group"))
 		}
 	}
-	return r
+}
+
+// siteClause is what a reason says of its largest site: " in SCOPE", " at SITE" and ", retained by
+// RETAINER", each when known.
+func siteClause(scope, site, retainer string) string {
+	var b strings.Builder
+	if scope != noScope {
+		b.WriteString(" in " + scope)
+	}
+	if site != "" {
+		b.WriteString(" at " + site)
+	}
+	if retainer != "" {
+		b.WriteString(", retained by " + retainer)
+	}
+	return b.String()
+}
+
+// site is what leak sites (suspects, held groups) are ranked by.
+type site struct {
+	bytes    int64
+	scope    string
+	category snapshot.Category
+	alloc    int // the example block's alloc event
+}
+
+// rankSites sorts sites largest first; ties go by scope, category and the example block's allocation, so
+// that reports list them in the same order in every run.
+func rankSites[S any](sites []S, rank func(*S) site) {
+	slices.SortFunc(sites, func(a, b S) int {
+		x, y := rank(&a), rank(&b)
+		return cmp.Or(cmp.Compare(y.bytes, x.bytes), cmp.Compare(x.scope, y.scope), cmp.Compare(x.category, y.category), cmp.Compare(x.alloc, y.alloc))
+	})
 }
 
 // noScope names the scope of blocks allocated outside any module.

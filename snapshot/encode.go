@@ -55,30 +55,11 @@ func (c *eventEncoder) encode(e *Event) {
 	a := e.Action
 	prev := &c.last[c.prev]
 	last := &c.last[a]
-
-	// Fields predicted the same way whatever the mode.
-	var common uint32
-	if e.Device != prev.device || e.Stream != prev.stream {
-		common |= flagContext
-	}
-	if e.Phase != prev.phase || e.Iteration != prev.iteration {
-		common |= flagPhase
-	}
-	if e.Text != last.text {
-		common |= flagText
-	}
-	if e.DeviceFree != last.deviceFree {
-		common |= flagDeviceFree
-	}
-	if e.Holder != last.holder+holderStep(a) {
-		common |= flagHolder
-	}
-	if e.Parent != last.parent {
-		common |= flagParent
-	}
+	common := commonFlags(e, prev, last)
 
 	// Address modes: try each that applies and keep the cheapest, the first of equals in the order delta,
-	// base, prev, ring. modeDelta always applies.
+	// base, prev, ring. modeDelta always applies. The choice and the fields' coding below stay inline: as
+	// calls they cost a quarter of the encoding time.
 	base := last.addr + uint64(last.blockSize)
 	best := candidate{mode: modeDelta, payload: zigzag(int64(e.Addr - base)), ref: &last.blockRef}
 	best.flags, best.cost = score(e, modeDelta, best.ref, common, uvarintLen(best.payload))
@@ -115,6 +96,7 @@ func (c *eventEncoder) encode(e *Event) {
 	}
 	c.times = binary.AppendUvarint(c.times, zigzag(e.Time-prev.time))
 
+	// The fields flags says e codes, each as its delta from its prediction.
 	f := c.fields
 	if flags&flagContext != 0 {
 		f = binary.AppendUvarint(f, zigzag(int64(e.Device)-int64(prev.device)))
@@ -159,9 +141,38 @@ func (c *eventEncoder) encode(e *Event) {
 		f = binary.AppendUvarint(f, zigzag(int64(e.Parent-last.parent)))
 	}
 	c.fields = f
+	c.push(e, last)
+}
 
-	// Push the event: field by field, since reading e whole right after the caller wrote it field by field
-	// stalls the CPU's store forwarding.
+// commonFlags returns the flags of the fields predicted the same way whatever the address mode: from the
+// previous event (prev) or the previous one of e's action (last).
+func commonFlags(e *Event, prev, last *lastEvent) uint32 {
+	var common uint32
+	if e.Device != prev.device || e.Stream != prev.stream {
+		common |= flagContext
+	}
+	if e.Phase != prev.phase || e.Iteration != prev.iteration {
+		common |= flagPhase
+	}
+	if e.Text != last.text {
+		common |= flagText
+	}
+	if e.DeviceFree != last.deviceFree {
+		common |= flagDeviceFree
+	}
+	if e.Holder != last.holder+holderStep(e.Action) {
+		common |= flagHolder
+	}
+	if e.Parent != last.parent {
+		common |= flagParent
+	}
+	return common
+}
+
+// push makes e the previous event, and the previous one of its action (last): field by field, since reading
+// e whole right after the caller wrote it field by field stalls the CPU's store forwarding.
+func (c *eventEncoder) push(e *Event, last *lastEvent) {
+	a := e.Action
 	if a == ActionAlloc {
 		if c.ring == nil {
 			c.ring = make([]blockRef, ringSize)

@@ -69,7 +69,29 @@ func mdTable(w io.Writer, header []string, rows [][]string) {
 	}
 }
 
+// writeMarkdown writes the report's sections in order: the summary, the OOM, the peak, the phases, the gaps,
+// the leaks and the fixes.
 func (r *Report) writeMarkdown(w io.Writer) {
+	r.writeSummaryMarkdown(w)
+	if o := r.OOM; o != nil {
+		writeOOMMarkdown(w, o)
+	}
+	fmt.Fprintf(w, "\n### Peak: %s allocated\n\n", units.FormatSize(r.Peak.Allocated))
+	writeAliveMarkdown(w, r.Peak.Alive, r.Peak.Allocated)
+	if line := r.rankLine(); line != "" {
+		fmt.Fprintf(w, "\n### Rank\n\n%s.\n", upperFirst(line))
+		if r.Host != nil {
+			fmt.Fprintf(w, "\nHost memory: %s.\n", r.hostLine())
+		}
+	}
+	r.writePhasesMarkdown(w)
+	writeGapsMarkdown(w, r.Gaps)
+	writeLeaksMarkdown(w, r.Leaks)
+	r.writeFixesMarkdown(w)
+}
+
+// writeSummaryMarkdown writes the report's title and its summary as a list.
+func (r *Report) writeSummaryMarkdown(w io.Writer) {
 	name := r.Source.File
 	if name == "" {
 		name = "snapshot"
@@ -102,25 +124,20 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	if g := r.Leaks.GradientsNeverCleared; g != nil {
 		fmt.Fprintf(w, "- **gradients**: %s\n", g.Reason)
 	}
+}
 
-	if o := r.OOM; o != nil {
-		fmt.Fprintf(w, "\n### Out of memory\n\n```\n%s\n```\n\n", o.Message)
-		fmt.Fprintf(w, "%s. %s\n\n", sentence(o.Diagnosis), servedText(o))
-		if len(o.Stack) > 0 {
-			fmt.Fprintf(w, "Allocated at %s.\n\n", code(stackLine(o.Stack, 3)))
-		}
-		writeAliveMarkdown(w, o.Alive, o.Allocated)
+// writeOOMMarkdown writes the out-of-memory section.
+func writeOOMMarkdown(w io.Writer, o *OOM) {
+	fmt.Fprintf(w, "\n### Out of memory\n\n```\n%s\n```\n\n", o.Message)
+	fmt.Fprintf(w, "%s. %s\n\n", sentence(o.Diagnosis), servedText(o))
+	if len(o.Stack) > 0 {
+		fmt.Fprintf(w, "Allocated at %s.\n\n", code(stackLine(o.Stack, 3)))
 	}
+	writeAliveMarkdown(w, o.Alive, o.Allocated)
+}
 
-	fmt.Fprintf(w, "\n### Peak: %s allocated\n\n", units.FormatSize(r.Peak.Allocated))
-	writeAliveMarkdown(w, r.Peak.Alive, r.Peak.Allocated)
-	if line := r.rankLine(); line != "" {
-		fmt.Fprintf(w, "\n### Rank\n\n%s.\n", upperFirst(line))
-		if r.Host != nil {
-			fmt.Fprintf(w, "\nHost memory: %s.\n", r.hostLine())
-		}
-	}
-
+// writePhasesMarkdown writes the phases of the iterations shown, as a table.
+func (r *Report) writePhasesMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n### Phases\n\nPeak inside each phase, allocated at its end, and the change by category.\n\n")
 	shown, hidden := r.shownIterations()
 	var rows [][]string
@@ -134,8 +151,10 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	if hidden != "" {
 		fmt.Fprintf(w, "\n%s not shown (the JSON report has every phase of every iteration).\n", hidden)
 	}
+}
 
-	g := r.Gaps
+// writeGapsMarkdown writes the gaps between what the device has and what the allocator allocated.
+func writeGapsMarkdown(w io.Writer, g Gaps) {
 	fmt.Fprintf(w, "\n### Gaps\n\n")
 	fmt.Fprintf(w, "- CUDA context (not available to the allocator): %s\n", units.FormatSize(g.ContextReserve))
 	fmt.Fprintf(w, "- reserved but unallocated at the peak of allocated memory: %s\n", units.FormatSize(g.ReservedUnallocatedAtPeak))
@@ -143,8 +162,11 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	if g.ReservedUnallocatedAtOOM != nil {
 		fmt.Fprintf(w, "- reserved but unallocated at the OOM: %s\n", units.FormatSize(*g.ReservedUnallocatedAtOOM))
 	}
+}
 
-	l := r.Leaks
+// writeLeaksMarkdown writes the leak section: the verdict, the memory at the end of each iteration, the
+// suspects and what is held across iterations, ten of each at most.
+func writeLeaksMarkdown(w io.Writer, l Leaks) {
 	fmt.Fprintf(w, "\n### Leaks\n\n%s\n", l.Reason)
 	if g := l.GradientsNeverCleared; g != nil {
 		fmt.Fprintf(w, "\n%s\n", g.Reason)
@@ -161,12 +183,8 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "\n")
 		var rows [][]string
 		for _, sp := range head(l.Suspects, 10) {
-			ret := "no heap dump names it"
-			if sp.RetainedBy != nil {
-				ret = code(retainerLine(sp.RetainedBy, 4))
-			}
 			rows = append(rows, []string{units.FormatSize(sp.BytesPerIteration), sp.Category, code(sp.Scope), leaks.Kind(sp.Kind).Describe(),
-				code(sp.Label), ret, code(stackLine(sp.Stack, 2))})
+				code(sp.Label), retainedByCell(sp.RetainedBy), code(stackLine(sp.Stack, 2))})
 		}
 		mdTable(w, []string{">bytes per iteration", "category", "scope", "kind", "example", "retained by", "allocated at"}, rows)
 		if len(l.Suspects) > 10 {
@@ -177,25 +195,32 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "\n%s, %s:\n\n", upperFirst(leaks.Held.Describe()), units.FormatSize(l.HeldBytes))
 		var rows [][]string
 		for _, h := range head(l.Held, 10) {
-			ret := "no heap dump names it"
-			if h.RetainedBy != nil {
-				ret = code(retainerLine(h.RetainedBy, 4))
-			}
 			rows = append(rows, []string{units.FormatSize(h.Bytes), itoa(int64(h.Count)), h.Category, code(h.Scope), rangeList(h.Iterations),
-				code(h.Label), ret, code(stackLine(h.Stack, 2))})
+				code(h.Label), retainedByCell(h.RetainedBy), code(stackLine(h.Stack, 2))})
 		}
 		mdTable(w, []string{">bytes", ">blocks", "category", "scope", "allocated in iterations", "example", "retained by", "allocated at"}, rows)
 		if len(l.Held) > 10 {
 			fmt.Fprintf(w, "\n%d more groups in the JSON report.\n", len(l.Held)-10)
 		}
 	}
+}
 
+// retainedByCell is a table's "retained by" cell: the path, its middle left out, or that none names it.
+func retainedByCell(r *RetainerPath) string {
+	if r == nil {
+		return "no heap dump names it"
+	}
+	return code(retainerLine(r, 4))
+}
+
+// writeFixesMarkdown writes the fixes that apply to what was alive at the peak, and the fragmentation rule.
+func (r *Report) writeFixesMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n### Fixes\n\nSavings %s.\n\n", r.AdviceNote)
 	if len(r.Advice) == 0 {
 		fmt.Fprintf(w, "None applies to what was alive at the peak.\n")
 		return
 	}
-	rows = rows[:0]
+	var rows [][]string
 	for _, a := range r.Advice {
 		rows = append(rows, []string{a.Fix, savingText(a), peakAfterText(a), fitsText(a), howText(a), a.Why})
 	}
@@ -206,6 +231,8 @@ func (r *Report) writeMarkdown(w io.Writer) {
 	}
 }
 
+// writeAliveMarkdown writes what was alive at a point: its bytes by category, the largest blocks and the
+// largest scopes.
 func writeAliveMarkdown(w io.Writer, a Alive, total int64) {
 	fmt.Fprintf(w, "By category: %s.\n\n", categoryLine(a.ByCategory, total))
 	if len(a.Top) > 0 {

@@ -297,22 +297,7 @@ func writeAliveText(w io.Writer, a Alive, total int64) {
 
 // categoryLine lists the categories that hold bytes, largest first, with their share of total.
 func categoryLine(by map[string]int64, total int64) string {
-	type cat struct {
-		name string
-		n    int64
-	}
-	var cats []cat
-	for name, n := range by {
-		if n != 0 {
-			cats = append(cats, cat{name, n})
-		}
-	}
-	slices.SortFunc(cats, func(a, b cat) int {
-		if c := cmp.Compare(b.n, a.n); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.name, b.name)
-	})
+	cats := largestFirst(by)
 	if len(cats) == 0 {
 		return "nothing allocated"
 	}
@@ -329,33 +314,41 @@ func categoryLine(by map[string]int64, total int64) string {
 
 // changes lists the largest changes by category, with their sign: "+32.00 KiB activation, -8.00 KiB input".
 func changes(delta map[string]int64, n int) string {
-	type ch struct {
-		name string
-		d    int64
-	}
-	var cs []ch
-	for name, d := range delta {
-		if d != 0 {
-			cs = append(cs, ch{name, d})
-		}
-	}
-	slices.SortFunc(cs, func(a, b ch) int {
-		if c := cmp.Compare(abs(b.d), abs(a.d)); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.name, b.name)
-	})
+	cs := largestFirst(delta)
 	if len(cs) == 0 {
 		return "-"
 	}
 	var parts []string
 	for _, c := range head(cs, n) {
-		parts = append(parts, units.FormatChange(c.d)+" "+c.name)
+		parts = append(parts, units.FormatChange(c.n)+" "+c.name)
 	}
 	if len(cs) > n {
 		parts = append(parts, fmt.Sprintf("(+%d more)", len(cs)-n))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// namedBytes is a category's bytes, or their change.
+type namedBytes struct {
+	name string
+	n    int64
+}
+
+// largestFirst returns the non-zero entries of by, the largest in magnitude first, then by name.
+func largestFirst(by map[string]int64) []namedBytes {
+	var out []namedBytes
+	for name, n := range by {
+		if n != 0 {
+			out = append(out, namedBytes{name, n})
+		}
+	}
+	slices.SortFunc(out, func(a, b namedBytes) int {
+		if c := cmp.Compare(abs(b.n), abs(a.n)); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.name, b.name)
+	})
+	return out
 }
 
 func abs(n int64) int64 {

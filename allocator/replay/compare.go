@@ -76,14 +76,10 @@ func CompareSettings(s *snapshot.Snapshot, cfg allocator.Config, capacity uint64
 	}
 	recorded, st := RecordedSettings(s)
 	var out []Comparison
-	for _, t := range splitDevices(s) {
-		if len(t.seqs) == 0 {
-			continue
-		}
-		w := Comparison{Device: t.dev}
-		var oomReserved int64
-		w.RecordedPeakReserved, w.RecordedPeakAllocated, w.RecordedOOMs, oomReserved = t.recordedPeaks()
-		w.Capacity, w.CapacityFrom = t.capacityFor(capacity, oomReserved)
+	for _, d := range replayable(s, capacity) {
+		t := d.trace
+		w := Comparison{Device: t.dev, Capacity: d.capacity, CapacityFrom: d.capacityFrom, RecordedPeakReserved: d.peakReserved,
+			RecordedPeakAllocated: d.peakAllocated, RecordedOOMs: d.ooms}
 		var err error
 		if w.Baseline, err = t.simulate(recorded, w.Capacity); err != nil {
 			return nil, st, err
@@ -129,16 +125,10 @@ func Simulate(s *snapshot.Snapshot, cfg allocator.Config, capacity uint64) ([]Re
 		return nil, err
 	}
 	var out []Replayed
-	for _, t := range splitDevices(s) {
-		if len(t.seqs) == 0 {
-			continue
-		}
-		r := Replayed{Device: t.dev}
-		var oomReserved int64
-		_, _, r.RecordedOOMs, oomReserved = t.recordedPeaks()
-		r.Capacity, r.CapacityFrom = t.capacityFor(capacity, oomReserved)
+	for _, d := range replayable(s, capacity) {
+		r := Replayed{Device: d.trace.dev, Capacity: d.capacity, CapacityFrom: d.capacityFrom, RecordedOOMs: d.ooms}
 		var err error
-		if r.Outcome, err = t.simulate(cfg, r.Capacity); err != nil {
+		if r.Outcome, err = d.trace.simulate(cfg, r.Capacity); err != nil {
 			return nil, err
 		}
 		r.Outcome.Settings = cfg.String()
@@ -148,6 +138,33 @@ func Simulate(s *snapshot.Snapshot, cfg allocator.Config, capacity uint64) ([]Re
 		return nil, ErrNoTrace
 	}
 	return out, nil
+}
+
+// deviceReplay is a device whose trace a replay runs: what the recording says of it, and the capacity the
+// replay gives the allocator.
+type deviceReplay struct {
+	trace                       *deviceTrace
+	peakReserved, peakAllocated int64
+	ooms                        int
+	capacity                    uint64
+	capacityFrom                string
+}
+
+// replayable returns the devices of s whose trace holds events, each with its recorded peaks and OOMs and
+// the capacity for its replays: capacity, or as capacityFor picks it when that is 0.
+func replayable(s *snapshot.Snapshot, capacity uint64) []deviceReplay {
+	var out []deviceReplay
+	for _, t := range splitDevices(s) {
+		if len(t.seqs) == 0 {
+			continue
+		}
+		d := deviceReplay{trace: t}
+		var oomReserved int64
+		d.peakReserved, d.peakAllocated, d.ooms, oomReserved = t.recordedPeaks()
+		d.capacity, d.capacityFrom = t.capacityFor(capacity, oomReserved)
+		out = append(out, d)
+	}
+	return out
 }
 
 // recordedPeaks walks the recording's events of the device: the peaks of reserved and allocated bytes, the

@@ -60,31 +60,9 @@ func (d *decoder) step(op byte) error {
 		}
 		return d.push(d.stack[len(d.stack)-1])
 	case opProto:
-		p, err := d.u8()
-		if err != nil {
-			return err
-		}
-		if p > highestProtocol {
-			return fmt.Errorf("%w: protocol %d (this decoder knows 0 to %d)", ErrUnsupported, p, highestProtocol)
-		}
-		return nil
+		return d.proto()
 	case opFrame:
-		// Frames only group opcodes for buffered reading, and the decoder buffers as it likes, so it only
-		// checks the frame is all there, as CPython's C unpickler does by reading it whole.
-		n, err := d.u64()
-		if err != nil {
-			return err
-		}
-		if err := d.need(int(min(n, frameAhead))); err != nil {
-			return fmt.Errorf("frame of %d bytes: %w", n, err)
-		}
-		if n > uint64(len(d.data)-d.pos) {
-			if d.eof {
-				return fmt.Errorf("frame of %d bytes: %w", n, d.short())
-			}
-			return fmt.Errorf("%w: frame of %d bytes read from a stream (at most %d are checked ahead)", ErrLimit, n, frameAhead)
-		}
-		return nil
+		return d.frame()
 
 	// Constants and numbers.
 	case opNone:
@@ -196,6 +174,38 @@ func (d *decoder) step(op byte) error {
 		return fmt.Errorf("%w: the protocol 0 text strings", ErrUnsupported)
 	}
 	return malformed("unknown opcode")
+}
+
+// proto checks the protocol a PROTO opcode declares.
+func (d *decoder) proto() error {
+	p, err := d.u8()
+	if err != nil {
+		return err
+	}
+	if p > highestProtocol {
+		return fmt.Errorf("%w: protocol %d (this decoder knows 0 to %d)", ErrUnsupported, p, highestProtocol)
+	}
+	return nil
+}
+
+// frame checks a FRAME opcode's frame. Frames only group opcodes for buffered reading, and the decoder
+// buffers as it likes, so it only checks the frame is all there, as CPython's C unpickler does by reading
+// it whole.
+func (d *decoder) frame() error {
+	n, err := d.u64()
+	if err != nil {
+		return err
+	}
+	if err := d.need(int(min(n, frameAhead))); err != nil {
+		return fmt.Errorf("frame of %d bytes: %w", n, err)
+	}
+	if n > uint64(len(d.data)-d.pos) {
+		if d.eof {
+			return fmt.Errorf("frame of %d bytes: %w", n, d.short())
+		}
+		return fmt.Errorf("%w: frame of %d bytes read from a stream (at most %d are checked ahead)", ErrLimit, n, frameAhead)
+	}
+	return nil
 }
 
 // Readers of fixed-size arguments. They never read past the input and report truncation.

@@ -80,29 +80,11 @@ func blockBytes(e *snapshot.Event) int64 {
 
 // index runs the pass over events [start, end).
 func (t *Timeline) index(start, end int) {
-	// The columns are sized for the events the snapshot is expected to hold (Events.Cap), or doubled, so
-	// that they are copied seldom as they grow; the block table for the share of allocs so far, or a
-	// training loop's mix (an alloc, two frees and a tag or two per block).
-	expect := max(end, t.s.Events.Cap()) - t.base
-	if cap(t.alloc) < end-t.base {
-		t.alloc = growTo(t.alloc, room(end-t.base, expect, cap(t.alloc)))
-	}
-	t.alloc = t.alloc[:end-t.base]
+	t.reserve(start, end)
 	allocated := t.alloc[:end-t.base]
 	b := &t.b
 	bt := &t.blocks
 	cur := b.cur
-	if need := len(bt.alloc) + (end-start)/4; cap(bt.alloc) < need {
-		share := 0.25
-		if start-t.base > 1<<12 {
-			share = float64(len(bt.alloc)-len(t.carried)) / float64(start-t.base) * 1.05
-		}
-		bt.grow(room(need, int(float64(expect)*share), cap(bt.alloc)))
-	}
-	if need := len(t.changes) + (end-start)/8; cap(t.changes) < need && start-t.base > 1<<12 {
-		share := float64(len(t.changes)) / float64(start-t.base) * 1.05
-		t.changes = growTo(t.changes, room(need, int(float64(expect)*share), cap(t.changes)))
-	}
 	var buf [256]snapshot.Event
 	prevAction, prevAddr := b.prevAction, b.prevAddr
 	for base := start; base < end; base += len(buf) {
@@ -119,29 +101,7 @@ func (t *Timeline) index(start, end int) {
 
 			switch e.Action {
 			case snapshot.ActionAlloc:
-				if old, ok := b.live.Get(e.Device, e.Addr); ok {
-					// The address is handed out again, so the block there was freed without a trace of it.
-					if bt.free[old] == noSeq {
-						t.stats.ReusedAddresses++
-					}
-					cur = t.release(old, e, seq, cur)
-				}
-				size := blockBytes(e)
-				cat := e.Category
-				if !cat.Valid() {
-					cat = snapshot.CategoryUnknown
-				}
-				id := int32(len(bt.alloc))
-				bt.alloc = append(bt.alloc, uint32(seq))
-				bt.free = append(bt.free, noSeq)
-				bt.done = append(bt.done, noSeq)
-				bt.size = append(bt.size, size)
-				bt.cat = append(bt.cat, cat)
-				bt.first = append(bt.first, -1)
-				b.live.Put(e.Device, e.Addr, id)
-				cur[Allocated] += size
-				cur[Active] += size
-				b.catBytes[cat] += size
+				cur = t.allocate(e, seq, cur)
 
 			case snapshot.ActionFreeRequested:
 				id, ok := b.live.Get(e.Device, e.Addr)
@@ -166,25 +126,7 @@ func (t *Timeline) index(start, end int) {
 				cur = t.release(id, e, seq, cur)
 
 			case snapshot.ActionCategory:
-				id, ok := b.live.Get(e.Device, e.Addr)
-				if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
-					break
-				}
-				if old := bt.cat[id]; old != e.Category {
-					b.catBytes[old] -= bt.size[id]
-					b.catBytes[e.Category] += bt.size[id]
-					bt.cat[id] = e.Category
-				}
-				c := int32(len(t.changes))
-				t.changes = append(t.changes, categoryChange{seq: uint32(seq), next: -1, cat: e.Category, label: e.Label})
-				if l := bt.first[id]; l < 0 {
-					bt.first[id] = c
-				} else {
-					for t.changes[l].next >= 0 { // a block changes category once or twice
-						l = t.changes[l].next
-					}
-					t.changes[l].next = c
-				}
+				t.recategorize(e, seq)
 
 			case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentFree, snapshot.ActionSegmentMap, snapshot.ActionSegmentUnmap:
 				t.segEvents = append(t.segEvents, uint32(seq))
@@ -235,6 +177,85 @@ func (t *Timeline) index(start, end int) {
 	}
 	if n := len(t.iterations); n > 0 {
 		t.iterations[n-1].End = end
+	}
+}
+
+// reserve sizes the columns for the pass over events [start, end): the allocated column for the events the
+// snapshot is expected to hold (Events.Cap), or doubled, so that the columns are copied seldom as they grow;
+// the block table for the share of allocs so far, or a training loop's mix (an alloc, two frees and a tag
+// or two per block).
+func (t *Timeline) reserve(start, end int) {
+	expect := max(end, t.s.Events.Cap()) - t.base
+	if cap(t.alloc) < end-t.base {
+		t.alloc = growTo(t.alloc, room(end-t.base, expect, cap(t.alloc)))
+	}
+	t.alloc = t.alloc[:end-t.base]
+	bt := &t.blocks
+	if need := len(bt.alloc) + (end-start)/4; cap(bt.alloc) < need {
+		share := 0.25
+		if start-t.base > 1<<12 {
+			share = float64(len(bt.alloc)-len(t.carried)) / float64(start-t.base) * 1.05
+		}
+		bt.grow(room(need, int(float64(expect)*share), cap(bt.alloc)))
+	}
+	if need := len(t.changes) + (end-start)/8; cap(t.changes) < need && start-t.base > 1<<12 {
+		share := float64(len(t.changes)) / float64(start-t.base) * 1.05
+		t.changes = growTo(t.changes, room(need, int(float64(expect)*share), cap(t.changes)))
+	}
+}
+
+// allocate adds the block alloc event e at seq makes, releasing the one its place held if the trace never
+// freed it.
+func (t *Timeline) allocate(e *snapshot.Event, seq int, cur [numSeries]int64) [numSeries]int64 {
+	b, bt := &t.b, &t.blocks
+	if old, ok := b.live.Get(e.Device, e.Addr); ok {
+		// The address is handed out again, so the block there was freed without a trace of it.
+		if bt.free[old] == noSeq {
+			t.stats.ReusedAddresses++
+		}
+		cur = t.release(old, e, seq, cur)
+	}
+	size := blockBytes(e)
+	cat := e.Category
+	if !cat.Valid() {
+		cat = snapshot.CategoryUnknown
+	}
+	id := int32(len(bt.alloc))
+	bt.alloc = append(bt.alloc, uint32(seq))
+	bt.free = append(bt.free, noSeq)
+	bt.done = append(bt.done, noSeq)
+	bt.size = append(bt.size, size)
+	bt.cat = append(bt.cat, cat)
+	bt.first = append(bt.first, -1)
+	b.live.Put(e.Device, e.Addr, id)
+	cur[Allocated] += size
+	cur[Active] += size
+	b.catBytes[cat] += size
+	return cur
+}
+
+// recategorize applies category event e at seq to the live block at its place, and links the change to the
+// block's others.
+func (t *Timeline) recategorize(e *snapshot.Event, seq int) {
+	b, bt := &t.b, &t.blocks
+	id, ok := b.live.Get(e.Device, e.Addr)
+	if !ok || bt.free[id] != noSeq || !e.Category.Valid() {
+		return
+	}
+	if old := bt.cat[id]; old != e.Category {
+		b.catBytes[old] -= bt.size[id]
+		b.catBytes[e.Category] += bt.size[id]
+		bt.cat[id] = e.Category
+	}
+	c := int32(len(t.changes))
+	t.changes = append(t.changes, categoryChange{seq: uint32(seq), next: -1, cat: e.Category, label: e.Label})
+	if l := bt.first[id]; l < 0 {
+		bt.first[id] = c
+	} else {
+		for t.changes[l].next >= 0 { // a block changes category once or twice
+			l = t.changes[l].next
+		}
+		t.changes[l].next = c
 	}
 }
 

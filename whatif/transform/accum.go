@@ -81,24 +81,52 @@ func (t *trace) microRegions() []region {
 	return rs
 }
 
+// repeatMicroSteps runs each iteration's region of t k times (once for a region the trace cuts short).
 func repeatMicroSteps(t *trace, k int, name string) (*trace, string, error) {
 	rs := t.microRegions()
 	if len(rs) == 0 {
 		return nil, "", &MissingTagsError{name, "data, forward, backward and optimizer phase"}
 	}
 	bs := t.index()
-	at := func(i int) int { // the region index i falls in, or -1
-		j := sort.Search(len(rs), func(j int) bool { return rs[j].end > i })
-		if j < len(rs) && i >= rs[j].start {
-			return j
+	m := &microSteps{t: t, out: t.derive(len(t.events) * k), k: k, rs: rs, bs: bs,
+		carriedFree: t.carriedBlocks(rs, bs), cur: map[uint64]uint64{}}
+	i := 0
+	for ri, r := range rs {
+		for ; i < r.start; i++ {
+			m.out.emitMapped(t.events[i], m.addr)
 		}
-		return -1
+		m.region(ri)
+		i = r.end
 	}
-	// A block a region leaves alive and the next iteration's region frees is carried to the next micro-step:
-	// each copy but the last has its block released by the next copy, at the point the next region released
-	// it. The last iteration has no next region: its carried blocks are those allocated where an earlier
-	// region allocated one (iterations repeat the same code).
-	carriedFree := make([]map[int][]uint64, len(rs)) // region -> offset in region -> blocks
+	for ; i < len(t.events); i++ {
+		m.out.emitMapped(t.events[i], m.addr)
+	}
+	line := fmt.Sprintf("%s: data, forward and backward run %d times per optimizer step in %d iterations; "+
+		"%d gradients the later micro-steps made were added in place and released, %d copies into .grad not made",
+		name, k, len(rs)-m.incomplete, m.accumulated, m.notMade)
+	if m.incomplete > 0 {
+		line += fmt.Sprintf("; the recording ends inside iteration %d's first micro-step: its other %d micro-steps "+
+			"and what follows were never recorded", rs[len(rs)-1].iteration, k-1)
+	}
+	return m.out, line, nil
+}
+
+// regionOf returns the index of the region of rs event i falls in, or -1.
+func regionOf(rs []region, i int) int {
+	j := sort.Search(len(rs), func(j int) bool { return rs[j].end > i })
+	if j < len(rs) && i >= rs[j].start {
+		return j
+	}
+	return -1
+}
+
+// carriedBlocks finds the blocks each region carries to the next micro-step: a block a region leaves alive
+// and the next iteration's region frees. Each copy but the last has its block released by the next copy,
+// at the point the next region released it. The last iteration has no next region: its carried blocks are
+// those allocated where an earlier region allocated one (iterations repeat the same code). It returns, by
+// region, the blocks by the offset in the region where the next copy releases them.
+func (t *trace) carriedBlocks(rs []region, bs map[uint64]*block) []map[int][]uint64 {
+	carriedFree := make([]map[int][]uint64, len(rs))
 	carry := func(ri int, addr uint64, off int) {
 		if carriedFree[ri] == nil {
 			carriedFree[ri] = map[int][]uint64{}
@@ -113,13 +141,13 @@ func repeatMicroSteps(t *trace, k int, name string) (*trace, string, error) {
 		if t.events[i].Action != snapshot.ActionAlloc || b == nil || b.alloc != i {
 			continue
 		}
-		ra := at(b.alloc)
+		ra := regionOf(rs, b.alloc)
 		if ra < 0 || b.gradAt >= 0 {
 			continue
 		}
 		rf := -1
 		if b.free >= 0 {
-			rf = at(b.free)
+			rf = regionOf(rs, b.free)
 		}
 		switch {
 		case rf > ra && rs[rf].iteration == rs[ra].iteration+1:
@@ -135,124 +163,139 @@ func repeatMicroSteps(t *trace, k int, name string) (*trace, string, error) {
 			carry(ri, addr, off)
 		}
 	}
+	return carriedFree
+}
 
-	out := t.derive(len(t.events) * k)
-	cur := map[uint64]uint64{} // address in t -> address of its newest copy
-	addr := func(a uint64) uint64 {
-		if c, ok := cur[a]; ok {
-			return c
-		}
-		return a
+// microSteps writes a trace with each iteration's region repeated k times.
+type microSteps struct {
+	t, out      *trace
+	k           int
+	rs          []region
+	bs          map[uint64]*block
+	carriedFree []map[int][]uint64 // see carriedBlocks
+	cur         map[uint64]uint64  // address in t -> address of its newest copy
+
+	accumulated, notMade, incomplete int
+}
+
+// microStep is one copy c of region ri: its blocks' addresses (this), and those of the copy before it
+// (prev), whose carried blocks it releases.
+type microStep struct {
+	ri, c      int
+	this, prev map[uint64]uint64
+	skipped    map[uint64]bool // blocks this copy does not make, or has released already
+}
+
+// addr returns the address of a's newest copy.
+func (m *microSteps) addr(a uint64) uint64 {
+	if c, ok := m.cur[a]; ok {
+		return c
 	}
-	var accumulated, notMade, incomplete int
-	i := 0
-	for ri, r := range rs {
-		for ; i < r.start; i++ {
-			out.emitMapped(t.events[i], addr)
+	return a
+}
+
+// region writes region ri's copies.
+func (m *microSteps) region(ri int) {
+	r := m.rs[ri]
+	copies := m.k
+	if !r.complete {
+		copies, m.incomplete = 1, m.incomplete+1
+	}
+	prev := map[uint64]uint64{}
+	for c := 0; c < copies; c++ {
+		s := &microStep{ri: ri, c: c, this: map[uint64]uint64{}, prev: prev, skipped: map[uint64]bool{}}
+		for j := r.start; j < r.end; j++ {
+			m.event(s, j)
 		}
-		copies := k
-		if !r.complete {
-			copies, incomplete = 1, incomplete+1
+		if c > 0 { // what a shorter region did not reach is released at its end
+			n := r.end - r.start
+			m.releaseCarried(s, m.t.events[r.end-1], func(o int) bool { return o >= n })
 		}
-		prevCopy := map[uint64]uint64{}
-		n := r.end - r.start
-		for c := 0; c < copies; c++ {
-			thisCopy := map[uint64]uint64{}
-			skipped := map[uint64]bool{}
-			release := func(at snapshot.Event, offsets func(int) bool) {
-				for _, off := range slices.Sorted(maps.Keys(carriedFree[ri])) { // in order: the same output every time
-					if !offsets(off) {
-						continue
-					}
-					for _, a := range carriedFree[ri][off] {
-						if p, ok := prevCopy[a]; ok {
-							f := freeEvents(at, p, bs[a].size, t.events[bs[a].alloc].BlockSize)
-							out.events = append(out.events, f[0], f[1])
-						}
-					}
-				}
+		for a, fresh := range s.this {
+			if !s.skipped[a] {
+				m.cur[a] = fresh
 			}
-			for j := r.start; j < r.end; j++ {
-				e := t.events[j]
-				if c > 0 && len(carriedFree[ri][j-r.start]) > 0 {
-					off := j - r.start
-					release(e, func(o int) bool { return o == off })
-				}
-				b := bs[e.Addr]
-				inRegion := b != nil && b.alloc >= r.start && b.alloc < r.end
-				switch e.Action {
-				case snapshot.ActionAlloc:
-					if c > 0 && b != nil && b.gradAt == j {
-						skipped[e.Addr] = true // the copy into .grad: the later micro-steps add in place
-						notMade++
-						continue
-					}
-					if c > 0 {
-						thisCopy[e.Addr] = out.fresh()
-						e.Addr = thisCopy[e.Addr]
-					}
-					out.events = append(out.events, e)
-					continue
-				case snapshot.ActionCategory:
-					if c > 0 && inRegion && b.gradAt == j {
-						// Added in place to the gradient: released at once.
-						if a, ok := thisCopy[e.Addr]; ok {
-							f := freeEvents(e, a, b.size, t.events[b.alloc].BlockSize)
-							out.events = append(out.events, f[0], f[1])
-							skipped[e.Addr] = true
-							accumulated++
-						}
-						continue
-					}
-				case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
-					if c > 0 && !inRegion && b != nil {
-						continue // a block from before the region: the first micro-step released it
-					}
-				}
-				if c > 0 && inRegion {
-					if skipped[e.Addr] {
-						continue
-					}
-					if a, ok := thisCopy[e.Addr]; ok {
-						e.Addr = a
-					}
-				} else if !inRegion {
-					e.Addr = addr(e.Addr)
-				}
-				out.events = append(out.events, e)
-			}
-			if c > 0 { // what a shorter region did not reach is released at its end
-				release(t.events[r.end-1], func(o int) bool { return o >= n })
-			}
-			for a, fresh := range thisCopy {
-				if !skipped[a] {
-					cur[a] = fresh
-				}
-			}
-			prevCopy = map[uint64]uint64{}
-			for j := r.start; j < r.end; j++ {
-				if e := &t.events[j]; e.Action == snapshot.ActionAlloc {
-					if a, ok := thisCopy[e.Addr]; ok {
-						prevCopy[e.Addr] = a
-					} else if c == 0 {
-						prevCopy[e.Addr] = e.Addr
-					}
+		}
+		prev = map[uint64]uint64{}
+		for j := r.start; j < r.end; j++ {
+			if e := &m.t.events[j]; e.Action == snapshot.ActionAlloc {
+				if a, ok := s.this[e.Addr]; ok {
+					prev[e.Addr] = a
+				} else if c == 0 {
+					prev[e.Addr] = e.Addr
 				}
 			}
 		}
-		i = r.end
 	}
-	for ; i < len(t.events); i++ {
-		out.emitMapped(t.events[i], addr)
+}
+
+// releaseCarried releases, at event at, the previous copy's carried blocks whose offsets match.
+func (m *microSteps) releaseCarried(s *microStep, at snapshot.Event, offsets func(int) bool) {
+	carried := m.carriedFree[s.ri]
+	for _, off := range slices.Sorted(maps.Keys(carried)) { // in order: the same output every time
+		if !offsets(off) {
+			continue
+		}
+		for _, a := range carried[off] {
+			if p, ok := s.prev[a]; ok {
+				f := freeEvents(at, p, m.bs[a].size, m.t.events[m.bs[a].alloc].BlockSize)
+				m.out.events = append(m.out.events, f[0], f[1])
+			}
+		}
 	}
-	line := fmt.Sprintf("%s: data, forward and backward run %d times per optimizer step in %d iterations; "+
-		"%d gradients the later micro-steps made were added in place and released, %d copies into .grad not made",
-		name, k, len(rs)-incomplete, accumulated, notMade)
-	if incomplete > 0 {
-		line += fmt.Sprintf("; the recording ends inside iteration %d's first micro-step: its other %d micro-steps "+
-			"and what follows were never recorded", rs[len(rs)-1].iteration, k-1)
+}
+
+// event writes event j of the region as copy s: the first copy as recorded, a later one at fresh
+// addresses, without the copies into .grad and with the gradients it makes added in place and released.
+func (m *microSteps) event(s *microStep, j int) {
+	r := m.rs[s.ri]
+	e := m.t.events[j]
+	if s.c > 0 && len(m.carriedFree[s.ri][j-r.start]) > 0 {
+		off := j - r.start
+		m.releaseCarried(s, e, func(o int) bool { return o == off })
 	}
-	return out, line, nil
+	b := m.bs[e.Addr]
+	inRegion := b != nil && b.alloc >= r.start && b.alloc < r.end
+	switch e.Action {
+	case snapshot.ActionAlloc:
+		if s.c > 0 && b != nil && b.gradAt == j {
+			s.skipped[e.Addr] = true // the copy into .grad: the later micro-steps add in place
+			m.notMade++
+			return
+		}
+		if s.c > 0 {
+			s.this[e.Addr] = m.out.fresh()
+			e.Addr = s.this[e.Addr]
+		}
+		m.out.events = append(m.out.events, e)
+		return
+	case snapshot.ActionCategory:
+		if s.c > 0 && inRegion && b.gradAt == j {
+			// Added in place to the gradient: released at once.
+			if a, ok := s.this[e.Addr]; ok {
+				f := freeEvents(e, a, b.size, m.t.events[b.alloc].BlockSize)
+				m.out.events = append(m.out.events, f[0], f[1])
+				s.skipped[e.Addr] = true
+				m.accumulated++
+			}
+			return
+		}
+	case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+		if s.c > 0 && !inRegion && b != nil {
+			return // a block from before the region: the first micro-step released it
+		}
+	}
+	if s.c > 0 && inRegion {
+		if s.skipped[e.Addr] {
+			return
+		}
+		if a, ok := s.this[e.Addr]; ok {
+			e.Addr = a
+		}
+	} else if !inRegion {
+		e.Addr = m.addr(e.Addr)
+	}
+	m.out.events = append(m.out.events, e)
 }
 
 // emitMapped appends e with its address mapped.

@@ -45,140 +45,185 @@ func CheckOptimizer(o knob.Optimizer) error {
 }
 
 func switchOptimizer(t *trace, o knob.Optimizer, name string) (*trace, string, error) {
-	start := -1
-	for i := range t.events {
-		if e := &t.events[i]; e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseOptimizer {
-			start = i
-			break
-		}
-	}
+	start := t.firstStep()
 	if start < 0 {
 		return nil, "", &MissingTagsError{name, "optimizer phase"}
 	}
 	bs := t.index()
-	var grads []uint64 // the gradients alive at the first optimizer step, in order of allocation
+	r := t.readOptimizer(bs, start)
+	if len(r.grads) == 0 {
+		return nil, "", &MissingTagsError{name, "gradient category"}
+	}
+	switch {
+	case r.kind == o:
+		return t, r.unchanged(name), nil
+	case r.kind == knob.AdamW8bit:
+		return nil, "", fmt.Errorf("%s: the recording's optimizer keeps 8-bit state; moving from it is not modelled: "+
+			"record with the optimizer instead", name)
+	case o == knob.AdamW8bit:
+		return to8bit(t, bs, r, name)
+	case r.kind.States() == o.States():
+		return t, r.unchanged(name), nil
+	case o.States() > r.kind.States():
+		return addStates(t, bs, r, o.States()-r.kind.States(), name)
+	}
+	return dropStates(t, bs, r, o.States(), name)
+}
+
+// firstStep returns the index of the first optimizer phase marker, or -1.
+func (t *trace) firstStep() int {
+	for i := range t.events {
+		if e := &t.events[i]; e.Action == snapshot.ActionPhase && e.Phase == snapshot.PhaseOptimizer {
+			return i
+		}
+	}
+	return -1
+}
+
+// recordedOptimizer is the optimizer a trace recorded, read off its state at the first optimizer step.
+type recordedOptimizer struct {
+	start      int      // the first optimizer phase marker
+	grads      []uint64 // the gradients alive at the first step, in order of allocation
+	states     []uint64 // the optimizer state blocks, in order of allocation
+	stateBytes int64
+	kind       knob.Optimizer // SGD, Momentum, AdamW (any Adam-like) or AdamW8bit
+	name       string         // kind in words
+}
+
+// readOptimizer reads the recorded optimizer off its state blocks per gradient alive at the first step
+// (start): 2 or more: Adam-like (8-bit when they take under 4 bytes an element), 1: momentum, 0: SGD.
+func (t *trace) readOptimizer(bs map[uint64]*block, start int) recordedOptimizer {
+	r := recordedOptimizer{start: start, kind: knob.SGD}
 	for i := 0; i < start; i++ {
 		e := &t.events[i]
 		if e.Action != snapshot.ActionAlloc {
 			continue
 		}
 		if b := bs[e.Addr]; b.gradAt >= 0 && b.gradAt < start && (b.free < 0 || b.free > start) {
-			grads = append(grads, e.Addr)
+			r.grads = append(r.grads, e.Addr)
 		}
 	}
-	if len(grads) == 0 {
-		return nil, "", &MissingTagsError{name, "gradient category"}
+	if len(r.grads) == 0 {
+		return r
 	}
-	var states []uint64
-	var stateBytes int64
 	for i := range t.events {
 		e := &t.events[i]
 		if e.Action == snapshot.ActionAlloc && bs[e.Addr].has(snapshot.CategoryOptimizerState) {
-			states = append(states, e.Addr)
-			stateBytes += e.Size
+			r.states = append(r.states, e.Addr)
+			r.stateBytes += e.Size
 		}
 	}
-	perGrad := float64(len(states)) / float64(len(grads))
-	recorded := knob.SGD
+	perGrad := float64(len(r.states)) / float64(len(r.grads))
 	switch {
 	case perGrad >= 1.5:
-		recorded = knob.AdamW
+		r.kind = knob.AdamW
 	case perGrad >= 0.5:
-		recorded = knob.Momentum
+		r.kind = knob.Momentum
 	}
 	var gradBytes int64
-	for _, g := range grads {
+	for _, g := range r.grads {
 		gradBytes += bs[g].size
 	}
-	if recorded == knob.AdamW && stateBytes < gradBytes { // two states in under 4 bytes an element: 8-bit
-		recorded = knob.AdamW8bit
+	if r.kind == knob.AdamW && r.stateBytes < gradBytes { // two states in under 4 bytes an element: 8-bit
+		r.kind = knob.AdamW8bit
 	}
-	recordedName := map[knob.Optimizer]string{knob.SGD: "SGD", knob.Momentum: "momentum", knob.AdamW: "Adam/AdamW", knob.AdamW8bit: "8-bit AdamW"}[recorded]
-	switch {
-	case recorded == o:
-		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
-			name, len(states), units.FormatSize(stateBytes), recordedName), nil
-	case recorded == knob.AdamW8bit:
-		return nil, "", fmt.Errorf("%s: the recording's optimizer keeps 8-bit state; moving from it is not modelled: "+
-			"record with the optimizer instead", name)
-	case o == knob.AdamW8bit:
-		return to8bit(t, bs, grads, states, start, name, recordedName)
-	}
-	if recorded.States() == o.States() {
-		return t, fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
-			name, len(states), units.FormatSize(stateBytes), recordedName), nil
-	}
+	r.name = map[knob.Optimizer]string{knob.SGD: "SGD", knob.Momentum: "momentum", knob.AdamW: "Adam/AdamW", knob.AdamW8bit: "8-bit AdamW"}[r.kind]
+	return r
+}
 
-	drop := map[uint64]bool{}
-	var add int
-	var dropTemps int
-	var tempBytes int64
-	if o.States() < recorded.States() {
-		// Keep o.States() buffers the size of each gradient, the first ones made; drop the rest.
-		want := map[int64]int{}
-		for _, g := range grads {
-			want[bs[g].size] += o.States()
-		}
-		for _, a := range states {
-			if b := bs[a]; want[b.size] > 0 {
-				want[b.size]--
-			} else {
-				drop[a] = true
-			}
-		}
-		// The step's temporaries: what the optimizer allocates and never makes anything else.
-		for i := range t.events {
-			e := &t.events[i]
-			if isStepTemporary(e, bs[e.Addr]) {
-				drop[e.Addr] = true
-				dropTemps++
-				tempBytes += e.Size
-			}
-		}
-	} else {
-		add = o.States() - recorded.States()
-	}
-	out := t.derive(len(t.events) + add*len(grads))
-	var dropped int
-	var droppedBytes, addedBytes int64
+// unchanged is the line of a move to an optimizer that keeps the same state.
+func (r *recordedOptimizer) unchanged(name string) string {
+	return fmt.Sprintf("%s: the recording's optimizer keeps the same state (%d blocks, %s: %s): nothing changes",
+		name, len(r.states), units.FormatSize(r.stateBytes), r.name)
+}
+
+// addStates adds add gradient-sized buffers per gradient at the first step, where the optimizer makes its
+// state lazily.
+func addStates(t *trace, bs map[uint64]*block, r recordedOptimizer, add int, name string) (*trace, string, error) {
+	out := t.derive(len(t.events) + add*len(r.grads))
+	var addedBytes int64
 	for i := range t.events {
 		e := t.events[i]
-		switch e.Action {
-		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if drop[e.Addr] {
-				if e.Action == snapshot.ActionAlloc && bs[e.Addr].has(snapshot.CategoryOptimizerState) {
-					dropped++
-					droppedBytes += e.Size
-				}
-				continue
-			}
-		}
 		out.events = append(out.events, e)
-		if i == start && add > 0 { // the new state, made lazily at the first step
-			for range add {
-				for _, g := range grads {
-					ge := t.events[bs[g].alloc]
-					s := snapshot.Event{Time: e.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
-						Addr: out.fresh(), Size: ge.Size, BlockSize: ge.BlockSize, Phase: snapshot.PhaseOptimizer,
-						Iteration: e.Iteration, Category: snapshot.CategoryOptimizerState, Scope: ge.Scope}
-					out.events = append(out.events, s)
-					addedBytes += ge.Size
-				}
+		if i != r.start {
+			continue
+		}
+		for range add {
+			for _, g := range r.grads {
+				ge := &t.events[bs[g].alloc]
+				out.events = append(out.events, newState(&e, ge, out.fresh(), ge.Size, ge.BlockSize))
+				addedBytes += ge.Size
 			}
 		}
 	}
-	var line string
-	if add > 0 {
-		line = fmt.Sprintf("%s: the recording's optimizer (%s, %d state blocks for %d gradients) gets %d more "+
-			"gradient-sized buffers (%s) at its first step; the step's own temporaries are not added, so its peak "+
-			"is a lower bound", name, recordedName, len(states), len(grads), add*len(grads), units.FormatSize(addedBytes))
-	} else {
-		line = fmt.Sprintf("%s: removed %d of the %d optimizer state blocks of the recording's %s (%s) and its "+
-			"step's %d temporaries (%s requested in all); assumes no weight decay, which in knob.SGD adds a temporary per "+
-			"parameter", name, dropped, len(states), recordedName, units.FormatSize(droppedBytes), dropTemps,
-			units.FormatSize(tempBytes))
-	}
+	line := fmt.Sprintf("%s: the recording's optimizer (%s, %d state blocks for %d gradients) gets %d more "+
+		"gradient-sized buffers (%s) at its first step; the step's own temporaries are not added, so its peak "+
+		"is a lower bound", name, r.name, len(r.states), len(r.grads), add*len(r.grads), units.FormatSize(addedBytes))
 	return out, line, nil
+}
+
+// dropStates keeps keep buffers the size of each gradient, the first ones made, and drops the other state
+// blocks and the step's temporaries.
+func dropStates(t *trace, bs map[uint64]*block, r recordedOptimizer, keep int, name string) (*trace, string, error) {
+	drop := map[uint64]bool{}
+	want := map[int64]int{}
+	for _, g := range r.grads {
+		want[bs[g].size] += keep
+	}
+	var removed int
+	var removedBytes int64
+	for _, a := range r.states {
+		if b := bs[a]; want[b.size] > 0 {
+			want[b.size]--
+		} else {
+			drop[a] = true
+			removed++
+			removedBytes += b.size
+		}
+	}
+	temps, tempBytes := t.dropTemporaries(drop, bs)
+	out := t.derive(len(t.events))
+	for i := range t.events {
+		if e := &t.events[i]; !dropped(e, drop) {
+			out.events = append(out.events, *e)
+		}
+	}
+	line := fmt.Sprintf("%s: removed %d of the %d optimizer state blocks of the recording's %s (%s) and its "+
+		"step's %d temporaries (%s requested in all); assumes no weight decay, which in knob.SGD adds a temporary per "+
+		"parameter", name, removed, len(r.states), r.name, units.FormatSize(removedBytes), temps,
+		units.FormatSize(tempBytes))
+	return out, line, nil
+}
+
+// newState returns the allocation of an optimizer state block of the given sizes for the parameter whose
+// gradient is like, made at event at of the optimizer step.
+func newState(at, like *snapshot.Event, addr uint64, size, blockSize int64) snapshot.Event {
+	return snapshot.Event{Time: at.Time, Action: snapshot.ActionAlloc, Device: like.Device, Stream: like.Stream,
+		Addr: addr, Size: size, BlockSize: blockSize, Phase: snapshot.PhaseOptimizer, Iteration: at.Iteration,
+		Category: snapshot.CategoryOptimizerState, Scope: like.Scope}
+}
+
+// dropTemporaries adds the optimizer steps' temporaries to drop and returns how many they are and their
+// requested bytes.
+func (t *trace) dropTemporaries(drop map[uint64]bool, bs map[uint64]*block) (n int, bytes int64) {
+	for i := range t.events {
+		if e := &t.events[i]; isStepTemporary(e, bs[e.Addr]) {
+			drop[e.Addr] = true
+			n++
+			bytes += e.Size
+		}
+	}
+	return n, bytes
+}
+
+// dropped reports whether e is an event of one of the blocks in drop: its allocation, a release or a
+// category change.
+func dropped(e *snapshot.Event, drop map[uint64]bool) bool {
+	switch e.Action {
+	case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+		return drop[e.Addr]
+	}
+	return false
 }
 
 // isStepTemporary reports whether b is one of an optimizer step's temporaries: allocated in the optimizer
@@ -188,52 +233,38 @@ func isStepTemporary(e *snapshot.Event, b *block) bool {
 	return e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseOptimizer && b.cats&^temp == 0
 }
 
-// to8bit replaces an optimizer's state with bitsandbytes' AdamW8bit's, made at the first step (start) for
-// each gradient in parameter order (backward made them last to first): the two quantization maps once,
-// then per parameter its two states and their block maxima as optimrules.Blockwise8bit says. The recorded step's
+// to8bit replaces an optimizer's state with bitsandbytes' AdamW8bit's, made at the first step for each
+// gradient in parameter order (backward made them last to first): the two quantization maps once, then per
+// parameter its two states and their block maxima as optimrules.Blockwise8bit says. The recorded step's
 // temporaries go: the 8-bit update is one kernel per parameter, in place.
-func to8bit(t *trace, bs map[uint64]*block, grads, states []uint64, start int, name, recordedName string) (*trace, string, error) {
+func to8bit(t *trace, bs map[uint64]*block, r recordedOptimizer, name string) (*trace, string, error) {
 	drop := map[uint64]bool{}
-	var droppedBytes, tempBytes int64
-	for _, a := range states {
+	var droppedBytes int64
+	for _, a := range r.states {
 		drop[a] = true
 		droppedBytes += bs[a].size
 	}
-	var temps int
-	for i := range t.events {
-		if e := &t.events[i]; e.Action == snapshot.ActionAlloc && isStepTemporary(e, bs[e.Addr]) {
-			drop[e.Addr] = true
-			temps++
-			tempBytes += e.Size
-		}
-	}
-	out := t.derive(len(t.events) + 4*len(grads) + 2)
+	temps, tempBytes := t.dropTemporaries(drop, bs)
+	out := t.derive(len(t.events) + 4*len(r.grads) + 2)
 	var made int
 	var madeBytes int64
 	var eightBit int
 	for i := range t.events {
 		e := t.events[i]
-		switch e.Action {
-		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if drop[e.Addr] {
-				continue
-			}
+		if dropped(&e, drop) {
+			continue
 		}
 		out.events = append(out.events, e)
-		if i != start {
+		if i != r.start {
 			continue
 		}
 		add := func(ge *snapshot.Event, size int64) {
-			s := snapshot.Event{Time: e.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
-				Addr: out.fresh(), Size: size, BlockSize: int64(torchrules.RoundSize(uint64(size), nil)),
-				Phase: snapshot.PhaseOptimizer, Iteration: e.Iteration, Category: snapshot.CategoryOptimizerState,
-				Scope: ge.Scope}
-			out.events = append(out.events, s)
+			out.events = append(out.events, newState(&e, ge, out.fresh(), size, int64(torchrules.RoundSize(uint64(size), nil))))
 			made++
 			madeBytes += size
 		}
 		qmaps := false
-		for _, g := range slices.Backward(grads) {
+		for _, g := range slices.Backward(r.grads) {
 			ge := &t.events[bs[g].alloc]
 			eight, absmax := optimrules.Blockwise8bit(int(ge.Size / 4))
 			if !eight {
@@ -255,8 +286,8 @@ func to8bit(t *trace, bs map[uint64]*block, grads, states []uint64, start int, n
 	}
 	line := fmt.Sprintf("%s: the %d state blocks of the recording's %s (%s) and its step's %d temporaries (%s) "+
 		"become %d blocks of 8-bit state (%s: %d of %d parameters in 8 bits, blockwise, the others in float32); "+
-		"assumes float32 parameters (4 bytes an element)", name, len(states), recordedName,
+		"assumes float32 parameters (4 bytes an element)", name, len(r.states), r.name,
 		units.FormatSize(droppedBytes), temps, units.FormatSize(tempBytes), made, units.FormatSize(madeBytes),
-		eightBit, len(grads))
+		eightBit, len(r.grads))
 	return out, line, nil
 }

@@ -123,11 +123,8 @@ func optimizerImpl(t *trace, impl knob.OptimizerImpl, name string) (*trace, stri
 		if s := at[i]; s != nil {
 			made += out.forLoop(&e, params, decayed)
 		}
-		switch e.Action {
-		case snapshot.ActionAlloc, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if drop[e.Addr] {
-				continue
-			}
+		if dropped(&e, drop) {
+			continue
 		}
 		out.events = append(out.events, e)
 	}

@@ -158,17 +158,49 @@ func (t *trace) occurrences(start int, skip func(i int) bool) map[occurrence]int
 // the first backward. A gradient released later in the recording (at the end of the run) releases what
 // stands for it then.
 func toSetToNone(t *trace, bs map[uint64]*block, first int, name string) (*trace, string, error) {
-	type grad struct {
-		addr   uint64
-		b      *block
-		stolen bool
-		at     occurrence // the stolen allocation, or the one a copy follows
-		none   bool       // a copy made before any allocation of its pass: it follows the marker
-		frees  int        // a copy: the releases between what it follows and itself
-		self   occurrence // its own allocation
+	grads := t.templateGrads(bs, first)
+	if len(grads) == 0 {
+		return nil, "", &MissingTagsError{name, "gradient category"}
 	}
-	var grads []*grad
-	byAddr := map[uint64]*grad{}
+	t.numberGrads(grads)
+	t.findStolen(grads, first)
+	t.placeCopies(grads)
+	w := newSetToNone(t, grads, first)
+	for i := range t.events {
+		w.event(i, t.events[i])
+	}
+	var bytes int64
+	for _, g := range grads {
+		bytes += g.b.size
+	}
+	line := fmt.Sprintf("%s: the %d gradients (%s) are released at each zero_grad (%d releases) and made again "+
+		"where the next backward first writes them (%d times, found by the size and stack of the first "+
+		"backward's allocations)", name, len(grads), units.FormatSize(bytes), w.released, w.remade)
+	if w.missed > 0 {
+		line += fmt.Sprintf("; %d were not found in their backward and are left out", w.missed)
+	}
+	return w.out, line, nil
+}
+
+// templateGrad is a gradient made before the first zero_grad: what set_to_none makes again in every
+// backward after one.
+type templateGrad struct {
+	addr   uint64
+	b      *block
+	stolen bool
+	at     occurrence // the stolen allocation, or the one a copy follows
+	none   bool       // a copy made before any allocation of its pass: it follows the marker
+	frees  int        // a copy: the releases between what it follows and itself
+	self   occurrence // its own allocation
+
+	cur  uint64 // what stands for it in the output now; 0: none
+	left int    // a copy waiting to be made: the releases still to pass
+}
+
+// templateGrads returns the gradients alive at the first zero_grad (first) that a backward made, in order
+// of allocation.
+func (t *trace) templateGrads(bs map[uint64]*block, first int) []*templateGrad {
+	var grads []*templateGrad
 	for i := 0; i < first; i++ {
 		e := &t.events[i]
 		if e.Action != snapshot.ActionAlloc {
@@ -178,18 +210,16 @@ func toSetToNone(t *trace, bs map[uint64]*block, first int, name string) (*trace
 		if b == nil || b.internal || b.gradAt < 0 || b.gradAt > first || (b.free >= 0 && b.free < first) {
 			continue
 		}
-		start := t.passStart(b.gradAt)
-		if start < 0 {
+		if t.passStart(b.gradAt) < 0 {
 			continue
 		}
-		g := &grad{addr: e.Addr, b: b, stolen: b.gradAt != b.alloc}
-		grads = append(grads, g)
-		byAddr[e.Addr] = g
+		grads = append(grads, &templateGrad{addr: e.Addr, b: b, stolen: b.gradAt != b.alloc})
 	}
-	if len(grads) == 0 {
-		return nil, "", &MissingTagsError{name, "gradient category"}
-	}
-	// Each gradient's own allocation, numbered among those of its size and stack in its pass.
+	return grads
+}
+
+// numberGrads numbers each gradient's own allocation among those of its size and stack in its pass.
+func (t *trace) numberGrads(grads []*templateGrad) {
 	for _, g := range grads {
 		e := &t.events[g.b.alloc]
 		g.self.key = allocKey{e.Size, e.Stack}
@@ -199,25 +229,33 @@ func toSetToNone(t *trace, bs map[uint64]*block, first int, name string) (*trace
 			}
 		}
 	}
-	// A gradient allocated as one is a copy, or, where the trace lost the category change (a PyTorch file
-	// records one category per block), a stolen gradient: the next backward tells, holding the same
-	// allocation again if it was stolen.
-	if next := t.nextBackward(first); next >= 0 {
-		occ := t.occurrences(next, func(int) bool { return false })
-		for _, g := range grads {
-			if _, ok := occ[g.self]; ok {
-				g.stolen = true
-			}
+}
+
+// findStolen tells a stolen gradient from a copy where the trace lost the category change (a PyTorch file
+// records one category per block), so that a gradient allocated as one may be either: the next backward
+// after the first zero_grad holds the same allocation again if it was stolen.
+func (t *trace) findStolen(grads []*templateGrad, first int) {
+	next := t.nextBackward(first)
+	if next < 0 {
+		return
+	}
+	occ := t.occurrences(next, func(int) bool { return false })
+	for _, g := range grads {
+		if _, ok := occ[g.self]; ok {
+			g.stolen = true
 		}
 	}
+}
+
+// placeCopies finds where each copy is made: after which allocation of its pass (copies left out, since
+// the next backward makes none) and how many releases after it. A stolen gradient stays at its own.
+func (t *trace) placeCopies(grads []*templateGrad) {
 	copies := map[int]bool{}
 	for _, g := range grads {
 		if !g.stolen {
 			copies[g.b.alloc] = true
 		}
 	}
-	// Where each copy is made: after which allocation of its pass (copies left out, since the next
-	// backward makes none) and how many releases.
 	for _, g := range grads {
 		if g.stolen {
 			g.at = g.self
@@ -239,133 +277,163 @@ func toSetToNone(t *trace, bs map[uint64]*block, first int, name string) (*trace
 			}
 		}
 	}
-	out := t.derive(len(t.events) + 4*len(grads))
-	cur := map[*grad]uint64{} // what stands for each gradient now; 0: none
+}
+
+// setToNone writes a trace moved to set_to_none, event by event: it releases the template gradients at
+// each zero_grad and makes them again in the backward that follows.
+type setToNone struct {
+	t, out *trace
+	grads  []*templateGrad
+	byAddr map[uint64]*templateGrad
+	first  int // the first zero_grad phase
+
+	held    map[uint64]bool         // stolen allocations kept as gradients
+	targets map[int][]*templateGrad // event index -> gradients made there, in the pass being rewritten
+	pending bool                    // a zero_grad released the gradients; the next backward remakes them
+	// The copies waiting for their releases to pass (each with its left); an allocation or the pass's end
+	// makes them at once.
+	waiting []*templateGrad
+
+	released, remade, missed int
+}
+
+func newSetToNone(t *trace, grads []*templateGrad, first int) *setToNone {
+	w := &setToNone{t: t, out: t.derive(len(t.events) + 4*len(grads)), grads: grads,
+		byAddr: map[uint64]*templateGrad{}, first: first, held: map[uint64]bool{}}
 	for _, g := range grads {
-		cur[g] = g.addr
+		w.byAddr[g.addr] = g
+		g.cur = g.addr
 	}
-	held := map[uint64]bool{} // stolen allocations kept as gradients
-	release := func(at snapshot.Event, g *grad) {
-		if a := cur[g]; a != 0 {
-			f := freeEvents(at, a, g.b.size, t.events[g.b.alloc].BlockSize)
-			out.events = append(out.events, f[0], f[1])
-			cur[g] = 0
+	return w
+}
+
+// event writes event i, e, and what goes with it.
+func (w *setToNone) event(i int, e snapshot.Event) {
+	if len(w.waiting) > 0 && (e.Action == snapshot.ActionAlloc || e.Action == snapshot.ActionPhase) {
+		w.flush(e, true)
+	}
+	if i >= w.first {
+		if e.Action == snapshot.ActionPhase {
+			w.out.events = append(w.out.events, e)
+			w.phase(i, e)
+			return
+		}
+		if w.dropped(e) {
+			return
 		}
 	}
-	makeCopy := func(at snapshot.Event, g *grad) {
-		ge := t.events[g.b.alloc]
-		c := snapshot.Event{Time: at.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
-			Addr: out.fresh(), Size: ge.Size, BlockSize: ge.BlockSize, Phase: at.Phase, Iteration: at.Iteration,
-			Category: snapshot.CategoryGradient, Scope: ge.Scope, Stack: ge.Stack}
-		out.events = append(out.events, c)
-		cur[g] = c.Addr
+	w.out.events = append(w.out.events, e)
+	if len(w.waiting) > 0 && e.Action == snapshot.ActionFreeCompleted {
+		for _, g := range w.waiting {
+			g.left--
+		}
+		w.flush(e, false)
 	}
-	var released, remade, missed int
-	var targets map[int][]*grad // event index -> gradients made there, in the pass being rewritten
-	pending := false            // a zero_grad released the gradients; the next backward remakes them
-	// The copies waiting for their releases to pass, each with how many are left; an allocation or the
-	// pass's end makes them at once.
-	var waiting []*grad
-	left := map[*grad]int{}
-	flush := func(at snapshot.Event, all bool) {
-		rest := waiting[:0]
-		for _, g := range waiting {
-			if all || left[g] <= 0 {
-				makeCopy(at, g)
-				remade++
+	for _, g := range w.targets[i] {
+		if g.stolen {
+			c := e
+			c.Action, c.Category = snapshot.ActionCategory, snapshot.CategoryGradient
+			w.out.events = append(w.out.events, c)
+			w.held[e.Addr] = true
+			g.cur = e.Addr
+			w.remade++
+			continue
+		}
+		w.wait(g)
+	}
+	w.flush(e, false)
+}
+
+// phase follows phase marker i, e, from the first zero_grad on: a zero_grad releases the gradients, and the
+// backward after it finds where it makes them again.
+func (w *setToNone) phase(i int, e snapshot.Event) {
+	w.targets = nil
+	switch {
+	case e.Phase == snapshot.PhaseZeroGrad:
+		// zero_grad walks the parameters in order, which backward reached last to first.
+		for _, g := range slices.Backward(w.grads) {
+			if g.cur != 0 {
+				w.released++
+			}
+			w.release(e, g)
+		}
+		w.pending = true
+	case e.Phase == snapshot.PhaseBackward && w.pending:
+		w.pending = false
+		occ := w.t.occurrences(i, func(int) bool { return false })
+		w.targets = map[int][]*templateGrad{}
+		if len(occ) < len(w.grads) { // not a whole backward (a trace cut by its OOM): nothing is remade
+			w.missed += len(w.grads)
+			return
+		}
+		for _, g := range w.grads {
+			if g.none {
+				w.wait(g)
+				continue
+			}
+			if j, ok := occ[g.at]; ok {
+				w.targets[j] = append(w.targets[j], g)
 			} else {
-				rest = append(rest, g)
+				w.missed++
 			}
 		}
-		waiting = rest
 	}
-	for i := range t.events {
-		e := t.events[i]
-		if len(waiting) > 0 && (e.Action == snapshot.ActionAlloc || e.Action == snapshot.ActionPhase) {
-			flush(e, true)
-		}
-		if i >= first {
-			switch e.Action {
-			case snapshot.ActionPhase:
-				out.events = append(out.events, e)
-				targets = nil
-				switch {
-				case e.Phase == snapshot.PhaseZeroGrad:
-					// zero_grad walks the parameters in order, which backward reached last to first.
-					for _, g := range slices.Backward(grads) {
-						if cur[g] != 0 {
-							released++
-						}
-						release(e, g)
-					}
-					pending = true
-				case e.Phase == snapshot.PhaseBackward && pending:
-					pending = false
-					occ := t.occurrences(i, func(int) bool { return false })
-					targets = map[int][]*grad{}
-					if len(occ) < len(grads) { // not a whole backward (a trace cut by its OOM): nothing is remade
-						missed += len(grads)
-						continue
-					}
-					for _, g := range grads {
-						if g.none {
-							waiting = append(waiting, g)
-							left[g] = g.frees
-							continue
-						}
-						if j, ok := occ[g.at]; ok {
-							targets[j] = append(targets[j], g)
-						} else {
-							missed++
-						}
-					}
-				}
-				continue
-			case snapshot.ActionAlloc, snapshot.ActionCategory, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
-				if g := byAddr[e.Addr]; g != nil { // the recorded gradient: released at the first zero_grad
-					if e.Action == snapshot.ActionFreeRequested {
-						release(e, g) // the end of the run: what stands for it goes
-					}
-					continue
-				}
-				// Added in place and released in the recording: it stays as .grad until a zero_grad or the
-				// end of the run releases it.
-				if held[e.Addr] && (e.Action == snapshot.ActionFreeRequested || e.Action == snapshot.ActionFreeCompleted) {
-					continue
-				}
+}
+
+// dropped reports whether block event e, from the first zero_grad on, leaves the output: the recorded
+// gradients' events (released at the first zero_grad; their release at the end of the run releases what
+// stands for them then), and the releases of what is kept as a gradient.
+func (w *setToNone) dropped(e snapshot.Event) bool {
+	switch e.Action {
+	case snapshot.ActionAlloc, snapshot.ActionCategory, snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+		if g := w.byAddr[e.Addr]; g != nil {
+			if e.Action == snapshot.ActionFreeRequested {
+				w.release(e, g)
 			}
+			return true
 		}
-		out.events = append(out.events, e)
-		if len(waiting) > 0 && e.Action == snapshot.ActionFreeCompleted {
-			for _, g := range waiting {
-				left[g]--
-			}
-			flush(e, false)
+		// Added in place and released in the recording: it stays as .grad until a zero_grad or the end of
+		// the run releases it.
+		return w.held[e.Addr] && (e.Action == snapshot.ActionFreeRequested || e.Action == snapshot.ActionFreeCompleted)
+	}
+	return false
+}
+
+// release releases what stands for g, if anything, at event at.
+func (w *setToNone) release(at snapshot.Event, g *templateGrad) {
+	if g.cur != 0 {
+		f := freeEvents(at, g.cur, g.b.size, w.t.events[g.b.alloc].BlockSize)
+		w.out.events = append(w.out.events, f[0], f[1])
+		g.cur = 0
+	}
+}
+
+// makeCopy makes g's copy into .grad at event at.
+func (w *setToNone) makeCopy(at snapshot.Event, g *templateGrad) {
+	ge := w.t.events[g.b.alloc]
+	c := snapshot.Event{Time: at.Time, Action: snapshot.ActionAlloc, Device: ge.Device, Stream: ge.Stream,
+		Addr: w.out.fresh(), Size: ge.Size, BlockSize: ge.BlockSize, Phase: at.Phase, Iteration: at.Iteration,
+		Category: snapshot.CategoryGradient, Scope: ge.Scope, Stack: ge.Stack}
+	w.out.events = append(w.out.events, c)
+	g.cur = c.Addr
+}
+
+// wait puts g's copy among those waiting for their releases to pass.
+func (w *setToNone) wait(g *templateGrad) {
+	w.waiting = append(w.waiting, g)
+	g.left = g.frees
+}
+
+// flush makes the waiting copies whose releases have passed (all: every one) at event at.
+func (w *setToNone) flush(at snapshot.Event, all bool) {
+	rest := w.waiting[:0]
+	for _, g := range w.waiting {
+		if all || g.left <= 0 {
+			w.makeCopy(at, g)
+			w.remade++
+		} else {
+			rest = append(rest, g)
 		}
-		for _, g := range targets[i] {
-			if g.stolen {
-				c := e
-				c.Action, c.Category = snapshot.ActionCategory, snapshot.CategoryGradient
-				out.events = append(out.events, c)
-				held[e.Addr] = true
-				cur[g] = e.Addr
-				remade++
-				continue
-			}
-			waiting = append(waiting, g)
-			left[g] = g.frees
-		}
-		flush(e, false)
 	}
-	var bytes int64
-	for _, g := range grads {
-		bytes += g.b.size
-	}
-	line := fmt.Sprintf("%s: the %d gradients (%s) are released at each zero_grad (%d releases) and made again "+
-		"where the next backward first writes them (%d times, found by the size and stack of the first "+
-		"backward's allocations)", name, len(grads), units.FormatSize(bytes), released, remade)
-	if missed > 0 {
-		line += fmt.Sprintf("; %d were not found in their backward and are left out", missed)
-	}
-	return out, line, nil
+	w.waiting = rest
 }

@@ -2,6 +2,7 @@ package device
 
 import (
 	"math"
+	"slices"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas32"
@@ -159,10 +160,7 @@ func DropoutBackward(dx, dy, mask []float32, p float32) {
 func Softmax(dst, x []float32, cols int) {
 	for r := 0; r < len(x); r += cols {
 		row, out := x[r:r+cols], dst[r:r+cols]
-		m := float32(math.Inf(-1))
-		for _, v := range row {
-			m = max(m, v)
-		}
+		m := slices.Max(row) // the shift that keeps exp from overflowing
 		var s float64
 		for j, v := range row {
 			e := math.Exp(float64(v - m))
@@ -193,10 +191,7 @@ func SoftmaxBackward(dx, dy, y []float32, cols int) {
 func LogSoftmax(dst, x []float32, cols int) {
 	for r := 0; r < len(x); r += cols {
 		row, out := x[r:r+cols], dst[r:r+cols]
-		m := float32(math.Inf(-1))
-		for _, v := range row {
-			m = max(m, v)
-		}
+		m := slices.Max(row) // the shift that keeps exp from overflowing
 		var s float64
 		for _, v := range row {
 			s += math.Exp(float64(v - m))

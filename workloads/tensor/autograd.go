@@ -167,6 +167,18 @@ func (n *Node) save(slot string, t *Tensor) *Tensor {
 	return s
 }
 
+// saveCrossed saves what a product's backward reads: a (as aSlot) only when b requires grad, since only b's
+// gradient reads it, and b (as bSlot) only when a does, as derivatives.yaml's mul, mm and bmm save them.
+func (n *Node) saveCrossed(a *Tensor, aSlot string, b *Tensor, bSlot string) (sa, sb *Tensor) {
+	if b.requiresGrad {
+		sa = n.save(aSlot, a)
+	}
+	if a.requiresGrad {
+		sb = n.save(bSlot, b)
+	}
+	return sa, sb
+}
+
 // hold keeps a reference to t that is not a saved tensor: ctx attributes of a custom function, the variable
 // of an AccumulateGrad. It goes with the saved tensors.
 func (n *Node) hold(slot string, t *Tensor) {

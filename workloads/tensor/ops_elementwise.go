@@ -83,13 +83,7 @@ func Mul(a, b *Tensor) *Tensor {
 	}
 	if rt.needsGrad(a, b) {
 		node := rt.node("MulBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)
-		var sa, sb *Tensor
-		if b.requiresGrad {
-			sa = node.save("self", a)
-		}
-		if a.requiresGrad {
-			sb = node.save("other", b)
-		}
+		sa, sb := node.saveCrossed(a, "self", b, "other")
 		aShape, bShape := slices.Clone(a.shape), slices.Clone(b.shape)
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			grads := make([]*Tensor, 2)

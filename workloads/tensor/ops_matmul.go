@@ -155,13 +155,7 @@ func mm(a, b *Tensor) *Tensor {
 	}
 	if rt.needsGrad(a, b) {
 		node := rt.node("MmBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)
-		var sa, sb *Tensor
-		if b.requiresGrad {
-			sa = node.save("self", a)
-		}
-		if a.requiresGrad {
-			sb = node.save("mat2", b)
-		}
+		sa, sb := node.saveCrossed(a, "self", b, "mat2")
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			grads := make([]*Tensor, 2)
 			if needs[0] {
@@ -189,13 +183,7 @@ func bmm(a, b *Tensor) *Tensor {
 	}
 	if rt.needsGrad(a, b) {
 		node := rt.node("BmmBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)
-		var sa, sb *Tensor
-		if b.requiresGrad {
-			sa = node.save("self", a)
-		}
-		if a.requiresGrad {
-			sb = node.save("mat2", b)
-		}
+		sa, sb := node.saveCrossed(a, "self", b, "mat2")
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			grads := make([]*Tensor, 2)
 			batch := g[0].Dim(0)
