@@ -98,11 +98,13 @@ def main():
         if args.mode == "raise" and step == 2:
             raise RuntimeError("the loop raised at step 2, on purpose")
         if args.mode == "wait" and step == 2:
-            print("waiting for a signal", flush=True)
+            print("waiting for a signal (pid %d)" % os.getpid(), flush=True)
             while True:
                 time.sleep(0.05)
         if args.zero_grad == "top":
-            truth_phase("zero_grad", step)
+            # Between a step and the next batch, zero_grad counts in the step's iteration, wherever the loop
+            # calls it: nothing in a trace tells a loop that calls it last from one that calls it first.
+            truth_phase("zero_grad", step - 1)
             opt.zero_grad(set_to_none=set_to_none)
         total = 0.0
         for micro in range(args.accum):

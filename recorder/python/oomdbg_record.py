@@ -91,6 +91,7 @@ class _State:
         self.param_names = {}  # id(parameter) -> (weak reference, its name in the root module): tensors compare
         # elementwise, so they cannot key a WeakKeyDictionary
         self.state_sizes = weakref.WeakKeyDictionary()  # optimizer -> len(state) when last tagged
+        self.tagged = {}  # id(parameter) -> (weak reference, its address, weak reference to its grad) last tagged
         self.notes = []
         self.exception = None
         self.counts_ok = True
@@ -399,6 +400,29 @@ def _param_items(params, with_grads):
     return items
 
 
+def _new_param_items(params):
+    """The parameters and gradients not tagged yet in their present form: a parameter whose memory moved, a
+    gradient that is a new tensor (set_to_none frees the last one; one zeroed in place stays the same)."""
+    items = []
+    tagged = _S.tagged
+    for p in params:
+        g = p.grad
+        addr = p.data_ptr()
+        have = tagged.get(id(p))
+        if have is not None and have[0]() is p and have[1] == addr and (g is None or have[2]() is g):
+            continue
+        tagged[id(p)] = (weakref.ref(p), addr, weakref.ref(g) if g is not None else _none_ref)
+        name = _param_name(p)
+        items.append((p, "parameter", name))
+        if g is not None:
+            items.append((g, "gradient", name + ".grad" if name else ""))
+    return items
+
+
+def _none_ref():
+    return None
+
+
 def _optimizer_params(opt):
     for group in getattr(opt, "param_groups", ()):
         yield from group.get("params", ())
@@ -570,6 +594,9 @@ def _step_pre(opt, args=(), kwargs=None):
     _reset_module_depth()
     _S.optimizers.add(opt)
     _set_phase(OPTIMIZER)
+    # The gradients are whole now; a loop may free them later in any way (set_to_none, del p.grad, the
+    # end of the program): say what they are while they are alive.
+    _tag_all(_new_param_items(_optimizer_params(opt)))
     return None
 
 
@@ -605,7 +632,7 @@ def _zero_grad_begin(holder, is_optimizer, set_to_none):
     if set_to_none:
         # The gradients are freed now: say what they were while they are alive.
         params = _optimizer_params(holder) if is_optimizer else holder.parameters()
-        _tag_all(_param_items(params, True))
+        _tag_all(_new_param_items(params))
     if is_optimizer:
         _S.optimizers.add(holder)
     _set_phase(ZERO_GRAD)

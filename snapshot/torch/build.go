@@ -397,6 +397,7 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	if nsynth+ntrace+len(im.annots) > im.lim.MaxEvents {
 		return nil, limitErr("", "%d events > Limits.MaxEvents (%d)", nsynth+ntrace+len(im.annots), im.lim.MaxEvents)
 	}
+	im.placeRecorded()
 	em := emitter{im: im, iteration: -1}
 	// Room for the phase and iteration markers too: growing the events by copying them would need them twice.
 	n := nsynth + ntrace + len(im.annots)
@@ -416,6 +417,9 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 		for _, b := range p.blocks {
 			e := snapshot.Event{Action: snapshot.ActionAlloc, Device: int16(p.dev), Stream: b.stream, Addr: b.addr,
 				Size: b.requested, BlockSize: b.size, Stack: b.stack, Label: pre, Iteration: -1}
+			if res, ok := im.recordedFinal(p.dev, b.addr); ok {
+				e.Category = res.category
+			}
 			em.add(e)
 			if b.pending {
 				e.Action = snapshot.ActionFreeRequested
@@ -543,7 +547,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 			}
 		}
 	}
-	if inf.Iterations == IterationsProfilerStep || len(inf.Boundaries) == 0 {
+	if inf.Iterations == IterationsProfilerStep || inf.Iterations == IterationsRecorded || len(inf.Boundaries) == 0 {
 		return nil
 	}
 	// Number the iterations, then make room for their markers and move the events up from the back.
@@ -718,6 +722,9 @@ func (em *emitter) setPhase(t int64, dev int16) {
 	if n := len(em.regions); n > 0 {
 		p = em.regions[n-1].phase
 	}
+	if rp, ok := em.recordedPhase(); ok {
+		p = rp
+	}
 	if p != em.phase {
 		em.phase = p
 		em.add(snapshot.Event{Time: t, Action: snapshot.ActionPhase, Device: dev, Phase: p, Iteration: em.iteration})
@@ -776,10 +783,14 @@ func (em *emitter) trace() {
 			continue
 		}
 		if dev < 0 {
+			for d := range im.traces {
+				em.applyRecorded(d, len(im.traces[d]), em.nanos(math.MaxInt64))
+			}
 			return
 		}
 		tr := im.traces[dev]
-		e := &tr[cursor[dev]]
+		at := cursor[dev]
+		e := &tr[at]
 		cursor[dev]++
 		if cursor[dev] < len(tr) {
 			nt := t
@@ -796,7 +807,15 @@ func (em *emitter) trace() {
 		if im.timeKnown {
 			et = em.nanos(t)
 		}
+		em.applyRecorded(dev, at, et)
 		em.entry(e, int16(dev), et)
+		if e.act == snapshot.ActionAlloc && im.rec != nil {
+			last := &em.events[len(em.events)-1]
+			last.Label = im.recordedLabel(dev, at)
+			if last.Scope == 0 {
+				last.Scope = em.recordedScope()
+			}
+		}
 	}
 }
 
@@ -857,7 +876,7 @@ func (em *emitter) entry(e *entry, dev int16, t int64) {
 // and Optimizer.zero_grad#... are the optimizer and zero_grad phases, and every other name is an annotation
 // whose Label is the stage, "START" or "END".
 func (em *emitter) annotation(a annotation, t int64) {
-	if n, ok := strings.CutPrefix(a.name, "ProfilerStep#"); ok {
+	if n, ok := strings.CutPrefix(a.name, "ProfilerStep#"); ok && !em.recordedIterations() {
 		if it, err := strconv.ParseInt(n, 10, 32); err == nil && it >= 0 {
 			if a.start {
 				em.iteration = int32(it)
