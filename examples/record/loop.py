@@ -77,8 +77,15 @@ def main():
     ap.add_argument("--oom-at", type=int, default=2, help="--mode oom: the step whose batch is too large")
     ap.add_argument("--oom-scale", type=int, default=4096, help="--mode oom: how much larger that batch is")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--timings", help="write each step's seconds to this JSON file")
+    ap.add_argument("--timings", help="write each step's CPU seconds to this JSON file")
+    ap.add_argument("--history", choices=["off", "none", "python", "all"], default="off",
+                    help="turn on torch.cuda.memory's history itself, as docs/pytorch.md's recipe by hand does "
+                         "(none: without stacks): the baseline oomdbg record's hooks are measured against")
     args = ap.parse_args()
+    if args.history != "off":
+        torch.cuda.memory._record_memory_history(
+            "all", context=None if args.history == "none" else "all",
+            stacks="python" if args.history == "none" else args.history, max_entries=1000000)
 
     torch.manual_seed(0)
     dev = torch.device(args.device)
@@ -94,7 +101,7 @@ def main():
     kept = []  # --mode leak keeps every step's output, and with it the step's graph
     timings = []
     for step in range(args.steps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: what the steps cost, whatever else the machine runs
         if args.mode == "raise" and step == 2:
             raise RuntimeError("the loop raised at step 2, on purpose")
         if args.mode == "wait" and step == 2:
@@ -134,7 +141,7 @@ def main():
         if args.zero_grad == "end":
             truth_phase("zero_grad", step)
             opt.zero_grad(set_to_none=set_to_none)
-        timings.append(time.perf_counter() - t0)
+        timings.append(time.process_time() - t0)
         print("step %d loss %.6f" % (step, total), flush=True)
     if args.timings:
         with open(args.timings, "w") as f:

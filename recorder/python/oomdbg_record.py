@@ -99,6 +99,7 @@ class _State:
         self.metadata = None  # torch.cuda.memory._set_memory_metadata, where PyTorch has it (≈2.7+)
         self.rank_name = None
         self.end_reason = None
+        self.handles = []  # the global hooks' handles
         self.previous_handlers = {}
 
 
@@ -682,20 +683,24 @@ def _wrap_clip(fn):
     return clip
 
 
-def _install_hooks(torch):
-    from torch.nn.modules import module as modmod
-
-    modmod.register_module_forward_pre_hook(_forward_pre)
+def _install_module_hooks(modmod):
     import inspect
 
+    _S.handles.append(modmod.register_module_forward_pre_hook(_forward_pre))
     try:
         always = "always_call" in inspect.signature(modmod.register_module_forward_hook).parameters
     except (TypeError, ValueError):
         always = False
     if always:
-        modmod.register_module_forward_hook(_forward_post, always_call=True)
+        _S.handles.append(modmod.register_module_forward_hook(_forward_post, always_call=True))
     else:
-        modmod.register_module_forward_hook(_forward_post)
+        _S.handles.append(modmod.register_module_forward_hook(_forward_post))
+
+
+def _install_hooks(torch):
+    from torch.nn.modules import module as modmod
+
+    _install_module_hooks(modmod)
 
     import torch.autograd as autograd
 
