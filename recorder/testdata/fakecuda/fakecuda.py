@@ -123,7 +123,7 @@ class Allocator:
                 f = frames if self.context == "all" else frames
                 self.record("free_requested", addr, n, f)
                 self.record("free_completed", addr, n, f)
-                self.record("segment_free", addr, size, f)
+                self.record("segment_free", addr, size, None)  # as in the real files: no frames
 
     def oom(self, n, frames):
         free = max(self.capacity - self.current, 0)
