@@ -100,6 +100,7 @@ class _State:
         self.rank_name = None
         self.end_reason = None
         self.handles = []  # the global hooks' handles
+        self.in_zero_grad = False
         self.previous_handlers = {}
 
 
@@ -637,10 +638,12 @@ def _zero_grad_begin(holder, is_optimizer, set_to_none):
     if is_optimizer:
         _S.optimizers.add(holder)
     _set_phase(ZERO_GRAD)
+    _S.in_zero_grad = True
 
 
 @_guard
 def _zero_grad_end():
+    _S.in_zero_grad = False
     _mark("end", ZERO_GRAD)
 
 
@@ -905,6 +908,10 @@ def _roll():
 def _on_oom(device, alloc, device_allocated, device_free):
     # Called by the caching allocator after it gave up and before it raises: the snapshot holds the trace
     # up to the failing request. A step may call it more than once; the newest state wins.
+    if _S.steps > 0 and not (_S.in_iteration or _S.in_zero_grad or _S.backward_depth or _depth()):
+        # Out of memory after a step and before the next forward, outside zero_grad: loading the next batch.
+        _begin_iteration()
+        _set_phase(DATA)
     _dump("oom")
 
 

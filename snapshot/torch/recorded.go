@@ -499,6 +499,7 @@ func (im *importer) placeRecorded() {
 	}
 	im.matchTags(device)
 	im.batchStarts()
+	im.teardown()
 	slices.SortStableFunc(r.marks, func(a, b recMark) int {
 		if c := cmp.Compare(a.dev, b.dev); c != 0 {
 			return c
@@ -735,6 +736,31 @@ func (im *importer) batchStarts() {
 	}
 	// The data marks go right after the iteration marks moved to the same place: seq orders them.
 	r.marks = append(r.marks, added...)
+}
+
+// teardown ends the last iteration of a dump written at exit where the program's teardown begins: after
+// the recorder's last mark, a run of frees with no allocation among them is the job letting its model and
+// optimizer go as it ends (the exit hook runs after that), not part of the last step. Those events are
+// iteration -1, as setup's are, so that the last iteration ends where training did.
+func (im *importer) teardown() {
+	r := im.rec
+	if r.info.Reason != "exit" {
+		return
+	}
+	last := make(map[int]int)
+	for i := range r.marks {
+		if m := &r.marks[i]; m.pos >= 0 && m.kind != markEnter && m.kind != markExit {
+			last[m.dev] = max(last[m.dev], m.pos)
+		}
+	}
+	for dev, p := range last {
+		tr := im.traces[dev]
+		if p >= len(tr) || slices.ContainsFunc(tr[p:], func(e entry) bool { return e.act == snapshot.ActionAlloc }) {
+			continue
+		}
+		r.marks = append(r.marks, recMark{kind: markIteration, name: "-1", iteration: -1, seq: len(r.marks), dev: dev, pos: p,
+			recPoint: recPoint{device: int16(dev), allocs: -1, frees: -1}})
+	}
 }
 
 // deviceIndexOf is indexDevice, built once per device.
