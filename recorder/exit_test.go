@@ -285,3 +285,19 @@ func TestNoCUDA(t *testing.T) {
 		t.Errorf("said %d times, %d dumps: %s", n, len(res.Dumps), stderr.String())
 	}
 }
+
+// TestTrainerCallbackInstalled: when the job imports transformers, every Trainer gets the recorder's
+// callback, through the DEFAULT_CALLBACKS every Trainer starts from.
+func TestTrainerCallbackInstalled(t *testing.T) {
+	torchtest.Require(t)
+	var stdout, stderr bytes.Buffer
+	script := "import torch\nfrom transformers.trainer_callback import DEFAULT_CALLBACKS\nprint(' '.join(c.__name__ for c in DEFAULT_CALLBACKS))"
+	res, err := recorder.Run(context.Background(), []string{torchtest.Python, "-c", script},
+		recorder.Options{Dir: t.TempDir(), Env: fakeEnv(t, "2.5", ""), Stdout: &stdout, Stderr: &stderr})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %v: %s", res, err, stderr.String())
+	}
+	if got := strings.TrimSpace(stdout.String()); got != "PrinterCallback OomdbgRecordCallback" {
+		t.Errorf("DEFAULT_CALLBACKS: %s", got)
+	}
+}

@@ -34,7 +34,8 @@ func fakeEnv(t testing.TB, version, truth string, extra ...string) []string {
 		t.Fatal(err)
 	}
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "OMP_NUM_THREADS=1",
-		"PYTHONPATH=" + fake, "FAKECUDA_TORCH=" + version, "PYTHONDONTWRITEBYTECODE=1"}
+		"PYTHONPATH=" + fake + string(os.PathListSeparator) + filepath.Join(filepath.Dir(fake), "hfstub"),
+		"FAKECUDA_TORCH=" + version, "PYTHONDONTWRITEBYTECODE=1"}
 	if truth != "" {
 		env = append(env, "FAKECUDA_TRUTH="+truth)
 	}
@@ -129,6 +130,8 @@ func TestRecordedTagsAgainstTruth(t *testing.T) {
 		"zero_grad at the end":              {"--steps", "4"},
 		"zero_grad first, accumulate, clip": {"--steps", "4", "--zero-grad", "top", "--accum", "2", "--clip"},
 		"sgd, gradients zeroed in place":    {"--steps", "3", "--optimizer", "sgd", "--set-to-none", "false"},
+		// Trainer's on_step_begin begins each iteration; the batch goes to the model as keyword arguments.
+		"hf trainer callbacks, accumulate": {"--steps", "3", "--hf-callbacks", "--accum", "2", "--clip"},
 	}
 	for _, version := range []string{"2.0", "2.1", "2.3", "2.5", "2.7"} {
 		for name, args := range loops {

@@ -78,6 +78,9 @@ def main():
     ap.add_argument("--oom-scale", type=int, default=4096, help="--mode oom: how much larger that batch is")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timings", help="write each step's CPU seconds to this JSON file")
+    ap.add_argument("--hf-callbacks", action="store_true",
+                    help="call Hugging Face Trainer's callbacks at each step's start, as Trainer does, and pass the "
+                         "batch to the model as keyword arguments, as Trainer's model(**inputs) does")
     ap.add_argument("--history", choices=["off", "none", "python", "all"], default="off",
                     help="turn on torch.cuda.memory's history itself, as docs/pytorch.md's recipe by hand does "
                          "(none: without stacks): the baseline oomdbg record's hooks are measured against")
@@ -100,8 +103,15 @@ def main():
     set_to_none = args.set_to_none == "true"
     kept = []  # --mode leak keeps every step's output, and with it the step's graph
     timings = []
+    callbacks = []
+    if args.hf_callbacks:
+        from transformers.trainer_callback import DEFAULT_CALLBACKS
+
+        callbacks = [cb() for cb in DEFAULT_CALLBACKS]
     for step in range(args.steps):
-        t0 = time.process_time()  # CPU time: what the steps cost, whatever else the machine runs
+        t0 = time.process_time()
+        for cb in callbacks:
+            cb.on_step_begin(None, None, None)  # CPU time: what the steps cost, whatever else the machine runs
         if args.mode == "raise" and step == 2:
             raise RuntimeError("the loop raised at step 2, on purpose")
         if args.mode == "wait" and step == 2:
@@ -124,7 +134,7 @@ def main():
             y = torch.randint(0, 10, (batch,), generator=g).to(dev)
             truth_tag([x, y], "input")
             truth_phase("forward", step)
-            out = model(x)
+            out = model(x=x) if args.hf_callbacks else model(x)
             loss = criterion(out, y) / args.accum
             if args.mode == "leak":
                 kept.append(out)
