@@ -286,7 +286,12 @@ def _counts(device=None):
     try:
         torch = _S.torch
         dev = torch.cuda.current_device() if device is None else device
-        a = torch.cuda.memory.memory_stats_as_nested_dict(dev)["allocation"]["all"]
+        stats = torch.cuda.memory.memory_stats_as_nested_dict(dev)
+        if not stats and not torch.cuda.is_initialized():
+            # CUDA is starting (the recorder starts from its queued calls), and memory_stats answers {} until
+            # it has: nothing is allocated yet.
+            return dev, 0, 0
+        a = stats["allocation"]["all"]
         allocs, frees = int(a["allocated"]), int(a["freed"])
     except Exception:
         _S.counts_ok = False

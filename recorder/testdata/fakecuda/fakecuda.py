@@ -18,7 +18,8 @@ release named by FAKECUDA_TORCH:
 - torch._C._cuda_attach_out_of_memory_observer (2.0 on): observers are called with (device, alloc,
   device_allocated, device_free) before the OutOfMemoryError is raised, when FAKECUDA_CAPACITY bytes would
   be exceeded;
-- torch.cuda.memory.memory_stats_as_nested_dict: allocation.all.{current, peak, allocated, freed};
+- torch.cuda.memory.memory_stats_as_nested_dict: allocation.all.{current, peak, allocated, freed}, and {}
+  before CUDA is initialised, as in PyTorch (the recorder starts while it is initialising);
 - torch.cuda initialisation: is_available, device_count, current_device, is_initialized and _lazy_init,
   which runs torch.cuda._queued_calls at the first allocation, as CUDA initialises at the first CUDA tensor.
 
@@ -302,7 +303,8 @@ def install(version=None, capacity=None):
     cuda.is_available = lambda: True
     cuda.device_count = lambda: 1
     cuda.current_device = lambda: 0
-    mem.memory_stats_as_nested_dict = lambda device=None: a.stats()
+    # As PyTorch's: {} until CUDA is initialised, which it is not yet while its queued calls run.
+    mem.memory_stats_as_nested_dict = lambda device=None: a.stats() if a.initialized else {}
 
     def _snapshot(device=None):
         return a.snapshot()
