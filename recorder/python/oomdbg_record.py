@@ -413,8 +413,11 @@ def _new_param_items(params):
     items = []
     tagged = _S.tagged
     for p in params:
-        g = p.grad
-        addr = p.data_ptr()
+        try:
+            g = p.grad
+            addr = p.data_ptr()  # a tensor without storage (a DTensor's wrapper) has none
+        except Exception:
+            continue
         have = tagged.get(id(p))
         if have is not None and have[0]() is p and have[1] == addr and (g is None or have[2]() is g):
             continue
