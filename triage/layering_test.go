@@ -70,6 +70,8 @@ var layers = map[string][]string{
 	"cmd/oomdbg":   {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,
+	// oomdbg record: runs a job and lists its dumps; what they hold is snapshot/torch's to read.
+	"recorder": nil,
 }
 
 // presentation lists the libraries only the TUI and the command line may use.

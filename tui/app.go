@@ -50,6 +50,8 @@ type Options struct {
 	// one of them; the Ranks pane shows them and Load reads the one chosen.
 	Ranks *triage.RankTable
 	Load  func(path string) (*snapshot.Snapshot, error)
+	// Watch, when set, follows a directory of snapshots a job is writing (watch.go).
+	Watch *Watch
 }
 
 // pane names the panes under the timeline.
@@ -115,6 +117,7 @@ type Model struct {
 	device   devicePane
 	ranks    ranksPane
 	oomp     oomPanel
+	watch    watchState
 }
 
 // New returns the model for opts.
@@ -147,6 +150,8 @@ func New(ctx context.Context, opts Options) *Model {
 		m.load.label = "recording " + opts.Workload.Name
 	case opts.File != "":
 		m.load.label = "reading " + opts.File
+	case opts.Watch != nil:
+		m.load.label = "waiting for a snapshot in " + opts.Watch.Dir
 	}
 	return m
 }
@@ -161,6 +166,9 @@ func (m *Model) Init() tea.Cmd {
 		cmds = append(cmds, recordWorkload(m.ctx, m.opts.Backend, *m.opts.Workload))
 	case m.opts.File != "":
 		cmds = append(cmds, openFile(m.ctx, m.opts))
+	}
+	if m.opts.Watch != nil {
+		cmds = append(cmds, m.onWatchTick())
 	}
 	return tea.Batch(cmds...)
 }
@@ -230,6 +238,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case deviceMsg:
 		m.device.onReading(msg)
 		return m, m.device.tick()
+	case watchTickMsg:
+		return m, m.onWatchTick()
+	case watchMsg:
+		return m, m.onWatch(msg)
 	case rankMsg:
 		return m, m.openRank(msg)
 	case tea.KeyPressMsg:

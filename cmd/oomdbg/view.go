@@ -33,6 +33,8 @@ phase and iteration, the peak and the OOM, the live set with stacks and retainer
 the allocator's segments, leaks, and fixes that re-run the workload (for oomdbg's own snapshots).
 
 --follow keeps reading a snapshot that is still being written (oomdbg run -o FILE in another shell).
+view --follow DIR follows the snapshots oomdbg record writes into DIR: it shows the newest, moves
+to each newer one as it is written, and lands on the out-of-memory error when one is.
 FILE may be a pipe or '-' for standard input (oomdbg run -o - | oomdbg view -); keys are then read
 from the terminal. view needs a terminal: without one it says so and exits 2 (oomdbg report prints
 the same analysis as text).
@@ -54,6 +56,9 @@ peak and phase side by side, from which enter opens another.`,
 			ctx := cmd.Context()
 			if ctx == nil {
 				ctx = context.Background()
+			}
+			if st, err := os.Stat(path); err == nil && st.IsDir() && follow {
+				return followDir(ctx, cmd, keys, path, &mem) // oomdbg record's snapshots, as they are written
 			}
 			opts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
 			if follow {

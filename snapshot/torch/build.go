@@ -36,6 +36,7 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	if nsynth+ntrace+len(im.annots) > im.lim.MaxEvents {
 		return nil, limitErr("", "%d events > Limits.MaxEvents (%d)", nsynth+ntrace+len(im.annots), im.lim.MaxEvents)
 	}
+	im.placeRecorded()
 	em := emitter{im: im, iteration: -1}
 	// Room for the phase and iteration markers too: growing the events by copying them would need them twice.
 	n := nsynth + ntrace + len(im.annots)
@@ -55,6 +56,9 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 		for _, b := range p.blocks {
 			e := snapshot.Event{Action: snapshot.ActionAlloc, Device: int16(p.dev), Stream: b.stream, Addr: b.addr,
 				Size: b.requested, BlockSize: b.size, Stack: b.stack, Label: pre, Iteration: -1}
+			if res, ok := im.recordedFinal(p.dev, b.addr); ok {
+				e.Category = res.category
+			}
 			em.add(e)
 			if b.pending {
 				e.Action = snapshot.ActionFreeRequested

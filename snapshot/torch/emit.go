@@ -63,6 +63,9 @@ func (em *emitter) setPhase(t int64, dev int16) {
 	if n := len(em.regions); n > 0 {
 		p = em.regions[n-1].phase
 	}
+	if rp, ok := em.recordedPhase(); ok {
+		p = rp
+	}
 	if p != em.phase {
 		em.phase = p
 		em.add(snapshot.Event{Time: t, Action: snapshot.ActionPhase, Device: dev, Phase: p, Iteration: em.iteration})
@@ -121,10 +124,14 @@ func (em *emitter) trace() {
 			continue
 		}
 		if dev < 0 {
+			for d := range im.traces {
+				em.applyRecorded(d, len(im.traces[d]), em.nanos(math.MaxInt64))
+			}
 			return
 		}
 		tr := im.traces[dev]
-		e := &tr[cursor[dev]]
+		at := cursor[dev]
+		e := &tr[at]
 		cursor[dev]++
 		if cursor[dev] < len(tr) {
 			nt := t
@@ -141,7 +148,15 @@ func (em *emitter) trace() {
 		if im.timeKnown {
 			et = em.nanos(t)
 		}
+		em.applyRecorded(dev, at, et)
 		em.entry(e, int16(dev), et)
+		if e.act == snapshot.ActionAlloc && im.rec != nil {
+			last := &em.events[len(em.events)-1]
+			last.Label = im.recordedLabel(dev, at)
+			if last.Scope == 0 {
+				last.Scope = em.recordedScope()
+			}
+		}
 	}
 }
 
@@ -206,7 +221,7 @@ func (em *emitter) entry(e *entry, dev int16, t int64) {
 // and Optimizer.zero_grad#... are the optimizer and zero_grad phases, and every other name is an annotation
 // whose Label is the stage, "START" or "END".
 func (em *emitter) annotation(a annotation, t int64) {
-	if n, ok := strings.CutPrefix(a.name, "ProfilerStep#"); ok {
+	if n, ok := strings.CutPrefix(a.name, "ProfilerStep#"); ok && !em.recordedIterations() {
 		if it, err := strconv.ParseInt(n, 10, 32); err == nil && it >= 0 {
 			if a.start {
 				em.iteration = int32(it)

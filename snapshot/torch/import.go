@@ -106,6 +106,8 @@ type Origin struct {
 	CategoriesRecorded bool `json:"categories_recorded,omitempty"`
 	// Iterations says where the iteration boundaries come from (IterationSource.String).
 	Iterations string `json:"iterations,omitempty"`
+	// Recorded describes the tags oomdbg record added (the "oomdbg" key), when the file has them.
+	Recorded *Recorded `json:"recorded,omitempty"`
 }
 
 // OriginOf returns the Origin of a snapshot made by Import, and false for any other snapshot.
@@ -381,7 +383,8 @@ type importer struct {
 	traces      [][]entry          // by device ordinal
 	timeKnown   bool               // every trace entry has time_us
 	annots      []annotation
-	devices     []int // every device seen, sorted
+	rec         *recording // oomdbg record's tags (recorded.go)
+	devices     []int      // every device seen, sorted
 
 	seen struct { // fields whose presence tells the schema generation
 		history, blockAddress, segmentFrames, timeUS, userMetadata, g4, g5 bool
@@ -438,6 +441,11 @@ func (im *importer) read(root pickle.Value) error {
 			if a.start && strings.HasPrefix(a.name, "Optimizer.step#") {
 				im.origin.OptimizerSteps++
 			}
+		}
+	}
+	if v, ok := im.get(d, "oomdbg"); ok {
+		if err := im.parseRecorded(v); err != nil {
+			return err
 		}
 	}
 	for _, k := range []string{"host_segments", "host_traces"} {

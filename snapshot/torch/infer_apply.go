@@ -53,7 +53,7 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 			}
 		}
 	}
-	if inf.Iterations == IterationsProfilerStep || len(inf.Boundaries) == 0 {
+	if inf.Iterations == IterationsProfilerStep || inf.Iterations == IterationsRecorded || len(inf.Boundaries) == 0 {
 		return nil
 	}
 	// Number the iterations, then make room for their markers and move the events up from the back.

@@ -1,6 +1,7 @@
 package torch
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -45,6 +46,12 @@ const (
 	// CategoryForwardLives: allocated in forward and alive after its backward (or never freed): an
 	// activation kept, by a retained graph or a stashed output.
 	CategoryForwardLives
+	// CategoryRecorded: oomdbg record tagged the block (a parameter, gradient, optimizer state or the
+	// batch, from the job's modules and optimizers); tried first.
+	CategoryRecorded
+	// CategoryNotRecorded: oomdbg record tags every block of the category the other rules give, and did
+	// not tag this one: it is unknown.
+	CategoryNotRecorded
 )
 
 var categoryRuleReasons = [...]string{
@@ -63,6 +70,8 @@ var categoryRuleReasons = [...]string{
 	CategoryFreedInBackward:      "allocated in forward, freed in backward",
 	CategoryForwardTemp:          "allocated and freed in forward",
 	CategoryForwardLives:         "allocated in forward, alive after its backward",
+	CategoryRecorded:             "recorded by oomdbg record",
+	CategoryNotRecorded:          "not among the blocks oomdbg record tagged with that category",
 }
 
 // String says why, e.g. "allocated in forward, freed in backward".
@@ -89,6 +98,8 @@ var categoryOf = [...]snapshot.Category{
 	CategoryFreedInBackward:      snapshot.CategoryActivation,
 	CategoryForwardTemp:          snapshot.CategoryTemporary,
 	CategoryForwardLives:         snapshot.CategoryActivation,
+	CategoryRecorded:             snapshot.CategoryUnknown, // the block's own
+	CategoryNotRecorded:          snapshot.CategoryUnknown,
 }
 
 // lifetime is one block's allocation and the request to free it.
@@ -123,8 +134,16 @@ func (t *trace) blocks(bounds []Boundary) []BlockTag {
 		e := t.at(l.alloc)
 		sf := t.facts(e)
 		r := t.rule(e, sf, l, bounds, firstTraining, iterAt)
+		if rec := t.origin.Recorded; rec != nil && r != CategoryFromFile {
+			switch {
+			case e.Category != snapshot.CategoryUnknown:
+				r = CategoryRecorded
+			case slices.Contains(rec.Categories, categoryOf[r].String()):
+				r = CategoryNotRecorded
+			}
+		}
 		c := categoryOf[r]
-		if r == CategoryFromFile {
+		if r == CategoryFromFile || r == CategoryRecorded {
 			c = e.Category
 		}
 		out[j] = BlockTag{Seq: l.alloc, Category: c, Rule: r, Module: sf.module}

@@ -24,6 +24,9 @@ const (
 	// IterationsPeriodic: nothing names a phase, but the allocations repeat (the same sizes from the same
 	// stacks), and memory rises and falls within each repetition as training's does.
 	IterationsPeriodic
+	// IterationsRecorded: oomdbg record marked them, from the job's own hooks (recorded.go); the most
+	// certain source, tried first.
+	IterationsRecorded
 )
 
 var iterationSourceNames = [...]string{
@@ -33,6 +36,7 @@ var iterationSourceNames = [...]string{
 	IterationsOptimizerFrames:  "from the optimizer's frames",
 	IterationsForwardBackward:  "from forward following backward",
 	IterationsPeriodic:         "from the trace's repeating allocations",
+	IterationsRecorded:         "recorded by oomdbg record",
 }
 
 // String says where the iterations come from, e.g. "from Optimizer.step regions".
@@ -46,6 +50,9 @@ func (s IterationSource) String() string {
 // iterations finds the iteration boundaries from the most certain source the trace has.
 func (t *trace) iterations() (IterationSource, []Boundary) {
 	if b := t.marked(); len(b) > 0 {
+		if r := t.origin.Recorded; r != nil && r.Iterations > 0 {
+			return IterationsRecorded, b
+		}
 		return IterationsProfilerStep, b
 	}
 	if ends := t.stepEnds(); len(ends) > 0 {
