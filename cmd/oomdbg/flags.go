@@ -71,6 +71,36 @@ func (f textFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
 
 func (textFlag) Type() string { return "string" }
 
+// optionalFlag is a flag for a choice that is asked for only when given: its value is parsed when the flag
+// is set, into a T made then; *v stays nil otherwise. def is what help shows as the default.
+type optionalFlag[T any] struct {
+	v        **T
+	parse    func(string) (T, error)
+	typ, def string
+}
+
+func optional[T any](v **T, parse func(string) (T, error), typ, def string) optionalFlag[T] {
+	return optionalFlag[T]{v: v, parse: parse, typ: typ, def: def}
+}
+
+func (f optionalFlag[T]) String() string {
+	if f.v == nil || *f.v == nil {
+		return f.def
+	}
+	return fmt.Sprint(**f.v)
+}
+
+func (f optionalFlag[T]) Set(s string) error {
+	x, err := f.parse(s)
+	if err != nil {
+		return err
+	}
+	*f.v = &x
+	return nil
+}
+
+func (f optionalFlag[T]) Type() string { return f.typ }
+
 // elementsFlag is an element count, as DeepSpeed's config writes them (5e8 or 500000000).
 type elementsFlag struct{ v *int64 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,11 +75,11 @@ on the out-of-memory error when one is written; the job's output then goes to DI
 				return recordAndView(cmd, args, opt)
 			}
 			opt.Stdin, opt.Stdout, opt.Stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-			res, err := recorder.Run(contextOf(cmd), args, opt)
+			res, err := recorder.Run(cmd.Context(), args, opt)
 			if err != nil {
 				return err
 			}
-			summarizeRecording(cmd.ErrOrStderr(), opt.Dir, res)
+			recorder.WriteSummary(cmd.ErrOrStderr(), opt.Dir, res)
 			return jobStatus(res)
 		},
 	}
@@ -97,13 +96,6 @@ on the out-of-memory error when one is written; the job's output then goes to DI
 	return cmd
 }
 
-func contextOf(cmd *cobra.Command) context.Context {
-	if ctx := cmd.Context(); ctx != nil {
-		return ctx
-	}
-	return context.Background()
-}
-
 // jobStatus is nil for a job that exited 0, else an error that makes oomdbg exit with the job's status.
 func jobStatus(res recorder.Result) error {
 	switch {
@@ -113,24 +105,6 @@ func jobStatus(res recorder.Result) error {
 		return &exitCodeError{code: res.ExitCode, msg: fmt.Sprintf("record: the job was ended by %v (exit status %d)", res.Signal, res.ExitCode)}
 	}
 	return &exitCodeError{code: res.ExitCode, msg: fmt.Sprintf("record: the job exited with status %d", res.ExitCode)}
-}
-
-// summarizeRecording says on one line what the recording wrote and how to open it.
-func summarizeRecording(w io.Writer, dir string, res recorder.Result) {
-	if len(res.Dumps) == 0 {
-		fmt.Fprintf(w, "oomdbg record: no snapshot in %s: no process of the job used CUDA with a torch the recorder could start in\n", dir)
-		return
-	}
-	names := make([]string, 0, len(res.Dumps))
-	for _, d := range res.Dumps {
-		names = append(names, filepath.Base(d.Path))
-	}
-	open := res.Dumps[len(res.Dumps)-1]
-	if d, ok, _ := recorder.Newest(dir); ok {
-		open = d
-	}
-	fmt.Fprintf(w, "oomdbg record: %d snapshot(s) in %s: %s; open with: oomdbg view %s\n", len(names), dir,
-		strings.Join(names, " "), open.Path)
 }
 
 // recordAndView runs the job in the background, its output in DIR/job.log, and the TUI on its snapshots.
@@ -150,7 +124,7 @@ func recordAndView(cmd *cobra.Command, args []string, opt recorder.Options) erro
 	}
 	defer log.Close()
 	opt.Stdin, opt.Stdout, opt.Stderr = strings.NewReader(""), log, log
-	ctx, cancel := context.WithCancel(contextOf(cmd))
+	ctx, cancel := context.WithCancel(cmd.Context())
 	defer cancel()
 	type outcome struct {
 		res recorder.Result
@@ -174,6 +148,6 @@ func recordAndView(cmd *cobra.Command, args []string, opt recorder.Options) erro
 	if o.err != nil {
 		return o.err
 	}
-	summarizeRecording(cmd.ErrOrStderr(), opt.Dir, o.res)
+	recorder.WriteSummary(cmd.ErrOrStderr(), opt.Dir, o.res)
 	return jobStatus(o.res)
 }

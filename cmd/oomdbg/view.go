@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 
-	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/term"
 	"github.com/spf13/cobra"
@@ -54,9 +51,6 @@ peak and phase side by side, from which enter opens another.`,
 			}
 			defer closeKeys()
 			ctx := cmd.Context()
-			if ctx == nil {
-				ctx = context.Background()
-			}
 			if st, err := os.Stat(path); err == nil && st.IsDir() && follow {
 				return followDir(ctx, cmd, keys, path, &mem) // oomdbg record's snapshots, as they are written
 			}
@@ -109,27 +103,10 @@ func viewTerminal(cmd *cobra.Command, path string) (keys io.Reader, closeKeys fu
 
 // runTUI runs the terminal UI on the command's terminal, reading keys from keys, until the user quits.
 func runTUI(cmd *cobra.Command, keys io.Reader, opts tui.Options) error {
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// The TUI holds its events for the whole session, so the collector's headroom is what decides its resident
-	// memory: at the default GOGC of 100 a 11.7M-event file peaks at 560-690 MB against 530-540 MB at 50,
-	// which loads it in the same time (1.6 s). GOGC from the environment still wins.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
-	}
 	opts.Backend = backend.Backend{Version: toolVersion()}
 	opts.Profile = colorprofile.Detect(os.Stdout, os.Environ())
 	opts.Devices = func() nvml.Report { return nvml.ReadReport() }
-	p := tea.NewProgram(tui.New(ctx, opts), tea.WithContext(ctx), tea.WithInput(keys), tea.WithOutput(cmd.OutOrStdout()))
-	_, err := p.Run()
-	if err == tea.ErrProgramKilled {
-		return nil
-	}
-	return err
+	return tui.Run(cmd.Context(), opts, keys, cmd.OutOrStdout())
 }
 
 // isTerminal reports whether f is a terminal, where the TUI can run (not merely a character device such as
