@@ -47,6 +47,8 @@ var layers = map[string][]string{
 	// A fix on a trace: the trace transformed, then replayed.
 	"whatif/transform": {"knob", "snapshot", "internal/"},
 	"whatif":           {"knob", "whatif/transform", "allocator/replay", "allocator", "snapshot", "snapshot/torch", "internal/"},
+	// The simulated PyTorch: the package itself holds only its documentation.
+	"workloads":        nil,
 	"workloads/device": {"allocator", "internal/torchrules"},
 	// The runtime tags what it allocates with snapshot's vocabulary (phases, categories).
 	"workloads/tensor": {"workloads/device", "allocator", "snapshot", "internal/torchrules"},
