@@ -220,23 +220,7 @@ func (c DecoderConfig) validate() error {
 	case !f.MoE() && !f.Gemma() && f != FamilyPhi3:
 		return fmt.Errorf("unknown family %q", f)
 	}
-	if c.Adapter != nil {
-		for _, t := range c.Adapter.Targets {
-			if !contains(f.Projections(), t) {
-				return fmt.Errorf("%s has no %q projection to adapt (want some of %v)", f, t, f.Projections())
-			}
-		}
-	}
-	return nil
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
+	return c.Adapter.onlyOf(string(f), f.Projections())
 }
 
 // decoderBuilder makes a decoder's modules: linear layers (adapted and 4-bit as the config says), norms and

@@ -43,7 +43,13 @@ type familyCase struct {
 	SlidingWindow  int     `json:"sliding_window,omitempty"`
 	SlidingPattern int     `json:"sliding_pattern,omitempty"`
 	Dropout        float32 `json:"dropout,omitempty"`
-	name           string
+	// BERT.
+	Task      string `json:"task,omitempty"`
+	Labels    int    `json:"labels,omitempty"`
+	TypeVocab int    `json:"type_vocab,omitempty"`
+	MaxPos    int    `json:"max_pos,omitempty"`
+	Lengths   []int  `json:"lengths,omitempty"`
+	name      string
 }
 
 // decoderConfig returns the model of the case; attention is eager, as the script's.

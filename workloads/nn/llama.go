@@ -122,6 +122,9 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Adapter.onlyOf("llama", LlamaProjections); err != nil {
+		return nil, err
+	}
 	m := &Llama{base: base{rt, ""}, Config: cfg, Training: true}
 	d, hd := cfg.DModel, cfg.HeadDim
 	const std = 0.02
