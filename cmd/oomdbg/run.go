@@ -100,9 +100,23 @@ func (f seqDistFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
 
 func (seqDistFlag) Type() string { return "string" }
 
+// routingFlag is --routing, read once as --seq-dist is: file:PATH reads the file when the flag is set.
+type routingFlag struct{ v *train.Routing }
+
+func (f routingFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return f.v.String()
+}
+
+func (f routingFlag) Set(s string) error { return f.v.UnmarshalText([]byte(s)) }
+
+func (routingFlag) Type() string { return "string" }
+
 // addConfigFlags puts every knob of a training run on flags, with cfg's values as defaults.
 func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: mlp, gpt, llama (a Llama-family decoder: Llama, Mistral, Qwen2; Mixtral, Qwen-MoE, Gemma and Phi-3 from a preset or --hf-config) or bert")
 	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "batch size (per micro-batch with --accum)")
 	fs.IntVar(&cfg.InFeatures, "in-features", cfg.InFeatures, "mlp: input features")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "mlp: hidden width")
@@ -124,6 +138,9 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.Float32Var(&cfg.LoRADropout, "lora-dropout", cfg.LoRADropout, "llama: LoRA dropout")
 	fs.Var(textFlag{&cfg.LoRATargets}, "lora-targets", "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
 	fs.BoolVar(&cfg.QLoRA, "qlora", cfg.QLoRA, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
+	fs.Var(routingFlag{&cfg.Routing}, "routing", "mixture of experts: the experts each token goes to on the meta and cuda devices: uniform, skewed:ALPHA (Zipf: an expert's share falls as 1/rank^ALPHA) or file:PATH (a line of each expert's load per layer)")
+	fs.Float32Var(&cfg.Family.RouterAuxLoss, "router-aux-loss", cfg.Family.RouterAuxLoss, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
+	fs.Var(textFlag{&cfg.Task}, "task", "bert: mlm (BertForMaskedLM) or classify (BertForSequenceClassification)")
 	fs.Var(textFlag{&cfg.AMP}, "amp", "mixed precision: off, fp16 (with loss scaling) or bf16")
 	fs.Var(textFlag{&cfg.Checkpoint}, "checkpoint", "activation checkpointing: off, all, every:N or attn (gpt only)")
 	fs.Var(textFlag{&cfg.Attention}, "attention", "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
@@ -198,6 +215,10 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 		}
 		if sd, ok := f.Value.(seqDistFlag); ok { // read once, when the flag was set
 			*to.Value.(seqDistFlag).v = *sd.v
+			return
+		}
+		if rf, ok := f.Value.(routingFlag); ok {
+			*to.Value.(routingFlag).v = *rf.v
 			return
 		}
 		err = replay.Set(f.Name, f.Value.String())
@@ -287,10 +308,12 @@ func flagError(err error) error {
 	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
 	field = strings.TrimPrefix(field, "stage3_")
 	name := strings.ReplaceAll(field, "_", "-")
-	switch fe.Field {
-	case "gpu_memory":
+	switch {
+	case fe.Field == "gpu_memory":
 		name = "gpu-mem"
-	case "norm_eps", "rope_theta": // no flag: they come from --hf-config or a preset
+	case fe.Field == "family.router_aux_loss":
+		name = "router-aux-loss"
+	case fe.Field == "norm_eps", fe.Field == "rope_theta", strings.HasPrefix(fe.Field, "family."): // no flag: --hf-config or a preset
 		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
 	}
 	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
@@ -504,6 +527,10 @@ func printRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 	if res.Paged > 0 {
 		fmt.Fprintf(w, "paged      %s of optimizer state in unified memory, outside the allocator; %s of it evicted to host over the run\n",
 			units.FormatSize(int64(res.Paged)), units.FormatSize(int64(res.PagedEvicted)))
+	}
+	if l := res.ExpertLoad; l.Routed > 0 {
+		fmt.Fprintf(w, "experts    routing %s: the busiest expert took %d of %d routed tokens (layer %d), %.2fx an even share of %d\n",
+			cfg.Routing, l.Tokens, l.Routed, l.Layer, l.Share(), l.Routed/l.Experts)
 	}
 	if !cfg.SeqDist.Fixed() || cfg.EmptyCache != train.EmptyCacheNever {
 		printSteps(w, cfg, res)

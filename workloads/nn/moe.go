@@ -190,6 +190,9 @@ func (s slotTokens) values() []float32 {
 // byExpert splits the routing by expert.
 func (r routing) byExpert(experts int) []slotTokens {
 	out := make([]slotTokens, experts)
+	for e, n := range r.counts(experts) {
+		out[e] = make(slotTokens, 0, n)
+	}
 	for slot := range r.k {
 		for tok := slot; tok < len(r.experts); tok += r.k {
 			e := r.experts[tok]

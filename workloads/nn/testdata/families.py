@@ -134,7 +134,7 @@ class Attention(nn.Module):
         self.c, self.family, self.hd = c, f, hd
         self.heads, self.kvh = c["heads"], c["kv_heads"]
         self.groups = self.heads // self.kvh
-        self.scaling = (c["query_scale"] if f in ("gemma2", "gemma3") else hd) ** -0.5
+        self.scaling = (c.get("query_scale", hd) if f in ("gemma2", "gemma3") else hd) ** -0.5
         self.softcap = c.get("attn_softcap") if f == "gemma2" else None
         self.attn_dropout = 0.0
         if f == "phi3":
