@@ -198,6 +198,8 @@ func configFromFlags(fs *pflag.FlagSet, preset string) (train.Config, error) {
 		preset = train.DefaultPreset
 	case preset == "" && model == "llama":
 		preset = train.DefaultLlamaPreset
+	case preset == "" && model == "bert":
+		preset = train.DefaultBertPreset
 	}
 	if preset != "" {
 		var err error

@@ -115,6 +115,9 @@ const DefaultPreset = "gpt2-medium"
 // DefaultLlamaPreset is what --model llama starts from.
 const DefaultLlamaPreset = "llama-3.2-1b"
 
+// DefaultBertPreset is what --model bert starts from.
+const DefaultBertPreset = "bert-base"
+
 // PresetConfig returns the configuration of the named preset.
 func PresetConfig(name string) (Config, error) {
 	for _, p := range Presets {
