@@ -9,6 +9,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 )
 
@@ -187,6 +188,15 @@ func TestFamilyConfigsRun(t *testing.T) {
 			}
 			if cfg.MoE() && (res.ExpertLoad.Routed != cfg.Batch*cfg.Seq*cfg.Family.ExpertsPerToken || res.ExpertLoad.Tokens == 0) {
 				t.Errorf("%s on %s: expert load %+v", m.Architecture, dev, res.ExpertLoad)
+			}
+		}
+		for _, s := range []dist.Strategy{dist.ZeRO3, dist.FSDPFull} { // gathering each module's parameters as it runs
+			cfg := FromHF(m)
+			cfg.Steps, cfg.Batch, cfg.AMP, cfg.Checkpoint = 2, 2, knob.AMPBF16, knob.CheckpointAll
+			cfg.Parallel = dist.Settings{GPUs: 2, Strategy: s}
+			res, _, err := Run(context.Background(), cfg, nil)
+			if err != nil || res.OOM != nil || res.Steps != 2 {
+				t.Errorf("%s, %s: %v, %+v", m.Architecture, s, err, res)
 			}
 		}
 	}
