@@ -136,7 +136,7 @@ func addConfigFlags(fs *pflag.FlagSet, cfg *train.Config) {
 	fs.IntVar(&cfg.LoRA, "lora", cfg.LoRA, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
 	fs.Float32Var(&cfg.LoRAAlpha, "lora-alpha", cfg.LoRAAlpha, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
 	fs.Float32Var(&cfg.LoRADropout, "lora-dropout", cfg.LoRADropout, "llama: LoRA dropout")
-	fs.Var(textFlag{&cfg.LoRATargets}, "lora-targets", "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
+	fs.Var(textFlag{&cfg.LoRATargets}, "lora-targets", "llama, bert: projections adapted, some of q,k,v,o,gate,up,down (Phi-3: qkv,o,gate_up,down; none: peft's default for the model, q,v)")
 	fs.BoolVar(&cfg.QLoRA, "qlora", cfg.QLoRA, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
 	fs.Var(routingFlag{&cfg.Routing}, "routing", "mixture of experts: the experts each token goes to on the meta and cuda devices: uniform, skewed:ALPHA (Zipf: an expert's share falls as 1/rank^ALPHA) or file:PATH (a line of each expert's load per layer)")
 	fs.Float32Var(&cfg.Family.RouterAuxLoss, "router-aux-loss", cfg.Family.RouterAuxLoss, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
