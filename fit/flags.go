@@ -20,7 +20,7 @@ func Flags(c train.Config) []string {
 		f = append(f, "--optimizer-impl", string(c.OptimizerImpl))
 	}
 	f = append(f, "--zero-grad", c.ZeroGrad.String())
-	if c.Model == "llama" {
+	if c.HF() {
 		f = append(f, "--weights", c.Weights.String(), "--lora", fmt.Sprint(c.LoRA))
 		if c.LoRA > 0 {
 			f = append(f, "--lora-alpha", fmt.Sprint(c.LoRAAlpha), "--lora-targets", c.LoRATargets.String(), fmt.Sprintf("--qlora=%t", c.QLoRA))

@@ -146,7 +146,7 @@ func axes(cfg train.Config, o PlanOptions) []axis {
 	if cfg.AMP == knob.AMPOff && cfg.Weights == train.WeightsF32 {
 		prec = append(prec, option{halfName, func(c *train.Config) { c.AMP = half }, []int{1}})
 	}
-	if cfg.Model == "llama" && cfg.Weights == train.WeightsF32 && o.GPU.BF16 {
+	if cfg.HF() && cfg.Weights == train.WeightsF32 && o.GPU.BF16 {
 		prec = append(prec, option{"bf16 weights", func(c *train.Config) { c.AMP, c.Weights = knob.AMPOff, train.WeightsBF16 }, []int{2}})
 	}
 	add(prec)
@@ -165,7 +165,7 @@ func axes(cfg train.Config, o PlanOptions) []axis {
 	if cfg.ZeroGrad == knob.ZeroGradZero {
 		add(axis{keep, {"zero_grad(set_to_none=True)", func(c *train.Config) { c.ZeroGrad = knob.ZeroGradNone }, []int{1}}})
 	}
-	if cfg.Model == "llama" && !cfg.QLoRA {
+	if cfg.HF() && !cfg.QLoRA {
 		ad := axis{keep}
 		if cfg.LoRA == 0 && o.Allow.LoRA {
 			ad = append(ad, option{"LoRA r16 on every projection", func(c *train.Config) { lora(c, false) }, []int{1}})
@@ -183,7 +183,7 @@ func axes(cfg train.Config, o PlanOptions) []axis {
 // configuration already has.
 func lora(c *train.Config, q bool) {
 	if c.LoRA == 0 {
-		c.LoRA, c.LoRAAlpha, c.LoRATargets = 16, 32, train.AllLoRATargets
+		c.LoRA, c.LoRAAlpha, c.LoRATargets = 16, 32, c.EveryProjection()
 	}
 	c.QLoRA = q
 }

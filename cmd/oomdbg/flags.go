@@ -179,7 +179,7 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	f := &configFlags{fs: fs, given: &defaults, copies: map[string]func(*train.Config){}}
 	type cfg = train.Config
 	pd := presetDefault(defaults)
-	field(f, "model", func(c *cfg) *string { return &c.Model }, "model: mlp, gpt or llama (a Llama-family decoder: Llama, Mistral, Qwen2)")
+	field(f, "model", func(c *cfg) *string { return &c.Model }, "model: mlp, gpt, llama (a Llama-family decoder: Llama, Mistral, Qwen2; Mixtral, Qwen-MoE, Gemma and Phi-3 from a preset or --hf-config) or bert")
 	field(f, "batch", func(c *cfg) *int { return &c.Batch }, "batch size (per micro-batch with --accum)")
 	field(f, "in-features", func(c *cfg) *int { return &c.InFeatures }, "mlp: input features")
 	field(f, "hidden", func(c *cfg) *int { return &c.Hidden }, "mlp: hidden width")
@@ -199,8 +199,11 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "lora", func(c *cfg) *int { return &c.LoRA }, "llama: LoRA adapters of rank R on --lora-targets, the base frozen (0: full fine-tune)")
 	field(f, "lora-alpha", func(c *cfg) *float32 { return &c.LoRAAlpha }, "llama: LoRA alpha (scaling alpha/R; 0: peft's default 8)")
 	field(f, "lora-dropout", func(c *cfg) *float32 { return &c.LoRADropout }, "llama: LoRA dropout")
-	field(f, "lora-targets", func(c *cfg) *train.LoRATargets { return &c.LoRATargets }, "llama: projections adapted, some of q,k,v,o,gate,up,down (none: peft's default q,v)")
+	field(f, "lora-targets", func(c *cfg) *train.LoRATargets { return &c.LoRATargets }, "llama, bert: projections adapted, some of q,k,v,o,gate,up,down (Phi-3: qkv,o,gate_up,down; none: peft's default for the model, q,v)")
 	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
+	field(f, "routing", func(c *cfg) *train.Routing { return &c.Routing }, "mixture of experts: the experts each token goes to on the meta and cuda devices: uniform, skewed:ALPHA (Zipf: an expert's share falls as 1/rank^ALPHA) or file:PATH (a line of each expert's load per layer)")
+	field(f, "router-aux-loss", func(c *cfg) *float32 { return &c.Family.RouterAuxLoss }, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
+	field(f, "task", func(c *cfg) *train.Task { return &c.Task }, "bert: mlm (BertForMaskedLM) or classify (BertForSequenceClassification)")
 	field(f, "amp", func(c *cfg) *knob.AMP { return &c.AMP }, "mixed precision: off, fp16 (with loss scaling) or bf16")
 	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N or attn (gpt only)")
 	field(f, "attention", func(c *cfg) *knob.Attention { return &c.Attention }, "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
@@ -299,10 +302,12 @@ func flagError(err error) error {
 	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
 	field = strings.TrimPrefix(field, "stage3_")
 	name := strings.ReplaceAll(field, "_", "-")
-	switch fe.Field {
-	case "gpu_memory":
+	switch {
+	case fe.Field == "gpu_memory":
 		name = "gpu-mem"
-	case "norm_eps", "rope_theta": // no flag: they come from --hf-config or a preset
+	case fe.Field == "family.router_aux_loss":
+		name = "router-aux-loss"
+	case fe.Field == "norm_eps", fe.Field == "rope_theta", strings.HasPrefix(fe.Field, "family."): // no flag: --hf-config or a preset
 		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
 	}
 	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)

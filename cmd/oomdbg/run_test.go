@@ -16,9 +16,15 @@ import (
 
 func TestRunCommand(t *testing.T) {
 	dir := t.TempDir()
-	mixtral := filepath.Join(dir, "mixtral.json")
+	falcon := filepath.Join(dir, "falcon.json")
 	broken := filepath.Join(dir, "broken.json")
-	os.WriteFile(mixtral, []byte(`{"architectures": ["MixtralForCausalLM"], "hidden_size": 4096}`), 0o644)
+	os.WriteFile(falcon, []byte(`{"architectures": ["FalconForCausalLM"], "hidden_size": 4096}`), 0o644)
+	moe := filepath.Join(dir, "moe.json")
+	os.WriteFile(moe, []byte(`{"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+		"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+		"max_position_embeddings": 32, "num_local_experts": 8}`), 0o644)
+	loads := filepath.Join(dir, "loads.txt")
+	os.WriteFile(loads, []byte("8 1 1 1 1 1 1 1\n"), 0o644)
 	os.WriteFile(broken, []byte(`{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": -3`), 0o644)
 	smollm := filepath.Join("..", "..", "workloads", "nn", "hfconfig", "models", "smollm2-135m.json")
 	llama := []string{"--model", "llama", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--layers", "2",
@@ -43,8 +49,18 @@ func TestRunCommand(t *testing.T) {
 		"hf config, qlora, paged": {args: []string{"--hf-config", smollm, "--batch", "1", "--seq", "64", "--steps", "2",
 			"--lora", "128", "--lora-targets", "q,k,v,o,gate,up,down", "--qlora", "--optimizer", "paged-adamw8bit"}, code: exitOK,
 			stdout: []string{"[QLoRA r=128, bf16 weights]", "trainable, ", "paged      "}}, // B of gate and up: 1536 x 128 > 1e5 elements
-		"unknown architecture": {args: []string{"--hf-config", mixtral}, code: exitUsage,
-			stderr: `unknown architecture "MixtralForCausalLM" (known: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)`},
+		"unknown architecture": {args: []string{"--hf-config", falcon}, code: exitUsage,
+			stderr: `unknown architecture "FalconForCausalLM" (known: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM`},
+		"mixture of experts, skewed": {args: []string{"--hf-config", moe, "--batch", "2", "--steps", "2", "--routing", "skewed:2"}, code: exitOK,
+			stdout: []string{"model      llama (MixtralForCausalLM)", "experts    routing skewed:2: the busiest expert took "}},
+		"mixture of experts, loads": {args: []string{"--hf-config", moe, "--batch", "2", "--steps", "2", "--routing", "file:" + loads}, code: exitOK,
+			stdout: []string{"experts    routing file:" + loads}},
+		"routing of 8 on a dense model": {args: append(slices.Clone(llama), "--routing", "file:"+loads), code: exitUsage,
+			stderr: "routing applies to a mixture of experts"},
+		"bad routing":       {args: []string{"--hf-config", moe, "--routing", "zipf"}, code: exitUsage, stderr: `unknown routing "zipf"`},
+		"task on a decoder": {args: append(slices.Clone(llama), "--task", "classify"), code: exitUsage, stderr: "task applies to bert"},
+		"bert classification": {args: []string{"--preset", "bert-base", "--task", "classify", "--batch", "2", "--seq", "64", "--steps", "2"}, code: exitOK,
+			stdout: []string{"model      bert-base, 109.5M parameters"}},
 		"broken config":      {args: []string{"--hf-config", broken}, code: exitUsage, stderr: "config.json: not a JSON object"},
 		"missing config":     {args: []string{"--hf-config", filepath.Join(dir, "none.json")}, code: exitUsage, stderr: "no such file"},
 		"config and preset":  {args: []string{"--hf-config", smollm, "--preset", "tiny"}, code: exitUsage, stderr: "give one"},

@@ -30,6 +30,8 @@ func BaseConfig(preset, hfConfig, model string) (train.Config, error) {
 		preset = train.DefaultPreset
 	case preset == "" && model == "llama":
 		preset = train.DefaultLlamaPreset
+	case preset == "" && model == "bert":
+		preset = train.DefaultBertPreset
 	case preset == "":
 		return train.DefaultMLP(), nil
 	}

@@ -36,6 +36,10 @@ func WriteRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		fmt.Fprintf(w, "paged      %s of optimizer state in unified memory, outside the allocator; %s of it evicted to host over the run\n",
 			units.FormatSize(int64(res.Paged)), units.FormatSize(int64(res.PagedEvicted)))
 	}
+	if l := res.ExpertLoad; l.Routed > 0 {
+		fmt.Fprintf(w, "experts    routing %s: the busiest expert took %d of %d routed tokens (layer %d), %.2fx an even share of %d\n",
+			cfg.Routing, l.Tokens, l.Routed, l.Layer, l.Share(), l.Routed/l.Experts)
+	}
 	if !cfg.SeqDist.Fixed() || cfg.EmptyCache != train.EmptyCacheNever {
 		writeSteps(w, cfg, res)
 	}

@@ -122,6 +122,9 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Adapter.onlyOf("llama", LlamaProjections); err != nil {
+		return nil, err
+	}
 	m := &Llama{base: base{rt, ""}, Config: cfg, Training: true}
 	d, hd := cfg.DModel, cfg.HeadDim
 	const std = 0.02
@@ -215,17 +218,26 @@ func (c LlamaConfig) validate() error {
 // ropeInvFreq allocates the rotary embedding's inv_freq buffer: 1 / theta^(2i/head_dim) for i < head_dim/2,
 // in float32 (_compute_default_rope_parameters).
 func ropeInvFreq(rt *tensor.Runtime, hd int, theta float64) *tensor.Tensor {
+	return ropeInvFreqOf(rt, "model.rotary_emb", hd, theta, 1)
+}
+
+// ropeInvFreqOf allocates the inv_freq buffer of the rotary embedding module, divided by a linear rope
+// scaling factor (_compute_linear_scaling_rope_parameters; 1 for the default rope).
+func ropeInvFreqOf(rt *tensor.Runtime, module string, hd int, theta, factor float64) *tensor.Tensor {
 	if theta == 0 {
 		theta = 10000
 	}
+	if factor == 0 {
+		factor = 1
+	}
 	v := make([]float32, hd/2)
 	for i := range v {
-		v[i] = float32(1 / math.Pow(theta, float64(2*i)/float64(hd)))
+		v[i] = float32(1 / math.Pow(theta, float64(2*i)/float64(hd)) / factor)
 	}
-	leave := rt.Scope("model.rotary_emb")
+	leave := rt.Scope(module)
 	defer leave()
-	return rt.FromValues(tensor.F32, []int{hd / 2}, v, "model.rotary_emb.inv_freq", snapshot.CategoryParameter).
-		SetName("model.rotary_emb.inv_freq")
+	name := join(module, "inv_freq")
+	return rt.FromValues(tensor.F32, []int{hd / 2}, v, name, snapshot.CategoryParameter).SetName(name)
 }
 
 func newRMSNorm(rt *tensor.Runtime, name string, d int, eps float32, dtype tensor.DType) *RMSNorm {
@@ -398,10 +410,14 @@ func (m *Llama) forwardModel(idx *tensor.Tensor) *tensor.Tensor {
 // scaled by the attention scaling (1.0 for the default rope type) and converted to x's dtype. The results
 // are (1, seq, head_dim), shared by every layer.
 func (m *Llama) rotary(x, posIDs *tensor.Tensor) (cos, sin *tensor.Tensor) {
-	rt := m.rt
-	defer rt.Scope("model.rotary_emb")()
+	return rotary(m.rt, "model.rotary_emb", m.InvFreq, x, posIDs)
+}
+
+// rotary is the forward of the rotary embedding module whose inv_freq buffer is invFreq (Llama.rotary).
+func rotary(rt *tensor.Runtime, module string, invFreq, x, posIDs *tensor.Tensor) (cos, sin *tensor.Tensor) {
+	defer rt.Scope(module)()
 	rt.NoGrad(func() {
-		invV := m.InvFreq.View(1, -1, 1)
+		invV := invFreq.View(1, -1, 1)
 		inv := invV.Expand(posIDs.Dim(0), -1, 1)
 		invV.Release()
 		pv := posIDs.Unsqueeze(1)
@@ -453,15 +469,7 @@ func causalMask(rt *tensor.Runtime, cachePos *tensor.Tensor, b, t int, dtype ten
 }
 
 // minFinite is torch.finfo(dtype).min.
-func minFinite(dtype tensor.DType) float32 {
-	switch dtype {
-	case tensor.F16:
-		return -65504
-	case tensor.BF16:
-		return -3.3895313892515355e38
-	}
-	return -math.MaxFloat32
-}
+func minFinite(dtype tensor.DType) float32 { return tensor.MinFinite(dtype) }
 
 // forward is LlamaDecoderLayer.forward.
 func (l *LlamaDecoderLayer) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tensor {
@@ -523,20 +531,36 @@ func (a *LlamaAttention) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tenso
 	return o
 }
 
-// eager is eager_attention_forward: repeat_kv, scores scaled, the causal mask added, softmax in float32
-// converted back to the query's dtype, dropout, the product with the values, transposed and made
-// contiguous.
+// eager is eager_attention_forward (eagerAttention) with the layer's heads, scaling and dropout.
 func (a *LlamaAttention) eager(q, k, v, mask *tensor.Tensor, p float32) *tensor.Tensor {
-	groups := a.heads / a.kvh
-	ks, vs := repeatKV(k, groups), repeatKV(v, groups)
+	return eagerAttention(q, k, v, mask, eagerSpec{groups: a.heads / a.kvh, scaling: a.scaling, p: p, training: *a.training})
+}
+
+// eagerSpec is what eager_attention_forward is given besides its tensors.
+type eagerSpec struct {
+	groups   int     // query heads per key-value head (num_key_value_groups)
+	scaling  float32 // the scores' scale
+	softcap  float32 // Gemma 2's attn_logit_softcapping (0: none)
+	p        float32 // dropout probability
+	training bool
+}
+
+// eagerAttention is eager_attention_forward: repeat_kv, scores scaled, soft-capped when Gemma 2 asks
+// (divided by the cap, tanh, which saves its result, times the cap), the mask added, softmax in float32
+// converted back to the query's dtype, dropout, the product with the values, transposed and made contiguous.
+func eagerAttention(q, k, v, mask *tensor.Tensor, e eagerSpec) *tensor.Tensor {
+	ks, vs := repeatKV(k, e.groups), repeatKV(v, e.groups)
 	kt := ks.Transpose(2, 3)
 	ks.Release()
 	mm := tensor.Matmul(q, kt)
 	kt.Release()
-	w := tensor.Scale(mm, a.scaling)
+	w := tensor.Scale(mm, e.scaling)
 	mm.Release()
+	if e.softcap > 0 {
+		w = softcap(w, e.softcap)
+	}
 	if mask != nil {
-		cm := mask.Narrow(3, 0, q.Dim(2)) // attention_mask[:, :, :, :key_len]
+		cm := mask.Narrow(3, 0, k.Dim(2)) // attention_mask[:, :, :, :key_states.shape[-2]]
 		wm := tensor.Add(w, cm)
 		cm.Release()
 		w.Release()
@@ -546,7 +570,7 @@ func (a *LlamaAttention) eager(q, k, v, mask *tensor.Tensor, p float32) *tensor.
 	w.Release()
 	probs := tensor.ToDType(sm, q.DType())
 	sm.Release()
-	dropped := tensor.Dropout(probs, p, *a.training)
+	dropped := tensor.Dropout(probs, e.p, e.training)
 	probs.Release()
 	o := tensor.Matmul(dropped, vs)
 	dropped.Release()
@@ -555,6 +579,18 @@ func (a *LlamaAttention) eager(q, k, v, mask *tensor.Tensor, p float32) *tensor.
 	o.Release()
 	out := ot.Contiguous()
 	ot.Release()
+	return out
+}
+
+// softcap is Gemma 2's soft-capping of scores or logits, x / cap, tanh, times cap; it takes x's reference.
+// The tanh saves its result, a tensor of x's size.
+func softcap(x *tensor.Tensor, limit float32) *tensor.Tensor {
+	d := tensor.Scale(x, 1/limit)
+	x.Release()
+	t := tensor.Tanh(d)
+	d.Release()
+	out := tensor.Scale(t, limit)
+	t.Release()
 	return out
 }
 

@@ -18,9 +18,13 @@ type LoRAConfig struct {
 	Rank    int
 	Alpha   float32
 	Dropout float32
-	// Targets are short names of LlamaProjections ("q", "k", "v", "o", "gate", "up", "down").
+	// Targets are short names of LoRAProjections ("q", "k", "v", "o", "gate", "up", "down" of a Llama-family
+	// layer; "qkv" and "gate_up" of Phi-3's fused ones); each model says which it has.
 	Targets []string
 }
+
+// LoRAProjections are the short names LoRA targets go by across the families, Llama's first.
+var LoRAProjections = append(slices.Clone(LlamaProjections), "qkv", "gate_up")
 
 // Validate checks the adapter's settings.
 func (c LoRAConfig) Validate() error {
@@ -31,17 +35,30 @@ func (c LoRAConfig) Validate() error {
 		return fmt.Errorf("lora dropout %g is not in [0, 1)", c.Dropout)
 	}
 	if len(c.Targets) == 0 {
-		return fmt.Errorf("lora needs target modules (some of %s)", strings.Join(LlamaProjections, ", "))
+		return fmt.Errorf("lora needs target modules (some of %s)", strings.Join(LoRAProjections, ", "))
 	}
 	for _, t := range c.Targets {
-		if !slices.Contains(LlamaProjections, t) {
-			return fmt.Errorf("unknown lora target %q (want some of %s)", t, strings.Join(LlamaProjections, ", "))
+		if !slices.Contains(LoRAProjections, t) {
+			return fmt.Errorf("unknown lora target %q (want some of %s)", t, strings.Join(LoRAProjections, ", "))
 		}
 	}
 	return nil
 }
 
 func (c LoRAConfig) targets(short string) bool { return slices.Contains(c.Targets, short) }
+
+// onlyOf checks that every target is one of the model's projections (nil adapts nothing: no error).
+func (c *LoRAConfig) onlyOf(model string, projections []string) error {
+	if c == nil {
+		return nil
+	}
+	for _, t := range c.Targets {
+		if !slices.Contains(projections, t) {
+			return fmt.Errorf("%s has no %q projection to adapt (want some of %s)", model, t, strings.Join(projections, ", "))
+		}
+	}
+	return nil
+}
 
 // Scaling is alpha / r (use_rslora off).
 func (c LoRAConfig) Scaling() float32 { return c.Alpha / float32(c.Rank) }

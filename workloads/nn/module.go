@@ -224,10 +224,11 @@ func (d *Dropout) Forward(x *tensor.Tensor) *tensor.Tensor {
 	return tensor.Dropout(x, d.P, *d.Training)
 }
 
-// LayerNorm is nn.LayerNorm over the last dimension, with weight and (optionally) bias, eps 1e-5.
+// LayerNorm is nn.LayerNorm over the last dimension, with weight and (optionally) bias.
 type LayerNorm struct {
 	base
 	Weight, Bias *Parameter
+	Eps          float32 // 0: nn.LayerNorm's default, 1e-5
 }
 
 // NewLayerNorm makes a LayerNorm named name over dim features.
@@ -255,7 +256,11 @@ func (l *LayerNorm) Forward(x *tensor.Tensor) *tensor.Tensor {
 	if l.Bias != nil {
 		b = l.Bias.Tensor
 	}
-	return tensor.LayerNorm(x, l.Weight.Tensor, b, 1e-5)
+	eps := l.Eps
+	if eps == 0 {
+		eps = 1e-5
+	}
+	return tensor.LayerNorm(x, l.Weight.Tensor, b, eps)
 }
 
 // Embedding is nn.Embedding: a table of num vectors of size dim, initialised N(0, 1) as PyTorch does.

@@ -4,8 +4,8 @@ package nn
 // which module's forward uses which parameters (ZeRO-3 gathers a module's parameters as it enters it).
 
 // RepeatedBlocks returns the model's repeated blocks, the modules FSDP's transformer auto-wrap policy makes
-// units of: a GPT's transformer blocks, a Llama's decoder layers, an MLP's linear layers. Other modules
-// return nil.
+// units of: a GPT's transformer blocks, a Llama's or another decoder's layers, a BERT's encoder layers, an
+// MLP's linear layers. Other modules return nil.
 func RepeatedBlocks(m Module) []Module {
 	var out []Module
 	switch m := m.(type) {
@@ -14,6 +14,14 @@ func RepeatedBlocks(m Module) []Module {
 			out = append(out, b)
 		}
 	case *Llama:
+		for _, l := range m.Layers {
+			out = append(out, l)
+		}
+	case *Decoder:
+		for _, l := range m.Layers {
+			out = append(out, l)
+		}
+	case *Bert:
 		for _, l := range m.Layers {
 			out = append(out, l)
 		}
@@ -29,7 +37,7 @@ func RepeatedBlocks(m Module) []Module {
 
 // ParameterScopes maps each module scope whose forward uses parameters to those parameters: a parameter
 // belongs to the module its name says (blocks.3.attn.c_attn.weight to blocks.3.attn.c_attn), and a tied LM
-// head uses the embedding's weight under its own scope.
+// head uses the embedding's weight under its own scope (BERT's MLM decoder, with the head's bias).
 func ParameterScopes(m Module) map[string][]*Parameter {
 	out := map[string][]*Parameter{}
 	for _, p := range m.Parameters() {
@@ -42,6 +50,14 @@ func ParameterScopes(m Module) map[string][]*Parameter {
 	case *Llama:
 		if m.Config.Tied {
 			out[m.LMHead.Name()] = []*Parameter{m.LMHead.Weight}
+		}
+	case *Decoder:
+		if m.Config.Tied {
+			out[m.LMHead.Name()] = []*Parameter{m.LMHead.Weight}
+		}
+	case *Bert:
+		if m.Transform != nil { // the MLM decoder: the word embeddings' weight and the head's bias
+			out["cls.predictions.decoder"] = []*Parameter{m.Word.Weight, m.DecoderBias}
 		}
 	}
 	return out

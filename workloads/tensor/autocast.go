@@ -200,11 +200,48 @@ var (
 		Saved: []SavedRule{{"SinBackward0", "self", AsInput}}, Note: "as cos", Source: "autocast_mode.cpp (no registration)"}
 )
 
-// AutocastPolicy is every op of the runtime with its CUDA autocast treatment, in the order of a GPT's forward
-// and then of the ops a Llama adds (RMSNorm, rotary embeddings, SwiGLU).
+// The ops the families beside Llama add: Gemma's soft-capping and GeGLU, the mixtures of experts' routing,
+// Qwen2-MoE's shared-expert gate, BERT's pooler and mask.
+var (
+	acTanh = &AutocastRule{Op: "tanh", Func: "Tanh", Policy: NotListed, Output: AsInput,
+		Saved:  []SavedRule{{"TanhBackward0", "result", AsInput}},
+		Note:   "Gemma 2's soft-capping of the scores and the logits keeps a tensor of their size; BERT's pooler",
+		Source: "autocast_mode.cpp (no registration)"}
+	acGELUTanh = &AutocastRule{Op: "gelu (approximate='tanh')", Func: "GELUTanh", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"GeluBackward0", "self", AsInput}}, Note: "Gemma's gelu_pytorch_tanh",
+		Source: "autocast_mode.cpp (no registration)"}
+	acSigmoid = &AutocastRule{Op: "sigmoid", Func: "Sigmoid", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"SigmoidBackward0", "result", AsInput}}, Note: "Qwen2-MoE's shared-expert gate",
+		Source: "autocast_mode.cpp (no registration)"}
+	acTopK = &AutocastRule{Op: "topk", Func: "TopK", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"TopkBackward0", "indices", AsI64}}, Note: "the router's float32 probabilities",
+		Source: "autocast_mode.cpp (no registration)"}
+	acSumLast = &AutocastRule{Op: "sum (dim, keepdim)", Func: "SumLast", Policy: FP32SetOptDType, Output: AsF32,
+		Source: "autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE"}
+	acDiv = &AutocastRule{Op: "div_ (by a tensor)", Func: "Div_", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"DivBackward0", "self", AsInput}, {"DivBackward0", "other", AsInput}},
+		Note:  "in place: self is a copy taken before the division", Source: "autocast_mode.cpp (no registration)"}
+	acIndexRows = &AutocastRule{Op: "index (one tensor of indices)", Func: "IndexRows", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"IndexBackward0", "indices", AsI64}}, Note: "an expert's tokens gathered",
+		Source: "autocast_mode.cpp (no registration)"}
+	acIndexPairs = &AutocastRule{Op: "index (two tensors of indices)", Func: "IndexPairs", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"IndexBackward0", "indices", AsI64}, {"IndexBackward0", "indices", AsI64}},
+		Note:  "each token's routing weight", Source: "autocast_mode.cpp (no registration)"}
+	acIndexAdd = &AutocastRule{Op: "index_add_", Func: "IndexAdd_", Policy: NotListed, Output: AsInput,
+		Saved: []SavedRule{{"IndexAddBackward0", "index", AsI64}, {"IndexAddBackward0", "source", AsInput}},
+		Note:  "the source's gradient formula reads the source, so it is kept", Source: "autocast_mode.cpp (no registration)"}
+	acMeanRows = &AutocastRule{Op: "mean (dim 0)", Func: "MeanRows", Policy: NotListed, Output: AsInput,
+		Note: "the router probability per expert", Source: "autocast_mode.cpp (no registration)"}
+	acRsub = &AutocastRule{Op: "rsub (a Python scalar)", Func: "Rsub", Policy: NotListed, Output: AsInput,
+		Note: "BERT's 1.0 - attention_mask", Source: "autocast_mode.cpp (no registration)"}
+)
+
+// AutocastPolicy is every op of the runtime with its CUDA autocast treatment, in the order of a GPT's forward,
+// then of the ops a Llama adds (RMSNorm, rotary embeddings, SwiGLU) and the ops of the other families.
 var AutocastPolicy = []*AutocastRule{acEmbedding, acAdd, acDropout, acLayerNorm, acLinear, acMatmul, acScale,
 	acMaskedFill, acSoftmax, acSDPA, acGELU, acCrossEntropy, acLogSoftmax, acNLLLoss, acReLU, acMul, acMSELoss, acSum,
-	acMean, acPow, acMeanLast, acAddScalar, acRsqrt, acNeg, acCat, acSiLU, acCos, acSin}
+	acMean, acPow, acMeanLast, acAddScalar, acRsqrt, acNeg, acCat, acSiLU, acCos, acSin,
+	acTanh, acGELUTanh, acSigmoid, acTopK, acSumLast, acDiv, acIndexRows, acIndexPairs, acIndexAdd, acMeanRows, acRsub}
 
 // Autocast runs f with autocast to dtype (F16 or BF16) on, and drops the weight-cast cache when the
 // outermost region ends.

@@ -78,6 +78,29 @@ var policyCases = map[string]policyCase{
 	"Cat": func(rt *Runtime, in DType) (*Tensor, []DType) { // rotary's halves, and a float32 with a 16-bit one
 		return Cat([]*Tensor{leaf(rt, in, 3, 2), leaf(rt, F32, 3, 2)}, -1), []DType{in, F32}
 	},
+	"Tanh":     func(rt *Runtime, in DType) (*Tensor, []DType) { return Tanh(leaf(rt, in, 3, 5)), []DType{in} },
+	"GELUTanh": func(rt *Runtime, in DType) (*Tensor, []DType) { return GELUTanh(leaf(rt, in, 3, 5)), []DType{in} },
+	"Sigmoid":  func(rt *Runtime, in DType) (*Tensor, []DType) { return Sigmoid(leaf(rt, in, 3, 5)), []DType{in} },
+	"TopK": func(rt *Runtime, in DType) (*Tensor, []DType) {
+		v, _ := TopK(leaf(rt, in, 3, 5), 2)
+		return v, []DType{in}
+	},
+	"SumLast": func(rt *Runtime, in DType) (*Tensor, []DType) { return SumLast(leaf(rt, in, 3, 5)), []DType{in} },
+	"Div_": func(rt *Runtime, in DType) (*Tensor, []DType) { // the router's top-k weights over their sum
+		x := Neg(leaf(rt, in, 3, 5))
+		return Div_(x, leaf(rt, in, 3, 1)), []DType{in, in}
+	},
+	"IndexRows": func(rt *Runtime, in DType) (*Tensor, []DType) {
+		return IndexRows(leaf(rt, in, 4, 5), indices(rt, 3)), []DType{in}
+	},
+	"IndexPairs": func(rt *Runtime, in DType) (*Tensor, []DType) {
+		return IndexPairs(leaf(rt, in, 4, 2), indices(rt, 3), indices(rt, 3)), []DType{in}
+	},
+	"IndexAdd_": func(rt *Runtime, in DType) (*Tensor, []DType) {
+		return IndexAdd_(rt.Zeros(in, []int{4, 5}, "zeros", snapshot.CategoryInput), indices(rt, 3), leaf(rt, in, 3, 5)), []DType{in}
+	},
+	"MeanRows": func(rt *Runtime, in DType) (*Tensor, []DType) { return MeanRows(leaf(rt, in, 3, 5)), []DType{in} },
+	"Rsub":     func(rt *Runtime, in DType) (*Tensor, []DType) { return Rsub(leaf(rt, in, 3, 5), 1), []DType{in} },
 	"MaskedFill": func(rt *Runtime, in DType) (*Tensor, []DType) {
 		return MaskedFill(leaf(rt, in, 3, 5), rt.Zeros(Bool, []int{3, 5}, "mask", snapshot.CategoryInput), 0), []DType{in}
 	},

@@ -232,9 +232,22 @@ func (t *Tensor) Backward(retainGraph bool) {
 // gradient for it has arrived, and among ready nodes the newest (highest sequence number) runs first, with
 // AccumulateGrad before anything else.
 func (rt *Runtime) runBackward(root edge, g *Tensor, retainGraph bool) {
+	rt.runBackwardFrom([]edge{root}, []*Tensor{g}, retainGraph)
+}
+
+// runBackwardFrom runs the graph from several roots at once, each with its gradient (nil: none), as
+// torch.autograd.backward(outputs, grads) does: a root another root reaches runs once the gradients from
+// both have arrived.
+func (rt *Runtime) runBackwardFrom(roots []edge, gs []*Tensor, retainGraph bool) {
 	deps := map[*Node]int{}
-	stack := []*Node{root.node}
-	seen := map[*Node]bool{root.node: true}
+	var stack []*Node
+	seen := map[*Node]bool{}
+	for i, r := range roots {
+		if gs[i] != nil && !seen[r.node] {
+			seen[r.node] = true
+			stack = append(stack, r.node)
+		}
+	}
 	for len(stack) > 0 {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -252,8 +265,18 @@ func (rt *Runtime) runBackward(root edge, g *Tensor, retainGraph bool) {
 
 	buffers := map[*Node][]*Tensor{}
 	ready := &readyQueue{}
-	rt.accumulateInto(buffers, root, g)
-	heap.Push(ready, root.node)
+	for i, r := range roots {
+		if gs[i] != nil {
+			rt.accumulateInto(buffers, r, gs[i])
+		}
+	}
+	queued := map[*Node]bool{}
+	for i, r := range roots {
+		if gs[i] != nil && deps[r.node] == 0 && !queued[r.node] {
+			queued[r.node] = true
+			heap.Push(ready, r.node)
+		}
+	}
 	for ready.Len() > 0 {
 		n := heap.Pop(ready).(*Node)
 		grads := buffers[n]

@@ -19,6 +19,13 @@ func Checkpoint(f func(x *Tensor) *Tensor, x *Tensor) *Tensor {
 // them; f is given them (the recompute reads them from the node). Only inputs that require grad get a gradient. As in PyTorch, when no input requires grad the output
 // does not either, and nothing inside f gets a gradient (the reason HF enables input gradients for adapters).
 func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, keep ...*Tensor) *Tensor {
+	return CheckpointOutputs(func(in, kept []*Tensor) []*Tensor { return []*Tensor{f(in, kept)} }, inputs, keep...)[0]
+}
+
+// CheckpointOutputs is CheckpointInputs of a function with several outputs (a mixture-of-experts layer's
+// hidden states and router logits): each output that gets a gradient sends it into the recomputed graph, and
+// backward runs from all of them at once. A nil output stays nil.
+func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tensor, keep ...*Tensor) []*Tensor {
 	rt := inputs[0].rt
 	for _, x := range inputs {
 		if x != nil {
@@ -27,12 +34,18 @@ func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, 
 	}
 	rngState, _ := rt.src.MarshalBinary() // preserve_rng_state
 	autocast := rt.autocast               // _get_autocast_kwargs
-	var out *Tensor
-	rt.NoGrad(func() { out = f(inputs, keep) })
+	var outs []*Tensor
+	rt.NoGrad(func() { outs = f(inputs, keep) })
 	if !rt.needsGrad(inputs...) {
-		return out
+		return outs
 	}
-	node := rt.node("CheckpointFunctionBackward", inputs, []*Tensor{out}, nil)
+	var live []*Tensor // the outputs that exist, in order: the node's
+	for _, o := range outs {
+		if o != nil {
+			live = append(live, o)
+		}
+	}
+	node := rt.node("CheckpointFunctionBackward", inputs, live, nil)
 	saved := make([]*Tensor, len(inputs))
 	for i, x := range inputs {
 		if x != nil {
@@ -57,12 +70,12 @@ func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, 
 			}
 		}
 		prevGrad := rt.SetGradEnabled(true)
-		var y *Tensor
+		var ys []*Tensor
 		if autocast != F32 { // with torch.enable_grad(), torch.amp.autocast(**ctx.device_autocast_kwargs)
-			rt.Autocast(autocast, func() { y = f(in, n.kept) })
+			rt.Autocast(autocast, func() { ys = f(in, n.kept) })
 		} else {
 			restore := rt.withoutAutocast()
-			y = f(in, n.kept)
+			ys = f(in, n.kept)
 			restore()
 		}
 		rt.SetGradEnabled(prevGrad)
@@ -71,8 +84,20 @@ func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, 
 		rt.SetPhase(prevPhase)
 
 		// torch.autograd.backward(outputs, grads) inside the outer backward.
-		rt.runBackward(y.gradEdge(), g[0].Ref(), false)
-		y.Release()
+		var roots []edge
+		var gs []*Tensor
+		for _, y := range ys {
+			if y == nil {
+				continue
+			}
+			if i := len(roots); i < len(g) && g[i] != nil && y.requiresGrad {
+				roots, gs = append(roots, y.gradEdge()), append(gs, g[i].Ref())
+			} else {
+				roots, gs = append(roots, edge{}), append(gs, nil)
+			}
+		}
+		rt.runBackwardFrom(roots, gs, false)
+		releaseAll(ys)
 		grads := make([]*Tensor, len(in))
 		for i, x := range in {
 			if x == nil {
@@ -89,5 +114,5 @@ func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, 
 		}
 		return grads
 	}
-	return out
+	return outs
 }

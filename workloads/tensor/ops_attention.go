@@ -116,7 +116,7 @@ func (rt *Runtime) Tril(n int, role string, category snapshot.Category) *Tensor 
 // v, the output and the log-sum-exp. Dropout, when p > 0 and training, is drawn inside the kernel from a seed
 // (no mask in device memory).
 func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
-	return sdpa("ScaledDotProductEfficientAttentionBackward0", q, k, v, causal, p, training)
+	return sdpa("ScaledDotProductEfficientAttentionBackward0", q, k, v, AttentionOptions{Causal: causal, Dropout: p, Training: training})
 }
 
 // FlashAttention is F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) on the flash
@@ -126,10 +126,39 @@ func ScaledDotProductAttention(q, k, v *Tensor, causal bool, p float32, training
 // ScaledDotProductAttention saves; with fewer key-value heads its backward computes dk and dv per query head
 // into (batch, seq, heads, head_dim) workspaces and sums them (flash-attention's mha_bwd).
 func FlashAttention(q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
-	return sdpa("ScaledDotProductFlashAttentionBackward0", q, k, v, causal, p, training)
+	return sdpa("ScaledDotProductFlashAttentionBackward0", q, k, v, AttentionOptions{Causal: causal, Dropout: p, Training: training})
 }
 
-func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *Tensor {
+// AttentionOptions are what a fused attention kernel is told besides its inputs.
+type AttentionOptions struct {
+	Causal   bool
+	Dropout  float32
+	Training bool
+	// Scale multiplies the scores (0: 1/sqrt(head_dim)); Softcap, when positive, caps them as Gemma 2 does,
+	// softcap * tanh(score / softcap); Window, when positive, lets each query see only the Window keys up to
+	// its own position (a sliding window).
+	Scale, Softcap float32
+	Window         int
+	// KeyLens, when set, is how many keys of each batch row are tokens (the rest padding, masked).
+	KeyLens []int
+	// Bias is an additive mask the kernel reads, sdpa's attn_mask: the memory-efficient kernel saves it for
+	// backward. KeyLens says what it masks; its values are not read.
+	Bias *Tensor
+}
+
+// FlashAttentionWith is FlashAttention told more than causality: flash-attention's softmax_scale, softcap
+// and window_size, as HF transformers' flash_attention_2 path passes Gemma's (key-value heads not repeated).
+func FlashAttentionWith(q, k, v *Tensor, o AttentionOptions) *Tensor {
+	return sdpa("ScaledDotProductFlashAttentionBackward0", q, k, v, o)
+}
+
+// EfficientAttentionWith is ScaledDotProductAttention with an attention mask (o.Bias), which sends sdpa to
+// the memory-efficient kernel: it saves the mask as well as q, k, v, the output and the log-sum-exp.
+func EfficientAttentionWith(q, k, v *Tensor, o AttentionOptions) *Tensor {
+	return sdpa("ScaledDotProductEfficientAttentionBackward0", q, k, v, o)
+}
+
+func sdpa(name string, q, k, v *Tensor, o AttentionOptions) *Tensor {
 	q.check()
 	k.check()
 	v.check()
@@ -137,8 +166,9 @@ func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *
 	if in, ok := acSDPA.cast(rt, q, k, v); ok {
 		defer releaseAll(in)
 		defer rt.withoutAutocast()()
-		return sdpa(name, in[0], in[1], in[2], causal, p, training)
+		return sdpa(name, in[0], in[1], in[2], o)
 	}
+	causal, p, training := o.Causal, o.Dropout, o.Training
 	b, h, s, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	kvh := k.Dim(1)
 	if kvh == 0 || h%kvh != 0 || v.Dim(1) != kvh {
@@ -153,7 +183,11 @@ func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *
 	outBTHD.Release()
 	lse := rt.Empty(F32, []int{b, h, s}, "sdpa.logsumexp")
 	var keep []float32 // the dropout draws: host scratch standing in for the kernel's seeded generator
-	shape := attnShape{b: b, h: h, kvh: kvh, s: s, d: d}
+	shape := attnShape{b: b, h: h, kvh: kvh, s: s, d: d, scale: float64(o.Scale), softcap: float64(o.Softcap),
+		window: o.Window, keyLens: o.KeyLens}
+	if shape.scale == 0 {
+		shape.scale = 1 / math.Sqrt(float64(d))
+	}
 	if rt.dev.Computes() {
 		keep = dropoutDraws(rt, p, b*h*s*s)
 		vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), shape, causal, p, keep)
@@ -163,6 +197,9 @@ func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *
 	if rt.needsGrad(q, k, v) {
 		node := rt.node(name, []*Tensor{q, k, v}, []*Tensor{out}, nil)
 		sq, sk, sv := node.save("query", q), node.save("key", k), node.save("value", v)
+		if o.Bias != nil {
+			node.save("attn_bias", o.Bias)
+		}
 		so, sl := node.save("output", out), node.save("log_sumexp", lse)
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			rt := n.rt
@@ -201,8 +238,39 @@ func sdpa(name string, q, k, v *Tensor, causal bool, p float32, training bool) *
 	return out
 }
 
-// attnShape is the shape of an attention: batch, query heads, key-value heads, sequence and head size.
-type attnShape struct{ b, h, kvh, s, d int }
+// attnShape is the shape of an attention: batch, query heads, key-value heads, sequence and head size, and
+// what shapes its scores: their scale, Gemma's soft-cap, a sliding window and the tokens of each row.
+type attnShape struct {
+	b, h, kvh, s, d int
+	scale, softcap  float64
+	window          int
+	keyLens         []int
+}
+
+// keys returns the keys query i of batch row batch sees, [lo, hi).
+func (a attnShape) keys(batch, i int, causal bool) (lo, hi int) {
+	hi = a.s
+	if causal {
+		hi = i + 1
+	}
+	if a.keyLens != nil {
+		hi = min(hi, a.keyLens[batch])
+	}
+	if a.window > 0 {
+		lo = max(0, i-a.window+1)
+	}
+	return lo, hi
+}
+
+// score turns a dot product into the score the softmax sees, and says its derivative.
+func (a attnShape) score(dot float64) (s, ds float64) {
+	s = dot * a.scale
+	if a.softcap == 0 {
+		return s, a.scale
+	}
+	t := math.Tanh(s / a.softcap)
+	return a.softcap * t, a.scale * (1 - t*t)
+}
 
 // kvBase returns the offset of the key-value head that query head bh (batch * heads + head) reads.
 func (a attnShape) kvBase(bh int) int {
@@ -224,36 +292,32 @@ func dropoutDraws(rt *Runtime, p float32, n int) []float32 {
 	return keep
 }
 
-// attentionForward computes softmax(q k^T / sqrt(d) [causal]) (dropped out) @ v, row by row, writing each
-// row's log-sum-exp. It returns the output in (b, h, s, d) order.
+// attentionForward computes softmax(scores of q k^T [causal, windowed, padded]) (dropped out) @ v, row by
+// row, writing each row's log-sum-exp. It returns the output in (b, h, s, d) order.
 func attentionForward(q, k, v, lse []float32, a attnShape, causal bool, p float32, keep []float32) []float32 {
 	b, h, s, d := a.b, a.h, a.s, a.d
 	out := make([]float32, b*h*s*d)
-	scale := 1 / math.Sqrt(float64(d))
 	row := make([]float64, s)
 	for bh := range b * h {
 		base, kv := bh*s*d, a.kvBase(bh)
 		for i := range s {
-			n := s
-			if causal {
-				n = i + 1
-			}
+			lo, hi := a.keys(bh/h, i, causal)
 			m := math.Inf(-1)
-			for j := range n {
+			for j := lo; j < hi; j++ {
 				var dot float64
 				for c := range d {
 					dot += float64(q[base+i*d+c]) * float64(k[kv+j*d+c])
 				}
-				row[j] = dot * scale
+				row[j], _ = a.score(dot)
 				m = max(m, row[j])
 			}
 			var sum float64
-			for j := range n {
+			for j := lo; j < hi; j++ {
 				row[j] = math.Exp(row[j] - m)
 				sum += row[j]
 			}
 			lse[bh*s+i] = float32(m + math.Log(sum))
-			for j := range n {
+			for j := lo; j < hi; j++ {
 				w := row[j] / sum
 				if keep != nil {
 					w *= float64(keep[(bh*s+i)*s+j])
@@ -274,26 +338,24 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, a attnShap
 	clear(dq)
 	clear(dk)
 	clear(dv)
-	scale := 1 / math.Sqrt(float64(d))
 	prob := make([]float64, s)
+	dscore := make([]float64, s)
 	dp := make([]float64, s)
 	for bh := range b * h {
 		base, kv := bh*s*d, a.kvBase(bh)
 		for i := range s {
-			n := s
-			if causal {
-				n = i + 1
-			}
-			for j := range n {
+			lo, hi := a.keys(bh/h, i, causal)
+			for j := lo; j < hi; j++ {
 				var dot float64
 				for c := range d {
 					dot += float64(q[base+i*d+c]) * float64(k[kv+j*d+c])
 				}
-				prob[j] = math.Exp(dot*scale - float64(lse[bh*s+i]))
+				sc, ds := a.score(dot)
+				prob[j], dscore[j] = math.Exp(sc-float64(lse[bh*s+i])), ds
 			}
 			// dP = dout . v (through dropout); dS = P * (dP - sum(dP * P_dropped))
 			var rowDot float64
-			for j := range n {
+			for j := lo; j < hi; j++ {
 				var g float64
 				for c := range d {
 					g += float64(dout[base+i*d+c]) * float64(v[kv+j*d+c])
@@ -308,8 +370,8 @@ func attentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, a attnShap
 					dv[kv+j*d+c] += float32(prob[j] * kj * float64(dout[base+i*d+c]))
 				}
 			}
-			for j := range n {
-				ds := prob[j] * (dp[j] - rowDot) * scale
+			for j := lo; j < hi; j++ {
+				ds := prob[j] * (dp[j] - rowDot) * dscore[j]
 				for c := range d {
 					dq[base+i*d+c] += float32(ds * float64(k[kv+j*d+c]))
 					dk[kv+j*d+c] += float32(ds * float64(q[base+i*d+c]))

@@ -51,6 +51,15 @@ func isSuffix(b, a []int) bool {
 	return len(b) <= len(a) && slices.Equal(a[len(a)-len(b):], b)
 }
 
+// Add_ is y.add_(b) (y += b, b broadcast to y's shape) on a tensor y the caller made, which is not a leaf
+// that requires grad: no allocation, nothing saved; y's history is rebased onto the add. It returns a new
+// reference to y.
+func Add_(y, b *Tensor) *Tensor {
+	y.check()
+	b.check()
+	return addInPlaceOp(y, b)
+}
+
 // addInPlaceOp is y.add_(b) on a tensor y the caller made: no allocation; y's history is rebased onto the
 // add. It returns a new reference to y.
 func addInPlaceOp(y, b *Tensor) *Tensor {

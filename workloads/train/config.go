@@ -24,7 +24,7 @@ import (
 // Config describes one training run. Its JSON form is stored in every snapshot the run records, so a
 // snapshot says exactly how to reproduce it.
 type Config struct {
-	Model  string `json:"model"`            // "mlp", "gpt" or "llama"
+	Model  string `json:"model"`            // "mlp", "gpt", "llama" (the decoders of Llama's lineage) or "bert"
 	Preset string `json:"preset,omitempty"` // the preset the configuration started from, if any
 
 	// MLP shape (and Layers for the GPT).
@@ -49,8 +49,15 @@ type Config struct {
 	QKVBias   bool    `json:"qkv_bias,omitempty"` // biases on q, k and v (Qwen2)
 	NormEps   float32 `json:"norm_eps,omitempty"`
 	RopeTheta float64 `json:"rope_theta,omitempty"`
-	// Architecture is the Hugging Face architecture the shape came from (a preset's or --hf-config's).
-	Architecture string `json:"architecture,omitempty"`
+	// Architecture is the Hugging Face architecture the shape came from (a preset's or --hf-config's); for
+	// model llama it picks the family: Llama, Mistral, Qwen2, or Mixtral, Qwen2-MoE, Qwen3-MoE, Gemma 2, Gemma
+	// 3 and Phi-3, whose shape beyond Llama's is Family's (families.go).
+	Architecture string      `json:"architecture,omitempty"`
+	Family       FamilyShape `json:"family,omitzero"`
+	// Routing is how a mixture of experts routes its tokens where the device computes no router scores.
+	Routing Routing `json:"routing,omitzero"`
+	// Task is what a BERT trains for: mlm or classify.
+	Task Task `json:"task,omitzero"`
 	// Weights is the parameters' dtype, from_pretrained's torch_dtype: f32 (the zero value), bf16 or fp16
 	// (llama).
 	Weights Weights `json:"weights,omitzero"`
@@ -104,9 +111,18 @@ type Config struct {
 	Parallel dist.Settings `json:"parallel,omitzero"`
 }
 
-// validateLlama checks how the Llama-family shape and the adapters combine (validateNumbers has checked each
-// number).
+// validateLlama checks how the Llama-family shape (and BERT's) and the adapters combine (validateNumbers has
+// checked each number).
 func (c *Config) validateLlama() error {
+	if err := c.validateFamily(); err != nil {
+		return err
+	}
+	if c.Model == "bert" {
+		if c.DModel%c.Heads != 0 {
+			return &FieldError{"heads", c.Heads, fmt.Sprintf("does not divide d_model %d", c.DModel)}
+		}
+		return c.validateAdapters()
+	}
 	if c.HeadDim == 0 && c.DModel%c.Heads != 0 {
 		return &FieldError{"heads", c.Heads, fmt.Sprintf("does not divide d_model %d (give head_dim)", c.DModel)}
 	}
@@ -116,16 +132,30 @@ func (c *Config) validateLlama() error {
 	if hd := c.headDim(); hd%2 != 0 {
 		return fmt.Errorf("head size %d is odd: rotary embeddings rotate halves", hd)
 	}
+	return c.validateAdapters()
+}
+
+// validateAdapters checks the LoRA and QLoRA settings.
+func (c *Config) validateAdapters() error {
 	if c.QLoRA && c.LoRA == 0 {
 		return fmt.Errorf("qlora trains LoRA adapters on the 4-bit base: give --lora R")
 	}
 	if c.LoRA == 0 && (c.LoRATargets != 0 || c.LoRAAlpha != 0 || c.LoRADropout != 0) {
 		return fmt.Errorf("lora targets, alpha and dropout need --lora R")
 	}
-	if c.LoRA > 0 {
-		return c.loraConfig().Validate()
+	if c.LoRA == 0 {
+		return nil
 	}
-	return nil
+	if c.LoRATargets == 0 && c.defaultLoRATargets() == nil {
+		return fmt.Errorf("peft has no default target modules for %s: give --lora-targets (some of %s)", c.Architecture,
+			strings.Join(c.projections(), ","))
+	}
+	for _, t := range c.LoRATargets.list() {
+		if indexOf(c.projections(), t) < 0 {
+			return fmt.Errorf("lora target %q: the model's projections are %s", t, strings.Join(c.projections(), ","))
+		}
+	}
+	return c.loraConfig().Validate()
 }
 
 func (c *Config) headDim() int {
@@ -144,7 +174,11 @@ func (c *Config) loraConfig() nn.LoRAConfig {
 	if alpha == 0 {
 		alpha = DefaultLoRAAlpha
 	}
-	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: c.LoRATargets.names()}
+	targets := c.LoRATargets.list()
+	if c.LoRATargets == 0 { // peft's default for the model
+		targets = c.defaultLoRATargets()
+	}
+	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: targets}
 }
 
 // llamaConfig returns the model configuration of a validated llama Config.
@@ -239,16 +273,19 @@ func DefaultMLP() Config {
 
 // Validate checks the configuration and says what is wrong in one line.
 func (c *Config) Validate() error {
-	if c.Model != "mlp" && c.Model != "gpt" && c.Model != "llama" {
-		return fmt.Errorf("unknown model %q (want mlp, gpt or llama)", c.Model)
+	if c.Model != "mlp" && c.Model != "gpt" && c.Model != "llama" && c.Model != "bert" {
+		return fmt.Errorf("unknown model %q (want mlp, gpt, llama or bert)", c.Model)
 	}
-	if c.Model != "llama" && (c.LoRA != 0 || c.QLoRA || c.Weights != WeightsF32 || c.LoRATargets != 0) {
-		return fmt.Errorf("lora, qlora and weights apply to the llama model")
+	if !c.HF() && (c.LoRA != 0 || c.QLoRA || c.Weights != WeightsF32 || c.LoRATargets != 0) {
+		return fmt.Errorf("lora, qlora and weights apply to the llama model and to bert")
+	}
+	if !c.HF() && (c.Family != FamilyShape{} || !c.Routing.IsZero() || c.Task != TaskMLM) {
+		return fmt.Errorf("experts, routing and task apply to the llama and bert models")
 	}
 	if err := c.validateNumbers(); err != nil {
 		return err
 	}
-	if c.Model == "llama" {
+	if c.HF() {
 		if err := c.validateLlama(); err != nil {
 			return err
 		}
@@ -264,8 +301,8 @@ func (c *Config) Validate() error {
 	if c.Model == "mlp" && (c.Checkpoint != knob.CheckpointOff || c.Attention != knob.AttentionNaive) {
 		return fmt.Errorf("checkpoint and attention apply to the gpt and llama models")
 	}
-	if c.Model == "llama" && c.Checkpoint == knob.CheckpointAttention {
-		return fmt.Errorf("checkpoint attn applies to the gpt model (llama: off, all or every:N)")
+	if c.HF() && c.Checkpoint == knob.CheckpointAttention {
+		return fmt.Errorf("checkpoint attn applies to the gpt model (%s: off, all or every:N)", c.Model)
 	}
 	if err := c.validateLengths(); err != nil {
 		return err

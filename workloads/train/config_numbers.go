@@ -51,6 +51,9 @@ func (c *Config) validateNumbers() error {
 	case "llama":
 		checks = []check{{"seq", c.Seq, 1}, {"d_model", c.DModel, 1}, {"heads", c.Heads, 1}, {"layers", c.Layers, 1}, {"vocab", c.Vocab, 2},
 			{"ffn", c.FFN, 1}, {"kv_heads", c.KVHeads, 0}, {"head_dim", c.HeadDim, 0}, {"lora", c.LoRA, 0}}
+	case "bert":
+		checks = []check{{"seq", c.Seq, 1}, {"d_model", c.DModel, 1}, {"heads", c.Heads, 1}, {"layers", c.Layers, 1}, {"vocab", c.Vocab, 2},
+			{"ffn", c.FFN, 1}, {"lora", c.LoRA, 0}}
 	}
 	checks = append(checks, check{"batch", c.Batch, 1}, check{"accum", c.Accum, 1}, check{"steps", c.Steps, 0}, check{"eval_every", c.EvalEvery, 0})
 	for _, ch := range checks {
@@ -86,6 +89,9 @@ func (c *Config) validateNumbers() error {
 	case c.GPUMemory <= c.ContextReserve:
 		return &FieldError{"context_reserve", c.ContextReserve, fmt.Sprintf("must be less than the gpu memory %d", c.GPUMemory)}
 	}
+	if err := c.Family.validateNumbers(); err != nil {
+		return err
+	}
 	if err := c.Parallel.Validate(); err != nil {
 		var se *dist.SettingError
 		if errors.As(err, &se) {
@@ -108,7 +114,44 @@ func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(floa
 func (c *Config) value(field string) int {
 	return map[string]int{"in_features": c.InFeatures, "hidden": c.Hidden, "layers": c.Layers, "classes": c.Classes,
 		"seq": c.Seq, "d_model": c.DModel, "heads": c.Heads, "vocab": c.Vocab, "batch": c.Batch, "ffn": c.FFN,
-		"head_dim": c.HeadDim, "lora": c.LoRA}[field]
+		"head_dim": c.HeadDim, "lora": c.LoRA, "family.experts": c.Family.Experts, "family.expert_ffn": c.Family.ExpertFFN,
+		"family.max_positions": c.Family.MaxPositions}[field]
+}
+
+// Bounds on a family's numbers, far above any published model's.
+const (
+	maxExperts    = 1 << 12
+	maxFamilyDim  = 1 << 20 // widths, windows, positions, labels
+	maxFamilyReal = 1e12    // scales, soft-caps, rope bases
+)
+
+// validateNumbers checks every number of a family's shape.
+func (f *FamilyShape) validateNumbers() error {
+	for _, ch := range []struct {
+		field string
+		value int
+		limit int
+	}{{"experts", f.Experts, maxExperts}, {"experts_per_token", f.ExpertsPerToken, maxExperts},
+		{"expert_ffn", f.ExpertFFN, maxFamilyDim}, {"shared_expert_ffn", f.SharedExpertFFN, maxFamilyDim},
+		{"sliding_window", f.SlidingWindow, MaxSeqLength}, {"sliding_pattern", f.SlidingPattern, maxFamilyDim},
+		{"max_positions", f.MaxPositions, MaxSeqLength}, {"type_vocab", f.TypeVocab, maxFamilyDim}, {"labels", f.Labels, maxFamilyDim}} {
+		if ch.value < 0 || ch.value > ch.limit {
+			return &FieldError{"family." + ch.field, ch.value, fmt.Sprintf("is not in [0, %d]", ch.limit)}
+		}
+	}
+	for _, ch := range []struct {
+		field string
+		value float64
+		limit float64
+	}{{"router_aux_loss", float64(f.RouterAuxLoss), maxFamilyReal}, {"query_scale", f.QueryScale, maxFamilyReal},
+		{"attn_softcap", float64(f.AttnSoftcap), maxFamilyReal}, {"final_softcap", float64(f.FinalSoftcap), maxFamilyReal},
+		{"local_rope_theta", f.LocalRopeTheta, maxFamilyReal}, {"rope_scaling", f.RopeScaling, maxFamilyReal},
+		{"resid_dropout", float64(f.ResidDropout), 0.999}, {"attn_dropout", float64(f.AttnDropout), 0.999}} {
+		if math.IsNaN(ch.value) || ch.value < 0 || ch.value > ch.limit {
+			return &FieldError{"family." + ch.field, ch.value, fmt.Sprintf("is not a number in [0, %g]", ch.limit)}
+		}
+	}
+	return nil
 }
 
 // mul multiplies non-negative numbers, saturating at the largest uint64 instead of wrapping.
@@ -159,6 +202,16 @@ func (c *Config) largestTensor() (field string, elements uint64) {
 			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
 		}
 	}
+	if c.Model == "bert" {
+		ts = []t{
+			{widest(c, "batch", "seq", "ffn"), mul(c.Batch, c.Seq, c.FFN)},            // the intermediate activations
+			{widest(c, "batch", "seq", "vocab"), mul(c.Batch, c.Seq, c.Vocab)},        // the MLM head's scores
+			{widest(c, "batch", "heads", "seq"), mul(c.Batch, c.Heads, c.Seq, c.Seq)}, // eager attention's scores
+			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
+			{widest(c, "ffn", "d_model"), mul(c.FFN, c.DModel)},                       // a weight
+			{"family.max_positions", mul(c.Family.MaxPositions, c.DModel)},            // the position embeddings
+		}
+	}
 	if c.Model == "llama" {
 		hd := max(c.HeadDim, 1)
 		if c.HeadDim == 0 {
@@ -171,6 +224,13 @@ func (c *Config) largestTensor() (field string, elements uint64) {
 			{widest(c, "vocab", "d_model"), mul(c.Vocab, c.DModel)},                   // the embedding
 			{widest(c, "ffn", "d_model"), mul(c.FFN, c.DModel)},                       // an MLP weight
 			{widest(c, "heads", "head_dim", "d_model"), mul(c.Heads, hd, c.DModel)},   // q_proj
+		}
+		if f := c.Family; f.Experts > 0 { // the router's one-hot mask, and the auxiliary loss's of every layer
+			ts = append(ts, t{"family.experts", mul(c.Batch, c.Seq, f.ExpertsPerToken, f.Experts)},
+				t{"family.expert_ffn", mul(c.Batch, c.Seq, f.ExpertFFN, f.ExpertsPerToken)})
+			if f.RouterAuxLoss > 0 {
+				ts = append(ts, t{"family.experts", mul(c.Layers, c.Batch, c.Seq, f.ExpertsPerToken, f.Experts)})
+			}
 		}
 	}
 	for _, x := range ts {
@@ -201,8 +261,19 @@ func (c *Config) parameterBound() (field string, params uint64) {
 		attn := mul(4, c.Heads, hd, c.DModel)
 		mlp := mul(3, c.FFN, c.DModel)
 		adapters := mul(7, c.LoRA, 2, c.Heads*hd+c.FFN+c.DModel)
+		if f := c.Family; f.Experts > 0 { // every expert, the router and a shared expert
+			mlp = add(mul(3, f.ExpertFFN, c.DModel, f.Experts), mul(f.Experts, c.DModel), mul(3, f.SharedExpertFFN, c.DModel))
+			adapters = mul(4+3*(f.Experts+1), c.LoRA, 2, c.Heads*hd+max(c.FFN, f.ExpertFFN)+c.DModel)
+		}
 		params = add(mul(2, c.Vocab, c.DModel), mul(c.Layers, 1), add(mul(uint64ToInt(attn), c.Layers), mul(uint64ToInt(mlp), c.Layers),
-			mul(uint64ToInt(adapters), c.Layers)), mul(c.Layers+1, 2, c.DModel))
+			mul(uint64ToInt(adapters), c.Layers)), mul(c.Layers+1, 4, c.DModel))
+		return widest(c, "d_model", "vocab", "layers", "ffn", "lora"), params
+	case "bert":
+		// Word, position and type embeddings; per layer four d^2 projections, the FFN's two and their
+		// adapters, biases and norms; the heads.
+		emb := mul(c.Vocab+c.Family.MaxPositions+c.Family.TypeVocab, c.DModel)
+		layer := add(mul(4, c.DModel, c.DModel), mul(2, c.FFN, c.DModel), mul(6, c.LoRA, 2, c.DModel+c.FFN), mul(10, c.DModel), mul(1, c.FFN))
+		params = add(emb, mul(uint64ToInt(layer), c.Layers), mul(2, c.DModel, c.DModel), mul(c.DModel, c.Family.Labels+4), mul(1, c.Vocab))
 		return widest(c, "d_model", "vocab", "layers", "ffn", "lora"), params
 	}
 	return "", 0

@@ -49,11 +49,21 @@ var Presets = []Preset{
 	published("qwen2.5-7b", "Qwen2.5 7B: 28 layers, d_model 3584, 28 heads / 4 key-value, q/k/v biases (7.62B parameters)"),
 	published("tinyllama-1.1b", "TinyLlama 1.1B: 22 layers, d_model 2048, 32 heads / 4 key-value (1.10B parameters)"),
 	published("smollm2-135m", "SmolLM2 135M: 30 layers, d_model 576, 9 heads / 3 key-value, tied (135M parameters)"),
+	published("mixtral-8x7b", "Mixtral 8x7B: 32 layers of 8 experts, 2 a token, d_model 4096, 32 heads / 8 key-value (46.7B parameters, 12.9B active)"),
+	published("qwen3-30b-a3b", "Qwen3 30B-A3B: 48 layers of 128 experts, 8 a token, d_model 2048, 32 heads / 4 key-value (30.5B parameters, 3.3B active)"),
+	published("gemma-2-9b", "Gemma 2 9B: 42 layers, sliding and global in turn, soft-capped, d_model 3584, 256k vocabulary tied (9.24B parameters)"),
+	published("gemma-3-4b", "Gemma 3 4B, the text model: 34 layers, 5 sliding to 1 global, d_model 2560, 262k vocabulary tied (3.88B parameters)"),
+	published("gemma-3-12b", "Gemma 3 12B, the text model: 48 layers, 5 sliding to 1 global, d_model 3840, 262k vocabulary tied (11.8B parameters)"),
+	published("phi-3-mini", "Phi-3 mini 4k: 32 layers, d_model 3072, fused qkv_proj and gate_up_proj (3.82B parameters)"),
+	published("phi-4", "Phi-4: 40 layers, d_model 5120, 40 heads / 10 key-value, fused projections (14.7B parameters)"),
+	published("bert-base", "BERT base uncased, masked LM: 12 layers, d_model 768, 512 positions (110M parameters)"),
+	published("bert-large", "BERT large uncased, masked LM: 24 layers, d_model 1024, 512 positions (335M parameters)"),
 }
 
 // published is a preset made from a published config.json (workloads/nn/hfconfig/models), trained as HF
-// Trainer runs a fine-tune by default: the weights in the config's torch_dtype, sdpa attention (flash),
-// AdamW (foreach), the logits dropped before backward, batch 4 of 2048 tokens (or the model's context).
+// Trainer runs a fine-tune by default: the weights in the config's torch_dtype, sdpa attention (flash; for
+// Gemma and Phi-3 flash_attention_2, which takes their window and soft-cap), AdamW (foreach), the logits
+// dropped before backward, batch 4 of 2048 tokens (or the model's context; BERT: batch 8 of 512).
 func published(name, description string) Preset {
 	m, err := hfconfig.Published(name)
 	if err != nil {
@@ -63,29 +73,40 @@ func published(name, description string) Preset {
 }
 
 // FromHF returns the training configuration of a model read from a config.json: a llama (Llama, Mistral,
-// Qwen2) or a gpt (GPT-2, built as nanoGPT's GPT, which has GPT-2's parameters), with HF Trainer's
-// defaults for the rest.
+// Qwen2 and the decoders written from them: Mixtral, Qwen-MoE, Gemma, Phi-3), a bert, or a gpt (GPT-2, built
+// as nanoGPT's GPT, which has GPT-2's parameters), with HF Trainer's defaults for the rest.
 func FromHF(m *hfconfig.Model) Config {
 	seq := min(2048, m.MaxPositions)
-	if m.Family() == "gpt" {
+	switch m.Family() {
+	case "gpt":
 		c := gpt(m.Layers, m.Heads, m.DModel, min(1024, m.MaxPositions), m.Vocab, 4)
 		c.Dropout, c.Logits, c.Architecture = float32(m.Dropout), LogitsDrop, m.Architecture
 		return c
+	case "bert":
+		return fromHFBert(m)
 	}
 	weights := map[string]Weights{"bfloat16": WeightsBF16, "float16": WeightsFP16}[m.DType]
 	headDim := m.HeadDim
 	if headDim == m.DModel/m.Heads {
 		headDim = 0 // implied: a --d-model or --heads flag given later keeps it so
 	}
-	return Config{
+	c := Config{
 		Model: "llama", Architecture: m.Architecture, Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads,
 		HeadDim: headDim, DModel: m.DModel, FFN: m.FFN, Vocab: m.Vocab, Tied: m.Tied, QKVBias: m.QKVBias,
 		NormEps: float32(m.NormEps), RopeTheta: m.RopeTheta, Dropout: float32(m.Dropout), Seq: seq, Weights: weights,
-		Batch: 4, Steps: 3,
-		Device: device.Meta, GPUMemory: device.DefaultCapacity, ContextReserve: device.DefaultContextReserve,
-		Optimizer: knob.AdamW, LR: 2e-5, ZeroGrad: knob.ZeroGradNone, Seed: 1,
-		AMP: knob.AMPOff, Checkpoint: knob.CheckpointOff, Attention: knob.AttentionFlash, Accum: 1, Logits: LogitsDrop,
 	}
+	fromHFFamily(&c, m)
+	return trainerDefaults(c, 4)
+}
+
+// trainerDefaults sets what HF Trainer runs a fine-tune with, the batch aside: AdamW (foreach) at 2e-5, no
+// fixes, sdpa (flash) attention, the logits dropped before backward, on the meta device and a 24 GiB card.
+func trainerDefaults(c Config, batch int) Config {
+	c.Batch, c.Steps = batch, 3
+	c.Device, c.GPUMemory, c.ContextReserve = device.Meta, device.DefaultCapacity, device.DefaultContextReserve
+	c.Optimizer, c.LR, c.ZeroGrad, c.Seed = knob.AdamW, 2e-5, knob.ZeroGradNone, 1
+	c.AMP, c.Checkpoint, c.Attention, c.Accum, c.Logits = knob.AMPOff, knob.CheckpointOff, knob.AttentionFlash, 1, LogitsDrop
+	return c
 }
 
 // DefaultPreset is what oomdbg runs when asked for nothing in particular.
@@ -93,6 +114,9 @@ const DefaultPreset = "gpt2-medium"
 
 // DefaultLlamaPreset is what --model llama starts from.
 const DefaultLlamaPreset = "llama-3.2-1b"
+
+// DefaultBertPreset is what --model bert starts from.
+const DefaultBertPreset = "bert-base"
 
 // PresetConfig returns the configuration of the named preset.
 func PresetConfig(name string) (Config, error) {

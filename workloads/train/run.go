@@ -40,6 +40,9 @@ type Result struct {
 	// StepStats is what each step (the last one cut short by an OOM included) asked of the device.
 	StepStats []StepStat
 
+	// ExpertLoad is the busiest expert of a mixture of experts over the run.
+	ExpertLoad ExpertLoad
+
 	// Traffic is what the rank moved in each optimizer step (a data-parallel run), and Host its host
 	// memory (CPU offload).
 	Traffic []dist.Traffic
@@ -404,24 +407,21 @@ func (r *run) build() {
 		r.model = g
 		r.data = newTokens(cfg.Vocab, cfg.Seed)
 	case "llama":
-		lc := cfg.llamaConfig()
-		lc.DType, lc.Built = r.paramDType(lc.DType), r.builtBlock()
-		m, err := nn.NewLlama(r.rt, lc)
-		if err != nil {
-			panic(err) // Validate checked the shape
+		if cfg.family() != "" {
+			r.model = r.buildDecoder()
+		} else {
+			r.model = r.buildLlama()
 		}
-		plan := planCheckpoint(cfg.Checkpoint)
-		m.Checkpoint = plan.blocks
-		// Adapters under reentrant checkpointing need an input that requires grad (peft's
-		// _prepare_model_for_gradient_checkpointing, HF's enable_input_require_grads).
-		m.InputRequiresGrad = cfg.LoRA > 0 && plan.blocks != nil
-		m.AfterLayer = func(l *nn.LlamaDecoderLayer, out *tensor.Tensor) {
-			r.forwardHook(l.Name(), out)
-			r.keepOnModule(l.Name(), out)
-		}
-		r.model = m
 		d := newTokens(cfg.Vocab, cfg.Seed)
 		d.labelsAreInputs = true // HF's collator: labels = input_ids.clone(); the model shifts them
+		r.data = d
+	case "bert":
+		r.model = r.buildBert()
+		d := newTokens(cfg.Vocab, cfg.Seed)
+		d.labelsAreInputs = cfg.Task == TaskMLM // the MLM collator's labels: the inputs (-100 where not masked)
+		if cfg.Task == TaskClassify {
+			d.classes = cfg.Family.Labels
+		}
 		r.data = d
 	}
 	r.res.Parameters = nn.CountParameters(r.model)
@@ -484,9 +484,11 @@ func (r *run) step() {
 // data-parallel strategy reduces.
 func (r *run) microStep(last bool) float32 {
 	r.setPhase(snapshot.PhaseData)
-	x, y := r.data.batch(r.rt, r.nextBatch(), "batch")
+	shape := r.nextBatch()
+	x, y := r.data.batch(r.rt, shape, "batch")
 	defer x.Release()
 	defer y.Release()
+	r.attentionMask(shape, "batch")
 
 	if r.rank != nil {
 		r.rank.BeginForward(r.iteration, last)
@@ -595,9 +597,11 @@ func (r *run) keepOnModule(name string, out *tensor.Tensor) {
 // grad on and the outputs kept under the eval-no-grad bug.
 func (r *run) evaluate() {
 	r.setPhase(snapshot.PhaseEval)
-	x, y := r.data.batch(r.rt, r.nextBatch(), "eval_batch")
+	shape := r.nextBatch()
+	x, y := r.data.batch(r.rt, shape, "eval_batch")
 	defer x.Release()
 	defer y.Release()
+	r.attentionMask(shape, "eval_batch")
 	if r.cfg.Bug == BugEvalNoGrad { // eval_outputs.append(model(x)) without torch.no_grad()
 		var out *tensor.Tensor
 		r.autocast(func() {

@@ -45,14 +45,16 @@ func (w Weights) dtype() tensor.DType {
 	return tensor.F32
 }
 
-// LoRATargets is the set of projections LoRA adapts (--lora-targets): some of q,k,v,o,gate,up,down, bit i
-// standing for nn.LlamaProjections[i]. The empty set means peft's default for Llama-family models
-// (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: q_proj and v_proj).
-type LoRATargets uint8
+// LoRATargets is the set of projections LoRA adapts (--lora-targets): some of q,k,v,o,gate,up,down (and
+// Phi-3's qkv and gate_up), bit i standing for nn.LoRAProjections[i]. The empty set means peft's default for
+// the model (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: q_proj and v_proj for the Llama family,
+// Mixtral and Gemma, query and value for BERT; none for Qwen's mixtures of experts and Phi-3).
+type LoRATargets uint16
 
-// The sets the fixes use: peft's default (q, v) and every projection, as QLoRA's recipe adapts them.
+// The sets the fixes use: peft's default for Llama (q, v) and every projection of a Llama-family layer, as
+// QLoRA's recipe adapts them (Config.EveryProjection is the model's own).
 var (
-	DefaultLoRATargets = LoRATargets(1<<slices.Index(nn.LlamaProjections, "q") | 1<<slices.Index(nn.LlamaProjections, "v"))
+	DefaultLoRATargets = LoRATargets(1<<slices.Index(nn.LoRAProjections, "q") | 1<<slices.Index(nn.LoRAProjections, "v"))
 	AllLoRATargets     = LoRATargets(1<<len(nn.LlamaProjections) - 1)
 )
 
@@ -64,9 +66,9 @@ func ParseLoRATargets(s string) (LoRATargets, error) {
 	var ts LoRATargets
 	for _, t := range strings.Split(s, ",") {
 		t = strings.TrimSpace(t)
-		i := slices.Index(nn.LlamaProjections, t)
+		i := slices.Index(nn.LoRAProjections, t)
 		if i < 0 {
-			return 0, fmt.Errorf("unknown lora target %q (want some of %s)", t, strings.Join(nn.LlamaProjections, ","))
+			return 0, fmt.Errorf("unknown lora target %q (want some of %s)", t, strings.Join(nn.LoRAProjections, ","))
 		}
 		if ts&(1<<i) != 0 {
 			return 0, fmt.Errorf("lora target %q given twice", t)
@@ -80,21 +82,13 @@ func (l LoRATargets) String() string                   { return strings.Join(l.l
 func (l LoRATargets) MarshalText() ([]byte, error)     { return []byte(l.String()), nil }
 func (l *LoRATargets) UnmarshalText(text []byte) error { return parseInto(l, ParseLoRATargets, text) }
 
-// list returns the projections in the set, in nn.LlamaProjections' order.
+// list returns the projections in the set, in nn.LoRAProjections' order.
 func (l LoRATargets) list() []string {
 	var names []string
-	for i, p := range nn.LlamaProjections {
+	for i, p := range nn.LoRAProjections {
 		if l&(1<<i) != 0 {
 			names = append(names, p)
 		}
 	}
 	return names
-}
-
-// names returns the targets, peft's default when none are given.
-func (l LoRATargets) names() []string {
-	if l == 0 {
-		return DefaultLoRATargets.list()
-	}
-	return l.list()
 }

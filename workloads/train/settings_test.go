@@ -62,7 +62,7 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 		`{"optimizer":"lion"}`:                      `unknown optimizer "lion" (want sgd, momentum, adam, adamw, adamw8bit, paged-adamw or paged-adamw8bit)`,
 		`{"optimizer_impl":"magic"}`:                `unknown optimizer implementation "magic" (want foreach, fused or for-loop)`,
 		`{"weights":"fp8"}`:                         `unknown weights "fp8" (want f32, bf16 or fp16)`,
-		`{"lora_targets":"q,embed"}`:                `unknown lora target "embed" (want some of q,k,v,o,gate,up,down)`,
+		`{"lora_targets":"q,embed"}`:                `unknown lora target "embed" (want some of q,k,v,o,gate,up,down,qkv,gate_up)`,
 		`{"lora_targets":"q,v,q"}`:                  `lora target "q" given twice`,
 		`{"alloc_conf":"expandable_segments:true"}`: `alloc conf: Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'`,
 	}

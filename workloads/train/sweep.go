@@ -77,7 +77,7 @@ func fullMixed(c *Config) {
 }
 
 func lora(c *Config, weights Weights) {
-	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, AllLoRATargets, false, weights, knob.AMPBF16
+	c.LoRA, c.LoRATargets, c.QLoRA, c.Weights, c.AMP = 16, c.EveryProjection(), false, weights, knob.AMPBF16
 	if c.LoRAAlpha == 0 {
 		c.LoRAAlpha = 32
 	}
@@ -110,7 +110,7 @@ func parallel(s dist.Strategy, o dist.Offload) func(*Config) {
 		p := c.Parallel
 		c.Parallel = dist.Settings{GPUs: p.GPUs, Nodes: p.Nodes, Rank: p.Rank, Strategy: s, Offload: o, Wrap: p.Wrap}
 		c.AMP, c.LoRA, c.QLoRA, c.LoRATargets, c.LoRAAlpha, c.LoRADropout = knob.AMPBF16, 0, false, 0, 0, 0
-		if c.Model == "llama" {
+		if c.HF() {
 			c.Weights = WeightsF32 // fp32 weights under autocast; ZeRO casts the model to bf16 itself
 		}
 		if c.Optimizer != knob.Adam {
@@ -120,12 +120,12 @@ func parallel(s dist.Strategy, o dist.Offload) func(*Config) {
 }
 
 // FixesFor returns the fixes a sweep of cfg tries: DistFixes for a job of several GPUs, LlamaFixes for a
-// llama, Fixes otherwise.
+// Hugging Face model (llama, bert), Fixes otherwise.
 func FixesFor(cfg Config) []Fix {
 	switch {
 	case cfg.Parallel.World() > 1:
 		return DistFixes
-	case cfg.Model == "llama":
+	case cfg.HF():
 		return LlamaFixes
 	}
 	return Fixes

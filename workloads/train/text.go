@@ -43,6 +43,9 @@ type tokens struct {
 	// labelsAreInputs makes the targets a copy of the inputs, as HF's causal-LM collator makes labels
 	// (input_ids.clone()): the model shifts them itself.
 	labelsAreInputs bool
+	// classes, when set, makes the targets one class a sample (sequence classification): its first token's
+	// remainder, which a classifier can learn.
+	classes int
 }
 
 func newTokens(vocab int, seed uint64) *tokens {
@@ -66,8 +69,12 @@ func newTokens(vocab int, seed uint64) *tokens {
 // same).
 func (d *tokens) batch(rt *tensor.Runtime, b batchShape, role string) (x, y *tensor.Tensor) {
 	shape := []int{b.n, b.t}
+	yShape := shape
+	if d.classes > 0 {
+		yShape = []int{b.n}
+	}
 	if !rt.Device().Computes() {
-		return rt.Zeros(tensor.I64, shape, role+".x", snapshot.CategoryInput), rt.Zeros(tensor.I64, shape, role+".y", snapshot.CategoryInput)
+		return rt.Zeros(tensor.I64, shape, role+".x", snapshot.CategoryInput), rt.Zeros(tensor.I64, yShape, role+".y", snapshot.CategoryInput)
 	}
 	xs, ys := make([]float32, b.n*b.t), make([]float32, b.n*b.t)
 	for i := range b.n {
@@ -85,8 +92,14 @@ func (d *tokens) batch(rt *tensor.Runtime, b batchShape, role string) (x, y *ten
 			}
 		}
 	}
+	if d.classes > 0 {
+		ys = ys[:b.n]
+		for i := range ys {
+			ys[i] = float32(int(xs[i*b.t]) % d.classes)
+		}
+	}
 	return rt.FromValues(tensor.I64, shape, xs, role+".x", snapshot.CategoryInput),
-		rt.FromValues(tensor.I64, shape, ys, role+".y", snapshot.CategoryInput)
+		rt.FromValues(tensor.I64, yShape, ys, role+".y", snapshot.CategoryInput)
 }
 
 // sequence returns n+1 tokens.

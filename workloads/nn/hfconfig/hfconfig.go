@@ -1,10 +1,12 @@
-// Package hfconfig reads the config.json of a Hugging Face transformers causal language model into the
-// shape oomdbg's workloads build, and holds the published configs of well-known models.
+// Package hfconfig reads the config.json of a Hugging Face transformers model into the shape oomdbg's
+// workloads build, and holds the published configs of well-known models.
 //
 // It knows the architectures whose modules the runtime mirrors: LlamaForCausalLM, MistralForCausalLM and
-// Qwen2ForCausalLM (workloads/nn's Llama family) and GPT2LMHeadModel (nanoGPT's GPT, which has GPT-2's
-// parameters). Fields a config leaves out take the defaults of the architecture's configuration class
-// (configuration_llama.py, configuration_mistral.py, configuration_qwen2.py, configuration_gpt2.py). A
+// Qwen2ForCausalLM (workloads/nn's Llama family), the decoders written from them (MixtralForCausalLM,
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM and the text model of
+// Gemma3ForConditionalGeneration, Phi3ForCausalLM), BertForMaskedLM and BertForSequenceClassification, and
+// GPT2LMHeadModel (nanoGPT's GPT, which has GPT-2's parameters). Fields a config leaves out take the
+// defaults of the architecture's configuration class (configuration_llama.py and its siblings). A
 // config.json is input from anywhere: its size, types and values are checked, and every error is one line.
 package hfconfig
 
@@ -35,14 +37,25 @@ const (
 
 // The architectures Parse builds.
 const (
-	Llama   = "LlamaForCausalLM"
-	Mistral = "MistralForCausalLM"
-	Qwen2   = "Qwen2ForCausalLM"
-	GPT2    = "GPT2LMHeadModel"
+	Llama        = "LlamaForCausalLM"
+	Mistral      = "MistralForCausalLM"
+	Qwen2        = "Qwen2ForCausalLM"
+	Mixtral      = "MixtralForCausalLM"
+	Qwen2MoE     = "Qwen2MoeForCausalLM"
+	Qwen3MoE     = "Qwen3MoeForCausalLM"
+	Gemma2       = "Gemma2ForCausalLM"
+	Gemma3       = "Gemma3ForCausalLM"
+	Gemma3MM     = "Gemma3ForConditionalGeneration" // built as its text model, Gemma3ForCausalLM
+	Phi3         = "Phi3ForCausalLM"
+	BertMaskedLM = "BertForMaskedLM"
+	BertClassify = "BertForSequenceClassification"
+	GPT2         = "GPT2LMHeadModel"
+	bertPreTrain = "BertForPreTraining" // a pre-training checkpoint's class, read as BertForMaskedLM
 )
 
 // Architectures lists the architectures Parse accepts.
-var Architectures = []string{Llama, Mistral, Qwen2, GPT2}
+var Architectures = []string{Llama, Mistral, Qwen2, Mixtral, Qwen2MoE, Qwen3MoE, Gemma2, Gemma3, Gemma3MM, Phi3,
+	BertMaskedLM, BertClassify, GPT2}
 
 // Model is the shape of a model, as the runtime builds it.
 type Model struct {
@@ -63,12 +76,18 @@ type Model struct {
 	Dropout                         float64 // attention_dropout (Llama family), resid_pdrop (GPT-2)
 	// DType is torch_dtype as the config gives it ("bfloat16", "float16", "float32"), or "".
 	DType string
+	// The fields of the families beside Llama (families.go).
+	Extra
 }
 
-// Family is "llama" for the Llama family and "gpt" for GPT-2.
+// Family is "llama" for the Llama family and the decoders written from it, "bert" for BERT and "gpt" for
+// GPT-2.
 func (m *Model) Family() string {
-	if m.Architecture == GPT2 {
+	switch m.Architecture {
+	case GPT2:
 		return "gpt"
+	case BertMaskedLM, BertClassify:
+		return "bert"
 	}
 	return "llama"
 }
@@ -78,6 +97,9 @@ func (m *Model) Family() string {
 // embeddings, biases and LayerNorm biases).
 func (m *Model) Parameters() int64 {
 	d, v, l := int64(m.DModel), int64(m.Vocab), int64(m.Layers)
+	if n, ok := m.familyParameters(); ok {
+		return n
+	}
 	if m.Architecture == GPT2 {
 		layer := 4*d /* two LayerNorms */ + d*3*d + 3*d + d*d + d + d*int64(m.FFN) + int64(m.FFN) + int64(m.FFN)*d + d
 		n := v*d + int64(m.MaxPositions)*d + l*layer + 2*d
@@ -156,10 +178,20 @@ func Parse(data []byte) (*Model, error) {
 	switch arch {
 	case Llama, Mistral, Qwen2:
 		m = f.llama(arch)
+	case Mixtral, Qwen2MoE, Qwen3MoE:
+		m = f.moe(arch)
+	case Gemma2, Gemma3, Gemma3MM:
+		m = f.gemma(arch)
+	case Phi3:
+		m = f.phi3()
+	case BertMaskedLM, BertClassify, bertPreTrain:
+		m = f.bert(arch)
 	case GPT2:
 		m = f.gpt2()
 	default:
-		return nil, &ParseError{Field: "architectures", Err: fmt.Errorf("%w %q (known: %s)", ErrUnknownArchitecture,
+		return nil, &ParseError{Field: "architectures", Err: fmt.Errorf("%w %q (known: %s; a decoder of Llama's shape runs as "+
+			"LlamaForCausalLM from hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "+
+			"num_key_value_heads, head_dim, vocab_size and tie_word_embeddings)", ErrUnknownArchitecture,
 			arch, strings.Join(Architectures, ", "))}
 	}
 	if f.err != nil {
@@ -196,7 +228,9 @@ func (f *fields) architecture() string {
 		}
 		return archs[0]
 	}
-	types := map[string]string{"llama": Llama, "mistral": Mistral, "qwen2": Qwen2, "gpt2": GPT2}
+	types := map[string]string{"llama": Llama, "mistral": Mistral, "qwen2": Qwen2, "gpt2": GPT2, "mixtral": Mixtral,
+		"qwen2_moe": Qwen2MoE, "qwen3_moe": Qwen3MoE, "gemma2": Gemma2, "gemma3_text": Gemma3, "gemma3": Gemma3MM,
+		"phi3": Phi3, "bert": BertMaskedLM}
 	mt := f.str("model_type", "")
 	if a, ok := types[mt]; ok {
 		return a
@@ -358,7 +392,7 @@ func (m *Model) check() error {
 		return &ParseError{Field: "num_key_value_heads", Err: fmt.Errorf("%d attention heads are not a multiple of %d key-value heads", m.Heads, m.KVHeads)}
 	case m.Architecture == GPT2 && m.DModel%m.Heads != 0:
 		return &ParseError{Field: "n_head", Err: fmt.Errorf("n_embd %d is not divisible by %d heads", m.DModel, m.Heads)}
-	case m.HeadDim == 0 || m.HeadDim%2 != 0 && m.Architecture != GPT2:
+	case m.HeadDim == 0 || m.HeadDim%2 != 0 && m.Architecture != GPT2 && m.Family() != "bert":
 		return &ParseError{Field: "head_dim", Err: fmt.Errorf("%d: rotary embeddings need an even, positive head size", m.HeadDim)}
 	}
 	return nil

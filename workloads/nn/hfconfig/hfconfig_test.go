@@ -23,6 +23,15 @@ var publishedShapes = map[string]struct {
 	"qwen2.5-7b":     {3584, 28, 28, 4, 18944, 152064, 128, false, true},
 	"tinyllama-1.1b": {2048, 22, 32, 4, 5632, 32000, 64, false, false},
 	"smollm2-135m":   {576, 30, 9, 3, 1536, 49152, 64, true, false},
+	"mixtral-8x7b":   {4096, 32, 32, 8, 14336, 32000, 128, false, false},
+	"qwen3-30b-a3b":  {2048, 48, 32, 4, 6144, 151936, 128, false, false},
+	"gemma-2-9b":     {3584, 42, 16, 8, 14336, 256000, 256, true, false},
+	"gemma-3-4b":     {2560, 34, 8, 4, 10240, 262208, 256, true, false},
+	"gemma-3-12b":    {3840, 48, 16, 8, 15360, 262208, 256, true, false},
+	"phi-3-mini":     {3072, 32, 32, 32, 8192, 32064, 96, false, false},
+	"phi-4":          {5120, 40, 40, 10, 17920, 100352, 128, false, false},
+	"bert-base":      {768, 12, 12, 12, 3072, 30522, 64, true, false},
+	"bert-large":     {1024, 24, 16, 16, 4096, 30522, 64, true, false},
 }
 
 // PublishedFigures reads testdata/published.json: the exact parameter counts of the published
@@ -102,9 +111,9 @@ func TestDefaults(t *testing.T) {
 // the list of known ones.
 func TestRejects(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
-		"unknown architecture": {`{"architectures": ["MixtralForCausalLM"]}`, "known: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel"},
+		"unknown architecture": {`{"architectures": ["FalconForCausalLM"]}`, "known: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM"},
 		"no architecture":      {`{"hidden_size": 4096}`, "architectures"},
-		"model_type only":      {`{"model_type": "bert"}`, `model_type "bert"`},
+		"model_type only":      {`{"model_type": "t5"}`, `model_type "t5"`},
 		"not an object":        {`[1, 2]`, "not a JSON object"},
 		"null":                 {`null`, "not a JSON object"},
 		"truncated":            {`{"architectures": ["LlamaForCausalLM"], "hidden_size": 40`, "not a JSON object"},

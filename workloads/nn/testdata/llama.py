@@ -348,11 +348,12 @@ def count(c):
     return [sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)]
 
 
-mode, cases = sys.argv[1], json.loads(sys.argv[2])
-if mode == "saved":
-    check_cpu_autocast()
-    print(json.dumps([saved_bytes(c) for c in cases]))
-elif mode == "count":
-    print(json.dumps([count(c) for c in cases]))
-else:
-    raise SystemExit(f"unknown mode {mode}")
+if __name__ == "__main__":  # families.py imports the modules above
+    mode, cases = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "saved":
+        check_cpu_autocast()
+        print(json.dumps([saved_bytes(c) for c in cases]))
+    elif mode == "count":
+        print(json.dumps([count(c) for c in cases]))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
