@@ -136,6 +136,7 @@ func TestRecordedTagsAgainstTruth(t *testing.T) {
 	for _, version := range []string{"2.0", "2.1", "2.3", "2.5", "2.7"} {
 		for name, args := range loops {
 			t.Run(version+"/"+name, func(t *testing.T) {
+				t.Parallel() // each records its own Python process: two cores run two
 				dir := t.TempDir()
 				truthPath := filepath.Join(dir, "truth.json")
 				res, _, stderr := record(t, recorder.Options{Dir: filepath.Join(dir, "dumps")}, fakeEnv(t, version, truthPath), args...)
