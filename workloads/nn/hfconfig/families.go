@@ -142,7 +142,7 @@ func (f *fields) gemma(arch string) *Model {
 		m.AttnSoftcap = f.number("attn_logit_softcapping", 0, 0, 1e9)
 		m.FinalSoftcap = f.number("final_logit_softcapping", 0, 0, 1e9)
 		if m.AttnSoftcap != 0 || m.FinalSoftcap != 0 {
-			f.fail("attn_logit_softcapping", errors.New("Gemma 3 soft-capping is not modelled (give null)"))
+			f.fail("attn_logit_softcapping", errors.New("soft-capping is not modelled for Gemma 3 (give null)"))
 		}
 		m.SlidingPattern = f.integer("sliding_window_pattern", 6, maxLayers)
 		m.LocalRopeTheta = f.number("rope_local_base_freq", 10000, 1, 1e12)
