@@ -14,13 +14,14 @@ import (
 )
 
 // MeasureFixes implements tui.Backend as oomdbg fixes measures: w without its leak bug, then with each of
-// train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
+// train.AdviceFixesFor it (a rank's own strategy first), on the meta device, on its device's capacity and
+// with unlimited memory.
 func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
 	cfg, err := configOf(w)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	rows, err := train.Sweep(ctx, cfg, train.AdviceFixesFor(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -40,9 +41,9 @@ func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured
 }
 
 // Measure implements triage.Measurer the way oomdbg fixes measures: it re-runs the workload a snapshot
-// recorded with each of train.FixesFor its configuration on the meta device, on the configured device's
-// capacity and with unlimited memory, then with each of train.SettingsFixesFor it over the steps the
-// snapshot recorded. The re-runs stop at MeasureTimeout.
+// recorded with each of train.AdviceFixesFor its configuration (a rank's own strategy first) on the meta
+// device, on the configured device's capacity and with unlimited memory, then with each of
+// train.SettingsFixesFor it over the steps the snapshot recorded. The re-runs stop at MeasureTimeout.
 func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
 	cfg, err := workloadOf(s)
 	if err != nil {
@@ -56,7 +57,7 @@ func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Mea
 		ctx, cancel = context.WithTimeout(ctx, b.MeasureTimeout)
 		defer cancel()
 	}
-	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	rows, err := train.Sweep(ctx, cfg, train.AdviceFixesFor(cfg))
 	if errors.Is(err, context.DeadlineExceeded) {
 		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", b.MeasureTimeout)
 	}
