@@ -15,7 +15,8 @@ import (
 
 // Baseline is a trace replayed as recorded: what every fix on it is compared with.
 type Baseline struct {
-	// Worst is the replay of the device whose reserved memory peaks highest, which a what-if shows.
+	// Worst is the replay of the device a what-if shows: the first that ran out of memory in the
+	// recording, else the one whose reserved memory peaks highest.
 	Worst replay.Replayed
 	// Devices is how many devices the trace has.
 	Devices int
@@ -38,7 +39,8 @@ func Before(s *snapshot.Snapshot, gpuMem uint64) (*Baseline, error) {
 	}
 	b := &Baseline{Worst: all[0], Devices: len(all), Recorded: recorded, Margin: headroom.DefaultMargin}
 	for _, r := range all[1:] {
-		if r.Outcome.PeakReserved > b.Worst.Outcome.PeakReserved {
+		if worse := r.RecordedOOMs > 0 && b.Worst.RecordedOOMs == 0; worse ||
+			(r.RecordedOOMs > 0) == (b.Worst.RecordedOOMs > 0) && r.Outcome.PeakReserved > b.Worst.Outcome.PeakReserved {
 			b.Worst = r
 		}
 	}
@@ -69,8 +71,26 @@ func Evaluate(s *snapshot.Snapshot, f Fix, gpuMem uint64) (*Report, error) {
 	return b.replay(f, prep)
 }
 
-// Apply applies f to s and compares its replay with b, which is s replayed as recorded.
+// AlreadySetError says a fix of allocator settings only asks for settings the trace was recorded with: it
+// would change nothing.
+type AlreadySetError struct {
+	Fix, Recorded string
+}
+
+func (e *AlreadySetError) Error() string {
+	recorded := e.Recorded
+	if recorded == "" {
+		recorded = "PyTorch's defaults"
+	}
+	return fmt.Sprintf("%s: already set: the trace was recorded with %s", e.Fix, recorded)
+}
+
+// Apply applies f to s and compares its replay with b, which is s replayed as recorded. A fix of allocator
+// settings the recording already has is refused with an *AlreadySetError.
 func (b *Baseline) Apply(s *snapshot.Snapshot, f Fix) (*Report, error) {
+	if f.AllocConf != nil && len(f.Transforms) == 0 && b.Recorded.Includes(*f.AllocConf) {
+		return nil, &AlreadySetError{Fix: f.Name, Recorded: b.Recorded.String()}
+	}
 	prep, err := Prepare(s, f.Transforms...)
 	if err != nil {
 		return nil, err
@@ -118,8 +138,11 @@ func (b *Baseline) replay(f Fix, prep *Prepared) (*Report, error) {
 		rep.Verdict = rep.After.Verdict
 	}
 	if b.Devices > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the trace has %d devices: device %d, whose reserved memory peaks highest, is shown",
-			b.Devices, w.Device))
+		which := "whose reserved memory peaks highest"
+		if w.RecordedOOMs > 0 {
+			which = "which ran out of memory"
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the trace has %d devices: device %d, %s, is shown", b.Devices, w.Device, which))
 	}
 	if w.Capacity == 0 {
 		rep.Notes = append(rep.Notes, "no device capacity is known: give --gpu-mem to see whether the run fits")
