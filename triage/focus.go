@@ -96,3 +96,23 @@ func firstDevice(s *snapshot.Snapshot) int {
 	}
 	return 0
 }
+
+// FocusDevice returns the device a report of the snapshot tl indexes explains when several devices hold
+// memory: the one that ran out of memory first, else the one whose allocated memory peaks highest. ok is
+// false when fewer than two devices hold memory: the snapshot is one device's. The TUI opens on it.
+func FocusDevice(tl *timeline.Timeline) (index int, ok bool) {
+	withMemory := tl.Snapshot().DevicesWithMemory()
+	if len(withMemory) < 2 {
+		return 0, false
+	}
+	if ooms := tl.OOMs(); len(ooms) > 0 {
+		return int(tl.Snapshot().Events.At(ooms[0]).Device), true
+	}
+	views := map[int]*onDevice{}
+	for _, dev := range withMemory {
+		if d, err := deviceOf(tl, dev); err == nil {
+			views[dev] = d
+		}
+	}
+	return focusDevice(tl, views).index, true
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/internal/fixes"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
@@ -25,13 +26,20 @@ func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured
 	if err != nil {
 		return nil, err
 	}
+	gpu, err := fit.LookupGPU(fit.DefaultGPU)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]tui.Measured, 0, len(rows))
 	for _, row := range rows {
 		fw, err := Workload(row.Config)
 		if err != nil {
 			return nil, err
 		}
-		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil}
+		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil,
+			Reserved: row.PeakReserved, Usable: fit.Usable(row.Config),
+			// The planner's cost of a trial, so that a measured fix and a plan rank on one scale.
+			StepTime: fit.Measure(fit.Estimate(row.Config, gpu), row.Result, gpu).Total()}
 		if row.OOM != nil {
 			m.OOMPhase = row.OOM.Phase.String()
 		}
