@@ -125,11 +125,12 @@ func (p *fixesPane) fitView(s Styles, w int) []string {
 	lines := []string{s.Muted.Render(ansi.Truncate("plans "+fits+", cheapest first: ↑↓ choose, enter re-run, esc close", w, "…"))}
 	// One best answer: the best of the plans and the measured fixes, which a applies, says where it is.
 	if b := p.rec.best(); b != nil && !l.busy && len(l.plans) > 0 {
-		where := "a measured fix"
+		best := "best of all: " + b.Fix + ", a measured fix; a applies it"
 		if b.plan != nil {
-			where = "plan " + fmt.Sprint(slices.IndexFunc(l.plans, func(pl FitPlan) bool { return pl.Fixes == b.plan.Fixes })+1)
+			best = fmt.Sprintf("best of all: plan %d; a applies it",
+				slices.IndexFunc(l.plans, func(pl FitPlan) bool { return pl.Fixes == b.plan.Fixes })+1)
 		}
-		lines = append(lines, s.Good.Render(ansi.Truncate(fmt.Sprintf("best of all: %s (%s); a applies it", b.Fix, where), w, "…")))
+		lines = append(lines, s.Good.Render(ansi.Truncate(best, w, "…")))
 	}
 	switch {
 	case l.busy:
