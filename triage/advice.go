@@ -166,9 +166,7 @@ func advise(ctx context.Context, s *snapshot.Snapshot, d *onDevice, r *Report, m
 			advice = append(advice, a)
 		}
 		if r.OOM != nil {
-			needs := base.NeedsAllocated
-			r.OOM.RunNeeds = &needs
-			r.OOM.weighNeeds(r.usable())
+			r.OOM.WeighNeeds(base.NeedsAllocated, r.usable())
 		}
 	}
 	if ms == nil || err != nil || len(ms.Rows) == 0 {

@@ -148,6 +148,13 @@ func diagnosis(o *OOM) string {
 	return b.String()
 }
 
+// WeighNeeds holds the kind of OOM against runNeeds, the peak the run needs with unlimited memory
+// (measured), on usable bytes for the allocator: see weighNeeds. The TUI calls it once its measurement is in.
+func (o *OOM) WeighNeeds(runNeeds, usable int64) {
+	o.RunNeeds = &runNeeds
+	o.weighNeeds(usable)
+}
+
 // weighNeeds holds the kind of OOM against what the run needs with unlimited memory (RunNeeds, measured):
 // a request that the memory at the OOM could have served, in one piece, is fragmentation at that moment, but
 // when the run needs more than the usable bytes the allocator has, serving it only moves the OOM on. Then

@@ -184,6 +184,15 @@ func (p *fixesPane) onMeasured(msg measuredMsg) {
 	p.onAfterMeasured(msg)
 }
 
+// runNeeds is what the run needs, measured (its peak with unlimited memory); 0 until measured, and for a run
+// whose leak grows it (the measurement is of the run without its leak).
+func (p *fixesPane) runNeeds() int64 {
+	if p.rec.base == nil || p.base == nil || p.base.Fixes.Bug != "" {
+		return 0
+	}
+	return p.rec.base.Needs
+}
+
 // needsLine is what the run needs, for the OOM panel: "" until measured.
 func (p *fixesPane) needsLine() string {
 	r := &p.rec

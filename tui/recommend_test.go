@@ -195,3 +195,27 @@ func TestBestFixLeavesTheMargin(t *testing.T) {
 		}
 	}
 }
+
+// TestOOMPanelWeighsWhatTheRunNeeds: tiny-oom's request met free blocks that, together with the device's
+// free memory, could have held it: a fragmentation OOM at that moment (triage.OOMKind). Once the run is
+// measured to need more than the 36 MiB its allocator can use, the panel calls it a capacity OOM, as the
+// report does; a run that needs less stays a fragmentation one.
+func TestOOMPanelWeighsWhatTheRunNeeds(t *testing.T) {
+	ix := newIndex(fixture(t, "tiny-oom"))
+	var p oomPanel
+	if o := p.explain(ix); o.Kind != triage.OOMFragmentation || ix.usable != 36<<20 {
+		t.Fatalf("tiny-oom's OOM is %s on %d usable bytes", o.Kind, ix.usable)
+	}
+	for _, c := range []struct {
+		needs int64
+		kind  string
+	}{{0, "fragmentation"}, {30 << 20, "fragmentation"}, {64 << 20, "capacity"}} {
+		view := ansi.Strip(p.view(DefaultStyles(colorprofile.Ascii), ix, "", c.needs, 120, 30))
+		if first := strings.SplitN(view, "\n", 2)[0]; !strings.HasSuffix(first, "("+c.kind+")") {
+			t.Errorf("needs %d: %q, want %s", c.needs, first, c.kind)
+		}
+	}
+	if p.oom.Kind != triage.OOMFragmentation {
+		t.Error("weighing changed the panel's explanation itself")
+	}
+}

@@ -157,7 +157,7 @@ func (m *Model) paneView() string {
 	switch m.pane {
 	case paneLive:
 		if m.showingOOM() {
-			return m.oomp.view(m.styles, m.ix, m.fixes.needsLine(), w, h)
+			return m.oomp.view(m.styles, m.ix, m.fixes.needsLine(), m.fixes.runNeeds(), w, h)
 		}
 		return m.live.view(m.styles, w, h)
 	case paneCategories:
