@@ -71,6 +71,10 @@ func TestCatalogueRefusesWhatIsAlreadySet(t *testing.T) {
 		if !errors.As(r.Err, &set) || !strings.Contains(r.Err.Error(), "already set: the trace was recorded with expandable_segments:True") {
 			t.Errorf("expandable segments on a trace recorded with them: %v (report %+v)", r.Err, r.Report)
 		}
+		// Asked for alone, as oomdbg whatif --alloc-conf asks, it is refused too.
+		if _, err := whatif.Evaluate(s, whatif.Fix{AllocConf: r.Fix.AllocConf}, 0); !errors.As(err, &set) {
+			t.Errorf("--alloc-conf expandable_segments:True on a trace recorded with it: %v", err)
+		}
 		return
 	}
 	t.Fatal("the catalogue has no expandable segments")

@@ -88,8 +88,8 @@ func (e *AlreadySetError) Error() string {
 // Apply applies f to s and compares its replay with b, which is s replayed as recorded. A fix of allocator
 // settings the recording already has is refused with an *AlreadySetError.
 func (b *Baseline) Apply(s *snapshot.Snapshot, f Fix) (*Report, error) {
-	if f.AllocConf != nil && len(f.Transforms) == 0 && b.Recorded.Includes(*f.AllocConf) {
-		return nil, &AlreadySetError{Fix: f.Name, Recorded: b.Recorded.String()}
+	if err := b.alreadySet(f); err != nil {
+		return nil, err
 	}
 	prep, err := Prepare(s, f.Transforms...)
 	if err != nil {
@@ -98,8 +98,23 @@ func (b *Baseline) Apply(s *snapshot.Snapshot, f Fix) (*Report, error) {
 	return b.replay(f, prep)
 }
 
+// alreadySet refuses a fix of allocator settings the recording already has: it would change nothing.
+func (b *Baseline) alreadySet(f Fix) error {
+	if f.AllocConf != nil && len(f.Transforms) == 0 && b.Recorded.Includes(*f.AllocConf) {
+		name := f.Name
+		if name == "" {
+			name = "alloc-conf " + f.AllocConf.String()
+		}
+		return &AlreadySetError{Fix: name, Recorded: b.Recorded.String()}
+	}
+	return nil
+}
+
 // replay replays a prepared fix on b's device and writes the report.
 func (b *Baseline) replay(f Fix, prep *Prepared) (*Report, error) {
+	if err := b.alreadySet(f); err != nil {
+		return nil, err
+	}
 	w := b.Worst
 	after := b.Recorded
 	if f.AllocConf != nil {
