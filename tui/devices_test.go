@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/charmbracelet/x/exp/golden"
+
 	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 	"github.com/oomdbg/oomdbg/snapshot/torch"
 )
@@ -26,6 +28,7 @@ func TestOpensOnTheDeviceThatRanOut(t *testing.T) {
 	if !strings.Contains(out, "allocated 78.00 MiB · reserved 80.00 MiB") || strings.Contains(out, "116.00 MiB") {
 		t.Errorf("the OOM panel does not give cuda:1's own memory:\n%s", out)
 	}
+	golden.RequireEqual(t, []byte(out)) // at 80x24: cuda:1's own OOM, its capacity line absent (none recorded)
 	press(m, "d", "d")
 	if title := strings.SplitN(screen(m), "\n", 2)[0]; !strings.Contains(title, "all 3 devices summed, not one pool") {
 		t.Errorf("the view of all devices does not say it sums them: %q", title)

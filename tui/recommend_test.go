@@ -9,6 +9,7 @@ import (
 
 	"github.com/charmbracelet/colorprofile"
 	"github.com/charmbracelet/x/ansi"
+	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
@@ -189,6 +190,7 @@ func TestBestFixLeavesTheMargin(t *testing.T) {
 	}
 	p := fixesPane{base: &Workload{Fixes: base}, rec: r}
 	view := ansi.Strip(strings.Join(p.rankedView(DefaultStyles(colorprofile.Ascii), 80, 3), "\n"))
+	golden.RequireEqual(t, []byte(view)) // the head of the fixes pane at 80 columns
 	for _, s := range []string{"best (fits, 5% margin): bf16 + flash + checkpoint every block", "fits if ≤ 22.32 GiB", "tight, 10.00 MiB left"} {
 		if !strings.Contains(view, s) {
 			t.Errorf("the pane at 80 columns does not say %q:\n%s", s, view)
