@@ -12,19 +12,20 @@ import (
 	"context"
 	"runtime"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // DefaultMargin is the share of the allocator's memory (the card's less the CUDA context) a configuration
-// must leave unreserved to fit: 5%.
-const DefaultMargin = 0.05
+// must leave unreserved to fit: 5%, the rule every verdict of oomdbg's follows (internal/headroom).
+const DefaultMargin = headroom.DefaultMargin
+
+// Usable returns the memory the allocator can use on cfg's card: GPU memory less the context reserve.
+func Usable(cfg train.Config) int64 { return int64(cfg.GPUMemory) - int64(cfg.ContextReserve) }
 
 // Limit returns the most a configuration may reserve to fit: (GPU memory - context reserve) x (1 - margin).
-func Limit(cfg train.Config, margin float64) int64 {
-	usable := int64(cfg.GPUMemory) - int64(cfg.ContextReserve)
-	return int64(float64(usable) * (1 - margin))
-}
+func Limit(cfg train.Config, margin float64) int64 { return headroom.Limit(Usable(cfg), margin) }
 
 // A Simulator runs a configuration for a few steps and says what it did. Meta is the one oomdbg uses; the
 // interface is how tests and the TUI drive the planner. A plan search calls Simulate from several
@@ -133,7 +134,7 @@ func (o Options) simulate(ctx context.Context, cfg train.Config) (Trial, error) 
 	if res.OOM != nil || res.OverLimit {
 		t.Steps++
 	}
-	t.Fits = res.OOM == nil && !res.OverLimit && !res.Interrupted && res.PeakReserved <= limit
+	t.Fits = headroom.Judge(res.PeakReserved, res.OOM != nil, Usable(cfg), o.margin()).Fits() && !res.OverLimit && !res.Interrupted
 	if res.Interrupted {
 		return t, ctx.Err()
 	}

@@ -9,10 +9,11 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
+	"github.com/oomdbg/oomdbg/internal/torchrules"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
-	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Measurer re-runs the workload a snapshot recorded, once per memory fix, and reports the peaks. The
@@ -74,10 +75,13 @@ type Advice struct {
 	// allocator settings): measured (negative when the fix costs memory), or an upper bound when estimated.
 	Saving int64  `json:"saving"`
 	Metric string `json:"metric"`
-	// PeakAfter is the measured peak the run needs with the fix, and Fits whether it fits the device; both
-	// null for an estimate.
+	// PeakAfter is the measured peak the run needs with the fix, and Fits whether it fits the device by the
+	// headroom rule (Report.FitsRule); both null for an estimate. Verdict says it in a word: "fits",
+	// "tight" (no OOM, but inside the margin), "oom"; "" for an estimate, and for a replayed setting (whose
+	// Fits says it serves the failing request).
 	PeakAfter *int64 `json:"peak_after"`
 	Fits      *bool  `json:"fits"`
+	Verdict   string `json:"verdict"`
 	// Why says what the fix changes in what was alive at the peak.
 	Why string `json:"why"`
 }
@@ -101,11 +105,13 @@ var scoreShape = regexp.MustCompile(`^[a-z0-9]+\[\d+,\d+,(\d+),(\d+)\]`)
 // blockScope is a scope's numbered block: "transformer.h.3" of "transformer.h.3.attn.c_attn".
 var blockScope = regexp.MustCompile(`^(.*?\.\d+)(\.|$)`)
 
-func compose(tl *timeline.Timeline, r *Report) composition {
+// compose reads what was alive at the peak of device d, the report's.
+func compose(d *onDevice, r *Report) composition {
+	tl := d.tl
 	s := tl.Snapshot()
 	c := composition{peak: r.Peak.Allocated, gap: r.Gaps.ReservedUnallocatedAtPeak, reserved: r.Peak.Reserved}
 	blocks := map[string]bool{}
-	for _, b := range tl.LiveAt(r.Peak.Event, nil) {
+	for _, b := range tl.LiveAt(d.local(r.Peak.Event), nil) {
 		label := s.String(b.Label)
 		switch b.Category {
 		case snapshot.CategoryActivation, snapshot.CategoryAutogradDetail:
@@ -130,15 +136,15 @@ func compose(tl *timeline.Timeline, r *Report) composition {
 }
 
 // advise returns the fixes for the peak, measured when m can re-run the workload, estimated otherwise.
-func advise(ctx context.Context, tl *timeline.Timeline, r *Report, m Measurer) ([]Advice, string) {
-	c := compose(tl, r)
+func advise(ctx context.Context, s *snapshot.Snapshot, d *onDevice, r *Report, m Measurer) ([]Advice, string) {
+	c := compose(d, r)
 	why := reasons(c)
 	var advice []Advice
 	note := ""
 	var ms *Measurements
 	var err error
 	if m != nil {
-		ms, err = m.Measure(ctx, tl.Snapshot())
+		ms, err = m.Measure(ctx, s)
 	}
 	switch {
 	case m == nil:
@@ -153,10 +159,14 @@ func advise(ctx context.Context, tl *timeline.Timeline, r *Report, m Measurer) (
 		note = "measured: " + ms.Note + "; saving is the drop in the peak the run needs with unlimited memory"
 		base := ms.Rows[0]
 		for _, row := range ms.Rows[1:] {
-			after, fits := row.NeedsAllocated, !row.OOM
+			v := r.judge(row.PeakReserved, row.OOM)
+			after, fits := row.NeedsAllocated, v.Fits()
 			a := Advice{Fix: row.Fix, Measured: true, Saving: base.NeedsAllocated - row.NeedsAllocated, Metric: "allocated",
-				PeakAfter: &after, Fits: &fits, Why: measuredWhy(row, base.NeedsAllocated-row.NeedsAllocated, why)}
+				PeakAfter: &after, Fits: &fits, Verdict: v.Word, Why: measuredWhy(row, v, base.NeedsAllocated-row.NeedsAllocated, why)}
 			advice = append(advice, a)
+		}
+		if r.OOM != nil {
+			r.OOM.WeighNeeds(base.NeedsAllocated, r.usable())
 		}
 	}
 	if ms == nil || err != nil || len(ms.Rows) == 0 {
@@ -169,26 +179,35 @@ func advise(ctx context.Context, tl *timeline.Timeline, r *Report, m Measurer) (
 	var settings []Advice
 	switch {
 	case ms != nil && err == nil && len(ms.Settings) > 1:
-		settings = settingsAdvice(ms.Settings)
+		settings = settingsAdvice(ms.Settings, r.judge)
 		note += "; allocator settings, empty_cache and the data's shapes: " + ms.SettingsNote +
 			", saving is the drop in peak reserved memory on the configured device"
 		r.FragmentationRule = CheckFragmentationRule(ms.Settings)
 	case r.OOM != nil && len(r.OOM.Replays) > 1:
 		settings = replayAdvice(r.OOM)
-		note += "; allocator settings: replayed through the allocator model up to the OOM, saving is the drop in peak reserved memory up to it"
-	case c.gap > 0 && c.gap*100 >= c.reserved:
+		note += "; allocator settings: replayed through the allocator model up to the OOM, those that serve the failing request, saving is the drop in peak reserved memory up to it"
+	case c.gap > 0 && c.gap*100 >= c.reserved && !alreadySet(s, torchrules.Config{ExpandableSegments: true}):
 		advice = append(advice, Advice{Fix: "expandable_segments:True", Saving: c.gap, Metric: "reserved",
 			Why: units.FormatSize(c.gap) + " was reserved but unallocated at the peak; expandable segments grow and shrink in place instead of caching whole segments"})
 	}
 	slices.SortStableFunc(advice, func(a, b Advice) int { return cmp.Compare(b.Saving, a.Saving) })
+	// The program's fixes replayed on a trace whose workload cannot be re-run are measured, where the
+	// estimates are bounds: they come first.
+	if r.OOM != nil && (ms == nil || err != nil) {
+		if fixes := traceFixAdvice(r.OOM); len(fixes) > 0 {
+			advice = append(fixes, advice...)
+			note += "; " + r.OOM.traceFixesNote
+		}
+	}
 	// A leak's fix comes first: it is the cause, and every other fix is measured without it.
 	if r.Leaks.Verdict == string(leaks.Leak) {
 		a := Advice{Fix: "fix the leak", Metric: "allocated", Why: r.leakAdvice,
 			Saving: r.Leaks.LeakPerIteration * int64(max(r.Leaks.Iterations-1, 1))}
 		if ms != nil && err == nil && len(ms.Rows) > 0 { // the workload was re-run without its leak
 			base := ms.Rows[0]
-			after, fits := base.NeedsAllocated, !base.OOM
-			a.Measured, a.Saving, a.PeakAfter, a.Fits = true, r.Peak.Allocated-base.NeedsAllocated, &after, &fits
+			v := r.judge(base.PeakReserved, base.OOM)
+			after, fits := base.NeedsAllocated, v.Fits()
+			a.Measured, a.Saving, a.PeakAfter, a.Fits, a.Verdict = true, r.Peak.Allocated-base.NeedsAllocated, &after, &fits, v.Word
 		}
 		advice = append([]Advice{a}, advice...)
 	}
@@ -201,6 +220,13 @@ func advise(ctx context.Context, tl *timeline.Timeline, r *Report, m Measurer) (
 		advice = []Advice{}
 	}
 	return advice, note
+}
+
+// alreadySet reports whether the snapshot was recorded with every setting of fix already made: advice to
+// make it again would change nothing. Settings that do not parse are taken as not set.
+func alreadySet(s *snapshot.Snapshot, fix torchrules.Config) bool {
+	recorded, err := torchrules.ParseConfig(s.Meta.AllocatorSettings)
+	return err == nil && recorded.Includes(fix)
 }
 
 // reasons says, per kind of fix, what it changes in what was alive at the peak.
@@ -225,9 +251,25 @@ func reasons(c composition) map[string]string {
 	return why
 }
 
+// usable is the memory the allocator can use on the report's device: its capacity less the CUDA
+// context; 0 when the snapshot does not record it.
+func (r *Report) usable() int64 {
+	for _, d := range r.Devices {
+		if d.Index == r.Peak.Device && d.Capacity > 0 {
+			return d.Capacity - d.ContextReserve
+		}
+	}
+	return 0
+}
+
+// judge judges a measured run on the report's device by the headroom rule.
+func (r *Report) judge(peakReserved int64, oom bool) headroom.Verdict {
+	return headroom.Judge(peakReserved, oom, r.usable(), r.Margin)
+}
+
 // measuredWhy explains a measured fix by the parts of its name that have a reason; a fix that saves
 // nothing gets no reason, which would read as a saving the measurement contradicts.
-func measuredWhy(row Measurement, saving int64, why map[string]string) string {
+func measuredWhy(row Measurement, v headroom.Verdict, saving int64, why map[string]string) string {
 	var parts []string
 	if saving <= 0 {
 		why = nil
@@ -241,13 +283,16 @@ func measuredWhy(row Measurement, saving int64, why map[string]string) string {
 	if saving < 0 {
 		out += ", " + units.FormatSize(-saving) + " more than as configured"
 	}
-	if row.OOM {
+	switch {
+	case row.OOM:
 		out += "; still runs out of memory"
 		if row.OOMPhase != "" {
 			out += " in " + row.OOMPhase
 		}
-	} else {
-		out += "; fits"
+	case v.Word == headroom.Unknown:
+		out += "; runs, on a device of unknown capacity"
+	default:
+		out += "; " + v.String()
 	}
 	if len(parts) > 0 {
 		out += "; " + strings.Join(parts, "; ")

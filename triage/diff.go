@@ -15,15 +15,22 @@ import (
 // each phase, and the bytes by category and by scope at the peak.
 type Comparison struct {
 	A, B       *Report
-	Phases     []Change // by phase, in phase order
+	Phases     []Change // by phase, in phase order, over the iterations both runs reached
 	Categories []Change // at the peak, categories that hold bytes in either run
 	Scopes     []Change // at the peak, largest changes first
+	// Reached is the last iteration both runs reached (-1: setup only), and Uneven says, when one run
+	// stopped before the other (an OOM in its first iteration against a run that finished), what each
+	// reached and that the phases are compared over what both did; "" when they reached the same.
+	Reached int32
+	Uneven  string
 }
 
-// Change is one quantity in both runs.
+// Change is one quantity in both runs. NotInA and NotInB say a run never reached it (a phase after an OOM):
+// its 0 is no measurement.
 type Change struct {
-	Name string
-	A, B int64
+	Name           string
+	A, B           int64
+	NotInA, NotInB bool
 }
 
 // Delta is B - A.
@@ -35,13 +42,15 @@ const maxScopes = 10
 // Diff compares run a with run b.
 func Diff(a, b *Report) *Comparison {
 	c := &Comparison{A: a, B: b}
-	pa, pb := phasePeaks(a), phasePeaks(b)
+	c.Reached = min(lastIteration(a), lastIteration(b))
+	c.Uneven = uneven(a, b, c.Reached)
+	pa, pb := phasePeaks(a, c.Reached), phasePeaks(b, c.Reached)
 	for p := range snapshot.NumPhases {
 		name := snapshot.Phase(p).String()
 		va, oka := pa[name]
 		vb, okb := pb[name]
 		if oka || okb {
-			c.Phases = append(c.Phases, Change{Name: name, A: va, B: vb})
+			c.Phases = append(c.Phases, Change{Name: name, A: va, B: vb, NotInA: !oka, NotInB: !okb})
 		}
 	}
 	for cat := range snapshot.NumCategories {
@@ -85,15 +94,52 @@ func Diff(a, b *Report) *Comparison {
 	return c
 }
 
-// phasePeaks is the highest peak of each phase over all iterations.
-func phasePeaks(r *Report) map[string]int64 {
+// phasePeaks is the highest peak of each phase over the iterations up to last.
+func phasePeaks(r *Report, last int32) map[string]int64 {
 	m := map[string]int64{}
 	for _, it := range r.Iterations {
+		if it.Iteration > last {
+			continue
+		}
 		for _, p := range it.Phases {
 			m[p.Name] = max(m[p.Name], p.PeakAllocated)
 		}
 	}
 	return m
+}
+
+// lastIteration is the last iteration a run reached, the one it ran out of memory in included; -1 for
+// setup only.
+func lastIteration(r *Report) int32 {
+	last := int32(-1)
+	for _, it := range r.Iterations {
+		last = max(last, it.Iteration)
+	}
+	return last
+}
+
+// uneven says what each run reached when one stopped before the other, and over what the phases are
+// compared; "" when both reached the same iteration.
+func uneven(a, b *Report, reached int32) string {
+	la, lb := lastIteration(a), lastIteration(b)
+	if la == lb {
+		return ""
+	}
+	ran := func(tag string, r *Report, last int32) string {
+		s := fmt.Sprintf("%s ran to iteration %d", tag, last)
+		if o := r.OOM; o != nil {
+			s = fmt.Sprintf("%s ran out of memory in %s, and never reached iteration %d", tag, where(o.Iteration, o.Phase), o.Iteration+1)
+		}
+		return s + fmt.Sprintf(" (%d complete)", r.Leaks.Iterations)
+	}
+	over := "setup"
+	if reached >= 0 {
+		over = fmt.Sprintf("setup and iterations 0 to %d", reached)
+		if reached == 0 {
+			over = "setup and iteration 0"
+		}
+	}
+	return fmt.Sprintf("%s; %s. The phases are compared over what both reached: %s", ran("a", a, la), ran("b", b, lb), over)
 }
 
 func oomLine(r *Report) string {
@@ -127,6 +173,30 @@ func changeText(a, b int64) string {
 		s += fmt.Sprintf(" (%+d%%)", ((b-a)*100)/a)
 	}
 	return s
+}
+
+// cells are a change's row: its name, both runs' bytes ("not reached" for a run that never got there) and
+// the change, none where a run has no figure.
+func (ch Change) cells() []string {
+	a, b, change := units.FormatSize(ch.A), units.FormatSize(ch.B), changeText(ch.A, ch.B)
+	if ch.NotInA {
+		a, change = "not reached", ""
+	}
+	if ch.NotInB {
+		b, change = "not reached", ""
+	}
+	return []string{ch.Name, a, b, change}
+}
+
+// phasesOver says over what iterations the phases are compared.
+func (c *Comparison) phasesOver() string {
+	if c.Uneven == "" {
+		return "over all iterations"
+	}
+	if c.Reached < 0 {
+		return "in setup, which both reached"
+	}
+	return fmt.Sprintf("over setup and iterations up to %d, which both reached", c.Reached)
 }
 
 func name(r *Report) string {
@@ -165,6 +235,9 @@ func (c *Comparison) WriteText(w io.Writer) error {
 		t.row(row...)
 	}
 	t.write(ew)
+	if c.Uneven != "" {
+		fmt.Fprintf(ew, "\nNOT ALIKE: %s.\n", c.Uneven)
+	}
 	section := func(title string, changes []Change, empty string) {
 		fmt.Fprintf(ew, "\n%s\n", title)
 		if len(changes) == 0 {
@@ -173,11 +246,11 @@ func (c *Comparison) WriteText(w io.Writer) error {
 		}
 		t := newTable("  ", "", ">a", ">b", "change")
 		for _, ch := range changes {
-			t.row(ch.Name, units.FormatSize(ch.A), units.FormatSize(ch.B), changeText(ch.A, ch.B))
+			t.row(ch.cells()...)
 		}
 		t.writeRows(ew)
 	}
-	section("PHASES (highest peak inside the phase, over all iterations)", c.Phases, "no phases")
+	section("PHASES (highest peak inside the phase, "+c.phasesOver()+")", c.Phases, "no phases")
 	section("CATEGORIES AT THE PEAK", c.Categories, "nothing allocated")
 	section("SCOPES AT THE PEAK (largest changes)", c.Scopes, "no scope changed")
 	return ew.err
@@ -197,6 +270,9 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 	}
 	fmt.Fprintln(ew)
 	mdTable(ew, []string{"", ">a", ">b", "change"}, c.rows())
+	if c.Uneven != "" {
+		fmt.Fprintf(ew, "\n**Not alike**: %s.\n", c.Uneven)
+	}
 	section := func(title string, changes []Change) {
 		if len(changes) == 0 {
 			return
@@ -204,11 +280,13 @@ func (c *Comparison) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(ew, "\n### %s\n\n", title)
 		var rows [][]string
 		for _, ch := range changes {
-			rows = append(rows, []string{code(ch.Name), units.FormatSize(ch.A), units.FormatSize(ch.B), changeText(ch.A, ch.B)})
+			cells := ch.cells()
+			cells[0] = code(cells[0])
+			rows = append(rows, cells)
 		}
 		mdTable(ew, []string{"", ">a", ">b", "change"}, rows)
 	}
-	section("Phases (highest peak inside the phase, over all iterations)", c.Phases)
+	section("Phases (highest peak inside the phase, "+c.phasesOver()+")", c.Phases)
 	section("Categories at the peak", c.Categories)
 	section("Scopes at the peak (largest changes)", c.Scopes)
 	return ew.err

@@ -11,10 +11,13 @@ import (
 // reportFrames is how many frames of a stack the report keeps.
 const reportFrames = 6
 
-func peak(tl *timeline.Timeline, top int) Peak {
+// peak is the peak of the device d of the snapshot whole: its events are numbered in whole.
+func peak(whole *snapshot.Snapshot, d *onDevice, top int) Peak {
+	tl := d.tl
 	s := tl.Snapshot()
 	pa, pr := tl.Peak(timeline.Allocated), tl.Peak(timeline.Reserved)
-	p := Peak{Allocated: pa.Bytes, Event: pa.Seq, Reserved: pr.Bytes, ReservedEvent: pr.Seq, Phase: snapshot.PhaseNone.String()}
+	p := Peak{Device: d.index, Devices: max(len(whole.DevicesWithMemory()), 1), Allocated: pa.Bytes, Event: d.whole(pa.Seq),
+		Reserved: pr.Bytes, ReservedEvent: d.whole(pr.Seq), Phase: snapshot.PhaseNone.String()}
 	if pa.Seq >= 0 {
 		e := s.Events.At(pa.Seq)
 		p.Time, p.Phase, p.Iteration = e.Time, e.Phase.String(), e.Iteration
@@ -23,26 +26,49 @@ func peak(tl *timeline.Timeline, top int) Peak {
 	return p
 }
 
+// oom explains the snapshot's first out-of-memory error with its own device's memory.
 func oom(tl *timeline.Timeline, top int) *OOM {
 	ooms := tl.OOMs()
 	if len(ooms) == 0 {
 		return nil
 	}
-	s := tl.Snapshot()
-	seq := ooms[0]
+	d, err := deviceOf(tl, int(tl.Snapshot().Events.At(ooms[0]).Device))
+	if err != nil {
+		return nil
+	}
+	return oomOn(tl, d, top)
+}
+
+// oomOn explains the snapshot's first out-of-memory error, which is on device d when it has one: the
+// allocated and reserved memory, the free blocks and what was alive are d's, its events numbered in the
+// whole snapshot tl indexes.
+func oomOn(tl *timeline.Timeline, d *onDevice, top int) *OOM {
+	ooms := tl.OOMs()
+	if len(ooms) == 0 {
+		return nil
+	}
+	if dev := int(tl.Snapshot().Events.At(ooms[0]).Device); dev != d.index {
+		var err error
+		if d, err = deviceOf(tl, dev); err != nil {
+			return nil
+		}
+	}
+	dtl, seq := d.tl, d.local(ooms[0])
+	s := dtl.Snapshot()
 	e := s.Events.At(seq)
 	o := &OOM{
-		Event: seq, Phase: e.Phase.String(), Iteration: e.Iteration,
+		Device: d.index, Event: seq, Phase: e.Phase.String(), Iteration: e.Iteration,
 		Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree,
 		Label: s.String(e.Label), Scope: s.String(e.Scope), Stack: frames(s, e.Stack),
-		Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq),
+		Allocated: dtl.Allocated(seq), Reserved: dtl.Reserved(seq),
 	}
 	if o.AllocSize <= 0 {
 		o.AllocSize = o.Requested
 	}
 	o.Message, o.Exact = oomMessage(s.Meta, &e, o.AllocSize, o.Allocated, o.Reserved)
-	oomFragmentation(tl, o, e.Device)
-	o.Alive = alive(s, tl.LiveAt(seq, nil), top)
+	oomFragmentation(dtl, o, e.Device)
+	o.Alive = alive(s, dtl.LiveAt(seq, nil), top)
+	o.Event = d.whole(seq)
 	return o
 }
 
@@ -90,10 +116,14 @@ func frames(s *snapshot.Snapshot, id snapshot.StackID) []string {
 	return out
 }
 
-func gaps(tl *timeline.Timeline, r *Report) Gaps {
-	var g Gaps
-	for _, d := range r.Devices {
-		g.ContextReserve += d.ContextReserve
+// gaps is the memory of device d that no tensor uses.
+func gaps(d *onDevice, r *Report) Gaps {
+	tl := d.tl
+	g := Gaps{Device: d.index}
+	for _, dev := range r.Devices {
+		if dev.Index == d.index {
+			g.ContextReserve = dev.ContextReserve
+		}
 	}
 	if p := tl.Peak(timeline.Allocated); p.Seq >= 0 {
 		g.ReservedUnallocatedAtPeak = max(0, tl.Reserved(p.Seq)-p.Bytes)
@@ -111,7 +141,25 @@ func gaps(tl *timeline.Timeline, r *Report) Gaps {
 // iterations is the breakdown of every phase of every iteration. Checkpointing interleaves recompute spans
 // with backward: the backward phase covers them all (as the allocator's statistics of the phase do), and a
 // recompute entry after it sums up the recompute spans.
-func iterations(tl *timeline.Timeline) []Iteration {
+func iterations(d *onDevice) []Iteration {
+	out := iterationsOf(d.tl)
+	if d.seqs == nil {
+		return out
+	}
+	end := func(e int) int { return d.whole(e-1) + 1 } // one past the last
+	for i := range out {
+		it := &out[i]
+		it.StartEvent, it.EndEvent = d.whole(it.StartEvent), end(it.EndEvent)
+		for j := range it.Phases {
+			p := &it.Phases[j]
+			p.StartEvent, p.EndEvent, p.PeakEvent = d.whole(p.StartEvent), end(p.EndEvent), d.whole(p.PeakEvent)
+		}
+	}
+	return out
+}
+
+// iterationsOf is iterations of one timeline, its events numbered in it.
+func iterationsOf(tl *timeline.Timeline) []Iteration {
 	out := []Iteration{}
 	var it *Iteration
 	backward, recompute := -1, -1 // indices in it.Phases of the open backward phase and its recompute summary

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
@@ -55,6 +56,22 @@ type Replays struct {
 	// others to mean anything.
 	Recorded Replayed
 	Tried    []Replayed
+	// Fixes are fixes of the program (a smaller batch, accumulation, another optimizer, ...) applied to the
+	// trace and replayed on the OOM's device (the what-if), and Before that device's replay as recorded,
+	// which they are compared with; FixesNote says how they ran. Empty when none could be replayed.
+	Fixes     []TraceFix
+	Before    TraceFix
+	FixesNote string
+}
+
+// TraceFix is one fix of the program replayed on a trace: the peaks of its replay, up to where the
+// recording ends, and its verdict by the headroom rule ("fits", "tight", "oom", "edge" or "unknown").
+type TraceFix struct {
+	Fix                         string
+	PeakAllocated, PeakReserved int64
+	Verdict                     string
+	// Assumption says what the change of the trace assumed, with its figures.
+	Assumption string
 }
 
 // Replayed is one replay of the trace up to the OOM.
@@ -76,11 +93,21 @@ func DiagnoseOOM(tl *timeline.Timeline, seq int) (kind, diagnosis string) {
 		return "", ""
 	}
 	e := s.Events.At(seq)
-	o := &OOM{Event: seq, Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree, Allocated: tl.Allocated(seq), Reserved: tl.Reserved(seq)}
+	// The figures are the failing device's own (focus.go); a one-device snapshot is its own view.
+	d := &onDevice{index: int(e.Device), tl: tl}
+	if len(s.Meta.Devices) > 1 {
+		var err error
+		if d, err = deviceOf(tl, int(e.Device)); err != nil {
+			return "", ""
+		}
+	}
+	local := d.local(seq)
+	o := &OOM{Device: d.index, Event: local, Requested: e.Size, AllocSize: e.BlockSize, Free: e.DeviceFree,
+		Allocated: d.tl.Allocated(local), Reserved: d.tl.Reserved(local)}
 	if o.AllocSize <= 0 {
 		o.AllocSize = o.Requested
 	}
-	oomFragmentation(tl, o, e.Device)
+	oomFragmentation(d.tl, o, e.Device)
 	return o.Kind, o.Diagnosis
 }
 
@@ -121,6 +148,33 @@ func diagnosis(o *OOM) string {
 	return b.String()
 }
 
+// WeighNeeds holds the kind of OOM against runNeeds, the peak the run needs with unlimited memory
+// (measured), on usable bytes for the allocator: see weighNeeds. The TUI calls it once its measurement is in.
+func (o *OOM) WeighNeeds(runNeeds, usable int64) {
+	o.RunNeeds = &runNeeds
+	o.weighNeeds(usable)
+}
+
+// weighNeeds holds the kind of OOM against what the run needs with unlimited memory (RunNeeds, measured):
+// a request that the memory at the OOM could have served, in one piece, is fragmentation at that moment, but
+// when the run needs more than the usable bytes the allocator has, serving it only moves the OOM on. Then
+// the OOM is about capacity, and the diagnosis says why.
+func (o *OOM) weighNeeds(usable int64) {
+	if o.RunNeeds == nil || usable <= 0 || *o.RunNeeds <= usable || o.Kind != OOMFragmentation {
+		return
+	}
+	o.Kind = OOMCapacity
+	i := strings.Index(o.Diagnosis, ": a fragmentation OOM.")
+	if i < 0 {
+		return
+	}
+	o.Diagnosis = o.Diagnosis[:i] + fmt.Sprintf(": the memory for this request was there, in pieces, but the run needs %s "+
+		"with unlimited memory (measured), more than the %s the allocator can use: a capacity OOM, which no allocator "+
+		"setting makes fit. %s allocated plus the request is %s, within the %s the allocator could have at this request",
+		units.FormatSize(*o.RunNeeds), units.FormatSize(usable), units.FormatSize(o.Allocated), units.FormatSize(o.Allocated+o.Request),
+		units.FormatSize(o.Reserved+o.Free))
+}
+
 // replayOOM replays the trace under other settings and records which serve o's request.
 func replayOOM(ctx context.Context, s *snapshot.Snapshot, o *OOM, rp Replayer) {
 	if rp == nil {
@@ -142,6 +196,7 @@ func replayOOM(ctx context.Context, s *snapshot.Snapshot, o *OOM, rp Replayer) {
 		return
 	}
 	o.ReplayNote = rs.Note
+	o.traceFixes, o.traceBefore, o.traceFixesNote = rs.Fixes, rs.Before, rs.FixesNote
 	o.ServedBy = []Replayed{}
 	o.Replays = []Replayed{rs.Recorded}
 	for _, r := range rs.Tried {
@@ -288,16 +343,22 @@ func PerStep(x float64) string {
 
 // settingsAdvice turns a settings measurement into advice, ranked by measured effect: those that make the
 // run fit first, then the lowest peak of reserved memory on the configured device, then the fewest cudaMalloc
-// calls per step. Saving is the drop in that peak. (With unlimited memory a run never meets the release
-// paths max_split_size_mb and garbage_collection_threshold act through, so the configured device is where
-// they are measured.)
-func settingsAdvice(rows []Measurement) []Advice {
+// calls per step. Saving is the drop in that peak; judge says whether a run fits. (With unlimited memory a
+// run never meets the release paths max_split_size_mb and garbage_collection_threshold act through, so the
+// configured device is where they are measured.)
+func settingsAdvice(rows []Measurement, judge func(peakReserved int64, oom bool) headroom.Verdict) []Advice {
 	if len(rows) < 2 {
 		return nil
 	}
 	base := rows[0]
 	ranked := slices.Clone(rows[1:])
 	slices.SortStableFunc(ranked, func(a, b Measurement) int {
+		if fa, fb := judge(a.PeakReserved, a.OOM).Fits(), judge(b.PeakReserved, b.OOM).Fits(); fa != fb {
+			if fa {
+				return -1
+			}
+			return 1
+		}
 		if a.OOM != b.OOM {
 			if !a.OOM {
 				return -1
@@ -311,16 +372,20 @@ func settingsAdvice(rows []Measurement) []Advice {
 	})
 	var out []Advice
 	for _, row := range ranked {
-		after, fits := row.PeakReserved, !row.OOM
+		v := judge(row.PeakReserved, row.OOM)
+		after, fits := row.PeakReserved, v.Fits()
 		why := fmt.Sprintf("peak reserved %s (as configured %s)", units.FormatSize(row.PeakReserved), units.FormatSize(base.PeakReserved))
 		why += fmt.Sprintf(", %.1f%% of it unallocated (as configured %.1f%%)", 100*row.Fragmentation, 100*base.Fragmentation)
-		if row.OOM {
+		switch {
+		case row.OOM:
 			why += "; still runs out of memory"
 			if row.OOMPhase != "" {
 				why += " in " + row.OOMPhase
 			}
-		} else {
-			why += "; fits"
+		case v.Word == headroom.Unknown:
+			why += "; runs, on a device of unknown capacity"
+		default:
+			why += "; " + v.Short()
 		}
 		if row.CostSteps > 0 {
 			why += fmt.Sprintf("; %s cudaMalloc and %s cudaFree calls per step", PerStep(row.MallocsPerStep), PerStep(row.FreesPerStep))
@@ -332,17 +397,58 @@ func settingsAdvice(rows []Measurement) []Advice {
 			}
 		}
 		out = append(out, Advice{Fix: row.Fix, Measured: true, Saving: base.PeakReserved - row.PeakReserved, Metric: "reserved",
-			PeakAfter: &after, Fits: &fits, Why: why})
+			PeakAfter: &after, Fits: &fits, Verdict: v.Word, Why: why})
 	}
 	return out
 }
 
+// traceFixAdvice turns the fixes of the program replayed on the trace into advice, for a trace whose
+// workload cannot be re-run: those whose replay runs to where the recording ends, those that fit by the
+// headroom rule first, then by what they save of the peak allocated. A fix that still runs out of memory, or
+// saves nothing, is no advice.
+func traceFixAdvice(o *OOM) []Advice {
+	var out []Advice
+	for _, f := range o.traceFixes {
+		saving := o.traceBefore.PeakAllocated - f.PeakAllocated
+		if saving <= 0 || f.Verdict != headroom.Fits && f.Verdict != headroom.Tight && f.Verdict != headroom.Unknown {
+			continue
+		}
+		after, fits := f.PeakAllocated, f.Verdict == headroom.Fits
+		why := fmt.Sprintf("the trace changed as the fix changes the program's requests and replayed through the allocator model "+
+			"(the what-if, oomdbg whatif) up to where the recording ends: peak %s allocated, %s reserved (as recorded %s and %s)",
+			units.FormatSize(f.PeakAllocated), units.FormatSize(f.PeakReserved), units.FormatSize(o.traceBefore.PeakAllocated),
+			units.FormatSize(o.traceBefore.PeakReserved))
+		switch f.Verdict {
+		case headroom.Fits:
+			why += "; fits so far"
+		case headroom.Tight:
+			why += "; runs so far, but inside the margin (tight)"
+		}
+		if f.Assumption != "" {
+			why += "; assumes " + strings.TrimPrefix(f.Assumption, f.Fix+": ")
+		}
+		out = append(out, Advice{Fix: f.Fix, Replayed: true, Saving: saving, Metric: "allocated", PeakAfter: &after, Fits: &fits,
+			Verdict: f.Verdict, Why: why})
+	}
+	slices.SortStableFunc(out, func(a, b Advice) int {
+		if *a.Fits != *b.Fits {
+			if *a.Fits {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(b.Saving, a.Saving)
+	})
+	return out
+}
+
 // replayAdvice turns the replays of an OOM into advice, for a trace whose workload cannot be re-run: each
-// setting's peak reserved up to the OOM against the recorded settings', and whether it serves the request.
+// setting that serves the failing request, with its peak reserved up to the OOM against the recorded
+// settings'. A setting the replay showed would not serve it is no advice: the OOM's text says so instead.
 func replayAdvice(o *OOM) []Advice {
 	var out []Advice
 	recordedPeak := o.Replays[0].PeakReserved
-	ranked := slices.Clone(o.Replays[1:])
+	ranked := slices.DeleteFunc(slices.Clone(o.Replays[1:]), func(r Replayed) bool { return !r.Served })
 	slices.SortStableFunc(ranked, func(a, b Replayed) int {
 		if a.Served != b.Served {
 			if a.Served {

@@ -5,8 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
+	"github.com/oomdbg/oomdbg/snapshot/torch"
 	"github.com/oomdbg/oomdbg/triage"
 )
 
@@ -82,9 +84,15 @@ func TestFragmentationOOMDiagnosis(t *testing.T) {
 	if !strings.Contains(text.String(), "expandable_segments:True would have served it; max_split_size_mb:128 would not.") {
 		t.Errorf("the text report does not say which setting serves it:\n%s", text.String())
 	}
-	// After a fragmentation OOM the replayed settings lead the advice, the one that serves the request first.
-	if len(r.Advice) < 2 || r.Advice[0].Fix != "expandable_segments:True" || !r.Advice[0].Replayed || !*r.Advice[0].Fits || *r.Advice[1].Fits {
+	// After a fragmentation OOM the replayed settings that serve the request lead the advice; one the replay
+	// showed would not serve it is no advice (the text above says it would not).
+	if len(r.Advice) < 1 || r.Advice[0].Fix != "expandable_segments:True" || !r.Advice[0].Replayed || !*r.Advice[0].Fits {
 		t.Errorf("advice %+v", r.Advice)
+	}
+	for _, a := range r.Advice {
+		if a.Fix == "max_split_size_mb:128" {
+			t.Errorf("advises %s, which the replay showed would not serve the request: %+v", a.Fix, a)
+		}
 	}
 
 	// A replay under the recorded settings that does not fail as the recording did discredits the others.
@@ -163,5 +171,51 @@ func TestSettingsRanked(t *testing.T) {
 	}
 	if r.FragmentationRule == nil || r.FragmentationRule.After.PeakReserved != 70*mib {
 		t.Errorf("rule %+v", r.FragmentationRule)
+	}
+}
+
+// TestAdviceLeavesOutWhatIsAlreadySet: memory reserved but unallocated at the peak suggests expandable
+// segments, unless the snapshot was recorded with them: the real f7, whose allocator_settings say
+// expandable_segments:True (and max_split_size_mb:128), and a hand trace with the same settings.
+func TestAdviceLeavesOutWhatIsAlreadySet(t *testing.T) {
+	gap := func(settings string) *snapshot.Snapshot {
+		evs := []snapshot.Event{ // a 100 MiB segment holding 10 MiB: 90 MiB reserved but unallocated
+			{Action: snapshot.ActionSegmentAlloc, Addr: 0x1000_0000, Size: 100 * mib},
+			{Action: snapshot.ActionAlloc, Addr: 0x1000_0000, Size: 10 * mib, BlockSize: 10 * mib},
+		}
+		for i := range evs {
+			evs[i].Seq = uint64(i)
+		}
+		return &snapshot.Snapshot{Events: snapshot.EventsOf(evs...), Meta: snapshot.Meta{Source: "pytorch", AllocatorSettings: settings,
+			Devices: []snapshot.DeviceInfo{{Index: 0}}}}
+	}
+	advises := func(s *snapshot.Snapshot) bool {
+		r := triage.Analyze(context.Background(), timeline.New(s), triage.Options{})
+		for _, a := range r.Advice {
+			if a.Fix == "expandable_segments:True" {
+				return true
+			}
+		}
+		return false
+	}
+	if !advises(gap("")) {
+		t.Fatal("90 MiB reserved but unallocated of 100 under PyTorch's defaults: expandable segments not advised")
+	}
+	for _, settings := range []string{"expandable_segments:True", "expandable_segments:True,max_split_size_mb:128"} {
+		if advises(gap(settings)) {
+			t.Errorf("recorded with %s: advises expandable_segments:True", settings)
+		}
+	}
+	if data := torchtest.OptionalFixture(t, torchtest.F7); data != nil {
+		s, err := torch.Import(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(s.Meta.AllocatorSettings, "expandable_segments:True") {
+			t.Fatalf("f7's settings read %q", s.Meta.AllocatorSettings)
+		}
+		if advises(s) {
+			t.Errorf("f7, recorded with %s: advises expandable_segments:True", s.Meta.AllocatorSettings)
+		}
 	}
 }

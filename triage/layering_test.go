@@ -25,7 +25,9 @@ var layers = map[string][]string{
 	"internal/torchtest":         nil,
 	"internal/units":             nil,
 	"internal/words":             nil,
-	"internal/table":             nil,
+	// The rule by which a run fits a device, and the margin it keeps: every verdict's.
+	"internal/headroom": {"internal/units"},
+	"internal/table":    nil,
 	// Where run and export write: it asks whether a file is a terminal (x/term, below).
 	"internal/outfile": nil,
 	// --max-memory: what this machine gives a command, as a load budget.
@@ -41,7 +43,7 @@ var layers = map[string][]string{
 	"tracer":                {"snapshot", "internal/torchrules"},
 	"tracer/nvml":           {"internal/nvmlib", "internal/units"},
 	"leaks":                 {"snapshot", "snapshot/timeline", "internal/addrmap", "internal/torchrules", "internal/units"},
-	"triage":                {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/torchrules", "internal/units"},
+	"triage":                {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/headroom", "internal/torchrules", "internal/units"},
 	"allocator":             {"internal/torchrules"},
 	"allocator/replay":      {"allocator", "snapshot", "snapshot/torch", "internal/"},
 	// A fix on a trace: the trace transformed, then replayed.

@@ -10,7 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// WriteJSON writes the report as JSON in the "oomdbg-report/4" schema (docs/report-json.md), indented.
+// WriteJSON writes the report as JSON in the "oomdbg-report/5" schema (docs/report-json.md), indented.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -74,9 +74,9 @@ func mdTable(w io.Writer, header []string, rows [][]string) {
 func (r *Report) writeMarkdown(w io.Writer) {
 	r.writeSummaryMarkdown(w)
 	if o := r.OOM; o != nil {
-		writeOOMMarkdown(w, o)
+		writeOOMMarkdown(w, o, strings.ToLower(r.onDevice()))
 	}
-	fmt.Fprintf(w, "\n### Peak: %s allocated\n\n", units.FormatSize(r.Peak.Allocated))
+	fmt.Fprintf(w, "\n### Peak%s: %s allocated\n\n", strings.ToLower(r.onDevice()), units.FormatSize(r.Peak.Allocated))
 	writeAliveMarkdown(w, r.Peak.Alive, r.Peak.Allocated)
 	if line := r.rankLine(); line != "" {
 		fmt.Fprintf(w, "\n### Rank\n\n%s.\n", upperFirst(line))
@@ -85,7 +85,7 @@ func (r *Report) writeMarkdown(w io.Writer) {
 		}
 	}
 	r.writePhasesMarkdown(w)
-	writeGapsMarkdown(w, r.Gaps)
+	writeGapsMarkdown(w, r.Gaps, strings.ToLower(r.onDevice()))
 	writeLeaksMarkdown(w, r.Leaks)
 	r.writeFixesMarkdown(w)
 }
@@ -108,6 +108,9 @@ func (r *Report) writeSummaryMarkdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "- **snapshot**: %s\n", sourceLine(r.Source))
 	fmt.Fprintf(w, "- **iterations**: %s\n", r.Source.Iterations)
+	if line := r.focusLine(); line != "" {
+		fmt.Fprintf(w, "- **focus**: %s\n", line)
+	}
 	fmt.Fprintf(w, "- **peak**: %s allocated at event %d (%s); reserved peaked at %s\n",
 		units.FormatSize(r.Peak.Allocated), r.Peak.Event, where(r.Peak.Iteration, r.Peak.Phase), units.FormatSize(r.Peak.Reserved))
 	if o := r.OOM; o != nil {
@@ -127,8 +130,8 @@ func (r *Report) writeSummaryMarkdown(w io.Writer) {
 }
 
 // writeOOMMarkdown writes the out-of-memory section.
-func writeOOMMarkdown(w io.Writer, o *OOM) {
-	fmt.Fprintf(w, "\n### Out of memory\n\n```\n%s\n```\n\n", o.Message)
+func writeOOMMarkdown(w io.Writer, o *OOM, on string) {
+	fmt.Fprintf(w, "\n### Out of memory%s\n\n```\n%s\n```\n\n", on, o.Message)
 	fmt.Fprintf(w, "%s. %s\n\n", sentence(o.Diagnosis), servedText(o))
 	if len(o.Stack) > 0 {
 		fmt.Fprintf(w, "Allocated at %s.\n\n", code(stackLine(o.Stack, 3)))
@@ -154,8 +157,8 @@ func (r *Report) writePhasesMarkdown(w io.Writer) {
 }
 
 // writeGapsMarkdown writes the gaps between what the device has and what the allocator allocated.
-func writeGapsMarkdown(w io.Writer, g Gaps) {
-	fmt.Fprintf(w, "\n### Gaps\n\n")
+func writeGapsMarkdown(w io.Writer, g Gaps, on string) {
+	fmt.Fprintf(w, "\n### Gaps%s\n\n", on)
 	fmt.Fprintf(w, "- CUDA context (not available to the allocator): %s\n", units.FormatSize(g.ContextReserve))
 	fmt.Fprintf(w, "- reserved but unallocated at the peak of allocated memory: %s\n", units.FormatSize(g.ReservedUnallocatedAtPeak))
 	fmt.Fprintf(w, "- reserved but unallocated after the last event: %s\n", units.FormatSize(g.ReservedUnallocatedAtEnd))
@@ -225,6 +228,9 @@ func (r *Report) writeFixesMarkdown(w io.Writer) {
 		rows = append(rows, []string{a.Fix, savingText(a), peakAfterText(a), fitsText(a), howText(a), a.Why})
 	}
 	mdTable(w, []string{"fix", ">saves", ">needs", "fits", "how", "why"}, rows)
+	if measuredAny(r.Advice) {
+		fmt.Fprintf(w, "\n%s.\n", sentence(r.FitsRule))
+	}
 	if rc := r.FragmentationRule; rc != nil {
 		fmt.Fprintf(w, "\n**The %.0f%% rule** (call `empty_cache` when more than %.0f%% of reserved memory is unallocated): %s.\n",
 			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -46,14 +47,17 @@ func (r *Report) writeText(w io.Writer) {
 	}
 	for _, d := range r.Devices {
 		fmt.Fprintf(w, "device     %s\n", deviceLine(d))
-		if len(r.Devices) > 1 { // the sections below sum the devices
+		if len(r.Devices) > 1 { // the sections below are one device's: each one's own memory here
 			fmt.Fprintf(w, "           %s\n", deviceMemoryLine(d))
 		}
 	}
 	fmt.Fprintf(w, "snapshot   %s\n", sourceLine(r.Source))
 	fmt.Fprintf(w, "iterations %s\n", r.Source.Iterations)
+	if line := r.focusLine(); line != "" {
+		fmt.Fprintf(w, "focus      %s\n", line)
+	}
 
-	fmt.Fprintf(w, "\nPEAK  %s allocated at event %d (%s); reserved peaked at %s\n",
+	fmt.Fprintf(w, "\nPEAK%s  %s allocated at event %d (%s); reserved peaked at %s\n", r.onDevice(),
 		units.FormatSize(r.Peak.Allocated), r.Peak.Event, where(r.Peak.Iteration, r.Peak.Phase), units.FormatSize(r.Peak.Reserved))
 	writeAliveText(w, r.Peak.Alive, r.Peak.Allocated)
 	if line := r.rankLine(); line != "" {
@@ -64,7 +68,7 @@ func (r *Report) writeText(w io.Writer) {
 	}
 
 	if o := r.OOM; o != nil {
-		fmt.Fprintf(w, "\nOUT OF MEMORY at event %d (%s)", o.Event, where(o.Iteration, o.Phase))
+		fmt.Fprintf(w, "\nOUT OF MEMORY%s at event %d (%s)", r.onDevice(), o.Event, where(o.Iteration, o.Phase))
 		if o.Label != "" {
 			fmt.Fprintf(w, ", allocating %s", o.Label)
 		}
@@ -83,7 +87,7 @@ func (r *Report) writeText(w io.Writer) {
 		writeAliveText(w, o.Alive, o.Allocated)
 	}
 
-	fmt.Fprintf(w, "\nPHASES (peak inside each phase, allocated at its end, change by category)\n")
+	fmt.Fprintf(w, "\nPHASES%s (peak inside each phase, allocated at its end, change by category)\n", r.onDevice())
 	shown, hidden := r.shownIterations()
 	tw := newTable("  ", "iteration", "phase", ">peak", ">at end", "change")
 	for _, i := range shown {
@@ -97,7 +101,7 @@ func (r *Report) writeText(w io.Writer) {
 		fmt.Fprintf(w, "  (%s not shown; --format json lists every phase of every iteration)\n", hidden)
 	}
 
-	fmt.Fprintf(w, "\nGAPS (device memory no tensor uses)\n")
+	fmt.Fprintf(w, "\nGAPS%s (device memory no tensor uses)\n", r.onDevice())
 	g := r.Gaps
 	gt := newTable("  ", "", ">")
 	gt.row("CUDA context (not available to the allocator)", units.FormatSize(g.ContextReserve))
@@ -121,6 +125,9 @@ func (r *Report) writeText(w io.Writer) {
 		ft.row(savingText(a), a.Fix, peakAfterText(a), fitsText(a), howText(a))
 	}
 	ft.write(w)
+	if measuredAny(r.Advice) {
+		fmt.Fprintf(w, "  (%s)\n", r.FitsRule)
+	}
 	for _, a := range r.Advice {
 		if a.Why != "" {
 			fmt.Fprintf(w, "  - %s: %s\n", a.Fix, a.Why)
@@ -130,6 +137,38 @@ func (r *Report) writeText(w io.Writer) {
 		fmt.Fprintf(w, "  The %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
 			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
 	}
+}
+
+// deviceName names device index as the report lists it.
+func (r *Report) deviceName(index int) string {
+	for _, d := range r.Devices {
+		if d.Index == index && d.Name != "" {
+			return d.Name
+		}
+	}
+	return "device " + itoa(int64(index))
+}
+
+// onDevice is the sections' word on which device they are of, " ON CUDA:1", when several hold memory.
+func (r *Report) onDevice() string {
+	if r.Peak.Devices < 2 {
+		return ""
+	}
+	return " ON " + strings.ToUpper(r.deviceName(r.Peak.Device))
+}
+
+// focusLine says, when several devices hold memory, which one the sections are of and why: their memory is
+// never one pool, so no figure sums them.
+func (r *Report) focusLine() string {
+	if r.Peak.Devices < 2 {
+		return ""
+	}
+	why := "the one whose allocated memory peaks highest"
+	if r.OOM != nil && r.OOM.Device == r.Peak.Device {
+		why = "the one that ran out of memory"
+	}
+	return fmt.Sprintf("%s, %s: %d devices hold memory, each its own (above); no figure below sums them",
+		r.deviceName(r.Peak.Device), why, r.Peak.Devices)
 }
 
 // sentence starts s with a capital letter.
@@ -476,8 +515,10 @@ func retainerLine(r *RetainerPath, max int) string {
 
 // savingText prints a measured saving with its sign (a fix may cost memory), an estimate as the upper
 // bound it is.
+// savingText is a fix's saving: measured or replayed, as found (negative when it costs memory); estimated,
+// the bound it is.
 func savingText(a Advice) string {
-	if a.Measured {
+	if a.Measured || a.Replayed {
 		return units.FormatChange(a.Saving)
 	}
 	return "up to " + units.FormatSize(a.Saving)
@@ -496,8 +537,15 @@ func fitsText(a Advice) string {
 		return "-"
 	case *a.Fits:
 		return "yes"
+	case a.Verdict == headroom.Tight:
+		return "tight"
 	}
 	return "no"
+}
+
+// measuredAny reports whether any advice was measured: its fits column follows the headroom rule.
+func measuredAny(advice []Advice) bool {
+	return slices.ContainsFunc(advice, func(a Advice) bool { return a.Measured })
 }
 
 func howText(a Advice) string {

@@ -15,13 +15,14 @@ import (
 	"slices"
 	"time"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
 // Format is the value of a JSON report's "format" field.
-const Format = "oomdbg-report/4"
+const Format = "oomdbg-report/5"
 
 // Options tune Analyze.
 type Options struct {
@@ -37,7 +38,7 @@ type Options struct {
 	Top int
 }
 
-// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/4" schema.
+// Report is everything triage found about one snapshot. Its JSON form is the "oomdbg-report/5" schema.
 type Report struct {
 	Format  string   `json:"format"`
 	Source  Source   `json:"source"`
@@ -57,6 +58,10 @@ type Report struct {
 	// FragmentationRule holds the rule "above 20% fragmentation, call empty_cache" against the measured
 	// settings; null when they were not measured.
 	FragmentationRule *RuleCheck `json:"fragmentation_rule"`
+	// Margin is the share of the device's usable memory a run must leave unreserved to fit (the headroom
+	// rule every verdict follows), and FitsRule says the rule for the device in a sentence.
+	Margin   float64 `json:"margin"`
+	FitsRule string  `json:"fits_rule"`
 
 	scopes     []Share // every scope alive at the peak, for Diff
 	leakAdvice string  // the code change that fixes the leak, when there is one
@@ -98,8 +103,8 @@ type Source struct {
 	TrainableParameters *int64 `json:"trainable_parameters"`
 }
 
-// Device is a device of the recording, and its own memory: on a snapshot of several devices the peak and
-// the other sections sum them, so each device's figures are given here.
+// Device is a device of the recording, and its own memory. On a snapshot of several devices the peak and
+// the other sections are one device's (Peak.Device), and each device's own figures are given here.
 type Device struct {
 	Index          int    `json:"index"`
 	Name           string `json:"name"`
@@ -114,10 +119,16 @@ type Device struct {
 	PeakReserved  int64 `json:"peak_reserved"`
 	EndAllocated  int64 `json:"end_allocated"`
 	EndReserved   int64 `json:"end_reserved"`
+	// ReservedUnallocatedAtPeak is the device's reserved less allocated memory at its own peak.
+	ReservedUnallocatedAtPeak int64 `json:"reserved_unallocated_at_peak"`
 }
 
-// Peak is the highest allocated memory and what was alive then.
+// Peak is the highest allocated memory of one device and what was alive then.
 type Peak struct {
+	// Device is the device it is of: the only one, or, of several, the one that ran out of memory, else
+	// the one whose allocated memory peaks highest. Devices says how many hold memory.
+	Device    int   `json:"device"`
+	Devices   int   `json:"devices"`
 	Allocated int64 `json:"allocated"`
 	// Event is the first event after which allocated memory was at its peak.
 	Event     int    `json:"event"`
@@ -166,8 +177,10 @@ type Allocation struct {
 	Stack     []string `json:"stack"`
 }
 
-// OOM is the first out-of-memory error of the snapshot.
+// OOM is the first out-of-memory error of the snapshot, with the memory of the device it happened on.
 type OOM struct {
+	// Device is the device that ran out of memory: every figure below is its own.
+	Device int `json:"device"`
 	// Message is PyTorch's message for it; Exact says whether the snapshot held everything the message
 	// needs (an imported trace does not record the device's capacity).
 	Message   string `json:"message"`
@@ -197,6 +210,9 @@ type OOM struct {
 	FreeBlocks       int   `json:"free_blocks"`
 	// Diagnosis says it in a sentence: "the 1.20 GiB request fits in none of 37 free blocks totalling ...".
 	Diagnosis string `json:"diagnosis"`
+	// RunNeeds is the peak the run needs with unlimited memory, measured by re-running its workload; null
+	// when not measured. Above the usable memory it makes the OOM a capacity one whatever the request met.
+	RunNeeds *int64 `json:"run_needs"`
 	// Replays are the trace replayed through the allocator model up to the OOM, first under the recorded
 	// settings (which must fail as the recording did), then under each setting tried; ServedBy are those that
 	// serve the request. Both are null when not replayed, and ReplayNote says why; else how they ran.
@@ -204,10 +220,17 @@ type OOM struct {
 	ServedBy   []Replayed `json:"served_by"`
 	ReplayNote string     `json:"replay_note"`
 	Alive
+
+	// The fixes of the program replayed on the trace, for the advice (Replays.Fixes).
+	traceFixes     []TraceFix
+	traceBefore    TraceFix
+	traceFixesNote string
 }
 
 // Gaps is the memory of the device that allocated tensors do not use.
 type Gaps struct {
+	// Device is the device they are of, Peak's.
+	Device int `json:"device"`
 	// ContextReserve is what the CUDA context takes before the allocator gets any memory.
 	ContextReserve int64 `json:"context_reserve"`
 	// ReservedUnallocatedAtPeak is reserved minus allocated memory at the peak of allocated memory: cached
@@ -324,21 +347,25 @@ func Analyze(ctx context.Context, tl *timeline.Timeline, opts Options) *Report {
 		opts.Top = 10
 	}
 	s := tl.Snapshot()
-	r := &Report{Format: Format, Source: source(s, tl, opts.File), Devices: devices(tl)}
-	r.Peak = peak(tl, opts.Top)
-	r.scopes = allScopes(s, tl.LiveAt(r.Peak.Event, nil))
-	r.OOM = oom(tl, opts.Top)
+	devs, views := devices(tl)
+	r := &Report{Format: Format, Source: source(s, tl, opts.File), Devices: devs, Margin: headroom.DefaultMargin}
+	// The peak, the OOM, the gaps and the phases are one device's: memory on two cards is no one pool.
+	f := focusDevice(tl, views)
+	r.Peak = peak(s, f, opts.Top)
+	r.scopes = allScopes(f.tl.Snapshot(), f.tl.LiveAt(f.local(r.Peak.Event), nil))
+	r.OOM = oomOn(tl, f, opts.Top)
 	if r.OOM != nil {
 		replayOOM(ctx, s, r.OOM, opts.Replayer)
 	}
-	r.Gaps = gaps(tl, r)
+	r.Gaps = gaps(f, r)
 	r.ModelStates = modelStates(tl)
 	r.Host = host(s)
-	r.Iterations = iterations(tl)
+	r.Iterations = iterations(f)
 	lr := leaks.Analyze(tl, opts.Leaks...)
 	r.Leaks = LeakReport(lr)
 	r.leakAdvice = lr.Advice()
-	r.Advice, r.AdviceNote = advise(ctx, tl, r, opts.Measurer)
+	r.FitsRule = headroom.Rule(r.usable(), r.Margin)
+	r.Advice, r.AdviceNote = advise(ctx, s, f, r, opts.Measurer)
 	return r
 }
 
@@ -440,34 +467,33 @@ func workloadSummary(raw json.RawMessage) string {
 	return joinComma(parts)
 }
 
-// devices describes each device of the recording with its own memory: the whole snapshot's where it holds
-// one device, else each device's view (snapshot.DeviceView).
-func devices(tl *timeline.Timeline) []Device {
+// devices describes each device of the recording with its own memory, and returns each device's own
+// timeline (snapshot.DeviceView) by index, for those that hold events: the whole snapshot's where it holds
+// one device.
+func devices(tl *timeline.Timeline) ([]Device, map[int]*onDevice) {
 	s := tl.Snapshot()
 	out := make([]Device, 0, len(s.Meta.Devices))
+	views := map[int]*onDevice{}
 	for _, d := range s.Meta.Devices {
 		dev := Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve}
-		view, seqs, err := s.DeviceView(d.Index)
-		dtl := tl
-		switch {
-		case err != nil: // the device holds no events: nothing allocated
+		od, err := deviceOf(tl, d.Index)
+		if err != nil { // the device holds no events: nothing allocated
 			out = append(out, dev)
 			continue
-		case seqs != nil:
-			dtl = timeline.New(view)
 		}
-		if n := dtl.Len(); n > 0 {
-			pk := dtl.Peak(timeline.Allocated)
-			dev.PeakAllocated, dev.PeakEvent = pk.Bytes, pk.Seq
-			if seqs != nil {
-				dev.PeakEvent = seqs[pk.Seq]
+		views[d.Index] = od
+		if n := od.tl.Len(); n > 0 {
+			pk := od.tl.Peak(timeline.Allocated)
+			dev.PeakAllocated, dev.PeakEvent = pk.Bytes, od.whole(pk.Seq)
+			dev.PeakReserved = od.tl.Peak(timeline.Reserved).Bytes
+			dev.EndAllocated, dev.EndReserved = od.tl.Allocated(n-1), od.tl.Reserved(n-1)
+			if pk.Seq >= 0 {
+				dev.ReservedUnallocatedAtPeak = max(0, od.tl.Reserved(pk.Seq)-pk.Bytes)
 			}
-			dev.PeakReserved = dtl.Peak(timeline.Reserved).Bytes
-			dev.EndAllocated, dev.EndReserved = dtl.Allocated(n-1), dtl.Reserved(n-1)
 		}
 		out = append(out, dev)
 	}
-	return out
+	return out, views
 }
 
 // device returns the recording's device with the given index, if the metadata describes it.

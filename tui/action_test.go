@@ -22,7 +22,7 @@ func TestPanesAnswerWithActions(t *testing.T) {
 	})
 	t.Run("fixes: a applies nothing before a fix is measured; r re-runs", func(t *testing.T) {
 		p := newFixesPane(workload(t, "tiny-oom"), playback{}, 0)
-		if a := p.onKey(context.Background(), keyPress("a"), k); a.status != "no measured fix fits yet" || a.cmd != nil {
+		if a := p.onKey(context.Background(), keyPress("a"), k); a.status != "no fix fits with the 5% margin yet" || a.cmd != nil {
 			t.Errorf("a before measuring: %+v", a)
 		}
 		a := p.onKey(context.Background(), keyPress("r"), k)

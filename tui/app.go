@@ -145,6 +145,7 @@ func New(ctx context.Context, opts Options) *Model {
 		m.setSnapshot(opts.Snapshot)
 		m.load = loadState{label: "snapshot", done: true}
 		m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
+		m.openOnFocusDevice()
 		m.landOnTarget()
 	case opts.Workload != nil:
 		m.load.label = "recording " + opts.Workload.Name

@@ -43,6 +43,14 @@ type Measured struct {
 	Needs, Peak int64
 	OOM         bool
 	OOMPhase    string
+	// Reserved is the peak of reserved memory on the configured device, and Usable what its allocator can
+	// use (the card less the CUDA context; 0: unknown): whether the run fits is judged on them by the
+	// headroom rule. StepTime is the estimated seconds of an optimizer step on the planner's GPU profile, as
+	// FitPlan's (0: not estimated): the fixes pane ranks what fits by it, plans and measured fixes alike.
+	Reserved, Usable int64
+	StepTime         float64
+
+	plan *FitPlan // the plan it stands for, when it is a plan the fit key found rather than a measured fix
 }
 
 // FitPlan is one plan: its fixes, in the fixes pane's words, and what the planner measured and estimated.

@@ -8,6 +8,7 @@ import (
 	"charm.land/lipgloss/v2/table"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -17,7 +18,7 @@ import (
 // runSummary is what the comparison shows of one run.
 type runSummary struct {
 	peakAlloc, peakRes int64
-	capacity           int64
+	capacity, usable   int64
 	oom                bool
 	oomWhere           string
 	atPeak             [snapshot.NumCategories]int64
@@ -26,7 +27,8 @@ type runSummary struct {
 }
 
 func summarize(ix *index) *runSummary {
-	r := &runSummary{peakAlloc: ix.allocated(max(ix.peak, 0)), peakRes: ix.peakReserved(), capacity: ix.capacity, oom: ix.oom >= 0}
+	r := &runSummary{peakAlloc: ix.allocated(max(ix.peak, 0)), peakRes: ix.peakReserved(), capacity: ix.capacity, usable: ix.usable,
+		oom: ix.oom >= 0}
 	if ix.ov != nil { // a paged run's, summed up page by page as it was read
 		b := ix.ov.baseline
 		r.peakAlloc, r.atPeak, r.forward, r.recompute = b.peakAlloc, b.atPeak, b.forward, b.recompute
@@ -68,12 +70,25 @@ func forwardAllocs(actions []snapshot.Action, base int, spans []timeline.PhaseSp
 	return forward, recompute
 }
 
+// fits says whether the run fits its card by the headroom rule, in a word or two: "fits", "tight: 12.00 MiB
+// left", "OOM in forward, iteration 0"; "ran" where the card's capacity is unknown.
+func (r *runSummary) fits() string {
+	v := headroom.Judge(r.peakRes, r.oom, r.usable, headroom.DefaultMargin)
+	switch v.Word {
+	case headroom.OOM:
+		return r.oomWhere
+	case headroom.Unknown:
+		return "ran"
+	}
+	return v.Short()
+}
+
 // verdict says in a few words how a run ended.
 func (r *runSummary) verdict() string {
 	if r.oom {
 		return r.oomWhere + fmt.Sprintf(" at %s allocated", units.FormatSize(r.peakAlloc))
 	}
-	return fmt.Sprintf("fits, peak %s allocated", units.FormatSize(r.peakAlloc))
+	return fmt.Sprintf("%s, peak %s allocated", r.fits(), units.FormatSize(r.peakAlloc))
 }
 
 // comparison is the before/after table.
@@ -93,12 +108,7 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 		return []string{s.Muted.Render("no re-run yet")}
 	}
 	b, a := p.before, p.after
-	fits := func(r *runSummary) string {
-		if r.oom {
-			return r.oomWhere
-		}
-		return "fits"
-	}
+	fits := func(r *runSummary) string { return r.fits() }
 	row := func(name string, before, after int64) []string {
 		return []string{name, units.FormatSize(before), units.FormatSize(after), units.FormatChange(after - before)}
 	}
@@ -125,7 +135,7 @@ func (p *fixesPane) comparison(s Styles, w int) []string {
 		out = append(out, ansi.Truncate(line, w, ""))
 	}
 	verdict := s.Good
-	if a.oom {
+	if !headroom.Judge(a.peakRes, a.oom, a.usable, headroom.DefaultMargin).Fits() {
 		verdict = s.Error
 	}
 	out = append(out, ansi.Truncate(fmt.Sprintf("%-18s before: %s; after: ", "device", fits(b)), w, "")+verdict.Render(fits(a)))

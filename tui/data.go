@@ -26,7 +26,8 @@ type index struct {
 	seen     int   // iteration spans looked at for iters
 	peak     int   // first event reaching the highest allocated bytes; -1 if none
 	oom      int   // the first OOM event; -1 if none
-	capacity int64 // device capacity, 0 if unknown
+	capacity int64 // the device's capacity; 0 if unknown, or when the snapshot holds several devices
+	usable   int64 // capacity less the CUDA context: what the allocator can use (0: unknown)
 }
 
 // span is a run of events in one phase of one iteration.
@@ -51,9 +52,17 @@ func newPagedIndex(s *snapshot.Snapshot) *index {
 	return x
 }
 
+// setCapacity takes the capacity of the snapshot's device. Memory on two devices is never one pool: a view
+// of several devices has no capacity to draw or judge against (a rank's host memory is not a device's).
 func (x *index) setCapacity() {
+	var gpus []snapshot.DeviceInfo
 	for _, d := range x.snap.Meta.Devices {
-		x.capacity += d.Capacity
+		if d.Kind != snapshot.DeviceKindHost {
+			gpus = append(gpus, d)
+		}
+	}
+	if len(gpus) == 1 && gpus[0].Capacity > 0 {
+		x.capacity, x.usable = gpus[0].Capacity, gpus[0].Capacity-gpus[0].ContextReserve
 	}
 }
 

@@ -2,8 +2,10 @@ package tui
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // deviceView is which of a snapshot's devices the TUI shows: all of them, or one (d steps through them).
@@ -21,8 +23,8 @@ func (d *deviceView) name() string {
 		return "" // one device: nothing to tell apart
 	case len(d.devices) == 1:
 		return d.deviceName(d.devices[0]) // the others hold no memory
-	case d.shown < 0:
-		return fmt.Sprintf("all %d devices", len(d.devices))
+	case d.shown < 0: // their memory is no one pool: the curve and the figures sum devices
+		return fmt.Sprintf("all %d devices summed, not one pool (d: one device)", len(d.devices))
 	}
 	return fmt.Sprintf("%s (%d of %d; d: next)", d.deviceName(d.devices[d.shown]), d.shown+1, len(d.devices))
 }
@@ -44,21 +46,46 @@ func (m *Model) nextDevice() {
 		m.setStatus("only one device holds memory in this snapshot", false)
 		return
 	}
-	d.shown++
+	next := d.shown + 1
+	if next >= len(d.devices) {
+		next = -1
+	}
+	if m.showDevice(next) {
+		m.setStatus("showing "+d.name(), false)
+	}
+}
+
+// showDevice shows devices[i] alone, or all of them (i < 0), and lands on its OOM or peak. It reports
+// whether it could.
+func (m *Model) showDevice(i int) bool {
+	d := &m.devices
 	view := d.full
-	if d.shown >= len(d.devices) {
-		d.shown = -1
-	} else {
-		v, _, err := d.full.DeviceView(d.devices[d.shown])
+	if i >= 0 {
+		v, _, err := d.full.DeviceView(d.devices[i])
 		if err != nil {
 			m.setStatus(err.Error(), true)
-			return
+			return false
 		}
 		view = v
 	}
+	d.shown = i
 	m.cursor, m.prev = 0, 0 // the view has its own events: the cursor lands again below
 	m.setSnapshot(view)
 	m.landedOnTarget = false
 	m.landOnTarget()
-	m.setStatus("showing "+d.name(), false)
+	return true
+}
+
+// openOnFocusDevice shows, on a snapshot whose memory is on several devices, the device the report
+// explains (triage.FocusDevice: the one that ran out of memory, else the highest peak) rather than their
+// sum: memory on two cards is never one pool. d shows the others, and all of them summed.
+func (m *Model) openOnFocusDevice() {
+	d := &m.devices
+	if len(d.devices) < 2 || m.ix == nil || m.ix.ov != nil || m.ix.tl == nil {
+		return
+	}
+	dev, ok := triage.FocusDevice(m.ix.tl)
+	if i := slices.Index(d.devices, dev); ok && i >= 0 {
+		m.showDevice(i)
+	}
 }

@@ -3,11 +3,13 @@ package tui
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/device"
 )
@@ -44,6 +46,16 @@ func (p *fixesPane) fitKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) (
 		}}, true
 	case !l.open:
 		return action{}, false
+	case key.Matches(msg, k.Apply): // the best of all, as in the pane: one answer
+		b := p.rec.best()
+		if b == nil || l.busy {
+			return action{}, true
+		}
+		if l.cancel != nil {
+			l.cancel()
+		}
+		*l = fitList{}
+		return p.apply(ctx, *b), true
 	case key.Matches(msg, k.Back), key.Matches(msg, k.Fit):
 		if l.cancel != nil {
 			l.cancel()
@@ -74,7 +86,10 @@ func (p *fixesPane) onFitPlans(msg fitPlansMsg) action {
 	case len(msg.plans) == 0:
 		return action{status: "fit: no plan fits this card", isErr: true}
 	}
-	return say(fmt.Sprintf("fit: %d plans fit; enter re-runs the one selected", len(msg.plans)))
+	// The plans join the measured fixes in one ranking: a applies the best of all.
+	p.rec.plans = msg.plans
+	p.rec.withPlans(p.base.Fixes)
+	return say(fmt.Sprintf("fit: %d plans fit; enter re-runs the one selected, a the best of all", len(msg.plans)))
 }
 
 // applyPlan sets the rows to the plan's choices where they offer them and re-runs the workload with the
@@ -93,14 +108,30 @@ func (p *fixesPane) applyPlan(ctx context.Context, plan FitPlan) action {
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	p.running, p.err, p.progress = cancel, nil, nil
-	return action{status: "re-running with " + plan.Name + " on the meta device…", cmd: rerun(ctx, p.backend, w)}
+	p.running, p.err, p.progress, p.after, p.afterIx = cancel, nil, nil, nil, nil
+	// What the re-run needs is the plan's own measurement, never the workload's before it.
+	return action{status: "re-running with " + plan.Name + " on the meta device…",
+		cmd: tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))}
 }
 
 // fitView is the list of plans, in place of the rows while it is open.
 func (p *fixesPane) fitView(s Styles, w int) []string {
 	l := &p.fit
-	lines := []string{s.Muted.Render(ansi.Truncate("plans that fit, cheapest first: ↑↓ choose, enter re-run, esc close", w, "…"))}
+	fits := "that fit"
+	if b := p.rec.base; b != nil && b.Usable > 0 {
+		fits = "within " + units.FormatSize(headroom.Limit(b.Usable, headroom.DefaultMargin)) + " reserved (a " +
+			headroom.Percent(headroom.DefaultMargin) + " margin)"
+	}
+	lines := []string{s.Muted.Render(ansi.Truncate("plans "+fits+", cheapest first: ↑↓ choose, enter re-run, esc close", w, "…"))}
+	// One best answer: the best of the plans and the measured fixes, which a applies, says where it is.
+	if b := p.rec.best(); b != nil && !l.busy && len(l.plans) > 0 {
+		best := "best of all: " + b.Fix + ", a measured fix; a applies it"
+		if b.plan != nil {
+			best = fmt.Sprintf("best of all: plan %d; a applies it",
+				slices.IndexFunc(l.plans, func(pl FitPlan) bool { return pl.Fixes == b.plan.Fixes })+1)
+		}
+		lines = append(lines, s.Good.Render(ansi.Truncate(best, w, "…")))
+	}
 	switch {
 	case l.busy:
 		return append(lines, s.Warn.Render("fit: searching…"))

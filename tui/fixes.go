@@ -10,6 +10,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/leaks"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -36,6 +37,7 @@ type fixesPane struct {
 	rec         recommendation
 	beforeLeak  *leaks.Result // the loaded run's leak analysis
 	afterNeeds  int64         // what the re-run needs, measured; 0 until known
+	afterFixes  Fixes         // the re-run's settings, whose measurement afterNeeds takes
 	focusRanked bool          // ↑↓ move in the ranked fixes rather than the settings
 }
 
@@ -90,7 +92,7 @@ func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) ac
 		if b := r.best(); b != nil {
 			return p.apply(ctx, *b)
 		}
-		return say("no measured fix fits yet")
+		return say("no fix fits with the " + headroom.Percent(headroom.DefaultMargin) + " margin yet")
 	case key.Matches(msg, k.Up):
 		if p.selected == 0 && len(r.ranked) > 0 {
 			p.focusRanked = true
@@ -115,9 +117,12 @@ func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) ac
 	return action{}
 }
 
-// apply chooses a measured fix's settings and re-runs with them.
+// apply chooses a measured fix's settings, or a plan's, and re-runs with them.
 func (p *fixesPane) apply(ctx context.Context, f Measured) action {
 	p.cancel()
+	if f.plan != nil {
+		return p.applyPlan(ctx, *f.plan)
+	}
 	p.choose(f.Fixes)
 	return p.start(ctx)
 }

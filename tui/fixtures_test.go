@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks/leakstest"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -225,7 +226,8 @@ func workload(t testing.TB, name string) *Workload {
 }
 
 // MeasureFixes plays back the measurements frozen beside a fixture (name.fixes.json), measured again from
-// its configuration under -update with train.Sweep, as the command line's backend measures.
+// its configuration under -record-fixtures with train.Sweep and the planner's step time, as the command
+// line's backend measures.
 func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, error) {
 	for name := range fixtureConfigs {
 		s, err := readFixture(name)
@@ -239,7 +241,11 @@ func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, err
 		path := filepath.Join("testdata", "fixtures", name+".fixes.json")
 		if recordingFixtures() {
 			cfg := fixtureConfigs[name]()
-			rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+			rows, err := train.Sweep(ctx, cfg, train.AdviceFixesFor(cfg))
+			if err != nil {
+				return nil, err
+			}
+			gpu, err := fit.LookupGPU(fit.DefaultGPU)
 			if err != nil {
 				return nil, err
 			}
@@ -253,7 +259,8 @@ func (p playback) MeasureFixes(ctx context.Context, w Workload) ([]Measured, err
 				if err != nil {
 					return nil, err
 				}
-				m := Measured{Fix: r.Fix, Fixes: fw.Fixes, Needs: r.NeedsAllocated, Peak: r.PeakAllocated, OOM: r.OOM != nil}
+				m := Measured{Fix: r.Fix, Fixes: fw.Fixes, Needs: r.NeedsAllocated, Peak: r.PeakAllocated, OOM: r.OOM != nil,
+					Reserved: r.PeakReserved, Usable: fit.Usable(r.Config), StepTime: fit.Measure(fit.Estimate(r.Config, gpu), r.Result, gpu).Total()}
 				if r.OOM != nil {
 					m.OOMPhase = r.OOM.Phase.String()
 				}

@@ -313,6 +313,9 @@ func (m *Model) loaded() tea.Cmd {
 	}
 	m.devices = deviceView{full: m.snap, devices: m.snap.DevicesWithMemory(), shown: -1}
 	m.fixes.setBaseline(m.ix)
+	if !m.movedLoading {
+		m.openOnFocusDevice()
+	}
 	m.landOnTarget()
 	// What ended the reading outlasts the landing's message: events it never read are not on the screen.
 	switch {

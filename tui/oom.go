@@ -26,9 +26,16 @@ func (p *oomPanel) explain(ix *index) *triage.OOM {
 	return p.oom
 }
 
-// view renders the panel in w x h; needs is the measured need line ("" when unknown).
-func (p *oomPanel) view(s Styles, ix *index, needs string, w, h int) string {
+// view renders the panel in w x h; needs is the measured need line ("" when unknown), and runNeeds the bytes
+// it gives (0: not measured), against which the kind of OOM is weighed: a run that needs more than the card
+// is out of capacity, whatever its request met.
+func (p *oomPanel) view(s Styles, ix *index, needs string, runNeeds int64, w, h int) string {
 	o := p.explain(ix)
+	if runNeeds > 0 && ix.usable > 0 {
+		weighed := *o
+		weighed.WeighNeeds(runNeeds, ix.usable)
+		o = &weighed
+	}
 	cut := func(l string) string { return ansi.Truncate(l, w, "…") }
 	lines := []string{s.Error.Render(cut(fmt.Sprintf("OUT OF MEMORY at event %d, iteration %d, %s (%s)", o.Event, o.Iteration, o.Phase, o.Kind)))}
 	req := "request " + units.FormatSize(o.AllocSize)

@@ -9,6 +9,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/leaks"
@@ -29,15 +30,25 @@ func measureFixes(ctx context.Context, b Backend, w Workload) tea.Cmd {
 	}
 }
 
-// recommendation is the measured fixes, ranked: those that fit first, then by what they cost the training
-// (the batch kept before a smaller micro-batch; less recomputation; the precision kept; the optimizer kept),
-// then by what they need.
+// recommendation is the measured fixes, and the plans the fit key found, ranked as one list by the one
+// headroom rule (internal/headroom), so that a and f give one best answer: those that fit first; among them
+// the cheapest by the estimated step time where every one has an estimate (the planner's cost model), else
+// by what they cost the training (the batch kept before a smaller micro-batch; less recomputation; the
+// precision kept; the optimizer kept); then by what they need. A run that ran but inside the margin (tight)
+// comes after those that fit and before those that ran out.
 type recommendation struct {
 	measuring bool
 	err       error
-	base      *Measured // the workload as configured (its leak, if any, fixed)
-	ranked    []Measured
+	base      *Measured  // the workload as configured (its leak, if any, fixed)
+	measured  []Measured // the measured fixes, ranked
+	plans     []FitPlan  // the plans the fit key found
+	ranked    []Measured // both, ranked
 	selected  int
+}
+
+// verdict judges a measured fix, or a plan, by the headroom rule on its card.
+func (m *Measured) verdict() headroom.Verdict {
+	return headroom.Judge(m.Reserved, m.OOM, m.Usable, headroom.DefaultMargin)
 }
 
 // cost orders what a fix changes, cheapest first.
@@ -83,21 +94,74 @@ func rank(base Fixes, rows []Measured) []Measured {
 		out = append([]Measured{rows[0]}, out...)
 		out[0].Fix = "the leak fixed"
 	}
+	return order(base, out)
+}
+
+// order sorts fixes and plans of base as recommendation says.
+func order(base Fixes, out []Measured) []Measured {
+	standing := func(m *Measured) int { // fits, tight, unknown, OOM
+		return map[string]int{headroom.Fits: 0, headroom.Tight: 1, headroom.Unknown: 2, headroom.OOM: 3}[m.verdict().Word]
+	}
+	byTime := !slices.ContainsFunc(out, func(m Measured) bool { return m.verdict().Fits() && m.StepTime <= 0 })
+	leakFixed := base
+	leakFixed.Bug = ""
+	onlyLeak := func(m *Measured) int { // the leak is the cause: its fix alone comes before the others
+		if base.Bug != "" && m.Fixes == leakFixed {
+			return 0
+		}
+		return 1
+	}
 	slices.SortStableFunc(out, func(a, b Measured) int {
-		if a.OOM != b.OOM {
-			if a.OOM {
-				return 1
+		if c := cmp.Compare(standing(&a), standing(&b)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(onlyLeak(&a), onlyLeak(&b)); c != 0 {
+			return c
+		}
+		if byTime && a.verdict().Fits() {
+			// Another optimizer family changes what is trained, not how fast: the planner never offers it.
+			if c := cmp.Compare(otherOptimizer(base, a.Fixes), otherOptimizer(base, b.Fixes)); c != 0 {
+				return c
 			}
-			return -1
+			if c := cmp.Compare(a.StepTime, b.StepTime); c != 0 {
+				return c
+			}
 		}
 		return cmp.Or(slices.Compare(cost(base, a.Fixes), cost(base, b.Fixes)), cmp.Compare(a.Needs, b.Needs))
 	})
 	return out
 }
 
-// best is the top-ranked fix that fits; nil when none does.
+// otherOptimizer is 1 when f trains with SGD or momentum where base does not.
+func otherOptimizer(base, f Fixes) int {
+	if f.Optimizer != base.Optimizer && (f.Optimizer == knob.SGD || f.Optimizer == knob.Momentum) {
+		return 1
+	}
+	return 0
+}
+
+// withPlans ranks the measured fixes and the plans the fit key found together. A plan that is a measured
+// fix is that fix, with the plan's estimate of its step time.
+func (r *recommendation) withPlans(base Fixes) {
+	all := slices.Clone(r.measured)
+	for i := range r.plans {
+		pl := &r.plans[i]
+		if j := slices.IndexFunc(all, func(m Measured) bool { return m.Fixes == pl.Fixes }); j >= 0 {
+			all[j].StepTime = pl.StepTime
+			continue
+		}
+		m := Measured{Fix: pl.Name, Fixes: pl.Fixes, Reserved: pl.PeakReserved, StepTime: pl.StepTime, plan: pl}
+		if r.base != nil {
+			m.Usable = r.base.Usable
+		}
+		all = append(all, m)
+	}
+	r.ranked = order(base, all)
+}
+
+// best is the top-ranked fix or plan that fits by the headroom rule; nil when none does.
 func (r *recommendation) best() *Measured {
-	if len(r.ranked) > 0 && !r.ranked[0].OOM {
+	if len(r.ranked) > 0 && r.ranked[0].verdict().Fits() {
 		return &r.ranked[0]
 	}
 	return nil
@@ -115,8 +179,18 @@ func (p *fixesPane) onMeasured(msg measuredMsg) {
 		return
 	}
 	r.base = &msg.rows[0]
-	r.ranked = rank(p.base.Fixes, msg.rows)
+	r.measured = rank(p.base.Fixes, msg.rows)
+	r.withPlans(p.base.Fixes)
 	p.onAfterMeasured(msg)
+}
+
+// runNeeds is what the run needs, measured (its peak with unlimited memory); 0 until measured, and for a run
+// whose leak grows it (the measurement is of the run without its leak).
+func (p *fixesPane) runNeeds() int64 {
+	if p.rec.base == nil || p.base == nil || p.base.Fixes.Bug != "" {
+		return 0
+	}
+	return p.rec.base.Needs
 }
 
 // needsLine is what the run needs, for the OOM panel: "" until measured.
@@ -153,21 +227,38 @@ func (p *fixesPane) rankedView(s Styles, w, rows int) []string {
 		return nil
 	}
 	var lines []string
+	margin := headroom.Percent(headroom.DefaultMargin)
 	if b := r.best(); b != nil {
-		lines = append(lines, s.Good.Render(cut(fmt.Sprintf("best: %s (needs %s); a applies it", b.Fix, units.FormatSize(b.Needs)))))
+		what := "needs " + units.FormatSize(b.Needs)
+		if b.Needs == 0 { // a plan: its need is measured once it runs
+			what = fmt.Sprintf("a plan, %.3g s a step", b.StepTime)
+		}
+		lines = append(lines, s.Good.Render(cut(fmt.Sprintf("best (fits, %s margin): %s, %s; a applies it", margin, b.Fix, what))))
 	} else {
-		lines = append(lines, s.Error.Render(cut(fmt.Sprintf("no measured fix fits; the run needs %s", units.FormatSize(r.base.Needs)))))
+		lines = append(lines, s.Error.Render(cut(fmt.Sprintf("no fix fits with a %s margin; the run needs %s", margin, units.FormatSize(r.base.Needs)))))
 	}
-	nameW := min(max(w-40, 16), 48)
-	lines = append(lines, s.Header.Render(cut(fmt.Sprintf("  %-*s %10s %10s  %s", nameW, "fixes measured: cheapest that fit first", "needs", "peak", "on the device"))))
+	nameW := min(max(w-47, 16), 48)
+	limit := "on the card"
+	if u := r.base.Usable; u > 0 {
+		limit = "fits if ≤ " + units.FormatSize(headroom.Limit(u, headroom.DefaultMargin))
+	}
+	lines = append(lines, s.Header.Render(cut(fmt.Sprintf("  %-*s %10s %10s  %s", nameW, "cheapest that fit first", "needs", "reserved", limit))))
 	from := min(max(r.selected-rows+1, 0), max(len(r.ranked)-rows, 0))
 	for i := from; i < len(r.ranked) && i < from+rows; i++ {
 		f := r.ranked[i]
-		fits := "fits"
-		if f.OOM {
+		v := f.verdict()
+		fits := v.Word
+		switch {
+		case f.OOM:
 			fits = "OOM in " + f.OOMPhase
+		case v.Word == headroom.Tight:
+			fits = "tight, " + units.FormatSize(max(v.Left(), 0)) + " left"
 		}
-		line := cut(fmt.Sprintf("  %-*s %10s %10s  %s", nameW, ansi.Truncate(f.Fix, nameW, "…"), units.FormatSize(f.Needs), units.FormatSize(f.Peak), fits))
+		needs := units.FormatSize(f.Needs)
+		if f.Needs == 0 && f.plan != nil {
+			needs = "plan"
+		}
+		line := cut(fmt.Sprintf("  %-*s %10s %10s  %s", nameW, ansi.Truncate(f.Fix, nameW, "…"), needs, units.FormatSize(f.Reserved), fits))
 		if i == r.selected && p.focusRanked {
 			line = s.Selected.Render(padRight(line, w))
 		}
@@ -179,10 +270,11 @@ func (p *fixesPane) rankedView(s Styles, w, rows int) []string {
 	return lines
 }
 
-// measureAfter measures what the re-run of w needs: from the base's measurements when they hold w, else by
-// measuring it. A run that keeps its leak bug needs more each iteration: nothing to measure.
+// measureAfter measures what the re-run of w needs: from the measurements when they hold w, else by
+// measuring it (a plan's need is its own run's, never the workload's). A run that keeps its leak bug needs
+// more each iteration: nothing to measure.
 func (p *fixesPane) measureAfter(ctx context.Context, w Workload) tea.Cmd {
-	p.afterNeeds = 0
+	p.afterNeeds, p.afterFixes = 0, w.Fixes
 	if w.Fixes.Bug != "" {
 		return nil
 	}
@@ -190,8 +282,8 @@ func (p *fixesPane) measureAfter(ctx context.Context, w Workload) tea.Cmd {
 		p.afterNeeds = b.Needs
 		return nil
 	}
-	for _, r := range p.rec.ranked {
-		if r.Fixes == w.Fixes {
+	for _, r := range p.rec.measured {
+		if r.Fixes == w.Fixes && r.Needs > 0 {
 			p.afterNeeds = r.Needs
 			return nil
 		}
@@ -199,9 +291,9 @@ func (p *fixesPane) measureAfter(ctx context.Context, w Workload) tea.Cmd {
 	return measureFixes(ctx, p.backend, w)
 }
 
-// onAfterMeasured takes what the re-run needs.
+// onAfterMeasured takes what the re-run needs, when it is the re-run's own measurement.
 func (p *fixesPane) onAfterMeasured(msg measuredMsg) {
-	if msg.err == nil && len(msg.rows) > 0 && msg.of == p.config().Fixes {
+	if msg.err == nil && len(msg.rows) > 0 && msg.of == p.afterFixes {
 		p.afterNeeds = msg.rows[0].Needs
 	}
 }

@@ -9,6 +9,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/whatif"
@@ -121,11 +122,11 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 	if b := p.before; b != nil && len(p.results) > 0 {
 		w := b.Worst
 		oom, _ := whatif.Fails(w.Outcome)
-		verdict := "fits"
-		switch {
-		case w.Capacity == 0:
+		verdict := headroom.Judge(w.Outcome.PeakReserved, oom, int64(w.Capacity), b.Margin).Word
+		switch verdict {
+		case headroom.Unknown:
 			verdict = "capacity unknown"
-		case oom:
+		case headroom.OOM:
 			verdict = "out of memory"
 		}
 		lines = append(lines, cut(fmt.Sprintf("as recorded: peak %s allocated, %s reserved, %s", units.FormatSize(w.Outcome.PeakAllocated),
@@ -138,15 +139,9 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 		var line string
 		switch {
 		case r.Err != nil:
-			why := r.Err.Error()
-			if _, after, ok := strings.Cut(why, " needs "); ok {
-				why = "needs " + after
-			}
-			line = fmt.Sprintf("%-20s refused: %s", r.Fix.Name, why)
+			line = fmt.Sprintf("%-20s refused: %s", r.Fix.Name, refusal(r))
 		default:
-			verdict := map[string]string{whatif.VerdictUnknown: "?", whatif.VerdictEdge: "edge", whatif.VerdictFits: "fits",
-				whatif.VerdictOOM: "OOM"}[r.Report.Verdict]
-			line = fmt.Sprintf("%-20s %-5s %11s alloc %11s reserved  %s", r.Fix.Name, verdict,
+			line = fmt.Sprintf("%-20s %-5s %11s alloc %11s reserved  %s", r.Fix.Name, verdictWord(r.Report.Verdict),
 				units.FormatSize(r.Report.After.PeakAllocated), units.FormatSize(r.Report.After.PeakReserved), r.Fix.Keeps)
 		}
 		line = cut(line)
@@ -154,6 +149,16 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 			line = s.Selected.Render(padRight(line, w))
 		}
 		lines = append(lines, line)
+	}
+	if b := p.before; b != nil && len(p.results) > 0 {
+		for _, l := range wrapWords(verdictLegend(b.Worst.Capacity, b.Margin), w) {
+			lines = append(lines, s.Muted.Render(l))
+		}
+	}
+	if p.selected < len(p.results) && p.results[p.selected].Err != nil { // the reason in full, not cut to the row
+		for _, l := range wrapWords("refused: "+refusal(p.results[p.selected]), w) {
+			lines = append(lines, l)
+		}
 	}
 	if sel := p.chosen(); sel != nil && sel.Verdict == whatif.VerdictEdge {
 		lines = append(lines, cut("at the edge: fits if what a checkpointed block saved is released once its first reader returns, "+
@@ -174,4 +179,56 @@ func (p *traceFixes) chosen() *whatif.Report {
 		return p.results[p.selected].Report
 	}
 	return nil
+}
+
+// verdictWord is a what-if verdict in the pane's column: "?" where no capacity is known (verdictLegend says
+// so under the list).
+func verdictWord(v string) string {
+	switch v {
+	case whatif.VerdictUnknown:
+		return "?"
+	case whatif.VerdictOOM:
+		return "OOM"
+	}
+	return v
+}
+
+// verdictLegend says what the verdict column means: the headroom rule on the capacity, or, without one, what
+// "?" stands for.
+func verdictLegend(capacity uint64, margin float64) string {
+	if capacity == 0 {
+		return "?: no capacity is known to judge against (a PyTorch snapshot does not record the card's); " +
+			"oomdbg whatif --gpu-mem gives one"
+	}
+	return headroom.Rule(int64(capacity), margin)
+}
+
+// refusal says why the trace could not take a fix, without the fix's name the row already shows.
+func refusal(r whatif.Outcome) string {
+	why := strings.TrimPrefix(r.Err.Error(), r.Fix.Name+": ")
+	if _, after, ok := strings.Cut(why, " needs "); ok && strings.HasPrefix(why, r.Fix.Name) {
+		why = "needs " + after
+	}
+	return why
+}
+
+// wrapWords breaks text into lines of at most w cells at spaces (a word longer than w is cut).
+func wrapWords(text string, w int) []string {
+	var out []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case ansi.StringWidth(line)+1+ansi.StringWidth(word) <= w:
+			line += " " + word
+		default:
+			out = append(out, ansi.Truncate(line, w, "…"))
+			line = word
+		}
+	}
+	if line != "" {
+		out = append(out, ansi.Truncate(line, w, "…"))
+	}
+	return out
 }

@@ -93,7 +93,6 @@ func (m *Model) render() string {
 func (m *Model) titleView() string {
 	title := "oomdbg"
 	if m.snap != nil {
-		meta := m.snap.Meta
 		var w strings.Builder
 		file := 0 // where the file's path ends in the title, when it names one
 		w.WriteString("oomdbg")
@@ -107,8 +106,8 @@ func (m *Model) titleView() string {
 		if name := m.devices.name(); name != "" {
 			fmt.Fprintf(&w, " · %s", name)
 		}
-		if len(meta.Devices) > 0 && meta.Devices[0].Capacity > 0 {
-			fmt.Fprintf(&w, ", %s", units.FormatSize(meta.Devices[0].Capacity))
+		if m.ix != nil && m.ix.capacity > 0 { // the shown device's: several devices have no one capacity
+			fmt.Fprintf(&w, ", %s", units.FormatSize(m.ix.capacity))
 		}
 		if m.ix != nil && m.ix.oom >= 0 {
 			sp := m.ix.spanAt(m.ix.oom)
@@ -158,7 +157,7 @@ func (m *Model) paneView() string {
 	switch m.pane {
 	case paneLive:
 		if m.showingOOM() {
-			return m.oomp.view(m.styles, m.ix, m.fixes.needsLine(), w, h)
+			return m.oomp.view(m.styles, m.ix, m.fixes.needsLine(), m.fixes.runNeeds(), w, h)
 		}
 		return m.live.view(m.styles, w, h)
 	case paneCategories:

@@ -2,6 +2,7 @@ package whatif_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -50,4 +51,31 @@ func TestEvaluateAllRanksWhatFits(t *testing.T) {
 		!results[2].Fits() || results[3].Fits() {
 		t.Errorf("ranked first: %s; want adamw8bit, momentum, sgd, the only fixes that fit", got)
 	}
+}
+
+// TestCatalogueRefusesWhatIsAlreadySet: on a trace recorded with expandable segments the catalogue's
+// "expandable segments" is refused as already set, not ranked as a fix that keeps everything and saves
+// nothing.
+func TestCatalogueRefusesWhatIsAlreadySet(t *testing.T) {
+	s := snapshottest.Trace(snapshottest.Tiny())
+	s.Meta.AllocatorSettings = "expandable_segments:True"
+	_, results, err := whatif.EvaluateAll(context.Background(), s, whatif.Catalogue(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if r.Fix.Name != "expandable segments" {
+			continue
+		}
+		var set *whatif.AlreadySetError
+		if !errors.As(r.Err, &set) || !strings.Contains(r.Err.Error(), "already set: the trace was recorded with expandable_segments:True") {
+			t.Errorf("expandable segments on a trace recorded with them: %v (report %+v)", r.Err, r.Report)
+		}
+		// Asked for alone, as oomdbg whatif --alloc-conf asks, it is refused too.
+		if _, err := whatif.Evaluate(s, whatif.Fix{AllocConf: r.Fix.AllocConf}, 0); !errors.As(err, &set) {
+			t.Errorf("--alloc-conf expandable_segments:True on a trace recorded with it: %v", err)
+		}
+		return
+	}
+	t.Fatal("the catalogue has no expandable segments")
 }

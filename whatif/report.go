@@ -7,15 +7,17 @@ import (
 	"strings"
 
 	"github.com/oomdbg/oomdbg/allocator/replay"
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/units"
 )
 
-// The verdicts of a what-if.
+// The verdicts of a what-if: those of the one headroom rule (internal/headroom), and edge.
 const (
-	VerdictFits    = "fits"
-	VerdictOOM     = "oom"
-	VerdictEdge    = "edge"    // it fits at one end of the releases the trace does not record, not at the other
-	VerdictUnknown = "unknown" // no capacity is known
+	VerdictFits    = headroom.Fits  // no OOM, and peak reserved within the margin of the capacity
+	VerdictTight   = headroom.Tight // no OOM, but peak reserved inside the margin
+	VerdictOOM     = headroom.OOM
+	VerdictEdge    = "edge"           // it fits at one end of the releases the trace does not record, not at the other
+	VerdictUnknown = headroom.Unknown // no capacity is known
 )
 
 // Side is one replay's result.
@@ -25,6 +27,8 @@ type Side struct {
 	OOM           bool   `json:"oom"`
 	Message       string `json:"message,omitempty"` // PyTorch's message for the OOM
 	Settings      string `json:"settings"`
+	// Verdict is this replay's by the headroom rule: fits, tight, oom or unknown.
+	Verdict string `json:"verdict"`
 }
 
 // Report is a fix replayed on a trace, before and after: what oomdbg whatif prints.
@@ -39,18 +43,24 @@ type Report struct {
 	// AfterHeld is the replay after with the releases the trace does not record held as late as it allows
 	// (checkpointing: transform.ApplyEnds); After puts them as early. Absent when no fix places any.
 	AfterHeld *Side `json:"after_held,omitempty"`
-	// Verdict is "fits", "oom", or "edge" where After and AfterHeld differ; "unknown" without a capacity.
-	Verdict     string   `json:"verdict"`
+	// Verdict is "fits" (no OOM, peak reserved within the margin), "tight" (no OOM, but inside the
+	// margin), "oom", or "edge" where After and AfterHeld differ; "unknown" without a capacity.
+	Verdict string `json:"verdict"`
+	// Margin is the share of the capacity a run must leave unreserved to fit, and Limit the most it may
+	// reserve (0 without a capacity).
+	Margin      float64  `json:"margin"`
+	Limit       int64    `json:"limit"`
 	Assumptions []string `json:"assumptions"`
 	// Unrecorded says what the trace never recorded, when it ends in an out-of-memory error.
 	Unrecorded string   `json:"unrecorded,omitempty"`
 	Notes      []string `json:"notes,omitempty"`
 }
 
-// sideOf reads one replay's outcome.
-func sideOf(o replay.Outcome) Side {
+// sideOf reads one replay's outcome, judged on capacity bytes with margin.
+func sideOf(o replay.Outcome, capacity uint64, margin float64) Side {
 	s := Side{PeakAllocated: o.PeakAllocated, PeakReserved: o.PeakReserved, Settings: o.Settings}
 	s.OOM, s.Message = Fails(o)
+	s.Verdict = headroom.Judge(s.PeakReserved, s.OOM, int64(capacity), margin).Word
 	return s
 }
 
@@ -71,6 +81,10 @@ func (r *Report) WriteText(w io.Writer) error {
 			return "out of memory"
 		case r.Capacity == 0:
 			return "unknown"
+		case s.Verdict == VerdictTight && r.Unrecorded != "":
+			return "tight so far"
+		case s.Verdict == VerdictTight:
+			return "tight"
 		case r.Unrecorded != "":
 			return "fits so far"
 		}
@@ -104,6 +118,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		b.WriteString("\nafter: each tensor a checkpointed block saved is released once the first op that read it " +
 			"returns; if held: once the function that made it returns. The trace does not record which op reads a " +
 			"tensor last, so the run lies between the two.\n")
+	}
+	if r.Capacity > 0 {
+		fmt.Fprintf(&b, "\n%s\n", headroom.Rule(int64(r.Capacity), r.Margin))
 	}
 	if r.Verdict == VerdictEdge {
 		b.WriteString("at the edge: it fits at one end and runs out of memory at the other: leave headroom, or " +

@@ -1,6 +1,7 @@
 package whatif_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/allocator"
@@ -56,6 +57,51 @@ func TestOnlyCheckpointingHasTwoEnds(t *testing.T) {
 	} {
 		if got := (whatif.Result{After: c.after, Held: &c.held}).Edge(); got != c.edge {
 			t.Errorf("after %+v, held %+v: edge %v, want %v", c.after, c.held, got, c.edge)
+		}
+	}
+}
+
+// TestVerdictKeepsTheMargin: a fix whose replay runs without an OOM but peaks inside the headroom rule's
+// margin is tight, not a fit, and the report states the margin beside the verdict; with the margin's room
+// it fits.
+func TestVerdictKeepsTheMargin(t *testing.T) {
+	s := snapshottest.Trace(snapshottest.Tiny())
+	fix := whatif.Fix{Transforms: []transform.Transform{transform.SwitchOptimizer(knob.SGD)}}
+	free, err := whatif.Evaluate(s, fix, 1<<40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := uint64(free.After.PeakReserved)
+	for _, c := range []struct {
+		capacity uint64
+		want     string
+	}{
+		{need, whatif.VerdictTight},                                       // the run's peak to the byte: nothing left
+		{need * 100 / 97, whatif.VerdictTight},                            // 3% left, inside the 5% margin
+		{need*100/95 + 1<<20, whatif.VerdictFits},                         // the margin's room, and a MiB
+		{need / 2, whatif.VerdictOOM},                                     // half of what it needs
+		{uint64(free.Before.PeakReserved) * 100 / 90, whatif.VerdictFits}, // SGD needs less than the run as recorded
+	} {
+		r, err := whatif.Evaluate(s, fix, c.capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Verdict != c.want || r.After.Verdict != c.want {
+			t.Errorf("capacity %d (the fix peaks at %d reserved): verdict %q, after %q; want %q", c.capacity, need,
+				r.Verdict, r.After.Verdict, c.want)
+		}
+		if r.Margin != 0.05 || r.Limit != int64(float64(c.capacity)*0.95) {
+			t.Errorf("capacity %d: margin %v, limit %d", c.capacity, r.Margin, r.Limit)
+		}
+		var text strings.Builder
+		if err := r.WriteText(&text); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(text.String(), "(a 5% margin") {
+			t.Errorf("capacity %d: the report does not state the margin:\n%s", c.capacity, text.String())
+		}
+		if c.want == whatif.VerdictTight && !strings.Contains(text.String(), "tight") {
+			t.Errorf("capacity %d: the report does not say tight:\n%s", c.capacity, text.String())
 		}
 	}
 }

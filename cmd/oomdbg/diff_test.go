@@ -22,7 +22,10 @@ func TestDiffCommand(t *testing.T) {
 			"\nCATEGORIES AT THE PEAK\n", "  activation       532.00 KiB   32.00 KiB  -500.00 KiB (-93%)",
 			"\nSCOPES AT THE PEAK (largest changes)\n  net.3       256.00 KiB         0 B  -256.00 KiB (-100%)"}},
 		"oom vs leak, markdown": {args: []string{f("oom.oomdbg"), f("leak.oomdbg"), "--format", "markdown"}, code: exitOK, stdout: []string{
-			"## oomdbg diff: `", "| out of memory | iteration 0, forward | none |  |", "### Phases (highest peak inside the phase, over all iterations)"}},
+			"## oomdbg diff: `", "| out of memory | iteration 0, forward | none |  |",
+			"**Not alike**: a ran out of memory in iteration 0, forward, and never reached iteration 1",
+			"### Phases (highest peak inside the phase, over setup and iterations up to 0, which both reached)",
+			"| `backward` | not reached |"}},
 		"one file":   {args: []string{f("leak.oomdbg")}, code: exitUsage, stderr: "oomdbg: accepts 2 arg(s), received 1"},
 		"bad format": {args: []string{f("leak.oomdbg"), f("fixed.oomdbg"), "-f", "json"}, code: exitUsage, stderr: `oomdbg: unknown format "json" (want text or markdown)`},
 		"bad file":   {args: []string{f("leak.oomdbg"), f("text.txt")}, code: exitUsage, stderr: "is neither an oomdbg snapshot nor a PyTorch memory snapshot"},

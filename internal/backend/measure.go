@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/internal/fixes"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/triage"
@@ -14,13 +15,18 @@ import (
 )
 
 // MeasureFixes implements tui.Backend as oomdbg fixes measures: w without its leak bug, then with each of
-// train.FixesFor it, on the meta device, on its device's capacity and with unlimited memory.
+// train.AdviceFixesFor it (a rank's own strategy first), on the meta device, on its device's capacity and
+// with unlimited memory.
 func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured, error) {
 	cfg, err := configOf(w)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	rows, err := train.Sweep(ctx, cfg, train.AdviceFixesFor(cfg))
+	if err != nil {
+		return nil, err
+	}
+	gpu, err := fit.LookupGPU(fit.DefaultGPU)
 	if err != nil {
 		return nil, err
 	}
@@ -30,7 +36,10 @@ func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured
 		if err != nil {
 			return nil, err
 		}
-		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil}
+		m := tui.Measured{Fix: row.Fix, Fixes: fw.Fixes, Needs: row.NeedsAllocated, Peak: row.PeakAllocated, OOM: row.OOM != nil,
+			Reserved: row.PeakReserved, Usable: fit.Usable(row.Config),
+			// The planner's cost of a trial, so that a measured fix and a plan rank on one scale.
+			StepTime: fit.Measure(fit.Estimate(row.Config, gpu), row.Result, gpu).Total()}
 		if row.OOM != nil {
 			m.OOMPhase = row.OOM.Phase.String()
 		}
@@ -40,9 +49,9 @@ func (Backend) MeasureFixes(ctx context.Context, w tui.Workload) ([]tui.Measured
 }
 
 // Measure implements triage.Measurer the way oomdbg fixes measures: it re-runs the workload a snapshot
-// recorded with each of train.FixesFor its configuration on the meta device, on the configured device's
-// capacity and with unlimited memory, then with each of train.SettingsFixesFor it over the steps the
-// snapshot recorded. The re-runs stop at MeasureTimeout.
+// recorded with each of train.AdviceFixesFor its configuration (a rank's own strategy first) on the meta
+// device, on the configured device's capacity and with unlimited memory, then with each of
+// train.SettingsFixesFor it over the steps the snapshot recorded. The re-runs stop at MeasureTimeout.
 func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Measurements, error) {
 	cfg, err := workloadOf(s)
 	if err != nil {
@@ -56,7 +65,7 @@ func (b Backend) Measure(ctx context.Context, s *snapshot.Snapshot) (*triage.Mea
 		ctx, cancel = context.WithTimeout(ctx, b.MeasureTimeout)
 		defer cancel()
 	}
-	rows, err := train.Sweep(ctx, cfg, train.FixesFor(cfg))
+	rows, err := train.Sweep(ctx, cfg, train.AdviceFixesFor(cfg))
 	if errors.Is(err, context.DeadlineExceeded) {
 		return nil, fmt.Errorf("the re-runs took longer than the %v --measure-timeout allows", b.MeasureTimeout)
 	}

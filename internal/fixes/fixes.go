@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/internal/headroom"
 	"github.com/oomdbg/oomdbg/internal/table"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
@@ -49,7 +50,7 @@ func Write(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) 
 	}
 	var cells [][]string
 	for _, r := range rows {
-		fits := "yes"
+		fits := Fits(cfg, r)
 		if r.OOM != nil {
 			fits = fmt.Sprintf("OOM in %s", r.OOM.Phase)
 		}
@@ -65,6 +66,27 @@ func Write(w io.Writer, cfg train.Config, rows []train.SweepRow, markdown bool) 
 		cells = append(cells, row)
 	}
 	table.Write(w, header, cells, markdown, 1)
+	writeRule(w, cfg, markdown)
+}
+
+// Fits says whether a sweep's row fits cfg's card by the headroom rule, in a table's cell: "yes", "tight:
+// 12.00 MiB left" (it ran, inside the margin), "OOM".
+func Fits(cfg train.Config, r train.SweepRow) string {
+	v := headroom.Judge(r.PeakReserved, r.OOM != nil, int64(cfg.GPUMemory)-int64(cfg.ContextReserve), headroom.DefaultMargin)
+	if v.Word == headroom.Fits {
+		return "yes"
+	}
+	return v.Short()
+}
+
+// writeRule states the rule the fits column follows, under a table.
+func writeRule(w io.Writer, cfg train.Config, markdown bool) {
+	rule := headroom.Rule(int64(cfg.GPUMemory)-int64(cfg.ContextReserve), headroom.DefaultMargin)
+	if markdown {
+		fmt.Fprintf(w, "\nFits: %s.\n", strings.TrimPrefix(rule, "fits: "))
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n", rule)
 }
 
 // Title says what a sweep ran: the workload, its shape and data, and the card.
@@ -125,7 +147,7 @@ func WriteSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 	for _, r := range rows {
 		m := Measurement(r)
 		ms = append(ms, m)
-		fits := "yes"
+		fits := Fits(cfg, r)
 		if o := r.OOM; o != nil {
 			kind := triage.OOMKind(o.Request, o.Reserved-o.Allocated, o.DeviceFree)
 			fits = fmt.Sprintf("OOM in step %d, %s (%s)", o.Iteration, o.Phase, kind)
@@ -144,6 +166,7 @@ func WriteSettings(w io.Writer, cfg train.Config, rows []train.SweepRow, markdow
 	fmt.Fprintf(w, "\nFragmentation is (reserved - allocated) / reserved when reserved memory peaked; the costs are the means\n"+
 		"of the completed steps after the first, which fills the cache (- when none completed, or for empty_cache\n"+
 		"when the setting does not call it).\n")
+	writeRule(w, cfg, false)
 	if rc := triage.CheckFragmentationRule(ms); rc != nil {
 		fmt.Fprintf(w, "\nThe %.0f%% rule (call empty_cache when more than %.0f%% of reserved memory is unallocated): %s.\n",
 			100*rc.Threshold, 100*rc.Threshold, rc.Verdict)
@@ -165,7 +188,7 @@ func WriteStrategies(w io.Writer, cfg train.Config, rows []train.SweepRow, markd
 	header := []string{"strategy", "peak per rank", "fits", "parameters", "gradients", "optimizer state", "activations", "other", "host", "sent per step"}
 	var cells [][]string
 	for _, r := range rows {
-		fits := "yes"
+		fits := Fits(cfg, r)
 		if r.OOM != nil {
 			fits = fmt.Sprintf("OOM in %s (needs %s)", r.OOM.Phase, units.FormatSize(r.NeedsAllocated))
 		}
@@ -182,6 +205,7 @@ func WriteStrategies(w io.Writer, cfg train.Config, rows []train.SweepRow, markd
 			units.FormatSize(other), host, units.FormatSize(r.Traffic.Sent)})
 	}
 	table.Write(w, header, cells, markdown, 1)
+	writeRule(w, cfg, markdown)
 }
 
 // Measure sweeps cfg on the meta device: with each fix (train.Sweep of train.FixesFor cfg), or, with

@@ -24,6 +24,11 @@ func TestMeasureAndWrite(t *testing.T) {
 		t.Errorf("title %q, want %q", lines[0], want)
 	}
 	table := lines[2:]
+	if n := len(table); n > 2 && table[n-1] == "Fits: peak reserved within 22.32 GiB, 95% of the 23.50 GiB the allocator can use (a 5% margin; tight: no OOM, but inside it)." && table[n-2] == "" {
+		table = table[:n-2]
+	} else {
+		t.Errorf("the table does not end with the rule its fits column follows:\n%s", b.String())
+	}
 	if len(table) != 2+len(rows) || table[0] != "| fix | peak allocated | peak reserved | fits | needs (allocated) |" {
 		t.Errorf("%d table lines for %d rows:\n%s", len(table), len(rows), b.String())
 	}
@@ -58,5 +63,31 @@ func TestCheckBugs(t *testing.T) {
 	WriteBugs(&b, cfg, 2, rows, false)
 	if !strings.HasPrefix(b.String(), "mlp, batch 64, meta device, 6 steps, warm-up 2, each recording checked as oomdbg check checks it:\n\n") {
 		t.Errorf("title:\n%s", b.String())
+	}
+}
+
+// TestFitsFollowsTheHeadroomRule: a fix that ran on the card but leaves less than 5% of the 23.50 GiB the
+// allocator can use is tight, not a fit (README.md's "bf16 + flash + checkpoint every 2nd block": 23.49 GiB
+// reserved); one within 95% of it fits; an OOM is an OOM.
+func TestFitsFollowsTheHeadroomRule(t *testing.T) {
+	cfg := train.DefaultMLP() // 24 GiB, 512 MiB of it the CUDA context
+	for _, c := range []struct {
+		reserved int64
+		oom      bool
+		want     string
+	}{
+		{24<<30 - 512<<20 - 10<<20, false, "tight: 10.00 MiB left"},
+		{21 << 30, false, "yes"},
+		{23971286220, false, "yes"},                  // 95% of 23.50 GiB, to the byte
+		{23971286221, false, "tight: 1.17 GiB left"}, // 1,261,646,643 bytes: 1.17499 GiB
+		{22 << 30, true, "OOM"},
+	} {
+		r := train.SweepRow{PeakReserved: c.reserved}
+		if c.oom {
+			r.OOM = &train.OOM{}
+		}
+		if got := Fits(cfg, r); got != c.want {
+			t.Errorf("peak reserved %d, OOM %v: %q, want %q", c.reserved, c.oom, got, c.want)
+		}
 	}
 }

@@ -168,6 +168,23 @@ func (c Config) String() string {
 	return strings.Join(parts, ",")
 }
 
+// Includes reports whether every setting other makes (those that differ from PyTorch's defaults, as String
+// renders them) is already made, with the same value, in c: a fix of other's settings would change nothing
+// in a run under c. Inert settings do not count.
+func (c Config) Includes(other Config) bool {
+	c.Inert, other.Inert = nil, nil
+	have := map[string]bool{}
+	for _, kv := range strings.Split(c.String(), ",") {
+		have[kv] = true
+	}
+	for _, kv := range strings.Split(other.String(), ",") {
+		if kv != "" && !have[kv] {
+			return false
+		}
+	}
+	return true
+}
+
 // renderDivisions writes the roundup table in the shortest form the parser reads back exactly: a single
 // power of two when all entries agree, otherwise a list whose first key also covers the intervals below
 // it and whose ">" covers the trailing run. Keys between are explicit, since the parser leaves unlisted

@@ -170,3 +170,32 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigIncludes: a setting is already in effect when the recorded settings make it with the same value,
+// whatever else they set; the default configuration includes nothing but the defaults.
+func TestConfigIncludes(t *testing.T) {
+	parse := func(s string) Config {
+		c, err := ParseConfig(s)
+		if err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		return c
+	}
+	for _, c := range []struct {
+		recorded, fix string
+		want          bool
+	}{
+		{"expandable_segments:True,max_split_size_mb:128", "expandable_segments:True", true},
+		{"expandable_segments:True", "expandable_segments:True", true},
+		{"", "expandable_segments:True", false},
+		{"expandable_segments:False", "expandable_segments:True", false},
+		{"max_split_size_mb:128", "max_split_size_mb:512", false},
+		{"max_split_size_mb:512,garbage_collection_threshold:0.6", "garbage_collection_threshold:0.6", true},
+		{"expandable_segments:True", "", true},
+		{"pinned_num_register_threads:8", "expandable_segments:True", false},
+	} {
+		if got := parse(c.recorded).Includes(parse(c.fix)); got != c.want {
+			t.Errorf("%q includes %q: %v, want %v", c.recorded, c.fix, got, c.want)
+		}
+	}
+}

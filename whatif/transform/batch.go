@@ -115,46 +115,75 @@ func scaleBatch(t *trace, f float64, name string) (*trace, string, error) {
 			}
 		}
 	}
-	dep, all := t.liveAtPeak(func(e *snapshot.Event, b *block) bool { d, _ := rule.dependent(e, b); return d }, bs)
-	line := fmt.Sprintf("%s: %s of the %s live at the recorded peak scale with the batch (inputs, activations, "+
+	dep, all, dev, devices := t.liveAtPeak(func(e *snapshot.Event, b *block) bool { d, _ := rule.dependent(e, b); return d }, bs)
+	at := "the recorded peak"
+	if devices > 1 { // memory on two devices is no one pool: the peak is one device's
+		at = fmt.Sprintf("device %d's recorded peak", dev)
+	}
+	line := fmt.Sprintf("%s: %s of the %s live at %s scale with the batch (inputs, activations, "+
 		"temporaries and activation gradients by category); parameters, gradients, optimizer state and %d "+
 		"backward allocations the size of a gradient (%s in all) keep their sizes", name,
-		units.FormatSize(dep), units.FormatSize(all), gradShaped, units.FormatSize(gradShapedBytes))
+		units.FormatSize(dep), units.FormatSize(all), at, gradShaped, units.FormatSize(gradShapedBytes))
 	return out, line, nil
 }
 
-// liveAtPeak returns, at the trace's peak of allocated bytes, the requested bytes of the live allocations
-// that match and of all of them.
-func (t *trace) liveAtPeak(match func(*snapshot.Event, *block) bool, bs map[uint64]*block) (matched, all int64) {
-	var cur, peak int64
-	peakAt := -1
+// liveAtPeak returns, at the peak of allocated bytes of one device, the requested bytes of its live
+// allocations that match and of all of them, the device, and how many devices the trace allocates on. The
+// device is the first to run out of memory, else the one whose allocated bytes peak highest: memory on two
+// devices is never summed into one peak.
+func (t *trace) liveAtPeak(match func(*snapshot.Event, *block) bool, bs map[uint64]*block) (matched, all int64, device int16, devices int) {
+	cur, peak, peakAt := map[int16]int64{}, map[int16]int64{}, map[int16]int{}
+	oomDevice, ooms := int16(0), false
 	for i := range t.events {
 		e := &t.events[i]
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			cur += e.BlockSize
-			if cur > peak {
-				peak, peakAt = cur, i
+			d := e.Device
+			if cur[d] += e.BlockSize; cur[d] > peak[d] || peakAt[d] == 0 && peak[d] == 0 {
+				peak[d], peakAt[d] = cur[d], i+1 // +1: 0 means none
 			}
 		case snapshot.ActionFreeRequested:
-			cur -= e.BlockSize
+			cur[e.Device] -= e.BlockSize
+		case snapshot.ActionOOM:
+			if !ooms {
+				oomDevice, ooms = e.Device, true
+			}
 		}
 	}
-	live := map[uint64]*snapshot.Event{}
-	for i := 0; i <= peakAt; i++ {
+	if len(peakAt) == 0 {
+		return 0, 0, 0, 0
+	}
+	device = -1
+	for d, p := range peak {
+		if device < 0 || p > peak[device] || p == peak[device] && d < device {
+			device = d
+		}
+	}
+	if _, ok := peakAt[oomDevice]; ooms && ok {
+		device = oomDevice
+	}
+	type key struct {
+		dev  int16
+		addr uint64
+	}
+	live := map[key]*snapshot.Event{}
+	for i := 0; i < peakAt[device]; i++ {
 		e := &t.events[i]
+		if e.Device != device {
+			continue
+		}
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			live[e.Addr] = e
+			live[key{e.Device, e.Addr}] = e
 		case snapshot.ActionFreeRequested:
-			delete(live, e.Addr)
+			delete(live, key{e.Device, e.Addr})
 		}
 	}
-	for addr, e := range live {
+	for k, e := range live {
 		all += e.Size
-		if match(e, bs[addr]) {
+		if match(e, bs[k.addr]) {
 			matched += e.Size
 		}
 	}
-	return matched, all
+	return matched, all, device, len(peakAt)
 }

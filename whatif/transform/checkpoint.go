@@ -55,6 +55,28 @@ func Checkpoint(c knob.Checkpoint) Transform {
 	}
 }
 
+// NothingToCheckpointError says a trace that ran to its end has forward passes but no backward pass after
+// any of them (an inference trace, or one whose backward was not recorded): checkpointing frees what a
+// forward saves for its backward and recomputes it there, so without a backward it frees nothing and
+// recomputes nothing. A trace that ends in an OOM before its first backward is not one.
+type NothingToCheckpointError struct {
+	Transform string
+	Passes    int // the forward passes found
+}
+
+func (e *NothingToCheckpointError) Error() string {
+	return fmt.Sprintf("%s: nothing to checkpoint: no backward pass follows the trace's %d forward %s (an inference "+
+		"trace, or its backward was not recorded); checkpointing frees what a forward saves for backward and "+
+		"recomputes it there, so here it would save nothing", e.Transform, e.Passes, plural(e.Passes, "pass", "passes"))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // checkpoint applies c to t. With ends, it also returns the trace with what a checkpointed block saved held
 // until the function that made it returns (the late end); else held is nil.
 func checkpoint(t *trace, c knob.Checkpoint, name string, ends bool) (early, held *trace, line string, err error) {
@@ -78,6 +100,11 @@ func checkpoint(t *trace, c knob.Checkpoint, name string, ends bool) (early, hel
 	}
 	if k.passes == 0 {
 		return nil, nil, "", &MissingTagsError{name, "forward phase and block scope"}
+	}
+	// A run cut short by an OOM before any backward (the common case: it died in its first forward) is
+	// training all the same: its forward saved for a backward that never came, which checkpointing frees.
+	if k.backwards == 0 && !slices.ContainsFunc(t.events, func(e snapshot.Event) bool { return e.Action == snapshot.ActionOOM }) {
+		return nil, nil, "", &NothingToCheckpointError{Transform: name, Passes: k.passes}
 	}
 	k.before.sort()
 	if ends {
@@ -116,6 +143,7 @@ type checkpointer struct {
 	redirects                map[uint64]redirect
 
 	passes, recomputed int
+	backwards          int   // the forward passes a backward pass follows
 	maxSaved           int64 // the most bytes one pass saved for backward
 	blocksDone         map[int]bool
 
@@ -232,6 +260,9 @@ func (k *checkpointer) pass(start int) (int, error) {
 		return 0, err
 	}
 	k.passes++
+	if bwdMarker >= 0 {
+		k.backwards++
+	}
 	var saved int64
 	for _, n := range slices.Sorted(maps.Keys(fwd)) { // in order: the recomputed copies' addresses are the same every time
 		saved += k.block(n, fwd[n], bwd, bwdMarker)

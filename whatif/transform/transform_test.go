@@ -474,6 +474,47 @@ func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
 	}
 }
 
+// TestCheckpointRefusesAnInferenceTrace: a trace that ran to its end with forward passes no backward follows
+// (inference, as a model's generate loop records it) has nothing checkpointing could free, with module
+// scopes or without: the fix is refused, saying so, rather than reported as a fix that saves nothing. A
+// forward cut short by an OOM is not refused.
+func TestCheckpointRefusesAnInferenceTrace(t *testing.T) {
+	for _, scoped := range []bool{true, false} {
+		c := newCraft()
+		c.begin(snapshot.PhaseSetup, -1)
+		for it := range int32(2) {
+			c.begin(snapshot.PhaseForward, it)
+			for pass := range 2 { // the blocks repeat, so that they are found without scopes too
+				for i := range 3 {
+					a, blk := uint64(0x10000*(int(it)+1)+0x1000*(3*pass+i+1)), "h."+string(rune('0'+i))
+					if !scoped {
+						blk = ""
+					}
+					c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: a, Size: 8000, BlockSize: 8192,
+						Category: snapshot.CategoryTemporary, Scope: c.str(blk + ".fc"), Stack: 2})
+					c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: a + 0x100, Size: 2000, BlockSize: 2048,
+						Category: snapshot.CategoryTemporary, Scope: c.str(blk), Stack: 3})
+					c.free(a, 8000)
+				}
+			}
+		}
+		_, _, err := transform.Apply(c.s, transform.Checkpoint(knob.CheckpointAll))
+		var nothing *transform.NothingToCheckpointError
+		if !errors.As(err, &nothing) {
+			t.Fatalf("scoped %v: error %v, want a NothingToCheckpointError", scoped, err)
+		}
+		if nothing.Passes != 2 || !strings.Contains(err.Error(), "no backward pass follows the trace's 2 forward passes") {
+			t.Errorf("scoped %v: %v", scoped, err)
+		}
+		// The same forward cut short by an OOM is a training run that never reached its backward: what it
+		// saved for it is what checkpointing frees.
+		c.add(snapshot.Event{Action: snapshot.ActionOOM, Size: 8000, BlockSize: 8192})
+		if _, _, err := transform.Apply(c.s, transform.Checkpoint(knob.CheckpointAll)); err != nil {
+			t.Errorf("scoped %v, ending in an OOM: %v", scoped, err)
+		}
+	}
+}
+
 // heldTrace is one iteration of two blocks h.0 and h.1 whose attention makes a tensor A (8000 B), saved
 // for backward, that two of its ops read: B on the next line, which autograd saved A for, and C on the
 // line after; the block's output D is made after the attention returns. The stacks are a Go program's:

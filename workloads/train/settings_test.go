@@ -3,6 +3,7 @@ package train
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,5 +124,28 @@ func TestLlamaWorkloadRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(back, c) {
 		t.Errorf("round trip changed the workload:\n got %+v\nwant %+v", back, c)
+	}
+}
+
+// TestSettingsSweepLeavesOutWhatIsAlreadySet: a run configured with expandable segments is not measured
+// again "with expandable segments" as if that were a fix; a setting it does not have still is.
+func TestSettingsSweepLeavesOutWhatIsAlreadySet(t *testing.T) {
+	cfg := DefaultMLP()
+	cfg.Device, cfg.Steps = "meta", 2
+	conf, err := ParseAllocConf("expandable_segments:True")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AllocConf = conf
+	rows, err := SweepSettings(t.Context(), cfg, SettingsFixes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range rows {
+		names = append(names, r.Fix)
+	}
+	if slices.Contains(names, "expandable_segments:True") || !slices.Contains(names, "max_split_size_mb:128") || names[0] != "as configured" {
+		t.Errorf("measured %v: want the run as configured and max_split_size_mb:128, not expandable segments again", names)
 	}
 }

@@ -131,6 +131,32 @@ func FixesFor(cfg Config) []Fix {
 	return Fixes
 }
 
+// AdviceFixesFor returns the fixes a run's advice is measured with (the report's --measure-fixes, the TUI's
+// fixes pane): the run as configured first, so that every saving is measured from the run's own settings and
+// strategy; then the model's fixes (FixesFor's for one GPU) under the same strategy; and, for a rank of a
+// data-parallel job, each other strategy and offload with the rest of the run as configured. (FixesFor's
+// DistFixes compare the strategies with each other, each in mixed precision, as oomdbg fixes tabulates
+// them: none of them is the run as configured.)
+func AdviceFixesFor(cfg Config) []Fix {
+	if cfg.Parallel.World() <= 1 {
+		return FixesFor(cfg)
+	}
+	model := Fixes
+	if cfg.Model == "llama" {
+		model = LlamaFixes
+	}
+	out := slices.Clone(model)
+	for _, f := range DistFixes {
+		probe := Config{Parallel: cfg.Parallel}
+		f.Apply(&probe)
+		p := probe.Parallel
+		out = append(out, Fix{f.Name, func(c *Config) {
+			c.Parallel.Strategy, c.Parallel.Offload, c.Parallel.GradientAsBucketView = p.Strategy, p.Offload, p.GradientAsBucketView
+		}})
+	}
+	return out
+}
+
 func quarterBatch(c *Config) {
 	if c.Batch >= 4 {
 		c.Batch, c.Accum = c.Batch/4, c.Accum*4
@@ -264,11 +290,15 @@ func SettingsFixesFor(cfg Config) []Fix {
 	return append(slices.Clip(SettingsFixes), DataFixes...)
 }
 
-// allocSetting changes the allocator's settings of a configuration.
+// allocSetting changes the allocator's settings of a configuration; one it already has is left as it is, so
+// that a sweep takes it for the configuration itself rather than advise it.
 func allocSetting(set func(a *allocator.Config, c *Config)) func(*Config) {
 	return func(c *Config) {
 		a := c.AllocConf.Config
 		set(&a, c)
+		if c.AllocConf.Config.Includes(a) {
+			return
+		}
 		a.Source = "" // the settings are no longer the string they were parsed from
 		c.AllocConf = AllocConf{a}
 	}
