@@ -214,7 +214,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, cmd
 	case fixResultMsg:
-		m.fixes.onResult(msg)
+		if !m.fixes.onResult(msg) {
+			return m, nil
+		}
 		m.timeline.after = m.fixes.afterIndex()
 		switch {
 		case msg.err != nil:
@@ -326,7 +328,9 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	if key.Matches(msg, k.NextDevice) {
-		m.nextDevice()
+		if !m.nextDevice() {
+			return nil
+		}
 		return m.leaks.analyze(m.ix.tl)
 	}
 	if m.onListKey(msg) {

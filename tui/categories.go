@@ -25,7 +25,7 @@ func (p *categoriesPane) setData(live []timeline.Allocation, sp span) {
 func (p *categoriesPane) view(s Styles, w, h int) string {
 	var total int64
 	for _, v := range p.now {
-		total += v
+		total = sum(total, v)
 	}
 	head := fmt.Sprintf("%s live by category; change since this %s phase began (iteration %d)", units.FormatSize(total), p.span.phase, p.span.iteration)
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
@@ -40,7 +40,7 @@ func (p *categoriesPane) view(s Styles, w, h int) string {
 		if v == 0 && d == 0 {
 			continue
 		}
-		n := int(int64(barW) * v / top)
+		n := share(v, top, barW)
 		bar := strings.Repeat("█", n) + strings.Repeat(" ", barW-n)
 		delta := ""
 		if d != 0 {

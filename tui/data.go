@@ -2,6 +2,7 @@ package tui
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -174,6 +175,19 @@ func (x *index) spanAt(i int) span {
 	return toSpan(spans[j])
 }
 
+// where names the moment of a span as every line of the TUI and the report name it (triage.Where): "iteration
+// 2, backward", "setup", "forward, outside any iteration".
+func where(sp span) string { return triage.Where(sp.iteration, sp.phase) }
+
+// whereNamed is where of a phase named as the report's fields name it ("backward").
+func whereNamed(iteration int32, phase string) string {
+	p, ok := snapshot.ParsePhase(phase)
+	if !ok {
+		return fmt.Sprintf("iteration %d, %s", iteration, phase)
+	}
+	return triage.Where(iteration, p)
+}
+
 func toSpan(p timeline.PhaseSpan) span {
 	return span{from: p.Start, to: p.End, phase: p.Phase, iteration: p.Iteration, before: p.Before}
 }
@@ -270,7 +284,7 @@ func byCategory(blocks []timeline.Allocation) [snapshot.NumCategories]int64 {
 	var sums [snapshot.NumCategories]int64
 	for _, b := range blocks {
 		if b.Category.Valid() {
-			sums[b.Category] += b.Size
+			sums[b.Category] = sum(sums[b.Category], b.Size)
 		}
 	}
 	return sums

@@ -37,12 +37,16 @@ func (d *deviceView) deviceName(index int) string {
 	return fmt.Sprintf("device %d", index)
 }
 
-// nextDevice shows the next device: all, then each in turn.
-func (m *Model) nextDevice() {
+// nextDevice shows the next device: all, then each in turn. It reports whether the device shown changed.
+func (m *Model) nextDevice() bool {
 	d := &m.devices
-	if !m.load.done || len(d.devices) < 2 {
+	switch {
+	case !m.load.done || len(d.devices) < 2:
 		m.setStatus("only one device holds memory in this snapshot", false)
-		return
+		return false
+	case m.ix.ov != nil: // a device's view is made of the whole run's events, which a paged run does not hold
+		m.setStatus("this run is paged: its devices are shown together", false)
+		return false
 	}
 	d.shown++
 	view := d.full
@@ -52,7 +56,7 @@ func (m *Model) nextDevice() {
 		v, _, err := d.full.DeviceView(d.devices[d.shown])
 		if err != nil {
 			m.setStatus(err.Error(), true)
-			return
+			return false
 		}
 		view = v
 	}
@@ -61,4 +65,5 @@ func (m *Model) nextDevice() {
 	m.landedOnTarget = false
 	m.landOnTarget()
 	m.setStatus("showing "+d.name(), false)
+	return true
 }

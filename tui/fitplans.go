@@ -94,7 +94,7 @@ func (p *fixesPane) applyPlan(ctx context.Context, plan FitPlan) action {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	p.running, p.err, p.progress = cancel, nil, nil
-	return action{status: "re-running with " + plan.Name + " on the meta device…", cmd: rerun(ctx, p.backend, w)}
+	return action{status: "re-running with " + plan.Name + " on the meta device…", cmd: p.rerun(ctx, w)}
 }
 
 // fitView is the list of plans, in place of the rows while it is open.

@@ -37,6 +37,7 @@ type fixesPane struct {
 	beforeLeak  *leaks.Result // the loaded run's leak analysis
 	afterNeeds  int64         // what the re-run needs, measured; 0 until known
 	focusRanked bool          // ↑↓ move in the ranked fixes rather than the settings
+	run         int           // the number of the re-run running or last run (rerun.go)
 }
 
 // newFixesPane is the pane for workload w (nil: none, the snapshot is not oomdbg's own), whose re-runs stop at
@@ -129,13 +130,15 @@ func (p *fixesPane) start(ctx context.Context) action {
 	p.progress = nil
 	w := p.config()
 	return action{status: "re-running with " + p.describe() + " on the meta device…",
-		cmd: tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))}
+		cmd: tea.Batch(p.rerun(ctx, w), p.measureAfter(ctx, w))}
 }
 
+// cancel stops the re-run running, if any: what it still sends is no longer awaited.
 func (p *fixesPane) cancel() {
 	if p.running != nil {
 		p.running()
 		p.running, p.progress = nil, nil
+		p.run++
 	}
 }
 

@@ -44,6 +44,10 @@ type livePane struct {
 	toCompiled bool // the detail scrolls to the compiled frames once drawn
 	// frameText is each stack's frames as the filter matches them, lower-cased, made once per stack.
 	frameText map[snapshot.StackID]string
+	// wanted says a block is to be selected once the live set at the cursor comes: the one allocated at
+	// event want.
+	want   int
+	wanted bool
 }
 
 // newFilterInput is the / filter's text input: no prompt (the pane says "filter:"), a steady cursor, no
@@ -90,6 +94,9 @@ func (p *livePane) setData(ix *index, at int, live, before []timeline.Allocation
 		}
 	}
 	p.apply()
+	if p.wanted && ix.covers(at) {
+		p.selectAlloc(p.want, false)
+	}
 }
 
 // apply filters and sorts the rows, keeping the selection in range.
@@ -145,9 +152,14 @@ func (p *livePane) frames(id snapshot.StackID) string {
 	return t
 }
 
-// selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it.
-func (p *livePane) selectAlloc(alloc int) {
+// selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it;
+// later, when the live set at the cursor is still to come (a paged run reading its pages back).
+func (p *livePane) selectAlloc(alloc int, later bool) {
 	p.detail = false
+	p.want, p.wanted = alloc, later
+	if later {
+		return
+	}
 	for pass := 0; pass < 2; pass++ {
 		for i, b := range p.shown {
 			if b.Alloc == alloc {
@@ -229,7 +241,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 	}
 	var total int64
 	for _, b := range p.rows {
-		total += b.Size
+		total = sum(total, b.Size)
 	}
 	if p.grouped() {
 		return p.groupsView(s, w, h, total)
@@ -238,7 +250,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 	if p.filter.Value() != "" { // what the filter keeps, of all
 		var kept int64
 		for _, b := range p.shown {
-			kept += b.Size
+			kept = sum(kept, b.Size)
 		}
 		head = fmt.Sprintf("%d of %d blocks, %s of %s live", len(p.shown), len(p.rows), units.FormatSize(kept), units.FormatSize(total))
 	}

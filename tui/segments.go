@@ -3,6 +3,7 @@ package tui
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -95,7 +96,7 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 	from := min(max(p.selected-rows+1, 0), max(len(p.segs)-rows, 0))
 	for i := from; i < len(p.segs) && len(lines) < h; i++ {
 		sg := p.segs[i]
-		cells := segmentCells(sg, p.at, max(int(int64(mapW)*sg.Size/largest), 1))
+		cells := segmentCells(sg, p.at, max(share(sg.Size, largest, mapW), 1))
 		mark := " "
 		if i == p.selected {
 			mark = "▸"
@@ -125,9 +126,10 @@ func segmentCells(sg timeline.SegmentState, at, width int) []rune {
 		if !b.AllocatedAt(at) {
 			c = cellPending
 		}
-		off := int64(b.Addr - sg.Addr)
-		from := int(off * int64(width) / sg.Size)
-		to := int((off + b.Size) * int64(width) / sg.Size)
+		// A block claiming to lie outside its segment, or to be larger than it, is drawn at its edge.
+		off := int64(min(b.Addr-min(b.Addr, sg.Addr), math.MaxInt64))
+		from := min(share(off, sg.Size, width), width-1)
+		to := share(sum(off, b.Size), sg.Size, width)
 		for j := from; j < max(to, from+1) && j < width; j++ {
 			if rank[c] > rank[cells[j]] {
 				cells[j] = c

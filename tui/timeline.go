@@ -1,6 +1,8 @@
 package tui
 
 import (
+	"math"
+	"math/bits"
 	"strings"
 
 	"github.com/charmbracelet/x/ansi"
@@ -49,7 +51,7 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	if c := p.ix.capacity; c > 0 && c <= top*3/2 {
 		top = max(top, c)
 	}
-	top += top / 20 // headroom so the capacity line and the peak stay visible
+	top = sum(top, top/20) // headroom so the capacity line and the peak stay visible
 	var after []int64
 	if p.after != nil && p.after.len() > 0 {
 		after = p.alignedAfter(cols)
@@ -60,14 +62,14 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	}
 	capRow := -1
 	if c := p.ix.capacity; c > 0 && c < top {
-		capRow = plotH - 1 - int(int64(plotH)*c/top)
+		capRow = plotH - 1 - share(c, top, plotH)
 	}
 
 	var b strings.Builder
 	for row := range plotH {
 		// The value range of this row, bottom to top: [lo, hi).
-		hi := top * int64(plotH-row) / int64(plotH)
-		lo := top * int64(plotH-row-1) / int64(plotH)
+		hi := part(top, plotH-row, plotH)
+		lo := part(top, plotH-row-1, plotH)
 		switch {
 		case row == capRow: // the device's capacity, labelled with its size
 			b.WriteString(s.Capacity.Render(padLeft(units.FormatSize(p.ix.capacity), axisWidth-1)) + " ")
@@ -131,7 +133,7 @@ func cell(alloc, res, lo, hi int64, capacityRow bool) (rune, styleID) {
 	case alloc >= hi:
 		return '█', styleAllocated
 	case alloc > lo:
-		return eighths[int((alloc-lo)*8/max(hi-lo, 1))], styleAllocated
+		return eighths[share(alloc-lo, max(hi-lo, 1), 8)], styleAllocated
 	case res > lo:
 		return '░', styleReserved
 	case capacityRow:
@@ -216,4 +218,41 @@ func padLeft(s string, w int) string {
 		return strings.Repeat(" ", w-n) + s
 	}
 	return ansi.Truncate(s, w, "")
+}
+
+// Sizes come from files, and a hostile file's blocks may claim exabytes each: scaling them to cells or rows
+// must neither overflow nor wrap. A size that does not fit is held at the most a cell or a sum can say.
+
+// share is how many of n cells v fills of top: n*v/top rounded down, in [0, n], exact for any sizes.
+func share(v, top int64, n int) int {
+	switch {
+	case v <= 0 || top <= 0 || n <= 0:
+		return 0
+	case v >= top:
+		return n
+	}
+	hi, lo := bits.Mul64(uint64(v), uint64(n))
+	q, _ := bits.Div64(hi, lo, uint64(top)) // hi < top: v*n < top*n <= top*2^64
+	return int(q)
+}
+
+// part is top*k/n for 0 <= k <= n, exact for any top >= 0.
+func part(top int64, k, n int) int64 {
+	if top <= 0 || n <= 0 || k <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(top), uint64(k))
+	q, _ := bits.Div64(hi, lo, uint64(n)) // hi < n: k <= n
+	return int64(q)
+}
+
+// sum adds sizes, holding at the largest int64 instead of wrapping to a negative one.
+func sum(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	if b < 0 && a < math.MinInt64-b {
+		return math.MinInt64
+	}
+	return a + b
 }

@@ -130,7 +130,7 @@ func (m *Model) loadingView() string {
 	if m.leakBanner() != "" {
 		h--
 	}
-	msg := m.load.label + "…"
+	msg := ansi.Truncate(m.load.label+"…", m.width, "…")
 	if m.load.err != nil {
 		msg = m.styles.Error.Render(ansi.Truncate(m.load.err.Error(), m.width, "…"))
 	}
