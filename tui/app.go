@@ -70,6 +70,9 @@ const (
 
 var paneNames = [numPanes]string{"Live", "Categories", "Segments", "Leaks", "Fixes", "Device", "Ranks"}
 
+// paneShortNames name the panes where the tabs would not fit the width otherwise.
+var paneShortNames = [numPanes]string{"Live", "Cats", "Segs", "Leaks", "Fixes", "Dev", "Ranks"}
+
 // panes returns how many panes the tabs show: the Ranks pane only for a job's ranks.
 func (m *Model) panes() pane {
 	if m.ranks.table == nil {
@@ -100,12 +103,18 @@ type Model struct {
 	zoomed         bool
 	pane           pane
 	showHelp       bool
+	helpScroll     scroller
 	status         string
 	statusIsError  bool
 	landedOnTarget bool // the cursor was put on the OOM (or peak) once loading ended
 	movedLoading   bool // the user moved the cursor while the snapshot loaded: it stays where they took it
 
-	frame frame // the last screen drawn
+	frame  frame // the last screen drawn
+	footer struct {
+		width int
+		text  string
+	} // the key help, made once per width
+	banner string // the line under the title (banner.go); made by relayout
 
 	timeline timelinePane
 	live     livePane
@@ -217,6 +226,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		if !m.fixes.onResult(msg) {
 			return m, nil
 		}
+		m.fixes.reveal = true
 		m.timeline.after = m.fixes.afterIndex()
 		switch {
 		case msg.err != nil:
@@ -231,6 +241,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case measuredMsg:
 		m.fixes.onMeasured(msg)
+		m.fixes.onRanked()
 		return m, nil
 	case leaksMsg:
 		m.leaks.onResult(msg)
@@ -263,6 +274,7 @@ func (m *Model) setIndex(ix *index) {
 	m.timeline.ix = m.ix
 	m.fixes.setBaseline(m.ix)
 	m.refreshPanes()
+	m.relayout() // the banner may say something else of this snapshot
 }
 
 // landOnTarget puts the cursor on the OOM, else on the peak, once.
@@ -298,7 +310,12 @@ func (m *Model) landOnTarget() {
 // onKey handles a key press: global keys first, then the focused pane's.
 func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	k := m.keys
-	if m.live.filtering() {
+	switch {
+	case m.showHelp:
+		return m.onHelpKey(msg)
+	case m.layout.tooSmall && !key.Matches(msg, k.Quit): // nothing to act on that can be seen
+		return nil
+	case m.live.filtering():
 		return m.live.onFilterKey(msg)
 	}
 	switch {
@@ -306,10 +323,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.fixes.cancel()
 		return tea.Quit
 	case key.Matches(msg, k.Help):
-		m.showHelp = !m.showHelp
-		return nil
-	case m.showHelp && key.Matches(msg, k.Back):
-		m.showHelp = false
+		m.showHelp, m.helpScroll.top = true, 0
 		return nil
 	case key.Matches(msg, k.NextPane):
 		m.pane = (m.pane + 1) % m.panes()
@@ -355,13 +369,13 @@ func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
 		}
 		return m.apply(m.live.onKey(msg, m.keys, m.layout.pane.h))
 	case paneSegments:
-		m.segs.onKey(msg, m.keys)
+		m.segs.onKey(msg, m.keys, m.layout.pane.h)
 	case paneLeaks:
-		return m.apply(m.leaks.onKey(msg, m.keys))
+		return m.apply(m.leaks.onKey(msg, m.keys, m.layout.pane.h))
 	case paneFixes:
-		return m.apply(m.fixes.onKey(m.ctx, msg, m.keys))
+		return m.apply(m.fixes.onKey(m.ctx, msg, m.keys, m.layout.pane.h))
 	case paneRanks:
-		return m.apply(m.ranks.onKey(msg, m.keys))
+		return m.apply(m.ranks.onKey(msg, m.keys, m.layout.pane.h))
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ func (p *categoriesPane) view(s Styles, w, h int) string {
 	for _, v := range p.now {
 		total = sum(total, v)
 	}
-	head := fmt.Sprintf("%s live by category; change since this %s phase began (iteration %d)", units.FormatSize(total), p.span.phase, p.span.iteration)
+	head := fmt.Sprintf("%s live by category; change since this phase began (%s)", units.FormatSize(total), where(p.span))
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
 	const label, num = 16, 23
 	barW := max(w-label-num-2, 4)

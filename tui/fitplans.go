@@ -50,7 +50,7 @@ func (p *fixesPane) fitKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) (
 		}
 		*l = fitList{}
 	case key.Matches(msg, k.Up, k.Down):
-		l.selected = listStep(msg, k, l.selected, len(l.plans))
+		l.selected, _ = listMove(msg, k, l.selected, len(l.plans), 1)
 	case key.Matches(msg, k.Detail, k.Rerun):
 		if l.busy || len(l.plans) == 0 {
 			return action{}, true

@@ -38,7 +38,7 @@ func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 	if !strings.Contains(screen(m), "f plans that fit") {
 		t.Errorf("the fixes pane does not say f plans:\n%s", screen(m))
 	}
-	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys))
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys, 20))
 	if cmd == nil || !strings.Contains(screen(m), "searching") {
 		t.Fatalf("f started no search:\n%s", screen(m))
 	}
@@ -51,7 +51,7 @@ func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 		t.Errorf("selected plan %d, want the cheapest", m.fixes.fit.selected)
 	}
 	press(m, "down", "up")
-	cmd = m.apply(m.fixes.onKey(m.ctx, keyPress("enter"), m.keys))
+	cmd = m.apply(m.fixes.onKey(m.ctx, keyPress("enter"), m.keys, 20))
 	if cmd == nil {
 		t.Fatal("enter started no re-run")
 	}

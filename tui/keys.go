@@ -1,9 +1,6 @@
 package tui
 
-import (
-	"charm.land/bubbles/v2/key"
-	tea "charm.land/bubbletea/v2"
-)
+import "charm.land/bubbles/v2/key"
 
 // KeyMap is every key the TUI answers to. The habits are memray's, nvitop's and lazygit's: arrows and hjkl
 // to move, ? for help, q to quit, / to filter, enter for detail, esc to go back.
@@ -100,15 +97,4 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
 		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
 	}
-}
-
-// listStep moves a list's selection one row, up or down as msg says, within the list's n rows (0 when it has
-// none): the rule every list pane follows.
-func listStep(msg tea.KeyPressMsg, k KeyMap, selected, n int) int {
-	if key.Matches(msg, k.Up) {
-		selected--
-	} else {
-		selected++
-	}
-	return max(min(selected, n-1), 0)
 }

@@ -184,10 +184,8 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 		p.scrollDetail(msg, k, h)
 	case key.Matches(msg, k.Group):
 		return say(p.cycleGroup())
-	case p.grouped() && key.Matches(msg, k.Up):
-		p.groupSel = max(p.groupSel-1, 0)
-	case p.grouped() && key.Matches(msg, k.Down):
-		p.groupSel = min(p.groupSel+1, max(len(p.groups)-1, 0))
+	case p.grouped() && key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.groupSel, _ = listMove(msg, k, p.groupSel, len(p.groups), h-2)
 	case p.grouped() && key.Matches(msg, k.Detail):
 		if p.groupSel < len(p.groups) {
 			p.openGroup, p.selected = p.groups[p.groupSel].name, 0
@@ -196,8 +194,8 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	case p.openGroup != "" && key.Matches(msg, k.Back) && p.filter.Value() == "":
 		p.openGroup = ""
 		p.apply()
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.shown))
+	case key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.selected, _ = listMove(msg, k, p.selected, len(p.shown), h-2)
 	case key.Matches(msg, k.Detail):
 		p.detail, p.scroll = len(p.shown) > 0, 0
 	case key.Matches(msg, k.Sort):
@@ -296,7 +294,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.Size), b.Category,
 			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		if wide {
-			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, e.Iteration,
+			line = fmt.Sprintf("%s %10s  %-15s %-10s %4s  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, iterationColumn(e.Iteration),
 				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		}
 		line = ansi.Truncate(line, w, "…")
@@ -339,6 +337,15 @@ func (p *livePane) title(b timeline.Allocation) string {
 		return what + " · allocated before the trace"
 	}
 	return what
+}
+
+// iterationColumn is a block's iteration in the live set's column: "-" outside any (setup, or a trace without
+// iterations), as where says "outside any iteration" rather than a number that is none.
+func iterationColumn(it int32) string {
+	if it < 0 {
+		return "-"
+	}
+	return fmt.Sprint(it)
 }
 
 func scopeWidth(w int) int { return min(max(w/4, 12), 40) }

@@ -30,7 +30,7 @@ func (p *oomPanel) explain(ix *index) *triage.OOM {
 func (p *oomPanel) view(s Styles, ix *index, needs string, w, h int) string {
 	o := p.explain(ix)
 	cut := func(l string) string { return ansi.Truncate(l, w, "…") }
-	lines := []string{s.Error.Render(cut(fmt.Sprintf("OUT OF MEMORY at event %d, iteration %d, %s (%s)", o.Event, o.Iteration, o.Phase, o.Kind)))}
+	lines := []string{s.Error.Render(cut(fmt.Sprintf("OUT OF MEMORY at event %d, %s (%s)", o.Event, whereNamed(o.Iteration, o.Phase), o.Kind)))}
 	req := "request " + units.FormatSize(o.AllocSize)
 	if o.Label != "" {
 		req += "  " + o.Label
@@ -57,8 +57,10 @@ func (p *oomPanel) view(s Styles, ix *index, needs string, w, h int) string {
 	}
 	lines = append(lines, cut(fmt.Sprintf("then: allocated %s · reserved %s · device free %s",
 		units.FormatSize(o.Allocated), units.FormatSize(o.Reserved), units.FormatSize(o.Free))))
-	if needs != "" {
-		lines = append(lines, s.Bold.Render(cut(needs)))
+	if needs != "" { // a line for each of its parts: the last says where the fixes are, and must not be cut
+		for _, l := range strings.Split(needs, "; ") {
+			lines = append(lines, s.Bold.Render(cut(l)))
+		}
 	}
 	total := o.Allocated
 	var cats []string

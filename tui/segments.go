@@ -42,7 +42,8 @@ func (p *segmentsPane) setData(ix *index, at int) {
 	_, p.oom = ix.diagnoseOOM(at)
 }
 
-func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
+// onKey answers a key in a pane h lines high.
+func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) {
 	switch {
 	case p.open && key.Matches(msg, k.Back, k.Detail):
 		p.open = false
@@ -50,8 +51,12 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 		p.offset = max(p.offset-1, 0)
 	case p.open && key.Matches(msg, k.Down):
 		p.offset++
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.segs))
+	case p.open && key.Matches(msg, k.PageUp):
+		p.offset = max(p.offset-(h-3), 0)
+	case p.open && key.Matches(msg, k.PageDown):
+		p.offset += h - 3
+	case key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.selected, _ = listMove(msg, k, p.selected, len(p.segs), h-3)
 	case key.Matches(msg, k.Detail):
 		p.open, p.offset = len(p.segs) > 0, 0
 	}

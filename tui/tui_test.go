@@ -117,6 +117,8 @@ func screen(m *Model) string { return ansi.Strip(m.View().Content) }
 
 func TestViews(t *testing.T) {
 	sizes := []struct{ w, h int }{{80, 24}, {160, 48}}
+	// The screens a newcomer meets first are drawn below the smallest size too, where a notice says so.
+	small := []string{"oom-live", "oom-help", "oom-fixes-applied"}
 	views := []struct {
 		name    string
 		fixture string
@@ -148,8 +150,11 @@ func TestViews(t *testing.T) {
 		{"oom-help", "tiny-oom", []string{"?"}, false},
 		{"filtered", "tiny-oom", []string{"/", "a", "t", "t", "n", "enter"}, false},
 	}
-	for _, sz := range sizes {
+	for _, sz := range append(sizes, struct{ w, h int }{40, 12}) {
 		for _, v := range views {
+			if sz.w < minWidth && !slices.Contains(small, v.name) {
+				continue
+			}
 			t.Run(fmt.Sprintf("%s-%dx%d", v.name, sz.w, sz.h), func(t *testing.T) {
 				m := newTestModel(t, fixture(t, v.fixture), sz.w, sz.h)
 				if v.run {
@@ -254,7 +259,7 @@ func TestEveryKeyAtEverySizeNeverPanics(t *testing.T) {
 		m.Update(tea.WindowSizeMsg{Width: w, Height: h})
 		out := screen(m)
 		switch got := strings.Count(out, "\n") + 1; {
-		case m.layout.tooSmall && !strings.Contains(out, "oomdbg needs a terminal") && w > 20:
+		case m.layout.tooSmall && !strings.Contains(out, "terminal too small") && w > 20:
 			t.Errorf("%dx%d resized to %dx%d, too small: %q does not say so", sz[0], sz[1], w, h, out)
 		case !m.layout.tooSmall && got != h:
 			t.Errorf("%dx%d resized to %dx%d: the view has %d lines", sz[0], sz[1], w, h, got)
@@ -290,8 +295,12 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 		t.Fatalf("adapter choices %q for a full fine-tune", got)
 	}
 	// adapter: qlora 16; checkpointing: all; optimizer: paged-adamw8bit.
-	press(m, "down", "down", "space", "space", "down", "down", "space", "space", "down", "down", "space", "space", "space", "space",
-		"space", "space", "space")
+	toRow(t, m, rowAdapter)
+	press(m, "space", "space")
+	toRow(t, m, rowCheckpoint)
+	press(m, "space", "space")
+	toRow(t, m, rowOptimizer)
+	press(m, "space", "space", "space", "space", "space", "space", "space")
 	got := m.fixes.config().Fixes
 	if got.LoRA != adapterRank || !got.QLoRA || got.LoRATargets != allProjections || got.Checkpoint != knob.CheckpointAll ||
 		got.Optimizer != "paged-adamw8bit" || got.OptimizerImpl != "" {
@@ -300,10 +309,50 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 	if d := m.fixes.describe(); d != "qlora 16, checkpoint all, paged-adamw8bit" {
 		t.Errorf("describe %q", d)
 	}
-	run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys)))
+	run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys, 20)))
 	if m.fixes.after == nil || m.fixes.after.peakAlloc >= m.fixes.before.peakAlloc {
 		t.Fatalf("after the re-run: %+v (err %v), before %+v", m.fixes.after, m.fixes.err, m.fixes.before)
 	}
+}
+
+// TestFixesPaneShowsOnlyChoices: a row with nothing to choose is not shown. A GPT has no weights dtype or
+// adapter to choose (a Llama has), an MLP no attention or checkpointing, and a loop without a leak bug no bug
+// to fix; zero_grad's choices say what PyTorch calls them.
+func TestFixesPaneShowsOnlyChoices(t *testing.T) {
+	for name, want := range map[string]struct{ shown, hidden []int }{
+		"tiny-oom":    {[]int{rowAMP, rowAttention, rowCheckpoint, rowOptimizer, rowZeroGrad, rowBug}, []int{rowWeights, rowAdapter}},
+		"smollm-ft":   {[]int{rowWeights, rowAdapter, rowAttention, rowCheckpoint}, []int{rowBug}},
+		"leaky":       {[]int{rowAMP, rowOptimizer, rowBug}, []int{rowWeights, rowAdapter, rowAttention, rowCheckpoint}},
+		"leaky-fixed": {[]int{rowAMP, rowOptimizer}, []int{rowBug}},
+	} {
+		p := newFixesPane(workload(t, name), playback{}, 0)
+		rows := p.rows()
+		for _, r := range want.shown {
+			if !slices.Contains(rows, r) {
+				t.Errorf("%s: no %s row in %v", name, fixRowNames[r], rows)
+			}
+		}
+		for _, r := range want.hidden {
+			if slices.Contains(rows, r) {
+				t.Errorf("%s: a %s row with nothing to choose: %q", name, fixRowNames[r], p.choices(r))
+			}
+		}
+		if got := p.choices(rowZeroGrad); !slices.Equal(got, []string{"set_to_none", "zero"}) {
+			t.Errorf("%s: zero_grad's choices %q", name, got)
+		}
+	}
+}
+
+// toRow moves the fixes pane's selection down to a setting's row.
+func toRow(t *testing.T, m *Model, row int) {
+	t.Helper()
+	for range numFixRows {
+		if rows := m.fixes.rows(); m.fixes.selected < len(rows) && rows[m.fixes.selected] == row && !m.fixes.focusRanked {
+			return
+		}
+		press(m, "down")
+	}
+	t.Fatalf("the fixes pane has no row %s: %v", fixRowNames[row], m.fixes.rows())
 }
 
 // TestFixesPaneKeepsTheBaseChoice checks a base setting the pane does not offer (LoRA of rank 8, AdamW
@@ -326,13 +375,24 @@ func TestFixesPaneKeepsTheBaseChoice(t *testing.T) {
 func TestFixesRerunLowersThePeak(t *testing.T) {
 	m := newTestModel(t, fixture(t, "tiny-oom"), 100, 30)
 	press(m, "5")
+	// ↑↓ start on the ranked fixes; past the last one, on the settings.
+	if !m.fixes.focusRanked {
+		t.Fatal("the fixes pane opens with ↑↓ on the settings, not on the ranked fixes")
+	}
+	for m.fixes.focusRanked {
+		press(m, "down")
+	}
 	// bf16 autocast, flash attention and the leak fixed, then re-run.
-	press(m, "space", "down", "down", "down", "space", "down", "down", "down", "down", "down", "space")
+	press(m, "space")
+	toRow(t, m, rowAttention)
+	press(m, "space")
+	toRow(t, m, rowBug)
+	press(m, "space")
 	cfg := m.fixes.config().Fixes
 	if cfg.AMP != knob.AMPBF16 || cfg.Attention != knob.AttentionFlash || cfg.Bug != "" {
 		t.Fatalf("chosen fixes %s/%s/%q, want bf16/flash and no bug", cfg.AMP, cfg.Attention, cfg.Bug)
 	}
-	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys))
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys, 20))
 	if cmd == nil {
 		t.Fatal("r started no re-run")
 	}
@@ -487,13 +547,13 @@ func TestLeaksPaneReachesHeldGroups(t *testing.T) {
 func TestFixesPaneChoosesAStrategy(t *testing.T) {
 	w := *workload(t, "smollm-ft")
 	single := newFixesPane(&w, playback{}, 0)
-	if n := len(single.rows()); n != rowParallel {
-		t.Errorf("a single GPU shows %d rows, want %d", n, rowParallel)
+	if rows := single.rows(); slices.Contains(rows, rowParallel) || slices.Contains(rows, rowOffload) {
+		t.Errorf("a single GPU shows the data-parallel rows: %v", rows)
 	}
 	w.GPUs, w.Fixes.Parallel, w.Fixes.Offload = 8, dist.DDP, dist.OffloadNone
 	p := newFixesPane(&w, playback{}, 0)
-	if n := len(p.rows()); n != numFixRows {
-		t.Fatalf("a rank shows %d rows, want %d", n, numFixRows)
+	if rows := p.rows(); !slices.Contains(rows, rowParallel) || !slices.Contains(rows, rowOffload) {
+		t.Fatalf("a rank lacks the data-parallel rows: %v", rows)
 	}
 	if got := p.choices(rowParallel); got[p.choice[rowParallel]] != "ddp" || len(got) != len(parallelChoices) {
 		t.Fatalf("strategy row %q chooses %d", got, p.choice[rowParallel])
@@ -528,7 +588,7 @@ func TestRanksPane(t *testing.T) {
 		t.Fatalf("ranks pane:\n%s", got)
 	}
 	press(m, "down")
-	cmd := m.apply(m.ranks.onKey(keyPress("enter"), m.keys))
+	cmd := m.apply(m.ranks.onKey(keyPress("enter"), m.keys, 20))
 	if cmd == nil {
 		t.Fatal("enter on another rank loads nothing")
 	}
@@ -652,7 +712,7 @@ func TestFixesRerunStopsAtTheMemoryBudget(t *testing.T) {
 	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
 	m.Update(deviceMsg{noDriver()})
 	press(m, "5")
-	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys))
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("r"), m.keys, 20))
 	if cmd == nil {
 		t.Fatal("r started no re-run")
 	}
