@@ -184,10 +184,19 @@ func (m *Model) Init() tea.Cmd {
 
 // Update handles a message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	drawn := m.frame.valid
 	switch msg.(type) {
 	case chunkMsg, indexMsg, pagedMsg: // loading redraws on its own clock
 	default:
 		m.frame.valid = false
+	}
+	if m.typing() { // the filter's own keys: a key that changes nothing (past its length) draws nothing
+		switch msg.(type) {
+		case tea.KeyPressMsg, tea.PasteMsg:
+			cmd, changed := m.live.onFilterKey(msg)
+			m.frame.valid = drawn && !changed
+			return m, cmd
+		}
 	}
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
@@ -315,8 +324,6 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return m.onHelpKey(msg)
 	case m.layout.tooSmall && !key.Matches(msg, k.Quit): // nothing to act on that can be seen
 		return nil
-	case m.live.filtering():
-		return m.live.onFilterKey(msg)
 	}
 	switch {
 	case key.Matches(msg, k.Quit):
@@ -356,6 +363,11 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	}
 	return m.onPaneKey(msg)
 }
+
+// typing reports whether keys go to the live set's filter: it is focused, and neither the help nor the notice
+// of a terminal too small covers it. A paste (bracketed paste, tea.PasteMsg) goes there too; elsewhere it is
+// text nothing takes.
+func (m *Model) typing() bool { return m.live.filtering() && !m.showHelp && !m.layout.tooSmall }
 
 // onPaneKey gives a key to the focused pane.
 func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {

@@ -48,6 +48,10 @@ type livePane struct {
 	// event want.
 	want   int
 	wanted bool
+	// text is each row's searchable text (searchText), by its alloc event; filtered is the filter the rows
+	// shown were filtered by, lower-cased.
+	text     map[int]string
+	filtered string
 }
 
 // newFilterInput is the / filter's text input: no prompt (the pane says "filter:"), a steady cursor, no
@@ -72,6 +76,7 @@ func (p *livePane) setData(ix *index, at int, live, before []timeline.Allocation
 		p.frameText = nil // another file or device: other stacks
 	}
 	p.ix, p.at, p.rows = ix, at, live
+	p.text = nil
 	p.added = map[int]bool{}
 	p.freed, p.freedB = 0, 0
 	if before != nil {
@@ -104,10 +109,51 @@ func (p *livePane) apply() {
 	p.shown = p.shown[:0]
 	f := strings.ToLower(p.filter.Value())
 	for _, b := range p.rows {
-		if (f == "" || strings.Contains(strings.ToLower(p.describe(b)), f)) && p.inOpenGroup(b) {
+		if (f == "" || strings.Contains(p.searchText(b), f)) && p.inOpenGroup(b) {
 			p.shown = append(p.shown, b)
 		}
 	}
+	p.filtered = f
+	p.arrange()
+}
+
+// narrow filters the rows shown by a filter that contains the one they were filtered by: what it keeps is
+// among them, in their order. Typing a filter costs a pass over what the last key left, not over the live
+// set, so that a paste arriving as thousands of keys is answered as it arrives.
+func (p *livePane) narrow() {
+	f := strings.ToLower(p.filter.Value())
+	if f == p.filtered {
+		return
+	}
+	if !strings.Contains(f, p.filtered) {
+		p.apply()
+		return
+	}
+	kept := p.shown[:0]
+	for _, b := range p.shown {
+		if strings.Contains(p.searchText(b), f) {
+			kept = append(kept, b)
+		}
+	}
+	p.shown, p.filtered = kept, f
+	p.arrange()
+}
+
+// searchText is a row's searchable text, lower-cased, made once per row at the cursor.
+func (p *livePane) searchText(b timeline.Allocation) string {
+	if t, ok := p.text[b.Alloc]; ok {
+		return t
+	}
+	if p.text == nil {
+		p.text = map[int]string{}
+	}
+	t := strings.ToLower(p.describe(b))
+	p.text[b.Alloc] = t
+	return t
+}
+
+// arrange groups and sorts the rows shown, keeping the selection in range.
+func (p *livePane) arrange() {
 	p.groups = nil
 	if p.grouped() {
 		p.groups = groupLive(p.ix.snap, p.shown, p.groupBy)
@@ -213,10 +259,13 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	return action{}
 }
 
-// onFilterKey edits the filter while typing it: enter keeps it, esc clears it.
-func (p *livePane) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
+// onFilterKey edits the filter while typing it: enter keeps it, esc clears it. A paste (tea.PasteMsg) is
+// typed at once. It reports whether the key changed the filter (its text, its cursor, its focus): keys past
+// its length change nothing.
+func (p *livePane) onFilterKey(msg tea.Msg) (tea.Cmd, bool) {
+	value, pos := p.filter.Value(), p.filter.Position()
 	var cmd tea.Cmd
-	switch msg.String() {
+	switch k, _ := msg.(tea.KeyPressMsg); k.String() {
 	case "enter":
 		p.filter.Blur()
 	case "esc":
@@ -225,8 +274,8 @@ func (p *livePane) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
 	default:
 		p.filter, cmd = p.filter.Update(msg)
 	}
-	p.apply()
-	return cmd
+	p.narrow()
+	return cmd, !p.filter.Focused() || p.filter.Value() != value || p.filter.Position() != pos
 }
 
 // view renders the table, or the selected block's detail, in w x h.

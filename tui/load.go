@@ -304,7 +304,7 @@ func (m *Model) onIndex() tea.Cmd {
 
 // loaded ends loading: the panes come to the OOM (or the peak) and the leaks are looked for.
 func (m *Model) loaded() tea.Cmd {
-	m.load.done = true
+	m.load.done, m.frame.valid = true, false
 	if !m.zoomed {
 		m.viewFrom, m.viewTo = 0, m.ix.len()
 	}

@@ -113,7 +113,12 @@ func keyPress(k string) tea.KeyPressMsg {
 	return tea.KeyPressMsg{Code: r, Text: k}
 }
 
-func screen(m *Model) string { return ansi.Strip(m.View().Content) }
+// screen draws the screen, without its styles. Tests that change a pane directly, not through Update, draw
+// it anew.
+func screen(m *Model) string {
+	m.frame.valid = false
+	return ansi.Strip(m.View().Content)
+}
 
 func TestViews(t *testing.T) {
 	sizes := []struct{ w, h int }{{80, 24}, {160, 48}}
@@ -513,6 +518,42 @@ func TestFilterInput(t *testing.T) {
 	press(m, "/", "esc")
 	if m.live.filter.Value() != "" || len(m.live.shown) != all {
 		t.Errorf("esc left the filter %q with %d of %d blocks", m.live.filter.Value(), len(m.live.shown), all)
+	}
+}
+
+// TestPasteIntoTheFilter pastes 10,000 characters into the / filter, as a terminal with bracketed paste
+// delivers them (one message) and as one without delivers them (a key each): the filter takes its first 200,
+// the live set shows what they match (nothing), and a key past the filter's length changes nothing on the
+// screen, so the screen is not drawn again for it (BenchmarkPasteIntoFilter measures what a paste costs).
+func TestPasteIntoTheFilter(t *testing.T) {
+	text := strings.Repeat("gelu", 2500)
+	for _, bracketed := range []bool{true, false} {
+		m := newTestModel(t, fixture(t, "tiny-oom"), 80, 24)
+		press(m, "esc", "/")
+		if bracketed {
+			m.Update(tea.PasteMsg{Content: text})
+		} else {
+			for _, r := range text {
+				m.Update(tea.KeyPressMsg{Code: r, Text: string(r)})
+			}
+		}
+		if got := m.live.filter.Value(); got != text[:200] {
+			t.Errorf("bracketed %v: the filter holds %d characters, want the first 200", bracketed, len(got))
+		}
+		if out := screen(m); len(m.live.shown) != 0 || !strings.Contains(out, "no live block matches") {
+			t.Errorf("bracketed %v: %d blocks match a filter of 200 characters:\n%s", bracketed, len(m.live.shown), out)
+		}
+		m.View()
+		before := m.frame.at
+		m.Update(tea.KeyPressMsg{Code: 'x', Text: "x"})
+		m.View()
+		if m.frame.at != before || m.live.filter.Value() != text[:200] {
+			t.Errorf("bracketed %v: a key past the filter's length drew the screen again", bracketed)
+		}
+		press(m, "enter")
+		if m.live.filtering() || m.live.filter.Value() != text[:200] {
+			t.Errorf("bracketed %v: enter after the paste: filtering %v", bracketed, m.live.filtering())
+		}
 	}
 }
 

@@ -46,8 +46,9 @@ func (m *Model) relayout() {
 	m.help.SetWidth(w)
 }
 
-// frame is the last screen drawn. While a snapshot loads, messages arrive far faster than a terminal
-// redraws: the screen is drawn again when something other than loading happened, or every refreshEvery.
+// frame is the last screen drawn. It is drawn again when a message changed what it shows, which every message
+// but loading's is taken to do; while a snapshot loads, those arrive far faster than a terminal redraws, and
+// the screen is drawn again every refreshEvery, and once loading ends.
 type frame struct {
 	content string
 	at      time.Time
@@ -56,7 +57,7 @@ type frame struct {
 
 // View renders the screen.
 func (m *Model) View() tea.View {
-	if !m.frame.valid || m.load.done || time.Since(m.frame.at) >= refreshEvery {
+	if !m.frame.valid || !m.load.done && time.Since(m.frame.at) >= refreshEvery {
 		m.frame = frame{content: m.render(), at: time.Now(), valid: true}
 	}
 	v := tea.NewView(m.frame.content)
