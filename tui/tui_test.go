@@ -320,46 +320,6 @@ func TestFixesPaneTurnsAFineTuneIntoQLoRA(t *testing.T) {
 	}
 }
 
-// TestFixesPaneShowsOnlyChoices: a row with nothing to choose is not shown. A GPT has no weights dtype or
-// adapter to choose (a Llama has), an MLP no attention or checkpointing, and a loop without a leak bug no bug
-// to fix; zero_grad's choices say what PyTorch calls them.
-func TestFixesPaneShowsOnlyChoices(t *testing.T) {
-	for name, want := range map[string]struct{ shown, hidden []int }{
-		"tiny-oom":    {[]int{rowAMP, rowAttention, rowCheckpoint, rowOptimizer, rowZeroGrad, rowBug}, []int{rowWeights, rowAdapter}},
-		"smollm-ft":   {[]int{rowWeights, rowAdapter, rowAttention, rowCheckpoint}, []int{rowBug}},
-		"leaky":       {[]int{rowAMP, rowOptimizer, rowBug}, []int{rowWeights, rowAdapter, rowAttention, rowCheckpoint}},
-		"leaky-fixed": {[]int{rowAMP, rowOptimizer}, []int{rowBug}},
-	} {
-		p := newFixesPane(workload(t, name), playback{}, 0)
-		rows := p.rows()
-		for _, r := range want.shown {
-			if !slices.Contains(rows, r) {
-				t.Errorf("%s: no %s row in %v", name, fixRowNames[r], rows)
-			}
-		}
-		for _, r := range want.hidden {
-			if slices.Contains(rows, r) {
-				t.Errorf("%s: a %s row with nothing to choose: %q", name, fixRowNames[r], p.choices(r))
-			}
-		}
-		if got := p.choices(rowZeroGrad); !slices.Equal(got, []string{"set_to_none", "zero"}) {
-			t.Errorf("%s: zero_grad's choices %q", name, got)
-		}
-	}
-}
-
-// toRow moves the fixes pane's selection down to a setting's row.
-func toRow(t *testing.T, m *Model, row int) {
-	t.Helper()
-	for range numFixRows {
-		if rows := m.fixes.rows(); m.fixes.selected < len(rows) && rows[m.fixes.selected] == row && !m.fixes.focusRanked {
-			return
-		}
-		press(m, "down")
-	}
-	t.Fatalf("the fixes pane has no row %s: %v", fixRowNames[row], m.fixes.rows())
-}
-
 // TestFixesPaneKeepsTheBaseChoice checks a base setting the pane does not offer (LoRA of rank 8, AdamW
 // fused) is one of its row's choices, chosen, so that re-running unchanged changes nothing.
 func TestFixesPaneKeepsTheBaseChoice(t *testing.T) {
@@ -518,42 +478,6 @@ func TestFilterInput(t *testing.T) {
 	press(m, "/", "esc")
 	if m.live.filter.Value() != "" || len(m.live.shown) != all {
 		t.Errorf("esc left the filter %q with %d of %d blocks", m.live.filter.Value(), len(m.live.shown), all)
-	}
-}
-
-// TestPasteIntoTheFilter pastes 10,000 characters into the / filter, as a terminal with bracketed paste
-// delivers them (one message) and as one without delivers them (a key each): the filter takes its first 200,
-// the live set shows what they match (nothing), and a key past the filter's length changes nothing on the
-// screen, so the screen is not drawn again for it (BenchmarkPasteIntoFilter measures what a paste costs).
-func TestPasteIntoTheFilter(t *testing.T) {
-	text := strings.Repeat("gelu", 2500)
-	for _, bracketed := range []bool{true, false} {
-		m := newTestModel(t, fixture(t, "tiny-oom"), 80, 24)
-		press(m, "esc", "/")
-		if bracketed {
-			m.Update(tea.PasteMsg{Content: text})
-		} else {
-			for _, r := range text {
-				m.Update(tea.KeyPressMsg{Code: r, Text: string(r)})
-			}
-		}
-		if got := m.live.filter.Value(); got != text[:200] {
-			t.Errorf("bracketed %v: the filter holds %d characters, want the first 200", bracketed, len(got))
-		}
-		if out := screen(m); len(m.live.shown) != 0 || !strings.Contains(out, "no live block matches") {
-			t.Errorf("bracketed %v: %d blocks match a filter of 200 characters:\n%s", bracketed, len(m.live.shown), out)
-		}
-		m.View()
-		before := m.frame.at
-		m.Update(tea.KeyPressMsg{Code: 'x', Text: "x"})
-		m.View()
-		if m.frame.at != before || m.live.filter.Value() != text[:200] {
-			t.Errorf("bracketed %v: a key past the filter's length drew the screen again", bracketed)
-		}
-		press(m, "enter")
-		if m.live.filtering() || m.live.filter.Value() != text[:200] {
-			t.Errorf("bracketed %v: enter after the paste: filtering %v", bracketed, m.live.filtering())
-		}
 	}
 }
 
