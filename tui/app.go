@@ -320,6 +320,8 @@ func (m *Model) landOnTarget() {
 func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	k := m.keys
 	switch {
+	case key.Matches(msg, k.Repaint): // wherever the keys go: another program may have drawn over any screen
+		return tea.ClearScreen
 	case m.showHelp:
 		return m.onHelpKey(msg)
 	case m.layout.tooSmall && !key.Matches(msg, k.Quit): // nothing to act on that can be seen

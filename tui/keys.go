@@ -28,6 +28,7 @@ type KeyMap struct {
 	AllFrames, NextDevice    key.Binding
 	Fit                      key.Binding // the fixes pane's plans that fit
 	Apply                    key.Binding // the fixes pane's best measured fix
+	Repaint                  key.Binding // draw the whole screen again, over what another program wrote on it
 	Help, Quit               key.Binding
 }
 
@@ -79,6 +80,7 @@ func DefaultKeyMap() KeyMap {
 		NextDevice:  b("d", "next device", "d"),
 		Fit:         b("f", "plans that fit", "f"),
 		Apply:       b("a", "apply best fix (fixes)", "a"),
+		Repaint:     b("ctrl+l", "repaint", "ctrl+l"),
 		Help:        b("?", "help", "?"),
 		Quit:        b("q", "quit", "q", "ctrl+c"),
 	}
@@ -95,6 +97,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight, k.TimeAxis},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Repaint, k.Help, k.Quit},
 	}
 }
