@@ -61,6 +61,8 @@ var layers = map[string][]string{
 	"workloads/train": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	"leaks/leakstest": {"knob", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
 	"tui":             {"knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
+	// Drives the TUI's model in tests, as a user types.
+	"tui/tuitest": {"tui", "knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.
 	"fit": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The runtime behind the TUI and the report: it serves the TUI's Backend and triage's Measurer and
@@ -83,7 +85,7 @@ var presentation = []string{"charm.land/", "github.com/charmbracelet/", "github.
 
 // frontends are the packages that may use them: the TUI, the command line, and the backend that speaks the
 // TUI's types (and so depends on them through package tui).
-var frontends = []string{"tui", "cmd/oomdbg", "internal/backend"}
+var frontends = []string{"tui", "tui/tuitest", "cmd/oomdbg", "internal/backend"}
 
 // terminal is the package below the TUI that may ask x/term whether a file is a terminal (x/term draws
 // nothing), and so may the packages that use it.

@@ -33,9 +33,14 @@ func (m *Model) apply(a action) tea.Cmd {
 	if b := a.show; b != nil {
 		m.moveTo(b.at)
 		m.pane = paneLive
-		m.live.selectAlloc(b.alloc)
-		m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here at the end of iteration %d", b.what, b.alloc,
-			m.ix.snap.Events.At(b.at).Iteration), false)
+		// A paged run may hold the event only once the pages around it are read back: the block is
+		// selected then (livePane.setData).
+		m.live.selectAlloc(b.alloc, !m.ix.covers(b.at))
+		when := "in " + where(m.ix.spanAt(b.at))
+		if it := m.ix.spanAt(b.at).iteration; it >= 0 {
+			when = fmt.Sprintf("at the end of iteration %d", it)
+		}
+		m.setStatus(fmt.Sprintf("%s example block, allocated at event %d, alive here %s", b.what, b.alloc, when), false)
 	}
 	if a.status != "" {
 		m.setStatus(a.status, a.isErr)

@@ -70,6 +70,9 @@ const (
 
 var paneNames = [numPanes]string{"Live", "Categories", "Segments", "Leaks", "Fixes", "Device", "Ranks"}
 
+// paneShortNames name the panes where the tabs would not fit the width otherwise.
+var paneShortNames = [numPanes]string{"Live", "Cats", "Segs", "Leaks", "Fixes", "Dev", "Ranks"}
+
 // panes returns how many panes the tabs show: the Ranks pane only for a job's ranks.
 func (m *Model) panes() pane {
 	if m.ranks.table == nil {
@@ -100,12 +103,18 @@ type Model struct {
 	zoomed         bool
 	pane           pane
 	showHelp       bool
+	helpScroll     scroller
 	status         string
 	statusIsError  bool
 	landedOnTarget bool // the cursor was put on the OOM (or peak) once loading ended
 	movedLoading   bool // the user moved the cursor while the snapshot loaded: it stays where they took it
 
-	frame frame // the last screen drawn
+	frame  frame // the last screen drawn
+	footer struct {
+		width int
+		text  string
+	} // the key help, made once per width
+	banner string // the line under the title (banner.go); made by relayout
 
 	timeline timelinePane
 	live     livePane
@@ -176,10 +185,19 @@ func (m *Model) Init() tea.Cmd {
 
 // Update handles a message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	drawn := m.frame.valid
 	switch msg.(type) {
 	case chunkMsg, indexMsg, pagedMsg: // loading redraws on its own clock
 	default:
 		m.frame.valid = false
+	}
+	if m.typing() { // the filter's own keys: a key that changes nothing (past its length) draws nothing
+		switch msg.(type) {
+		case tea.KeyPressMsg, tea.PasteMsg:
+			cmd, changed := m.live.onFilterKey(msg)
+			m.frame.valid = drawn && !changed
+			return m, cmd
+		}
 	}
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
@@ -215,7 +233,10 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		}
 		return m, cmd
 	case fixResultMsg:
-		m.fixes.onResult(msg)
+		if !m.fixes.onResult(msg) {
+			return m, nil
+		}
+		m.fixes.reveal = true
 		m.timeline.after = m.fixes.afterIndex()
 		switch {
 		case msg.err != nil:
@@ -230,6 +251,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return m, nil
 	case measuredMsg:
 		m.fixes.onMeasured(msg)
+		m.fixes.onRanked()
 		return m, nil
 	case leaksMsg:
 		m.leaks.onResult(msg)
@@ -262,6 +284,7 @@ func (m *Model) setIndex(ix *index) {
 	m.timeline.ix = m.ix
 	m.fixes.setBaseline(m.ix)
 	m.refreshPanes()
+	m.relayout() // the banner may say something else of this snapshot
 }
 
 // landOnTarget puts the cursor on the OOM, else on the peak, once.
@@ -297,18 +320,20 @@ func (m *Model) landOnTarget() {
 // onKey handles a key press: global keys first, then the focused pane's.
 func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	k := m.keys
-	if m.live.filtering() {
-		return m.live.onFilterKey(msg)
+	switch {
+	case key.Matches(msg, k.Repaint): // wherever the keys go: another program may have drawn over any screen
+		return tea.ClearScreen
+	case m.showHelp:
+		return m.onHelpKey(msg)
+	case m.layout.tooSmall && !key.Matches(msg, k.Quit): // nothing to act on that can be seen
+		return nil
 	}
 	switch {
 	case key.Matches(msg, k.Quit):
 		m.fixes.cancel()
 		return tea.Quit
 	case key.Matches(msg, k.Help):
-		m.showHelp = !m.showHelp
-		return nil
-	case m.showHelp && key.Matches(msg, k.Back):
-		m.showHelp = false
+		m.showHelp, m.helpScroll.top = true, 0
 		return nil
 	case key.Matches(msg, k.NextPane):
 		m.pane = (m.pane + 1) % m.panes()
@@ -327,7 +352,9 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	if key.Matches(msg, k.NextDevice) {
-		m.nextDevice()
+		if !m.nextDevice() {
+			return nil
+		}
 		return m.leaks.analyze(m.ix.tl)
 	}
 	if m.onListKey(msg) {
@@ -339,6 +366,11 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	}
 	return m.onPaneKey(msg)
 }
+
+// typing reports whether keys go to the live set's filter: it is focused, and neither the help nor the notice
+// of a terminal too small covers it. A paste (bracketed paste, tea.PasteMsg) goes there too; elsewhere it is
+// text nothing takes.
+func (m *Model) typing() bool { return m.live.filtering() && !m.showHelp && !m.layout.tooSmall }
 
 // onPaneKey gives a key to the focused pane.
 func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
@@ -352,13 +384,13 @@ func (m *Model) onPaneKey(msg tea.KeyPressMsg) tea.Cmd {
 		}
 		return m.apply(m.live.onKey(msg, m.keys, m.layout.pane.h))
 	case paneSegments:
-		m.segs.onKey(msg, m.keys)
+		m.segs.onKey(msg, m.keys, m.layout.pane.h)
 	case paneLeaks:
-		return m.apply(m.leaks.onKey(msg, m.keys))
+		return m.apply(m.leaks.onKey(msg, m.keys, m.layout.pane.h))
 	case paneFixes:
-		return m.apply(m.fixes.onKey(m.ctx, msg, m.keys))
+		return m.apply(m.fixes.onKey(m.ctx, msg, m.keys, m.layout.pane.h))
 	case paneRanks:
-		return m.apply(m.ranks.onKey(msg, m.keys))
+		return m.apply(m.ranks.onKey(msg, m.keys, m.layout.pane.h))
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package tui
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/charmbracelet/x/ansi"
 
@@ -9,18 +10,24 @@ import (
 	"github.com/oomdbg/oomdbg/leaks"
 )
 
-// leakBanner is the line under the title once the leak analysis has found a leak: what oomdbg check would
-// say of the snapshot, so that nobody has to think of pressing 4. Empty when check would pass.
-func (m *Model) leakBanner() string {
-	r := m.leaks.res
-	if r == nil {
-		return ""
+// The banner is the line under the title when something must be read before the rest: the leak check's
+// failure, what oomdbg check would say of the snapshot, so that nobody has to think of pressing 4; else,
+// for a PyTorch snapshot of one moment, that the timeline climbing to it is rebuilt in an order nobody
+// recorded.
+
+// bannerText is the banner's text; "" when there is none. It is made once per analysis or snapshot
+// (relayout), not per frame: the leak check's reason is a report of its own.
+func (m *Model) bannerText() string {
+	if r := m.leaks.res; r != nil {
+		var f *leaks.Failure
+		if errors.As(r.Err(), &f) {
+			return "FAIL: " + f.Reason + " · 4 shows who keeps it and the fix"
+		}
 	}
-	var f *leaks.Failure
-	if !errors.As(r.Err(), &f) {
-		return ""
+	if m.ix != nil && m.ix.singleMoment() {
+		return "final state only: the climb to it is rebuilt, in an invented order"
 	}
-	return "FAIL: " + f.Reason + " · 4 shows who keeps it and the fix"
+	return ""
 }
 
 // leakTitle is the title's word on a leak: " · LEAK +75.50 KiB per iteration".
@@ -31,7 +38,11 @@ func (m *Model) leakTitle() string {
 	return ""
 }
 
-// bannerView renders the banner in the width.
+// bannerView renders the banner in the width: a failure as an error, a notice as a warning.
 func (m *Model) bannerView() string {
-	return m.styles.Error.Render(padRight(ansi.Truncate(m.leakBanner(), m.width, "…"), m.width))
+	st := m.styles.Warn
+	if strings.HasPrefix(m.banner, "FAIL:") {
+		st = m.styles.Error
+	}
+	return st.Render(padRight(ansi.Truncate(m.banner, m.width, "…"), m.width))
 }

@@ -177,3 +177,28 @@ func BenchmarkKeypress100M(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPasteIntoFilter measures a 10,000-character paste into the live set's filter, as a terminal
+// without bracketed paste delivers it: one key press each, each followed by Update and View at 80x24, on the
+// live set at the OOM of the default workload's size (a few hundred blocks). The target is well under a
+// second: the TUI answers keys while the paste arrives. cpu-s/op is the CPU time a paste takes, which a shared
+// machine's load changes less than the time.
+func BenchmarkPasteIntoFilter(b *testing.B) {
+	m := newTestModel(b, fixture(b, "tiny-oom"), 80, 24)
+	press(m, "esc") // the live set under the OOM panel
+	paste := make([]tea.KeyPressMsg, 10_000)
+	for i := range paste {
+		r := rune('a' + i%26)
+		paste[i] = tea.KeyPressMsg{Code: r, Text: string(r)}
+	}
+	cpu := cputime.Process()
+	for b.Loop() {
+		press(m, "/")
+		for _, k := range paste {
+			m.Update(k)
+			_ = m.View()
+		}
+		press(m, "esc")
+	}
+	b.ReportMetric((cputime.Process()-cpu).Seconds()/float64(b.N), "cpu-s/op")
+}

@@ -25,9 +25,9 @@ func (p *categoriesPane) setData(live []timeline.Allocation, sp span) {
 func (p *categoriesPane) view(s Styles, w, h int) string {
 	var total int64
 	for _, v := range p.now {
-		total += v
+		total = sum(total, v)
 	}
-	head := fmt.Sprintf("%s live by category; change since this %s phase began (iteration %d)", units.FormatSize(total), p.span.phase, p.span.iteration)
+	head := fmt.Sprintf("%s live by category; change since this phase began (%s)", units.FormatSize(total), where(p.span))
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
 	const label, num = 16, 23
 	barW := max(w-label-num-2, 4)
@@ -40,7 +40,7 @@ func (p *categoriesPane) view(s Styles, w, h int) string {
 		if v == 0 && d == 0 {
 			continue
 		}
-		n := int(int64(barW) * v / top)
+		n := share(v, top, barW)
 		bar := strings.Repeat("█", n) + strings.Repeat(" ", barW-n)
 		delta := ""
 		if d != 0 {

@@ -35,7 +35,7 @@ func summarize(ix *index) *runSummary {
 	}
 	if r.oom {
 		sp := ix.spanAt(ix.oom)
-		r.oomWhere = fmt.Sprintf("OOM in %s, iteration %d", sp.phase, sp.iteration)
+		r.oomWhere = "OOM in " + where(sp)
 	}
 	if ix.ov != nil {
 		return r

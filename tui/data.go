@@ -2,6 +2,7 @@ package tui
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -28,6 +29,12 @@ type index struct {
 	oom      int   // the first OOM event; -1 if none
 	capacity int64 // the device's capacity; 0 if unknown, or when the snapshot holds several devices
 	usable   int64 // capacity less the CUDA context: what the allocator can use (0: unknown)
+
+	// rebuilt counts the events an importer wrote first for memory allocated before the trace began
+	// (snapshot.PreExistingLabel): their order is the importer's, not the program's. after counts, up to 2,
+	// the memory events the trace itself recorded after them.
+	rebuilt, after int
+	scanned        int // the events looked at for rebuilt and after
 }
 
 // span is a run of events in one phase of one iteration.
@@ -100,7 +107,36 @@ func (x *index) refresh() {
 	if len(ooms) > 0 {
 		x.oom = ooms[0]
 	}
+	x.countRebuilt()
 }
+
+// countRebuilt counts the rebuilt events at the start of a run held whole, and the trace's memory events after
+// them, up to 2: enough to tell one moment from a trace.
+func (x *index) countRebuilt() {
+	if x.ov != nil {
+		return // oomdbg's own recordings, the only ones paged, rebuild nothing
+	}
+	s := x.tl.Snapshot()
+	for ; x.scanned < x.tl.Len() && x.after < 2; x.scanned++ {
+		e := s.Events.At(x.scanned)
+		switch {
+		case x.scanned == x.rebuilt && s.Reconstructed(&e):
+			x.rebuilt++
+		case x.rebuilt == 0:
+			x.scanned = x.tl.Len() // a recording from its start: nothing was rebuilt
+			return
+		case !marker(e.Action) && e.Action != snapshot.ActionSnapshot:
+			x.after++
+		}
+	}
+}
+
+// singleMoment reports whether the run is one moment, its final state, with the memory before it rebuilt:
+// PyTorch's memory_snapshot() without a trace, or a trace of one event.
+func (x *index) singleMoment() bool { return x.rebuilt > 0 && x.after <= 1 && x.scanned >= x.len() }
+
+// isRebuilt reports whether event i is one the importer rebuilt.
+func (x *index) isRebuilt(i int) bool { return i < x.rebuilt }
 
 func (x *index) iterations() []timeline.IterationSpan {
 	if x.ov != nil {
@@ -181,6 +217,19 @@ func (x *index) spanAt(i int) span {
 		return span{from: 0, to: x.len(), phase: snapshot.PhaseNone, iteration: -1}
 	}
 	return toSpan(spans[j])
+}
+
+// where names the moment of a span as every line of the TUI and the report name it (triage.Where): "iteration
+// 2, backward", "setup", "forward, outside any iteration".
+func where(sp span) string { return triage.Where(sp.iteration, sp.phase) }
+
+// whereNamed is where of a phase named as the report's fields name it ("backward").
+func whereNamed(iteration int32, phase string) string {
+	p, ok := snapshot.ParsePhase(phase)
+	if !ok {
+		return fmt.Sprintf("iteration %d, %s", iteration, phase)
+	}
+	return triage.Where(iteration, p)
 }
 
 func toSpan(p timeline.PhaseSpan) span {
@@ -279,7 +328,7 @@ func byCategory(blocks []timeline.Allocation) [snapshot.NumCategories]int64 {
 	var sums [snapshot.NumCategories]int64
 	for _, b := range blocks {
 		if b.Category.Valid() {
-			sums[b.Category] += b.Size
+			sums[b.Category] = sum(sums[b.Category], b.Size)
 		}
 	}
 	return sums

@@ -11,6 +11,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
+	"github.com/oomdbg/oomdbg/triage"
 )
 
 // detailLines is everything the detail of block b says, one line each, at most w cells wide: what it is,
@@ -23,15 +24,16 @@ func (p *livePane) detailLines(s Styles, b timeline.Allocation, w int) []string 
 		s.Bold.Render(cut(fmt.Sprintf("%s  %s  (%s: %s)", orDash(p.title(b)), units.FormatSize(b.Size), b.Category, b.Category.Describe()))),
 		cut(fmt.Sprintf("requested %s, block %s at %#x on device %d, stream %d", units.FormatSize(b.Requested), units.FormatSize(b.Size), b.Addr, b.Device, b.Stream)),
 		s.Header.Render("lifetime"),
-		cut(fmt.Sprintf("  allocated at event %d: iteration %d, %s, in %s", b.Alloc, b.Iteration, b.Phase, orDash(snap.String(b.Scope)))),
+		cut(fmt.Sprintf("  allocated at event %d: %s, in %s", b.Alloc, triage.Where(b.Iteration, b.Phase), orDash(snap.String(b.Scope)))),
 	}
 	if first := tl.Allocation(b.ID, b.Alloc).Category; first != b.Category {
 		lines = append(lines, cut(fmt.Sprintf("  %s when allocated, %s here (event %d)", first, b.Category, p.at)))
 	}
 	switch {
 	case b.Free >= 0:
-		e := snap.Events.At(b.Free)
-		lines = append(lines, cut(fmt.Sprintf("  freed at event %d: iteration %d, %s; alive for %d events", b.Free, e.Iteration, e.Phase, b.Free-b.Alloc)))
+		lines = append(lines, cut(fmt.Sprintf("  freed at event %d: %s; alive for %d events", b.Free, where(p.ix.spanAt(b.Free)), b.Free-b.Alloc)))
+	case tl.Len() < p.ix.len(): // a paged run's window, which ends before the run does
+		lines = append(lines, cut(fmt.Sprintf("  not freed by event %d, the last of the pages held; step on to read its end", tl.Len()-1)))
 	default:
 		lines = append(lines, cut(fmt.Sprintf("  never freed: alive to the last event (%d), %d events", p.ix.len()-1, p.ix.len()-1-b.Alloc)))
 	}

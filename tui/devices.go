@@ -39,20 +39,26 @@ func (d *deviceView) deviceName(index int) string {
 	return fmt.Sprintf("device %d", index)
 }
 
-// nextDevice shows the next device: all, then each in turn.
-func (m *Model) nextDevice() {
+// nextDevice shows the next device: all, then each in turn. It reports whether the device shown changed.
+func (m *Model) nextDevice() bool {
 	d := &m.devices
-	if !m.load.done || len(d.devices) < 2 {
+	switch {
+	case !m.load.done || len(d.devices) < 2:
 		m.setStatus("only one device holds memory in this snapshot", false)
-		return
+		return false
+	case m.ix.ov != nil: // a device's view is made of the whole run's events, which a paged run does not hold
+		m.setStatus("this run is paged: its devices are shown together", false)
+		return false
 	}
 	next := d.shown + 1
 	if next >= len(d.devices) {
 		next = -1
 	}
-	if m.showDevice(next) {
-		m.setStatus("showing "+d.name(), false)
+	if !m.showDevice(next) {
+		return false
 	}
+	m.setStatus("showing "+d.name(), false)
+	return true
 }
 
 // showDevice shows devices[i] alone, or all of them (i < 0), and lands on its OOM or peak. It reports

@@ -62,7 +62,7 @@ func (p *fixesPane) fitKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) (
 		}
 		*l = fitList{}
 	case key.Matches(msg, k.Up, k.Down):
-		l.selected = listStep(msg, k, l.selected, len(l.plans))
+		l.selected, _ = listMove(msg, k, l.selected, len(l.plans), 1)
 	case key.Matches(msg, k.Detail, k.Rerun):
 		if l.busy || len(l.plans) == 0 {
 			return action{}, true
@@ -111,7 +111,7 @@ func (p *fixesPane) applyPlan(ctx context.Context, plan FitPlan) action {
 	p.running, p.err, p.progress, p.after, p.afterIx = cancel, nil, nil, nil, nil
 	// What the re-run needs is the plan's own measurement, never the workload's before it.
 	return action{status: "re-running with " + plan.Name + " on the meta device…",
-		cmd: tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))}
+		cmd: tea.Batch(p.rerun(ctx, w), p.measureAfter(ctx, w))}
 }
 
 // fitView is the list of plans, in place of the rows while it is open.

@@ -38,7 +38,7 @@ func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 	if !strings.Contains(screen(m), "f plans that fit") {
 		t.Errorf("the fixes pane does not say f plans:\n%s", screen(m))
 	}
-	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys))
+	cmd := m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys, 20))
 	if cmd == nil || !strings.Contains(screen(m), "searching") {
 		t.Fatalf("f started no search:\n%s", screen(m))
 	}
@@ -51,7 +51,7 @@ func TestFitListsPlansAndRerunsTheChosen(t *testing.T) {
 		t.Errorf("selected plan %d, want the cheapest", m.fixes.fit.selected)
 	}
 	press(m, "down", "up")
-	cmd = m.apply(m.fixes.onKey(m.ctx, keyPress("enter"), m.keys))
+	cmd = m.apply(m.fixes.onKey(m.ctx, keyPress("enter"), m.keys, 20))
 	if cmd == nil {
 		t.Fatal("enter started no re-run")
 	}
@@ -108,7 +108,7 @@ func TestAAndFGiveOneBestAnswer(t *testing.T) {
 		if b := m.fixes.rec.best(); b == nil || b.Fix != "flash attention" {
 			t.Fatalf("before f, best %+v: want flash attention, the cheapest measured fix", b)
 		}
-		run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys)))
+		run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("f"), m.keys, 20)))
 		b := m.fixes.rec.best()
 		if b == nil || b.plan == nil || b.Fixes != fixed {
 			t.Fatalf("after f, best %+v: want the plan, cheaper than every measured fix", b)
@@ -119,7 +119,7 @@ func TestAAndFGiveOneBestAnswer(t *testing.T) {
 		if key == "a" { // a in the pane
 			press(m, "esc")
 		}
-		run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("a"), m.keys)))
+		run(m, m.apply(m.fixes.onKey(m.ctx, keyPress("a"), m.keys, 20)))
 		if m.fixes.after == nil || m.fixes.afterFixes != fixed || m.fixes.afterNeeds != planNeeds {
 			t.Fatalf("%s: the re-run %+v of %+v needs %d; want the plan's, measured at %d (err %v)", key, m.fixes.after,
 				m.fixes.afterFixes, m.fixes.afterNeeds, planNeeds, m.fixes.err)

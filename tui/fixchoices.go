@@ -33,15 +33,19 @@ var fixRowNames = [numFixRows]string{"mixed precision", "weights", "adapter", "a
 // parallelChoices are the data-parallel row's choices: DDP, DeepSpeed's stages and FSDP's strategies.
 var parallelChoices = dist.Strategies
 
-// rows lists the rows the pane shows: the data-parallel ones for a rank of a job only.
+// rows lists the rows the pane shows, the selection's index into them: those with a choice to make for the
+// base's model (a GPT has no weights dtype or adapter to choose), the data-parallel ones for a rank of a job
+// only.
 func (p *fixesPane) rows() []int {
 	n := rowParallel
 	if p.base.GPUs > 1 {
 		n = numFixRows
 	}
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i
+	var out []int
+	for r := range n {
+		if len(options(p.base, r)) > 1 {
+			out = append(out, r)
+		}
 	}
 	return out
 }
@@ -133,7 +137,11 @@ func offered(w *Workload, row int) []choice {
 		}
 		return out
 	case rowZeroGrad:
-		return each(func(f *Fixes, v knob.ZeroGrad) { f.ZeroGrad = v }, knob.ZeroGradNone, knob.ZeroGradZero)
+		var out []choice
+		for _, z := range []knob.ZeroGrad{knob.ZeroGradNone, knob.ZeroGradZero} {
+			out = append(out, choice{zeroGradLabel(z), func(f *Fixes) { f.ZeroGrad = z }})
+		}
+		return out
 	case rowBug:
 		if c.Bug == "" {
 			return []choice{{"none", func(f *Fixes) { f.Bug = "" }}}
@@ -203,7 +211,7 @@ func label(c Fixes, row int) string {
 	case rowOptimizer:
 		return optimizerOf(c)
 	case rowZeroGrad:
-		return c.ZeroGrad.String()
+		return zeroGradLabel(c.ZeroGrad)
 	case rowBug:
 		if c.Bug == "" {
 			return "none"
@@ -244,6 +252,15 @@ func optimizerLabel(o knob.Optimizer, impl knob.OptimizerImpl) string {
 		return string(o) + " " + string(impl)
 	}
 	return string(o)
+}
+
+// zeroGradLabel names a zero_grad choice as PyTorch's argument does: set_to_none (--zero-grad none, PyTorch's
+// default) frees the gradients between steps, zero keeps them and fills them with zeros.
+func zeroGradLabel(z knob.ZeroGrad) string {
+	if z == knob.ZeroGradNone {
+		return "set_to_none"
+	}
+	return z.String()
 }
 
 func accumLabel(batch, accum int) string { return fmt.Sprintf("%d x %d", batch, accum) }
@@ -306,7 +323,7 @@ func (p *fixesPane) describe() string {
 		parts = append(parts, optimizerOf(c))
 	}
 	if c.ZeroGrad != b.ZeroGrad {
-		parts = append(parts, "zero_grad "+c.ZeroGrad.String())
+		parts = append(parts, "zero_grad "+zeroGradLabel(c.ZeroGrad))
 	}
 	if c.Bug != b.Bug {
 		parts = append(parts, "the leak fixed")

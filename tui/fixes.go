@@ -39,6 +39,10 @@ type fixesPane struct {
 	afterNeeds  int64         // what the re-run needs, measured; 0 until known
 	afterFixes  Fixes         // the re-run's settings, whose measurement afterNeeds takes
 	focusRanked bool          // ↑↓ move in the ranked fixes rather than the settings
+	moved       bool          // ↑↓ were pressed in the pane: the focus is the user's
+	scroll      scroller      // the pane's page, when taller than its room
+	reveal      bool          // bring the comparison into view at the next draw (a re-run ended)
+	run         int           // the number of the re-run running or last run (rerun.go)
 }
 
 // newFixesPane is the pane for workload w (nil: none, the snapshot is not oomdbg's own), whose re-runs stop at
@@ -70,16 +74,25 @@ func (p *fixesPane) setBaseline(ix *index) {
 	}
 }
 
-// onKey answers a key; the re-runs and searches it starts end with ctx.
-func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) action {
+// onKey answers a key in a pane h lines high; the re-runs and searches it starts end with ctx.
+func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap, h int) action {
 	if p.base == nil {
-		return p.trace.onKey(ctx, msg, k)
+		return p.trace.onKey(ctx, msg, k, h)
+	}
+	if p.fit.open && key.Matches(msg, k.PageUp, k.PageDown) {
+		p.fit.selected, _ = listMove(msg, k, p.fit.selected, len(p.fit.plans), h-3)
+		return action{}
 	}
 	if a, ok := p.fitKey(ctx, msg, k); ok {
 		return a
 	}
 	r := &p.rec
+	if key.Matches(msg, k.Up, k.Down) {
+		p.moved = true
+	}
 	switch {
+	case key.Matches(msg, k.PageUp, k.PageDown):
+		p.scroll.onKey(msg, k, h)
 	case p.focusRanked && key.Matches(msg, k.Up):
 		r.selected = max(r.selected-1, 0)
 	case p.focusRanked && key.Matches(msg, k.Down):
@@ -99,9 +112,12 @@ func (p *fixesPane) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) ac
 		}
 		p.selected = max(p.selected-1, 0)
 	case key.Matches(msg, k.Down):
-		p.selected = min(p.selected+1, len(p.rows())-1)
+		p.selected = max(min(p.selected+1, len(p.rows())-1), 0)
 	case key.Matches(msg, k.Toggle, k.Detail):
-		p.choice[p.selected] = (p.choice[p.selected] + 1) % len(p.choices(p.selected))
+		if rows := p.rows(); p.selected < len(rows) {
+			row := rows[p.selected]
+			p.choice[row] = (p.choice[row] + 1) % len(p.choices(row))
+		}
 	case key.Matches(msg, k.Back):
 		if p.running != nil {
 			p.cancel()
@@ -134,13 +150,15 @@ func (p *fixesPane) start(ctx context.Context) action {
 	p.progress = nil
 	w := p.config()
 	return action{status: "re-running with " + p.describe() + " on the meta device…",
-		cmd: tea.Batch(rerun(ctx, p.backend, w), p.measureAfter(ctx, w))}
+		cmd: tea.Batch(p.rerun(ctx, w), p.measureAfter(ctx, w))}
 }
 
+// cancel stops the re-run running, if any: what it still sends is no longer awaited.
 func (p *fixesPane) cancel() {
 	if p.running != nil {
 		p.running()
 		p.running, p.progress = nil, nil
+		p.run++
 	}
 }
 
@@ -151,37 +169,46 @@ func (p *fixesPane) afterIndex() *index {
 	return p.afterIx
 }
 
+// view draws the pane: the ranked fixes, the comparison of the last re-run, and the settings, scrolled as one
+// page when they are taller than the pane, the row ↑↓ moves in kept in view.
 func (p *fixesPane) view(s Styles, w, h int) string {
 	if p.base == nil {
 		return p.trace.view(s, w, h)
 	}
 	if p.fit.open {
-		lines := p.fitView(s, w)
-		return strings.Join(lines[:min(len(lines), h)], "\n")
+		return strings.Join(p.scroll.view(s, p.fitView(s, w), w, h, p.fit.selected+1), "\n")
 	}
 	ranked := 3
 	if h >= 24 {
 		ranked = 8
 	}
 	lines := p.rankedView(s, w, ranked)
+	keep := -1
+	if p.focusRanked { // the ranked block starts the page: its last line in view shows it whole
+		keep = len(lines) - 1
+	}
+	comparison := len(lines)
 	lines = append(lines, p.comparison(s, w)...)
-	settings := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)"+p.fitHint(), w, "…"))}
-	for _, r := range p.rows() {
+	lines = append(lines, s.Muted.Render(ansi.Truncate("↑↓ choose, space change, r re-run on the meta device (r or esc again cancels)"+p.fitHint(), w, "…")))
+	for i, r := range p.rows() {
 		line := fmt.Sprintf("%-21s %s", fixRowNames[r], choiceCells(p.choices(r), p.choice[r], w-22))
 		line = ansi.Truncate(line, w, "…")
-		if r == p.selected && !p.focusRanked {
+		if i == p.selected && !p.focusRanked {
 			line = s.Selected.Render(padRight(line, w))
+			keep = len(lines)
 		}
-		settings = append(settings, line)
+		lines = append(lines, line)
 	}
-	// The settings take the room left, scrolled so that the selected one shows.
-	if room := h - len(lines); room < len(settings) {
-		from := min(max(p.selected+2-room, 0), len(settings)-max(room, 1))
-		settings = settings[from:]
+	if p.reveal { // a re-run just ended: its comparison comes into view
+		p.scroll.top, p.scroll.kept, p.reveal = comparison, keep, false
 	}
-	lines = append(lines, settings...)
-	if len(lines) > h {
-		lines = lines[:h]
+	return strings.Join(p.scroll.view(s, lines, w, h, keep), "\n")
+}
+
+// onRanked puts ↑↓ on the ranked fixes once they are measured, unless the user has moved in the settings:
+// the list the pane opens on is the one the keys move in.
+func (p *fixesPane) onRanked() {
+	if !p.moved && len(p.rec.ranked) > 0 {
+		p.focusRanked = true
 	}
-	return strings.Join(lines, "\n")
 }

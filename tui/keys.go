@@ -1,9 +1,6 @@
 package tui
 
-import (
-	"charm.land/bubbles/v2/key"
-	tea "charm.land/bubbletea/v2"
-)
+import "charm.land/bubbles/v2/key"
 
 // KeyMap is every key the TUI answers to. The habits are memray's, nvitop's and lazygit's: arrows and hjkl
 // to move, ? for help, q to quit, / to filter, enter for detail, esc to go back.
@@ -31,6 +28,7 @@ type KeyMap struct {
 	AllFrames, NextDevice    key.Binding
 	Fit                      key.Binding // the fixes pane's plans that fit
 	Apply                    key.Binding // the fixes pane's best measured fix
+	Repaint                  key.Binding // draw the whole screen again, over what another program wrote on it
 	Help, Quit               key.Binding
 }
 
@@ -82,6 +80,7 @@ func DefaultKeyMap() KeyMap {
 		NextDevice:  b("d", "next device", "d"),
 		Fit:         b("f", "plans that fit", "f"),
 		Apply:       b("a", "apply best fix (fixes)", "a"),
+		Repaint:     b("ctrl+l", "repaint", "ctrl+l"),
 		Help:        b("?", "help", "?"),
 		Quit:        b("q", "quit", "q", "ctrl+c"),
 	}
@@ -98,17 +97,6 @@ func (k KeyMap) FullHelp() [][]key.Binding {
 		{k.StepBack, k.StepForward, k.JumpBack, k.JumpForward, k.PrevPhase, k.NextPhase, k.PrevIter, k.NextIter},
 		{k.Peak, k.OOM, k.Start, k.End, k.ZoomIn, k.ZoomOut, k.ZoomAll, k.PanLeft, k.PanRight, k.TimeAxis},
 		{k.NextPane, k.PrevPane, k.Live, k.Categories, k.Segments, k.Leaks, k.Fixes, k.Device, k.Ranks},
-		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Help, k.Quit},
+		{k.Up, k.Down, k.PageUp, k.PageDown, k.Detail, k.Back, k.Filter, k.Sort, k.Group, k.Toggle, k.Rerun, k.Fit, k.Apply, k.AllFrames, k.NextDevice, k.Repaint, k.Help, k.Quit},
 	}
-}
-
-// listStep moves a list's selection one row, up or down as msg says, within the list's n rows (0 when it has
-// none): the rule every list pane follows.
-func listStep(msg tea.KeyPressMsg, k KeyMap, selected, n int) int {
-	if key.Matches(msg, k.Up) {
-		selected--
-	} else {
-		selected++
-	}
-	return max(min(selected, n-1), 0)
 }

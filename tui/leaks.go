@@ -47,14 +47,16 @@ func (p *leaksPane) example(i int) timeline.Allocation {
 	return p.res.Held[i-len(p.res.Suspects)].Example
 }
 
-// onKey moves in the rows; enter asks for the row's example block in the live set.
-func (p *leaksPane) onKey(msg tea.KeyPressMsg, k KeyMap) action {
+// onKey moves in the rows of a pane h lines high; enter asks for the row's example block in the live set.
+func (p *leaksPane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	if p.res == nil {
 		return action{}
 	}
+	if sel, ok := listMove(msg, k, p.selected, p.rows(), h-4); ok {
+		p.selected = sel
+		return action{}
+	}
 	switch {
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, p.rows())
 	case key.Matches(msg, k.Detail):
 		if p.selected < p.rows() {
 			ex := p.example(p.selected)

@@ -32,10 +32,20 @@ func (p *livePane) inOpenGroup(b timeline.Allocation) bool {
 	return p.openGroup == "" || groupName(p.ix.snap, b, p.groupBy) == p.openGroup
 }
 
-// groupsView renders the groups.
+// groupsView renders the groups of the blocks shown: with a filter, those it keeps, their bytes of all live,
+// and each group's share of what it keeps. total is the bytes of every block alive.
 func (p *livePane) groupsView(s Styles, w, h int, total int64) string {
-	head := fmt.Sprintf("%d blocks, %s live · %d groups by %s · b: by %s, enter: a group's blocks",
-		len(p.shown), units.FormatSize(total), len(p.groups), groupNames[p.groupBy], groupNames[(p.groupBy+1)%numGroupBys])
+	what := fmt.Sprintf("%d blocks, %s live", len(p.shown), units.FormatSize(total))
+	if p.filter.Value() != "" {
+		var kept int64
+		for _, b := range p.shown {
+			kept = sum(kept, b.Size)
+		}
+		what = fmt.Sprintf("%d of %d blocks, %s of %s live", len(p.shown), len(p.rows), units.FormatSize(kept), units.FormatSize(total))
+		total = kept
+	}
+	head := fmt.Sprintf("%s · %d groups by %s · b: by %s, enter: a group's blocks",
+		what, len(p.groups), groupNames[p.groupBy], groupNames[(p.groupBy+1)%numGroupBys])
 	lines := []string{s.Muted.Render(ansi.Truncate(head, w, "…"))}
 	lines = append(lines, s.Header.Render(ansi.Truncate(fmt.Sprintf("  %10s %6s %7s  %s", "size", "share", "blocks", groupNames[p.groupBy]), w, "")))
 	rows := h - 2

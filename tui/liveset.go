@@ -44,6 +44,14 @@ type livePane struct {
 	toCompiled bool // the detail scrolls to the compiled frames once drawn
 	// frameText is each stack's frames as the filter matches them, lower-cased, made once per stack.
 	frameText map[snapshot.StackID]string
+	// wanted says a block is to be selected once the live set at the cursor comes: the one allocated at
+	// event want.
+	want   int
+	wanted bool
+	// text is each row's searchable text (searchText), by its alloc event; filtered is the filter the rows
+	// shown were filtered by, lower-cased.
+	text     map[int]string
+	filtered string
 }
 
 // newFilterInput is the / filter's text input: no prompt (the pane says "filter:"), a steady cursor, no
@@ -68,6 +76,7 @@ func (p *livePane) setData(ix *index, at int, live, before []timeline.Allocation
 		p.frameText = nil // another file or device: other stacks
 	}
 	p.ix, p.at, p.rows = ix, at, live
+	p.text = nil
 	p.added = map[int]bool{}
 	p.freed, p.freedB = 0, 0
 	if before != nil {
@@ -90,6 +99,9 @@ func (p *livePane) setData(ix *index, at int, live, before []timeline.Allocation
 		}
 	}
 	p.apply()
+	if p.wanted && ix.covers(at) {
+		p.selectAlloc(p.want, false)
+	}
 }
 
 // apply filters and sorts the rows, keeping the selection in range.
@@ -97,10 +109,51 @@ func (p *livePane) apply() {
 	p.shown = p.shown[:0]
 	f := strings.ToLower(p.filter.Value())
 	for _, b := range p.rows {
-		if (f == "" || strings.Contains(strings.ToLower(p.describe(b)), f)) && p.inOpenGroup(b) {
+		if (f == "" || strings.Contains(p.searchText(b), f)) && p.inOpenGroup(b) {
 			p.shown = append(p.shown, b)
 		}
 	}
+	p.filtered = f
+	p.arrange()
+}
+
+// narrow filters the rows shown by a filter that contains the one they were filtered by: what it keeps is
+// among them, in their order. Typing a filter costs a pass over what the last key left, not over the live
+// set, so that a paste arriving as thousands of keys is answered as it arrives.
+func (p *livePane) narrow() {
+	f := strings.ToLower(p.filter.Value())
+	if f == p.filtered {
+		return
+	}
+	if !strings.Contains(f, p.filtered) {
+		p.apply()
+		return
+	}
+	kept := p.shown[:0]
+	for _, b := range p.shown {
+		if strings.Contains(p.searchText(b), f) {
+			kept = append(kept, b)
+		}
+	}
+	p.shown, p.filtered = kept, f
+	p.arrange()
+}
+
+// searchText is a row's searchable text, lower-cased, made once per row at the cursor.
+func (p *livePane) searchText(b timeline.Allocation) string {
+	if t, ok := p.text[b.Alloc]; ok {
+		return t
+	}
+	if p.text == nil {
+		p.text = map[int]string{}
+	}
+	t := strings.ToLower(p.describe(b))
+	p.text[b.Alloc] = t
+	return t
+}
+
+// arrange groups and sorts the rows shown, keeping the selection in range.
+func (p *livePane) arrange() {
 	p.groups = nil
 	if p.grouped() {
 		p.groups = groupLive(p.ix.snap, p.shown, p.groupBy)
@@ -145,9 +198,14 @@ func (p *livePane) frames(id snapshot.StackID) string {
 	return t
 }
 
-// selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it.
-func (p *livePane) selectAlloc(alloc int) {
+// selectAlloc selects the row of the block allocated at event alloc, clearing the filter if it hides it;
+// later, when the live set at the cursor is still to come (a paged run reading its pages back).
+func (p *livePane) selectAlloc(alloc int, later bool) {
 	p.detail = false
+	p.want, p.wanted = alloc, later
+	if later {
+		return
+	}
 	for pass := 0; pass < 2; pass++ {
 		for i, b := range p.shown {
 			if b.Alloc == alloc {
@@ -172,10 +230,8 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 		p.scrollDetail(msg, k, h)
 	case key.Matches(msg, k.Group):
 		return say(p.cycleGroup())
-	case p.grouped() && key.Matches(msg, k.Up):
-		p.groupSel = max(p.groupSel-1, 0)
-	case p.grouped() && key.Matches(msg, k.Down):
-		p.groupSel = min(p.groupSel+1, max(len(p.groups)-1, 0))
+	case p.grouped() && key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.groupSel, _ = listMove(msg, k, p.groupSel, len(p.groups), h-2)
 	case p.grouped() && key.Matches(msg, k.Detail):
 		if p.groupSel < len(p.groups) {
 			p.openGroup, p.selected = p.groups[p.groupSel].name, 0
@@ -184,8 +240,8 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	case p.openGroup != "" && key.Matches(msg, k.Back) && p.filter.Value() == "":
 		p.openGroup = ""
 		p.apply()
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.shown))
+	case key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.selected, _ = listMove(msg, k, p.selected, len(p.shown), h-2)
 	case key.Matches(msg, k.Detail):
 		p.detail, p.scroll = len(p.shown) > 0, 0
 	case key.Matches(msg, k.Sort):
@@ -203,10 +259,13 @@ func (p *livePane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	return action{}
 }
 
-// onFilterKey edits the filter while typing it: enter keeps it, esc clears it.
-func (p *livePane) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
+// onFilterKey edits the filter while typing it: enter keeps it, esc clears it. A paste (tea.PasteMsg) is
+// typed at once. It reports whether the key changed the filter (its text, its cursor, its focus): keys past
+// its length change nothing.
+func (p *livePane) onFilterKey(msg tea.Msg) (tea.Cmd, bool) {
+	value, pos := p.filter.Value(), p.filter.Position()
 	var cmd tea.Cmd
-	switch msg.String() {
+	switch k, _ := msg.(tea.KeyPressMsg); k.String() {
 	case "enter":
 		p.filter.Blur()
 	case "esc":
@@ -215,8 +274,8 @@ func (p *livePane) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
 	default:
 		p.filter, cmd = p.filter.Update(msg)
 	}
-	p.apply()
-	return cmd
+	p.narrow()
+	return cmd, !p.filter.Focused() || p.filter.Value() != value || p.filter.Position() != pos
 }
 
 // view renders the table, or the selected block's detail, in w x h.
@@ -229,7 +288,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 	}
 	var total int64
 	for _, b := range p.rows {
-		total += b.Size
+		total = sum(total, b.Size)
 	}
 	if p.grouped() {
 		return p.groupsView(s, w, h, total)
@@ -238,7 +297,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 	if p.filter.Value() != "" { // what the filter keeps, of all
 		var kept int64
 		for _, b := range p.shown {
-			kept += b.Size
+			kept = sum(kept, b.Size)
 		}
 		head = fmt.Sprintf("%d of %d blocks, %s of %s live", len(p.shown), len(p.rows), units.FormatSize(kept), units.FormatSize(total))
 	}
@@ -284,7 +343,7 @@ func (p *livePane) view(s Styles, w, h int) string {
 		line := fmt.Sprintf("%s %10s  %-15s %-*s  %s", mark, units.FormatSize(b.Size), b.Category,
 			scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		if wide {
-			line = fmt.Sprintf("%s %10s  %-15s %-10s %4d  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, e.Iteration,
+			line = fmt.Sprintf("%s %10s  %-15s %-10s %4s  %-*s  %s", mark, units.FormatSize(b.Size), b.Category, e.Phase, iterationColumn(e.Iteration),
 				scopeWidth(w), ansi.Truncate(scope, scopeWidth(w), "…"), what)
 		}
 		line = ansi.Truncate(line, w, "…")
@@ -327,6 +386,15 @@ func (p *livePane) title(b timeline.Allocation) string {
 		return what + " · allocated before the trace"
 	}
 	return what
+}
+
+// iterationColumn is a block's iteration in the live set's column: "-" outside any (setup, or a trace without
+// iterations), as where says "outside any iteration" rather than a number that is none.
+func iterationColumn(it int32) string {
+	if it < 0 {
+		return "-"
+	}
+	return fmt.Sprint(it)
 }
 
 func scopeWidth(w int) int { return min(max(w/4, 12), 40) }

@@ -304,7 +304,7 @@ func (m *Model) onIndex() tea.Cmd {
 
 // loaded ends loading: the panes come to the OOM (or the peak) and the leaks are looked for.
 func (m *Model) loaded() tea.Cmd {
-	m.load.done = true
+	m.load.done, m.frame.valid = true, false
 	if !m.zoomed {
 		m.viewFrom, m.viewTo = 0, m.ix.len()
 	}
@@ -326,10 +326,21 @@ func (m *Model) loaded() tea.Cmd {
 		m.setStatus(m.snap.Warning.Error(), true)
 	}
 	m.refreshPanes()
-	if m.ix.ov != nil {
-		return m.fixes.measure(m.ctx) // a paged run's leaks were analyzed as it was read
+	cmds := []tea.Cmd{m.fixes.measure(m.ctx), m.repaintAfterPipe()}
+	if m.ix.ov == nil { // a paged run's leaks were analyzed as it was read
+		cmds = append(cmds, m.leaks.analyze(m.ix.tl))
 	}
-	return tea.Batch(m.leaks.analyze(m.ix.tl), m.fixes.measure(m.ctx))
+	return tea.Batch(cmds...)
+}
+
+// repaintAfterPipe draws the whole screen again once a pipe's writer is done: oomdbg run -o - | oomdbg view -
+// shares the terminal with run, which writes its summary on it as it ends, over the TUI; the pipe ends
+// only once run has exited, so the summary is there to draw over.
+func (m *Model) repaintAfterPipe() tea.Cmd {
+	if m.stream == nil || m.stream.size > 0 || m.opts.File == "" || m.opts.Follow {
+		return nil // a regular file, a workload the TUI records itself, or a file another shell grows
+	}
+	return tea.ClearScreen
 }
 
 // groupDigits prints n with thousands separators: 12,345,678.

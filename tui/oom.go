@@ -37,7 +37,7 @@ func (p *oomPanel) view(s Styles, ix *index, needs string, runNeeds int64, w, h 
 		o = &weighed
 	}
 	cut := func(l string) string { return ansi.Truncate(l, w, "…") }
-	lines := []string{s.Error.Render(cut(fmt.Sprintf("OUT OF MEMORY at event %d, iteration %d, %s (%s)", o.Event, o.Iteration, o.Phase, o.Kind)))}
+	lines := []string{s.Error.Render(cut(fmt.Sprintf("OUT OF MEMORY at event %d, %s (%s)", o.Event, whereNamed(o.Iteration, o.Phase), o.Kind)))}
 	req := "request " + units.FormatSize(o.AllocSize)
 	if o.Label != "" {
 		req += "  " + o.Label
@@ -64,8 +64,10 @@ func (p *oomPanel) view(s Styles, ix *index, needs string, runNeeds int64, w, h 
 	}
 	lines = append(lines, cut(fmt.Sprintf("then: allocated %s · reserved %s · device free %s",
 		units.FormatSize(o.Allocated), units.FormatSize(o.Reserved), units.FormatSize(o.Free))))
-	if needs != "" {
-		lines = append(lines, s.Bold.Render(cut(needs)))
+	if needs != "" { // a line for each of its parts: the last says where the fixes are, and must not be cut
+		for _, l := range strings.Split(needs, "; ") {
+			lines = append(lines, s.Bold.Render(cut(l)))
+		}
 	}
 	total := o.Allocated
 	var cats []string

@@ -325,6 +325,7 @@ func (m *Model) onPaged(msg pagedMsg) tea.Cmd {
 	m.load.readDone, m.load.endErr = true, msg.err
 	cmd := m.loaded()
 	m.leaks.onResult(leaksMsg{msg.leaks})
+	m.relayout() // the banner takes a line
 	return tea.Batch(cmd, m.ensureWindow())
 }
 

@@ -35,13 +35,15 @@ type rankMsg struct {
 }
 
 // onKey moves in the ranks; enter reads the one chosen, in the background.
-func (p *ranksPane) onKey(msg tea.KeyPressMsg, k KeyMap) action {
+func (p *ranksPane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) action {
 	if p.table == nil {
 		return action{}
 	}
+	if sel, ok := listMove(msg, k, p.selected, len(p.table.Ranks), h-2); ok {
+		p.selected = sel
+		return action{}
+	}
 	switch {
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.table.Ranks))
 	case key.Matches(msg, k.Detail):
 		if p.selected == p.open || p.table.Ranks[p.selected].Error != "" || p.load == nil {
 			return action{}
@@ -80,13 +82,13 @@ func (p *ranksPane) view(s Styles, w, h int) string {
 		} else {
 			oom, host := "-", "-"
 			if r.OOM {
-				oom = fmt.Sprintf("iteration %d, %s", r.OOMIteration, r.OOMPhase)
+				oom = whereNamed(r.OOMIteration, r.OOMPhase)
 			}
 			if r.HostAllocated > 0 {
 				host = units.FormatSize(r.HostAllocated)
 			}
 			line = fmt.Sprintf("%s %-5s %10s  %-22s %12s %11s %10s  %s", mark, name, units.FormatSize(r.PeakAllocated),
-				fmt.Sprintf("iteration %d, %s", r.PeakIteration, r.PeakPhase), units.FormatSize(r.ModelStates),
+				whereNamed(r.PeakIteration, r.PeakPhase), units.FormatSize(r.ModelStates),
 				units.FormatSize(r.Activations), host, oom)
 		}
 		line = ansi.Truncate(line, w, "…")

@@ -208,7 +208,7 @@ func (p *fixesPane) needsLine() string {
 	}
 	line := fmt.Sprintf("%s %s (its peak with unlimited memory)", what, units.FormatSize(r.base.Needs))
 	if b := r.best(); b != nil {
-		line += fmt.Sprintf("; 5 ranks %d fixes", len(r.ranked))
+		line += fmt.Sprintf("; 5 shows %d fixes, ranked", len(r.ranked))
 	}
 	return line
 }

@@ -3,6 +3,7 @@ package tui
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -41,7 +42,8 @@ func (p *segmentsPane) setData(ix *index, at int) {
 	_, p.oom = ix.diagnoseOOM(at)
 }
 
-func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
+// onKey answers a key in a pane h lines high.
+func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap, h int) {
 	switch {
 	case p.open && key.Matches(msg, k.Back, k.Detail):
 		p.open = false
@@ -49,8 +51,12 @@ func (p *segmentsPane) onKey(msg tea.KeyPressMsg, k KeyMap) {
 		p.offset = max(p.offset-1, 0)
 	case p.open && key.Matches(msg, k.Down):
 		p.offset++
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.segs))
+	case p.open && key.Matches(msg, k.PageUp):
+		p.offset = max(p.offset-(h-3), 0)
+	case p.open && key.Matches(msg, k.PageDown):
+		p.offset += h - 3
+	case key.Matches(msg, k.Up, k.Down, k.PageUp, k.PageDown):
+		p.selected, _ = listMove(msg, k, p.selected, len(p.segs), h-3)
 	case key.Matches(msg, k.Detail):
 		p.open, p.offset = len(p.segs) > 0, 0
 	}
@@ -95,7 +101,7 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 	from := min(max(p.selected-rows+1, 0), max(len(p.segs)-rows, 0))
 	for i := from; i < len(p.segs) && len(lines) < h; i++ {
 		sg := p.segs[i]
-		cells := segmentCells(sg, p.at, max(int(int64(mapW)*sg.Size/largest), 1))
+		cells := segmentCells(sg, p.at, max(share(sg.Size, largest, mapW), 1))
 		mark := " "
 		if i == p.selected {
 			mark = "▸"
@@ -125,9 +131,10 @@ func segmentCells(sg timeline.SegmentState, at, width int) []rune {
 		if !b.AllocatedAt(at) {
 			c = cellPending
 		}
-		off := int64(b.Addr - sg.Addr)
-		from := int(off * int64(width) / sg.Size)
-		to := int((off + b.Size) * int64(width) / sg.Size)
+		// A block claiming to lie outside its segment, or to be larger than it, is drawn at its edge.
+		off := int64(min(b.Addr-min(b.Addr, sg.Addr), math.MaxInt64))
+		from := min(share(off, sg.Size, width), width-1)
+		to := share(sum(off, b.Size), sg.Size, width)
 		for j := from; j < max(to, from+1) && j < width; j++ {
 			if rank[c] > rank[cells[j]] {
 				cells[j] = c

@@ -1,12 +1,13 @@
 package tui
 
 import (
+	"math"
+	"math/bits"
 	"strings"
 
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/oomdbg/oomdbg/internal/units"
-	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
 )
 
@@ -18,19 +19,46 @@ type timelinePane struct {
 	ix    *index
 	after *index // the re-run with fixes, if any
 	axis  axis
+	drawn struct { // the last plot drawn, and what it was drawn from: keys that change nothing here redraw nothing
+		key plotKey
+		out string
+	}
 }
 
-// axisWidth is the width of the memory axis labels.
-const axisWidth = 10
+// plotKey is what the plot is drawn from.
+type plotKey struct {
+	ix, after           *index
+	tl                  *timeline.Timeline // a paged run's window
+	n, afterN           int
+	w, h, from, to, cur int
+	byTime              bool
+	styles              *Styles
+}
+
+// axisWidth is the width of the labels left of the plot: the memory axis ("24.00 GiB"), the cache row's scale
+// ("cache 1.1G") and the band's name ("iteration").
+const axisWidth = 11
 
 var eighths = []rune(" ▁▂▃▄▅▆▇█")
 
 // view renders the plot in w x h cells (h includes the unallocated row, when there is room, and the phase
 // band), for events [from, to) with the cursor.
-func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
+func (p *timelinePane) view(s *Styles, w, h, from, to, cursor int) string {
 	if p.ix == nil || p.ix.len() == 0 || w <= axisWidth+2 || h < 2 {
 		return strings.Repeat("\n", max(h-1, 0))
 	}
+	k := plotKey{ix: p.ix, tl: p.ix.tl, n: p.ix.len(), w: w, h: h, from: from, to: to, cur: cursor, byTime: p.axis.byTime, styles: s}
+	if p.after != nil {
+		k.after, k.afterN = p.after, p.after.len()
+	}
+	if p.drawn.key != k {
+		p.drawn.key, p.drawn.out = k, p.draw(s, w, h, from, to, cursor)
+	}
+	return p.drawn.out
+}
+
+// draw draws the plot (view).
+func (p *timelinePane) draw(s *Styles, w, h, from, to, cursor int) string {
 	plotW, plotH := w-axisWidth, h-1
 	strip := plotH >= 4 // room for the unallocated row under a plot of 3 rows at least
 	if strip {
@@ -49,7 +77,7 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	if c := p.ix.capacity; c > 0 && c <= top*3/2 {
 		top = max(top, c)
 	}
-	top += top / 20 // headroom so the capacity line and the peak stay visible
+	top = sum(top, top/20) // headroom so the capacity line and the peak stay visible
 	var after []int64
 	if p.after != nil && p.after.len() > 0 {
 		after = p.alignedAfter(cols)
@@ -60,14 +88,14 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 	}
 	capRow := -1
 	if c := p.ix.capacity; c > 0 && c < top {
-		capRow = plotH - 1 - int(int64(plotH)*c/top)
+		capRow = plotH - 1 - share(c, top, plotH)
 	}
 
 	var b strings.Builder
 	for row := range plotH {
 		// The value range of this row, bottom to top: [lo, hi).
-		hi := top * int64(plotH-row) / int64(plotH)
-		lo := top * int64(plotH-row-1) / int64(plotH)
+		hi := part(top, plotH-row, plotH)
+		lo := part(top, plotH-row-1, plotH)
 		switch {
 		case row == capRow: // the device's capacity, labelled with its size
 			b.WriteString(s.Capacity.Render(padLeft(units.FormatSize(p.ix.capacity), axisWidth-1)) + " ")
@@ -93,14 +121,16 @@ func (p *timelinePane) view(s Styles, w, h, from, to, cursor int) string {
 		b.WriteString(p.unallocatedRow(s, cols, curCol))
 		b.WriteByte('\n')
 	}
-	b.WriteString(s.Muted.Render(padLeft("phase", axisWidth-1) + " "))
-	b.WriteString(p.band(s, cols, curCol))
+	label, band := p.band(s, cols, curCol)
+	b.WriteString(s.Muted.Render(padLeft(label, axisWidth-1) + " "))
+	b.WriteString(band)
 	return b.String()
 }
 
-// unallocatedRow draws reserved minus allocated bytes, the highest of each column, in eighths of a cell on a
-// scale of its own: its axis label is the highest value in view.
-func (p *timelinePane) unallocatedRow(s Styles, cols []column, curCol int) string {
+// unallocatedRow draws the allocator's cache, reserved minus allocated bytes, the highest of each column, in
+// eighths of a cell on a scale of its own, which its label names: "cache 1.1G" is the highest in view. A size
+// alone there read as the memory axis going on below zero.
+func (p *timelinePane) unallocatedRow(s *Styles, cols []column, curCol int) string {
 	vals := make([]int64, len(cols))
 	for c, col := range cols {
 		vals[c] = -1
@@ -110,12 +140,12 @@ func (p *timelinePane) unallocatedRow(s Styles, cols []column, curCol int) strin
 	}
 	top := max(maxOf(vals), 1)
 	var b strings.Builder
-	b.WriteString(s.Muted.Render(padLeft(units.FormatSize(top), axisWidth-1) + " "))
+	b.WriteString(s.Muted.Render(padLeft("cache "+units.FormatSizeShort(top), axisWidth-1) + " "))
 	var line runs
 	for c, v := range vals {
 		ch := ' '
 		if v > 0 {
-			ch = eighths[max(1, int(v*8/top))]
+			ch = eighths[max(1, share(v, top, 8))]
 		}
 		line.add(ch, styleReserved, c == curCol)
 	}
@@ -131,39 +161,13 @@ func cell(alloc, res, lo, hi int64, capacityRow bool) (rune, styleID) {
 	case alloc >= hi:
 		return '█', styleAllocated
 	case alloc > lo:
-		return eighths[int((alloc-lo)*8/max(hi-lo, 1))], styleAllocated
+		return eighths[share(alloc-lo, max(hi-lo, 1), 8)], styleAllocated
 	case res > lo:
 		return '░', styleReserved
 	case capacityRow:
 		return '─', styleCapacity
 	}
 	return ' ', stylePlain
-}
-
-// band is the row of phase letters under the plot, with a tick where an iteration begins.
-func (p *timelinePane) band(s Styles, cols []column, curCol int) string {
-	var line runs
-	iters := p.ix.iters
-	j := 0
-	for c, col := range cols {
-		a, e := col.from, col.to
-		if a >= e {
-			line.add(' ', stylePlain, false)
-			continue
-		}
-		sp := p.ix.spanAt(a)
-		ch := rune(phaseLetter[min(int(sp.phase), snapshot.NumPhases-1)])
-		for j < len(iters) && iters[j] < a {
-			j++
-		}
-		if j < len(iters) && iters[j] < max(e, a+1) {
-			ch = '│'
-		}
-		line.add(ch, stylePhase+styleID(sp.phase), c == curCol)
-	}
-	var b strings.Builder
-	line.render(&b, s.byID)
-	return b.String()
 }
 
 // alignedAfter returns, per column, the re-run's highest allocated bytes over the same part of the run: each
@@ -216,4 +220,41 @@ func padLeft(s string, w int) string {
 		return strings.Repeat(" ", w-n) + s
 	}
 	return ansi.Truncate(s, w, "")
+}
+
+// Sizes come from files, and a hostile file's blocks may claim exabytes each: scaling them to cells or rows
+// must neither overflow nor wrap. A size that does not fit is held at the most a cell or a sum can say.
+
+// share is how many of n cells v fills of top: n*v/top rounded down, in [0, n], exact for any sizes.
+func share(v, top int64, n int) int {
+	switch {
+	case v <= 0 || top <= 0 || n <= 0:
+		return 0
+	case v >= top:
+		return n
+	}
+	hi, lo := bits.Mul64(uint64(v), uint64(n))
+	q, _ := bits.Div64(hi, lo, uint64(top)) // hi < top: v*n < top*n <= top*2^64
+	return int(q)
+}
+
+// part is top*k/n for 0 <= k <= n, exact for any top >= 0.
+func part(top int64, k, n int) int64 {
+	if top <= 0 || n <= 0 || k <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(top), uint64(k))
+	q, _ := bits.Div64(hi, lo, uint64(n)) // hi < n: k <= n
+	return int64(q)
+}
+
+// sum adds sizes, holding at the largest int64 instead of wrapping to a negative one.
+func sum(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	if b < 0 && a < math.MinInt64-b {
+		return math.MinInt64
+	}
+	return a + b
 }

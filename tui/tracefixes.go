@@ -26,7 +26,8 @@ type traceFixes struct {
 	selected int
 	running  context.CancelFunc
 	err      error
-	shown    *index // the selected fix's trace, drawn over the timeline
+	shown    *index   // the selected fix's trace, drawn over the timeline
+	scroll   scroller // the list, when taller than the pane
 }
 
 type (
@@ -49,11 +50,13 @@ func runTraceFixes(ctx context.Context, s *snapshot.Snapshot) tea.Cmd {
 	}
 }
 
-// onKey answers a key; the replays it starts end with ctx.
-func (p *traceFixes) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap) action {
+// onKey answers a key in a pane h lines high; the replays it starts end with ctx.
+func (p *traceFixes) onKey(ctx context.Context, msg tea.KeyPressMsg, k KeyMap, h int) action {
+	if sel, ok := listMove(msg, k, p.selected, len(p.results), h-4); ok {
+		p.selected = sel
+		return action{}
+	}
 	switch {
-	case key.Matches(msg, k.Up, k.Down):
-		p.selected = listStep(msg, k, p.selected, len(p.results))
 	case key.Matches(msg, k.Toggle, k.Detail):
 		// The fix's trace is made again to be drawn: the pane keeps each fix's outcome, not its trace, so
 		// that a long trace and its eleven fixes do not take eleven copies of memory.
@@ -135,6 +138,7 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 			lines = append(lines, s.Muted.Render(cut("the trace ends in its OOM: what would have come after was never recorded")))
 		}
 	}
+	keep := -1
 	for i, r := range p.results {
 		var line string
 		switch {
@@ -147,6 +151,7 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 		line = cut(line)
 		if i == p.selected {
 			line = s.Selected.Render(padRight(line, w))
+			keep = len(lines)
 		}
 		lines = append(lines, line)
 	}
@@ -167,10 +172,7 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 	if sel := p.chosen(); sel != nil && len(sel.Assumptions) > 0 {
 		lines = append(lines, s.Muted.Render(cut("assumes: "+strings.Join(sel.Assumptions, "; "))))
 	}
-	if len(lines) > h {
-		lines = lines[:h]
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(p.scroll.view(s, lines, w, h, keep), "\n")
 }
 
 // chosen is the selected fix's report; nil when there is none or the trace could not take it.

@@ -25,17 +25,19 @@ type layout struct {
 	pane     rect
 }
 
-// Smallest usable terminal.
-const minWidth, minHeight = 40, 12
+// The smallest terminal the TUI draws in: the pane tabs on one line, a timeline of a few rows and a pane of
+// a few lines under it. Below it, a notice says so, and how to quit.
+const minWidth, minHeight = 60, 16
 
 func (m *Model) relayout() {
+	m.banner = m.bannerText()
 	w, h := m.width, m.height
 	if w < minWidth || h < minHeight {
 		m.layout = layout{tooSmall: true}
 		return
 	}
 	fixed := 1 + 1 + 2 + 1 // title, tabs, status, help
-	if m.leakBanner() != "" {
+	if m.banner != "" {
 		fixed++
 	}
 	rest := h - fixed
@@ -44,8 +46,9 @@ func (m *Model) relayout() {
 	m.help.SetWidth(w)
 }
 
-// frame is the last screen drawn. While a snapshot loads, messages arrive far faster than a terminal
-// redraws: the screen is drawn again when something other than loading happened, or every refreshEvery.
+// frame is the last screen drawn. It is drawn again when a message changed what it shows, which every message
+// but loading's is taken to do; while a snapshot loads, those arrive far faster than a terminal redraws, and
+// the screen is drawn again every refreshEvery, and once loading ends.
 type frame struct {
 	content string
 	at      time.Time
@@ -54,7 +57,7 @@ type frame struct {
 
 // View renders the screen.
 func (m *Model) View() tea.View {
-	if !m.frame.valid || m.load.done || time.Since(m.frame.at) >= refreshEvery {
+	if !m.frame.valid || !m.load.done && time.Since(m.frame.at) >= refreshEvery {
 		m.frame = frame{content: m.render(), at: time.Now(), valid: true}
 	}
 	v := tea.NewView(m.frame.content)
@@ -68,26 +71,63 @@ func (m *Model) render() string {
 		return ""
 	}
 	if m.layout.tooSmall {
-		return ansi.Truncate(fmt.Sprintf("oomdbg needs a terminal of at least %dx%d (this one is %dx%d)", minWidth, minHeight, m.width, m.height), m.width, "…")
+		return m.tooSmallView()
 	}
 	if m.showHelp {
 		return fitHeight(m.helpView(), m.height)
 	}
 	var parts []string
 	parts = append(parts, m.titleView())
-	if m.leakBanner() != "" {
+	if m.banner != "" {
 		parts = append(parts, m.bannerView())
 	}
 	if m.ix == nil || m.ix.len() == 0 {
 		parts = append(parts, m.loadingView())
 	} else {
-		parts = append(parts, m.timeline.view(m.styles, m.width, m.layout.timeline.h, m.viewFrom, m.viewTo, m.cursor))
+		parts = append(parts, m.timeline.view(&m.styles, m.width, m.layout.timeline.h, m.viewFrom, m.viewTo, m.cursor))
 		parts = append(parts, m.tabsView())
 		parts = append(parts, fitHeight(m.paneView(), m.layout.pane.h))
 		parts = append(parts, m.statusView()...)
 	}
-	parts = append(parts, ansi.Truncate(m.help.ShortHelpView(m.keys.ShortHelp()), m.width, "…"))
+	parts = append(parts, m.footerView())
 	return fitHeight(strings.Join(parts, "\n"), m.height)
+}
+
+// tooSmallView says the terminal is too small, what it needs, and how to quit, in as much of it as there is.
+func (m *Model) tooSmallView() string {
+	lines := []string{
+		fmt.Sprintf("terminal too small (need %dx%d)", minWidth, minHeight),
+		fmt.Sprintf("this one is %dx%d: enlarge it", m.width, m.height),
+		"q quits",
+	}
+	for i, l := range lines {
+		lines[i] = ansi.Truncate(l, m.width, "…")
+	}
+	return fitHeight(strings.Join(lines, "\n"), m.height)
+}
+
+// footerView is the key help under everything: the keys that matter most, as many as the width takes, and
+// always how to get help and how to quit, which the key map puts last.
+func (m *Model) footerView() string {
+	if m.footer.width == m.width && m.footer.text != "" {
+		return m.footer.text
+	}
+	m.footer.width, m.footer.text = m.width, m.footerFor(m.width)
+	return m.footer.text
+}
+
+// footerFor is the footer at a width.
+func (m *Model) footerFor(width int) string {
+	keys := m.keys.ShortHelp()
+	always := keys[len(keys)-2:]
+	unbounded := m.help
+	unbounded.SetWidth(0)
+	for n := len(keys) - len(always); n >= 0; n-- {
+		if line := unbounded.ShortHelpView(append(keys[:n:n], always...)); ansi.StringWidth(line) <= width {
+			return line
+		}
+	}
+	return ansi.Truncate(unbounded.ShortHelpView(always), width, "…")
 }
 
 func (m *Model) titleView() string {
@@ -126,27 +166,37 @@ func (m *Model) titleView() string {
 
 func (m *Model) loadingView() string {
 	h := m.layout.timeline.h + 1 + m.layout.pane.h + 2
-	if m.leakBanner() != "" {
-		h--
-	}
-	msg := m.load.label + "…"
+	msg := ansi.Truncate(m.load.label+"…", m.width, "…")
 	if m.load.err != nil {
 		msg = m.styles.Error.Render(ansi.Truncate(m.load.err.Error(), m.width, "…"))
 	}
 	return fitHeight(msg, h)
 }
 
+// tabsView is the line of pane tabs: their numbers and names, the names shortened when they do not fit the
+// width, and then only the pane shown named.
 func (m *Model) tabsView() string {
-	var b strings.Builder
-	for i, name := range paneNames[:m.panes()] {
-		label := fmt.Sprintf(" %d %s ", i+1, name)
-		if pane(i) == m.pane {
-			b.WriteString(m.styles.ActiveTab.Render(label))
-		} else {
-			b.WriteString(m.styles.Tab.Render(label))
+	for _, names := range [][]string{paneNames[:], paneShortNames[:], nil} {
+		var b strings.Builder
+		for i := range m.panes() {
+			label := fmt.Sprintf(" %d ", i+1)
+			switch {
+			case names != nil:
+				label = fmt.Sprintf(" %d %s ", i+1, names[i])
+			case pane(i) == m.pane:
+				label = fmt.Sprintf(" %d %s ", i+1, paneNames[i])
+			}
+			if pane(i) == m.pane {
+				b.WriteString(m.styles.ActiveTab.Render(label))
+			} else {
+				b.WriteString(m.styles.Tab.Render(label))
+			}
+		}
+		if ansi.StringWidth(b.String()) <= m.width || names == nil {
+			return ansi.Truncate(b.String(), m.width, "")
 		}
 	}
-	return ansi.Truncate(b.String(), m.width, "")
+	return ""
 }
 
 func (m *Model) paneView() string {
@@ -190,11 +240,23 @@ func (m *Model) statusView() []string {
 		} else {
 			delta = ix.allocated(0)
 		}
-		pos = fmt.Sprintf("event %d/%d  %s  %s  alloc %s (%s this event)  reserved %s", c, ix.len()-1,
-			triage.Where(sp.iteration, sp.phase), action, units.FormatSize(ix.allocated(c)), units.FormatChange(delta), units.FormatSize(ix.reserved(c)))
+		when := where(sp)
+		if ix.isRebuilt(c) {
+			when = "rebuilt from the final state (order invented)"
+		}
+		// As much as the width takes: the event's own change in words, then without them, then not at all;
+		// then reserved shortened, then the action left to the live set's head.
+		alloc, res, change := units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)), units.FormatChange(delta)
+		for _, f := range []string{"%[1]s  alloc %[2]s (%[3]s this event)  reserved %[4]s", "%[1]s  alloc %[2]s (%[3]s)  reserved %[4]s",
+			"%[1]s  alloc %[2]s  reserved %[4]s", "%[1]s  alloc %[2]s  res %[4]s", "alloc %[2]s  res %[4]s"} {
+			pos = fmt.Sprintf("event %d/%d  %s  ", c, ix.len()-1, when) + fmt.Sprintf(f, action, alloc, change, res)
+			if ansi.StringWidth(pos) <= m.width {
+				break
+			}
+		}
 	} else { // a paged run, outside the window: the overview's highest near the cursor
 		pos = fmt.Sprintf("event %d/%d  %s  alloc ≤%s  reserved ≤%s  (paged out)", c, ix.len()-1,
-			triage.Where(sp.iteration, sp.phase), units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)))
+			where(sp), units.FormatSize(ix.allocated(c)), units.FormatSize(ix.reserved(c)))
 	}
 	msg := m.status
 	style := m.styles.Muted
@@ -207,19 +269,38 @@ func (m *Model) statusView() []string {
 	return []string{ansi.Truncate(pos, m.width, "…"), style.Render(ansi.Truncate(msg, m.width, "…"))}
 }
 
+// helpView is the help overlay: every key, then what the timeline draws, scrolled when it is taller than the
+// terminal. Its first line, which never scrolls, says how to close it and how to quit.
 func (m *Model) helpView() string {
-	lines := []string{m.styles.Title.Render(padRight(" oomdbg keys (? or esc to close)", m.width)), ""}
-	groups := [][][]key.Binding{m.keys.FullHelp()}
+	title := m.styles.Title.Render(padRight(ansi.Truncate(" oomdbg keys · ? or esc closes · q quits · ↑↓ pgup/pgdn scroll", m.width, "…"), m.width))
+	return title + "\n" + strings.Join(m.helpScroll.view(m.styles, m.helpLines(), m.width, m.height-1, -1), "\n")
+}
+
+// helpLines are the help's lines under its title: the key map's groups, side by side as the width allows,
+// and the legend of the timeline.
+func (m *Model) helpLines() []string {
+	var lines []string
+	all := m.keys.FullHelp()
 	unbounded := m.help
 	unbounded.SetWidth(0)
-	if all := groups[0]; widest(unbounded.FullHelpView(all)) > m.width { // too narrow: two rows of groups
-		groups = [][][]key.Binding{all[:len(all)/2], all[len(all)/2:]}
-	}
-	for i, g := range groups {
-		if i > 0 {
-			lines = append(lines, "")
+	// As many groups side by side as fit: all, then half of them, then one at a time.
+	groups := [][][]key.Binding{all}
+	for per := len(all); per >= 1; per = (per + 1) / 2 {
+		groups = groups[:0]
+		for i := 0; i < len(all); i += per {
+			groups = append(groups, all[i:min(i+per, len(all))])
 		}
-		for _, l := range strings.Split(m.help.FullHelpView(g), "\n") {
+		fits := true
+		for _, g := range groups {
+			fits = fits && widest(unbounded.FullHelpView(g)) <= m.width
+		}
+		if fits || per == 1 {
+			break
+		}
+	}
+	for _, g := range groups {
+		lines = append(lines, "")
+		for _, l := range strings.Split(unbounded.FullHelpView(g), "\n") {
 			lines = append(lines, ansi.Truncate(l, m.width, "…"))
 		}
 	}
@@ -227,7 +308,31 @@ func (m *Model) helpView() string {
 	for _, l := range strings.Split(ansi.Wordwrap(legend, m.width, " "), "\n") { // wrapped, never cut
 		lines = append(lines, m.styles.Muted.Render(ansi.Truncate(l, m.width, "…")))
 	}
-	return strings.Join(lines, "\n")
+	return lines
+}
+
+// onHelpKey answers a key while the help is open: it scrolls, closes, or quits; other keys do nothing behind
+// it.
+func (m *Model) onHelpKey(msg tea.KeyPressMsg) tea.Cmd {
+	k := m.keys
+	switch {
+	case key.Matches(msg, k.Quit):
+		m.fixes.cancel()
+		return tea.Quit
+	case key.Matches(msg, k.Help, k.Back):
+		m.showHelp = false
+	case key.Matches(msg, k.Up):
+		m.helpScroll.top = max(m.helpScroll.top-1, 0)
+	case key.Matches(msg, k.Down):
+		m.helpScroll.top++
+	case key.Matches(msg, k.Start):
+		m.helpScroll.top = 0
+	case key.Matches(msg, k.End):
+		m.helpScroll.top = len(m.helpLines())
+	default:
+		m.helpScroll.onKey(msg, k, m.height-1)
+	}
+	return nil
 }
 
 // widest is the width of the widest line of s.
@@ -240,7 +345,7 @@ func widest(s string) int {
 }
 
 // legend says what the timeline draws.
-const legend = "timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; the row under it: reserved minus allocated, on its own scale up to the size at its left; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration"
+const legend = "timeline: █ allocated, ░ reserved, ─ device capacity, • a re-run with fixes; the cache row under it: reserved minus allocated (memory the allocator holds that no tensor uses), on its own scale up to the size after \"cache\"; phase band: s setup, d data, F forward, B backward, R recompute, O optimizer, z zero_grad, e eval, │ an iteration begins, ~ rebuilt from the final state (order invented); zoomed out past a few columns an iteration, the band numbers the iterations instead"
 
 // fitHeight pads or cuts s to exactly h lines.
 func fitHeight(s string, h int) string {

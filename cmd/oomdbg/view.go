@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -54,31 +55,42 @@ peak and phase side by side, from which enter opens another.`,
 			if st, err := os.Stat(path); err == nil && st.IsDir() && follow {
 				return followDir(ctx, cmd, keys, path, &mem) // oomdbg record's snapshots, as they are written
 			}
-			opts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
-			if follow {
-				opts = append(opts, load.WithFollow(ctx))
-			}
-			in, err := load.Open(path, opts...)
+			opts, closeIn, err := viewOptions(ctx, path, follow, &mem)
 			if err != nil {
 				return err
 			}
-			defer in.Close()
-			switch in.Format {
-			case load.FormatNative: // streamed in, so a growing file can be followed
-				lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
-				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)})
-			default:
-				s, err := in.Load()
-				if err != nil {
-					return mem.Explain(err)
-				}
-				return runTUI(cmd, keys, tui.Options{File: path, Snapshot: s})
-			}
+			defer closeIn()
+			return runTUI(cmd, keys, opts)
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
+}
+
+// viewOptions opens the snapshot at path for the TUI, within mem: oomdbg's own streamed in (so that a
+// growing file can be followed, and a long one paged), PyTorch's imported whole. closeIn closes the input
+// once the TUI is done with it.
+func viewOptions(ctx context.Context, path string, follow bool, mem *memory) (opts tui.Options, closeIn func(), err error) {
+	lopts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
+	if follow {
+		lopts = append(lopts, load.WithFollow(ctx))
+	}
+	in, err := load.Open(path, lopts...)
+	if err != nil {
+		return tui.Options{}, nil, err
+	}
+	if in.Format == load.FormatNative {
+		lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
+		return tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)},
+			func() { in.Close() }, nil
+	}
+	defer in.Close()
+	s, err := in.Load()
+	if err != nil {
+		return tui.Options{}, nil, mem.Explain(err)
+	}
+	return tui.Options{File: path, Snapshot: s}, func() {}, nil
 }
 
 // viewTerminal returns where the TUI reads keys: standard input, or the terminal itself when standard input

@@ -81,6 +81,29 @@ func FormatSize[N Integer](n N) string {
 	return sign + strconv.FormatFloat(v, 'f', 2, 64) + " " + prefixes[i:i+1] + "iB"
 }
 
+// FormatSizeShort prints a size in at most five characters, for a label where FormatSize does not fit: two
+// significant digits and the binary unit's letter, "512B", "1.5K", "12M", "1.1G". A value that would print as
+// 1000 or more of a unit prints in the next.
+func FormatSizeShort[N Integer](n N) string {
+	sign, u := "", uint64(n)
+	if n < 0 {
+		sign, u = "-", -u
+	}
+	if u < 1000 {
+		return sign + strconv.FormatUint(u, 10) + "B"
+	}
+	const prefixes = "KMGTPE"
+	v, i := float64(u)/(1<<10), 0
+	for v >= 999.5 && i < len(prefixes)-1 {
+		v /= 1 << 10
+		i++
+	}
+	if v < 9.95 {
+		return sign + strconv.FormatFloat(v, 'f', 1, 64) + prefixes[i:i+1]
+	}
+	return sign + strconv.FormatFloat(v, 'f', 0, 64) + prefixes[i:i+1]
+}
+
 // FormatChange prints a change of size with its sign: "+1.50 KiB", "-512 B", and "0 B" for no change.
 func FormatChange[N Integer](n N) string {
 	if n > 0 {

@@ -50,6 +50,18 @@ func TestFormatSize(t *testing.T) {
 	}
 }
 
+func TestFormatSizeShort(t *testing.T) {
+	for in, want := range map[int64]string{
+		0: "0B", 512: "512B", 999: "999B", 1000: "1.0K", 1536: "1.5K", 10189: "10K", 12<<20 + 41<<10: "12M",
+		1<<30 + 82<<20: "1.1G", 1023 << 10: "1.0M", 999 << 20: "999M", 1000 << 20: "1.0G", -3 << 20: "-3.0M",
+		math.MaxInt64: "8.0E",
+	} {
+		if got := FormatSizeShort(in); got != want || len(got) > 5 && in >= 0 {
+			t.Errorf("FormatSizeShort(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestFormatChange(t *testing.T) {
 	for in, want := range map[int64]string{0: "0 B", 512: "+512 B", -1536: "-1.50 KiB", 3 << 30: "+3.00 GiB"} {
 		if got := FormatChange(in); got != want {
