@@ -106,6 +106,16 @@ func (c *Check) FailOnOOM(oom *FirstOOM) {
 	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
 }
 
+// FailInconclusive fails a check whose leak verdict is inconclusive (too few iterations after the warm-up
+// to tell), for a caller that wants a verdict, not a pass by default.
+func (c *Check) FailInconclusive() {
+	if c.result == nil || c.result.Verdict != leaks.Inconclusive {
+		return
+	}
+	c.Failures = append(c.Failures, c.result.Reason+", and a conclusive verdict is required")
+	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
+}
+
 // WriteText writes the verdict line, PASS or FAIL and why, then the leak analysis's detail.
 func (c *Check) WriteText(w io.Writer) error {
 	verdict := "PASS"

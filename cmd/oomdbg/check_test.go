@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
+
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -31,6 +33,8 @@ var leakVerdict = fmt.Sprintf("leak: allocated memory grows %s per iteration ove
 func TestCheckCommand(t *testing.T) {
 	dir := testFiles(t)
 	f := func(name string) string { return filepath.Join(dir, name) }
+	// A real PyTorch snapshot of the allocator's state alone: no trace, so no iterations to check.
+	noIterations := torchtest.FixturePath(t, "f2_2024_segments_list_only.pkl")
 	tests := map[string]struct {
 		args   []string
 		code   int
@@ -83,6 +87,15 @@ func TestCheckCommand(t *testing.T) {
 		"cut short allowed": {args: []string{f("cut.oomdbg"), "--allow-truncated"}, code: exitOK,
 			first:  "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it",
 			stderr: "oomdbg: warning: snapshot cut short at byte "},
+		"no iterations passes as inconclusive": {args: []string{noIterations}, code: exitOK,
+			first: "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it (the snapshot has no iteration markers)"},
+		"no iterations fails when a verdict is required": {args: []string{noIterations, "--require-conclusive"}, code: exitProblem,
+			first:  "FAIL: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it (the snapshot has no iteration markers), and a conclusive verdict is required",
+			stderr: "oomdbg: check failed: inconclusive: "},
+		"a short run fails when a verdict is required": {args: []string{f("leak.oomdbg"), "--warmup", "7", "--require-conclusive"}, code: exitProblem,
+			first: "FAIL: inconclusive: 8 complete iterations with a warm-up of 7; need 2 or more after it, and a conclusive verdict is required"},
+		"a verdict required and given": {args: []string{f("fixed.oomdbg"), "--require-conclusive"}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2"},
 		"damaged allowed": {args: []string{f("damaged.oomdbg"), "--allow-truncated"}, code: exitOK,
 			stderr: "oomdbg: warning: " + f("damaged.oomdbg") + ": snapshot: read chunk at byte "},
 	}

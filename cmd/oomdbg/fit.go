@@ -46,7 +46,9 @@ second carries the optimizer state), --steps when --seq-dist varies the lengths.
 Plans are tried cheapest first by estimated step time on --gpu's published peaks (docs/fit.md states the
 cost model); a plan that saves at least as much memory on every axis as one that fits, and so costs at
 least as much, is skipped, as is one that saves no more than a plan that does not fit. Each plan prints
-the run flags that reproduce it. Ctrl-C prints what was found so far.`,
+the run flags that reproduce it. Ctrl-C prints what was found so far.
+
+Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usage, 130 interrupted.`,
 		Example: `  oomdbg fit                                          # gpt2-medium on 24 GiB
   oomdbg fit --preset llama-3.1-8b --gpu-mem 24GiB --allow lora,qlora
   oomdbg fit --preset llama-3.1-8b --gpu h100 --gpus 8 --allow zero,offload
@@ -103,6 +105,10 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			}
 			if sig := caught(); sig != nil {
 				return &app.SignalError{Sig: sig, Then: "what is printed is what was found until then"}
+			}
+			if len(rep.Plans.Fitting) == 0 {
+				return &app.ProblemError{Msg: fmt.Sprintf("no plan fits %s within %s of its %s", cfg.ModelName(),
+					units.FormatSize(fit.Limit(cfg, req.Margin)), units.FormatSize(int64(cfg.GPUMemory)))}
 			}
 			return nil
 		},

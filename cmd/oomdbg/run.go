@@ -26,7 +26,8 @@ from a built-in workload instead (--model gpt from ` + train.DefaultPreset + `),
 gpt loop is nanoGPT's train.py: it keeps the logits alive through backward until the next forward returns
 (--logits drop frees them before backward, as HF Trainer does). An OOM stops the run like it stops a
 PyTorch job, with a complete snapshot; so do Ctrl-C, SIGTERM and SIGHUP (the exit code is then 130, 143
-or 129, as shells expect). The exit code is 1 when the run ran out of memory.
+or 129, as shells expect). The exit code is 1 when the run ran out of memory, or when the file it wrote
+fails oomdbg check's leak verdict (the summary then ends with check's line).
 
 The recording is written as it happens, a chunk at every phase end and at least every 200 ms, so a
 run killed any other way (kill -9, the OOM killer) leaves a snapshot that reads up to its last 200 ms,

@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/oomdbg/oomdbg/internal/hostmem"
@@ -15,8 +17,9 @@ import (
 // ReportRanks reports each rank's snapshot of a data-parallel job and puts them side by side. The files are
 // read and analysed in parallel, one per core, each worker within an equal share of lim; only the reports
 // are kept, so memory holds the snapshots being read and not all of them. A file that cannot be read is a
-// row that says so: one bad rank does not hide the others.
-func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) *triage.RankTable {
+// row that says so: one bad rank does not hide the others. The problem is that of ReportProblem, for the
+// job: the ranks that ran out of memory, else those that leak; nil when none did.
+func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) (*triage.RankTable, error) {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
 	budget := lim.Budget(load.CostAnalyse)
 	budget.Memory /= int64(workers)
@@ -44,5 +47,39 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	}
 	close(next)
 	wg.Wait()
-	return triage.CompareRanks(files, reports, errs)
+	return triage.CompareRanks(files, reports, errs), ranksProblem(reports)
+}
+
+// ranksProblem says which of a job's ranks ran out of memory, else which leak (ReportProblem).
+func ranksProblem(reports []*triage.Report) error {
+	var oom, leak []string
+	read := 0
+	for _, r := range reports {
+		if r == nil {
+			continue
+		}
+		read++
+		switch {
+		case r.OOM != nil:
+			oom = append(oom, r.Source.File)
+		case r.Leaks.Verdict == string(leaks.Leak):
+			leak = append(leak, r.Source.File)
+		}
+	}
+	switch {
+	case len(oom) > 0:
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read ran out of memory (%s)", len(oom), read, listFiles(oom))}
+	case len(leak) > 0:
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read leak (%s)", len(leak), read, listFiles(leak))}
+	}
+	return nil
+}
+
+// listFiles names up to three files, and how many more.
+func listFiles(files []string) string {
+	const shown = 3
+	if len(files) <= shown {
+		return strings.Join(files, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(files[:shown], ", "), len(files)-shown)
 }

@@ -78,8 +78,9 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 		return err
 	}
 	WriteRunSummary(summary, cfg, res, name, cw.n)
+	var leak error
 	if (o.Kind == outfile.New || o.Kind == outfile.Regular) && res.OOM == nil {
-		writeLeakVerdict(summary, rec.Path)
+		leak = writeLeakVerdict(summary, rec.Path)
 	}
 	if sig := caught(); sig != nil {
 		return &SignalError{Sig: sig, Then: fmt.Sprintf("the snapshot %s is complete up to then", name)}
@@ -87,7 +88,7 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	if res.OOM != nil {
 		return &ProblemError{Msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, name)}
 	}
-	return nil
+	return leak
 }
 
 // RecordRanks records rank 0 and every rank of cfg's job whose memory differs (train.DistinctRanks), each into
@@ -168,17 +169,20 @@ func checkHostMemory(ctx context.Context, cfg train.Config, lim *hostmem.Limit, 
 	return nil
 }
 
-// writeLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict
-// (a leak, or gradients never cleared), so that a leak is named where the run is, not only when asked for.
-// The snapshot is read back as check streams it, in the memory of a few pages.
-func writeLeakVerdict(w io.Writer, path string) {
+// writeLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict,
+// so that a leak is named where the run is, not only when asked for; the run then found a problem, which
+// it returns. The snapshot is read back as check streams it, in the memory of a few pages.
+func writeLeakVerdict(w io.Writer, path string) error {
 	r, _, _, _, err := findLeaks(path, &hostmem.Limit{}, []leaks.Option{leaks.Warmup(leaks.DefaultWarmup)})
 	if err != nil || r == nil {
-		return
+		return nil
 	}
-	if c := triage.NewCheck(path, r, triage.CheckLimits{}); !c.Pass {
-		fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	c := triage.NewCheck(path, r, triage.CheckLimits{})
+	if c.Pass {
+		return nil
 	}
+	fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	return &ProblemError{Msg: fmt.Sprintf("%s leaks: %s", path, firstClause(c.Reason))}
 }
 
 // countingWriter passes writes through and counts the bytes.
