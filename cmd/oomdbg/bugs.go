@@ -49,8 +49,9 @@ for 8 steps unless --steps says otherwise.`,
 			if err != nil {
 				return flagError(err)
 			}
-			fixes.WriteBugs(cmd.OutOrStdout(), cfg, warmup, rows, markdown)
-			return nil
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			fixes.WriteBugs(out, cfg, warmup, rows, markdown)
+			return out.Err()
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP())

@@ -100,7 +100,11 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			case markdown:
 				write = rep.WriteMarkdown
 			}
-			if err := write(cmd.OutOrStdout()); err != nil {
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			if err := write(out); err != nil {
+				return err
+			}
+			if err := out.Err(); err != nil {
 				return err
 			}
 			if sig := caught(); sig != nil {

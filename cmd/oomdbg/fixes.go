@@ -62,8 +62,9 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			if frag {
 				write = fixes.WriteSettings
 			}
-			write(cmd.OutOrStdout(), cfg, rows, markdown)
-			return nil
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			write(out, cfg, rows, markdown)
+			return out.Err()
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()

@@ -2,15 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -280,5 +286,73 @@ func TestRunNamesALeak(t *testing.T) {
 		if said != tc.leak || tc.leak && !strings.Contains(stdout, "\nleak       "+reason+"\n") {
 			t.Errorf("--bug %s: run's summary does not say what check says (%q):\n%s", tc.bug, verdict, stdout)
 		}
+	}
+}
+
+// failingWriter is a standard output that cannot be written: a full disk.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) {
+	return 0, &fs.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.ENOSPC}
+}
+
+// TestUnwritableOutput: a command whose answer cannot be written exits 2 with one line, whatever writes it
+// (the tables of fit, fixes and bugs drop their writers' errors); none exits 0 with its answer lost.
+func TestUnwritableOutput(t *testing.T) {
+	for _, args := range [][]string{
+		{"fit", "--preset", "tiny"}, {"fit", "--preset", "tiny", "--markdown"}, {"fit", "--preset", "tiny", "--json"},
+		{"fixes", "--preset", "tiny"}, {"fixes", "--preset", "tiny", "--markdown"},
+		{"bugs", "--steps", "4"}, {"bugs", "--steps", "4", "--markdown"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			var stderr bytes.Buffer
+			code := run(context.Background(), args, failingWriter{}, &stderr)
+			if code != exitUsage || stderr.String() != "oomdbg: cannot write standard output: no space left on device\n" {
+				t.Errorf("exit %d, stderr %q; want 2 and one line", code, stderr.String())
+			}
+		})
+	}
+}
+
+// TestRunStopsWhenItsWritesFail records into a file whose writes start failing part-way (a file-size limit,
+// as a full disk does): the run stops at once, says what was written and how far it got, and exits 2,
+// rather than simulating every step for nothing. The file holds what was written: a snapshot cut short.
+func TestRunStopsWhenItsWritesFail(t *testing.T) {
+	bin := oomdbgBinary(t)
+	path := filepath.Join(t.TempDir(), "big.oomdbg")
+	const steps = 200000 // minutes of simulation, were it not stopped
+	cmd := exec.Command("sh", "-c", `ulimit -f 64; exec "$0" run --steps `+strconv.Itoa(steps)+` -o "$1"`, bin, path)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+		t.Fatalf("exit %d (%v), want 2; stderr %q", code, err, stderr.String())
+	}
+	m := regexp.MustCompile(`^oomdbg: cannot write .*big\.oomdbg after (.*): file too large; the run stopped at step (\d+) of 200000, and the file holds what was written before\n$`).
+		FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+	if st, err := os.Stat(path); err != nil || m[1] != units.FormatSize(st.Size()) {
+		t.Errorf("it says %s were written; the file: %v", m[1], err)
+	}
+	stopped, _ := strconv.Atoi(m[2])
+	if !strings.Contains(stdout.String(), fmt.Sprintf("steps      %d of %d (interrupted)\n", stopped, steps)) {
+		t.Errorf("the summary does not say how far the run got:\n%s", stdout.String())
+	}
+	s, err := snapshot.ReadFile(path)
+	if err != nil || s.Warning == nil {
+		t.Fatalf("the file: %v, warning %v; want a snapshot cut short", err, s.Warning)
+	}
+	// The file holds the steps written before the limit; a run that went on would have simulated thousands
+	// more after it.
+	iterations := 0
+	for _, e := range s.Events.All() {
+		if e.Action == snapshot.ActionIteration {
+			iterations++
+		}
+	}
+	if iterations == 0 || stopped > iterations+2 {
+		t.Errorf("the run stopped at step %d, the file holds %d iterations: it went on after its writes failed", stopped, iterations)
 	}
 }

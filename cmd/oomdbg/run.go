@@ -31,7 +31,8 @@ fails oomdbg check's leak verdict (the summary then ends with check's line).
 
 The recording is written as it happens, a chunk at every phase end and at least every 200 ms, so a
 run killed any other way (kill -9, the OOM killer) leaves a snapshot that reads up to its last 200 ms,
-and oomdbg view --follow can watch it grow. -o - writes the snapshot to standard output and the
+and oomdbg view --follow can watch it grow. A write that fails part-way (a full disk, a file-size limit)
+stops the run at its next phase, with the summary of what was written, and exit code 2. -o - writes the snapshot to standard output and the
 summary to standard error. An existing regular file is replaced; a symbolic link or a read-only file
 only with --force; a directory, a socket or a block device never. A FIFO or a character device
 (/dev/null) is written into like a pipe.

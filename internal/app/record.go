@@ -55,9 +55,13 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	}
 	ctx, caught, stopSignals := StopOnSignals(ctx)
 	defer stopSignals()
+	// A write that fails (a full disk, a file-size limit) stops the run at its next phase: what it would
+	// record after has nowhere to go.
+	ctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	// No buffer between the recorder and the file: each chunk reaches the file (or pipe) when it is cut, so
 	// a process killed at any moment leaves what it recorded until the last chunk.
-	cw := &countingWriter{w: w}
+	cw := &countingWriter{w: w, failed: stopRun}
 	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr),
 		FlushEvery: train.DefaultFlushEvery})
 	if cerr := closeOut(); err == nil {
@@ -72,6 +76,11 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	switch {
 	case errors.As(err, &oe):
 		return oe
+	case cw.err != nil && res != nil:
+		// The writes failed part-way: the file holds the chunks written before, which say what ran.
+		WriteRunSummary(summary, cfg, res, name, cw.n)
+		return fmt.Errorf("cannot write %s after %s: %v; the run stopped at step %d of %d, and the file holds what was written before",
+			name, units.FormatSize(cw.n), pathCause(cw.err), res.Steps, cfg.Steps)
 	case errors.As(err, &pe):
 		return fmt.Errorf("cannot write %s: %w", name, pe.Err)
 	case err != nil:
@@ -185,16 +194,32 @@ func writeLeakVerdict(w io.Writer, path string) error {
 	return &ProblemError{Msg: fmt.Sprintf("%s leaks: %s", path, firstClause(c.Reason))}
 }
 
-// countingWriter passes writes through and counts the bytes.
+// countingWriter passes writes through and counts the bytes. The first write that fails is kept, and
+// calls failed.
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w      io.Writer
+	n      int64
+	err    error
+	failed func()
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
+	if err != nil && c.err == nil {
+		c.err = err
+		c.failed()
+	}
 	return n, err
+}
+
+// pathCause is err without the path an *fs.PathError names: the message names the file as the user gave it.
+func pathCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // nvmlSamples returns, for a run on the cuda device, a function that feeds the recorder NVML's reading of
