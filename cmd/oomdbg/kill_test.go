@@ -257,3 +257,28 @@ func TestStdoutRecording(t *testing.T) {
 		t.Errorf("report of the pipe:\n%s", report.String())
 	}
 }
+
+// TestTwoRunsIntoOneFile starts a second recording into the file a first one is still writing: the second
+// refuses, with one line, and leaves the file alone; the first, stopped by Ctrl-C, leaves one whole
+// recording, where two writers used to interleave their chunks into a file that was neither.
+func TestTwoRunsIntoOneFile(t *testing.T) {
+	bin := oomdbgBinary(t)
+	path := filepath.Join(t.TempDir(), "same.oomdbg")
+	first, firstErr := startRecording(t, bin, path)
+	o := invoke(bin, nil, "run", "--steps", "3", "-o", path)
+	if o.code != exitUsage || o.stderr != "oomdbg: cannot write "+path+": another process is recording into it (a run still going?); choose another -o, or wait for it\n" {
+		t.Errorf("the second run: exit %d, stderr %q", o.code, o.stderr)
+	}
+	first.Process.Signal(os.Interrupt)
+	first.Wait()
+	if code := first.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("the first run: exit %d, want 130; stderr %q", code, firstErr.String())
+	}
+	s, err := snapshot.ReadFile(path)
+	if err != nil || s.Footer == nil || s.Warning != nil {
+		t.Fatalf("the file is not one whole recording: %v (footer %v, warning %v)", err, s != nil && s.Footer != nil, s)
+	}
+	if preset := strings.Contains(string(s.Meta.Workload), `"preset":"gpt2-small"`); !preset {
+		t.Errorf("the file is not the first run's: %s", s.Meta.Workload)
+	}
+}
