@@ -73,6 +73,9 @@ read.`,
 				if bad := t.Unreadable(); bad > 0 {
 					return fmt.Errorf("%d of the %d files could not be read (their rows say why)", bad, len(args))
 				}
+				for _, w := range t.Warnings {
+					fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %s\n", w)
+				}
 				return problem
 			}
 			write, err := formatWriter(format, (*triage.Report).WriteText, (*triage.Report).WriteMarkdown, (*triage.Report).WriteJSON)

@@ -420,7 +420,7 @@ func TestReportRanks(t *testing.T) {
 		}
 	}
 	code, stdout, stderr = runCmd("report", r0, r1, "--format", "json")
-	if code != exitProblem || stderr != "oomdbg: 1 of the 2 ranks read ran out of memory ("+r1+")\n" {
+	if code != exitProblem || stderr != "oomdbg: 1 of the 2 ranks read to the end ran out of memory ("+r1+")\n" {
 		t.Errorf("a job one of whose ranks ran out of memory: exit %d, stderr %q", code, stderr)
 	}
 	var tab struct {

@@ -25,6 +25,7 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	budget.Memory /= int64(workers)
 	reports := make([]*triage.Report, len(files))
 	errs := make([]error, len(files))
+	jobs := make([]job, len(files))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
@@ -37,6 +38,7 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 					errs[i] = err
 					continue
 				}
+				jobs[i] = jobOf(s.Meta)
 				reports[i] = triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],
 					Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
@@ -47,15 +49,18 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	}
 	close(next)
 	wg.Wait()
-	return triage.CompareRanks(files, reports, errs), ranksProblem(reports)
+	t := triage.CompareRanks(files, reports, errs)
+	t.Warnings = append(t.Warnings, jobWarnings(t, jobs)...)
+	return t, ranksProblem(reports)
 }
 
-// ranksProblem says which of a job's ranks ran out of memory, else which leak (ReportProblem).
+// ranksProblem says which of a job's ranks ran out of memory, else which leak (ReportProblem), of the ranks
+// that could tell: a file cut short before an OOM cannot say whether its rank ran out.
 func ranksProblem(reports []*triage.Report) error {
 	var oom, leak []string
 	read := 0
 	for _, r := range reports {
-		if r == nil {
+		if r == nil || r.OOM == nil && !r.Source.Complete {
 			continue
 		}
 		read++
@@ -68,9 +73,9 @@ func ranksProblem(reports []*triage.Report) error {
 	}
 	switch {
 	case len(oom) > 0:
-		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read ran out of memory (%s)", len(oom), read, listFiles(oom))}
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read to the end ran out of memory (%s)", len(oom), read, listFiles(oom))}
 	case len(leak) > 0:
-		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read leak (%s)", len(leak), read, listFiles(leak))}
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read to the end leak (%s)", len(leak), read, listFiles(leak))}
 	}
 	return nil
 }

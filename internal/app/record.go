@@ -2,12 +2,17 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +34,7 @@ type Recording struct {
 	Force   bool           // --force: through links, over read-only files
 	Memory  *hostmem.Limit // --max-memory, for the cpu device's host memory (nil: not checked)
 	Version string         // oomdbg's version, written into the snapshot
+	Job     string         // the job the run is a rank of (snapshot.Meta.Job); RecordRanks sets it
 }
 
 // Record records cfg into rec's file and prints the summary, on stdout unless the snapshot goes there. The
@@ -63,7 +69,7 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	// a process killed at any moment leaves what it recorded until the last chunk.
 	cw := &countingWriter{w: w, failed: stopRun}
 	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr),
-		FlushEvery: train.DefaultFlushEvery})
+		FlushEvery: train.DefaultFlushEvery, Job: rec.Job})
 	if cerr := closeOut(); err == nil {
 		err = cerr
 	}
@@ -101,8 +107,9 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 }
 
 // RecordRanks records rank 0 and every rank of cfg's job whose memory differs (train.DistinctRanks), each into
-// rec's path with .rankN before its extension. The error is that of the last rank that found a problem, or
-// the first that failed otherwise.
+// rec's path with .rankN before its extension, under one job identifier (snapshot.Meta.Job). The rank files
+// an earlier job left under the same name are removed first, so that job.rank*.oomdbg names this job's
+// ranks alone. The error is that of the last rank that found a problem, or the first that failed otherwise.
 func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr io.Writer) error {
 	if rec.Path == "-" || rec.Path == "/dev/stdout" {
 		return fmt.Errorf("--ranks uneven writes one file per rank: give -o a file name")
@@ -111,13 +118,16 @@ func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, s
 	if err != nil {
 		return err
 	}
-	ext := filepath.Ext(rec.Path)
+	if err := removeRankFiles(rec.Path, ranks, rec.Force, stderr); err != nil {
+		return err
+	}
+	rec.Job = newJobID()
 	var last error
 	for _, r := range ranks {
 		c := cfg
 		c.Parallel.Rank = r
 		to := rec
-		to.Path = fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(rec.Path, ext), r, ext)
+		to.Path = rankPath(rec.Path, r)
 		if err := Record(ctx, c, to, stdout, stderr); err != nil {
 			var pe *ProblemError
 			if !errors.As(err, &pe) {
@@ -127,6 +137,59 @@ func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, s
 		}
 	}
 	return last
+}
+
+// rankPath is where rank r of a job recorded into path goes: job.oomdbg -> job.rank3.oomdbg.
+func rankPath(path string, r int) string {
+	ext := filepath.Ext(path)
+	return fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(path, ext), r, ext)
+}
+
+// removeRankFiles removes the rank files an earlier job recorded into path left (rankPath's names) that the
+// ranks about to be recorded will not replace, saying so on stderr. Each is held to -o's policy first: a
+// link or a read-only file goes only with force, anything but a regular file never.
+func removeRankFiles(path string, ranks []int, force bool, stderr io.Writer) error {
+	ext := filepath.Ext(path)
+	pattern := regexp.MustCompile("^" + regexp.QuoteMeta(filepath.Base(strings.TrimSuffix(path, ext))) + `\.rank(\d+)` + regexp.QuoteMeta(ext) + "$")
+	entries, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return nil // the directory is not there yet: the first rank's write says what is wrong
+	}
+	var removed []string
+	for _, e := range entries {
+		m := pattern.FindStringSubmatch(e.Name())
+		if m == nil || slices.Contains(ranks, atoi(m[1])) {
+			continue
+		}
+		old := filepath.Join(filepath.Dir(path), e.Name())
+		if _, err := outfile.Check(old, force, false); err != nil {
+			return fmt.Errorf("an earlier job's rank file is in the way: %w", err)
+		}
+		if err := os.Remove(old); err != nil {
+			return fmt.Errorf("cannot remove %s, an earlier job's rank: %w", old, pathCause(err))
+		}
+		removed = append(removed, old)
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(stderr, "oomdbg: removed %s, the rank files of an earlier job\n", listFiles(removed))
+	}
+	return nil
+}
+
+// atoi is the number of digits, -1 past int's range.
+func atoi(digits string) int {
+	n, err := strconv.Atoi(digits)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// newJobID returns an identifier for a job's ranks: random, so that two jobs never share one.
+func newJobID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // RecordDefault is oomdbg without arguments and without a terminal: the default workload (GPT-2 medium at

@@ -28,6 +28,8 @@ type RecordOptions struct {
 	// its events span more than its chunk age. Zero leaves chunking to the Writer alone, so that a recording
 	// with a fixed clock is a pure function of the run.
 	FlushEvery time.Duration
+	// Job, when set, is written into the metadata (snapshot.Meta.Job): the ranks of one job share it.
+	Job string
 }
 
 // DefaultFlushEvery is how often oomdbg run writes its recording out: kill -9 loses at most about this much.
@@ -44,6 +46,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	start := time.Now()
 	meta := Meta(cfg, opts.ToolVersion)
 	meta.Created = start.UTC().Truncate(time.Microsecond)
+	meta.Job = opts.Job
 	sw, err := snapshot.NewWriter(w, meta, opts.Writer...)
 	if err != nil {
 		return nil, err
