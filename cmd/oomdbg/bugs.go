@@ -47,7 +47,7 @@ for 8 steps unless --steps says otherwise.`,
 			cfg.Device = device.Meta
 			rows, err := fixes.CheckBugs(cmd.Context(), cfg, warmup, toolVersion())
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
 			out := &checkedWriter{w: cmd.OutOrStdout()}
 			fixes.WriteBugs(out, cfg, warmup, rows, markdown)

@@ -91,7 +91,7 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			defer stop()
 			rep, err := fit.Search(ctx, cfg, req)
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
 			write := rep.WriteText
 			switch {

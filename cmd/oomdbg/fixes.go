@@ -56,7 +56,7 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			}
 			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
 			write := fixes.Write
 			if frag {

@@ -140,6 +140,7 @@ type configFlags struct {
 	given            *train.Config
 	copies           map[string]func(to *train.Config) // by flag name: copies the flag's field from given
 	preset, hfConfig string
+	base             train.Config // what config started from: the model's source, before the flags
 }
 
 // field binds the flag name to the field of a Config that at returns: a flag of T's kind, or of value's
@@ -278,6 +279,7 @@ func (f *configFlags) config() (train.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	f.base = cfg
 	f.fs.Visit(func(fl *pflag.Flag) {
 		if copyField, ok := f.copies[fl.Name]; ok {
 			copyField(&cfg)
@@ -289,9 +291,11 @@ func (f *configFlags) config() (train.Config, error) {
 	return cfg, nil
 }
 
-// flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:
-// ...". Other errors pass unchanged.
-func flagError(err error) error {
+// explain names what the user gave for a configuration field that holds an impossible number (a
+// *train.FieldError): the flag, "--hidden 4611686018427387904: ...", when the user set it; the config.json
+// field when --hf-config gave it, "llama.json: vocab_size 4194304: ..."; else where it came from, and the
+// flag that sets it. Other errors pass unchanged.
+func (f *configFlags) explain(err error) error {
 	var fe *train.FieldError
 	if !errors.As(err, &fe) {
 		return err
@@ -299,11 +303,40 @@ func flagError(err error) error {
 	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
 	field = strings.TrimPrefix(field, "stage3_")
 	name := strings.ReplaceAll(field, "_", "-")
+	value := fmt.Sprint(fe.Value)
 	switch fe.Field {
-	case "gpu_memory":
-		name = "gpu-mem"
-	case "norm_eps", "rope_theta": // no flag: they come from --hf-config or a preset
-		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
+	case "gpu_memory", "context_reserve":
+		if fe.Field == "gpu_memory" {
+			name = "gpu-mem"
+		}
+		if n, ok := fe.Value.(uint64); ok {
+			value = units.FormatSizeExact(n)
+		}
 	}
-	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
+	given := func(flag string) bool { fl := f.fs.Lookup(flag); return fl != nil && fl.Changed }
+	switch {
+	case given(name):
+		return fmt.Errorf("--%s %s: %s", name, value, fe.Reason)
+	case fe.Field == "context_reserve" && given("gpu-mem"):
+		return fmt.Errorf("--gpu-mem %s: leaves nothing to the allocator after the %s the CUDA context takes (--context-reserve)",
+			units.FormatSizeExact(f.given.GPUMemory), value)
+	case f.hfConfig != "" && f.base.Model == modelOf(f) && train.HFKey(f.base.Architecture, fe.Field) != "":
+		return fmt.Errorf("%s: %s %s: %s", f.hfConfig, train.HFKey(f.base.Architecture, fe.Field), value, fe.Reason)
+	case f.hfConfig != "" && f.base.Model != modelOf(f):
+		return fmt.Errorf("%s %s: %s; %s describes a %s, and --model %s needs --%s", fe.Field, value, fe.Reason, f.hfConfig,
+			f.base.Architecture, modelOf(f), name)
+	case f.fs.Lookup(name) == nil:
+		return fmt.Errorf("%s %s: %s", fe.Field, value, fe.Reason) // no flag sets it: it came from the preset or config.json
+	case f.preset != "":
+		return fmt.Errorf("%s %s (the preset %s's; --%s sets it): %s", fe.Field, value, f.preset, name, fe.Reason)
+	}
+	return fmt.Errorf("%s %s (the default; --%s sets it): %s", fe.Field, value, name, fe.Reason)
+}
+
+// modelOf is the model the flags ask for: --model's when given, else the source's.
+func modelOf(f *configFlags) string {
+	if fl := f.fs.Lookup("model"); fl != nil && fl.Changed {
+		return f.given.Model
+	}
+	return f.base.Model
 }

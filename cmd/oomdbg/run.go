@@ -62,7 +62,7 @@ meta device and refuses to start when that is more than --max-memory.`,
 			if ranks == "uneven" {
 				record = app.RecordRanks
 			}
-			return flagError(record(cmd.Context(), cfg, rec, cmd.OutOrStdout(), cmd.ErrOrStderr()))
+			return flags.explain(record(cmd.Context(), cfg, rec, cmd.OutOrStdout(), cmd.ErrOrStderr()))
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP()).addHFConfig()
