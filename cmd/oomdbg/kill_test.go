@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"golang.org/x/sys/unix"
 )
 
 // longRun records for minutes: GPT-2 small on the meta device, a few milliseconds a step.
@@ -280,5 +283,61 @@ func TestTwoRunsIntoOneFile(t *testing.T) {
 	}
 	if preset := strings.Contains(string(s.Meta.Workload), `"preset":"gpt2-small"`); !preset {
 		t.Errorf("the file is not the first run's: %s", s.Meta.Workload)
+	}
+}
+
+// openPTY opens a pseudo-terminal and returns its two ends: what the program writes to tty, the test reads
+// from ptm.
+func openPTY(t *testing.T) (ptm, tty *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(); s.Close() })
+	return m, s
+}
+
+// TestRunShowsProgressOnATerminal runs the tiny GPT on the cpu device, which takes seconds a step, with
+// standard error a terminal: a progress line (bar, steps, loss) is drawn there and erased before the
+// summary. With standard error a pipe nothing is drawn.
+func TestRunShowsProgressOnATerminal(t *testing.T) {
+	bin := oomdbgBinary(t)
+	dir := t.TempDir()
+	ptm, tty := openPTY(t)
+	args := []string{"run", "--preset", "tiny", "--device", "cpu", "--steps", "3"}
+	cmd := exec.Command(bin, append(args, "-o", filepath.Join(dir, "tty.oomdbg"))...)
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, tty
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close() // the child holds it now: the reads below end when it exits
+	var screen bytes.Buffer
+	io.Copy(&screen, ptm) // EIO once the last holder of the terminal is gone
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("run: %v\n%s", err, screen.String())
+	}
+	drawn := screen.String()
+	if !regexp.MustCompile(`\r\x1b\[Krun: \[#+\] step 3 of 3, loss \d+\.\d{4}, [0-9.]+m?s\r\x1b\[K`).MatchString(drawn) {
+		t.Errorf("no progress line ending in step 3 of 3, erased, on the terminal: %q", drawn)
+	}
+	if !strings.Contains(stdout.String(), "steps      3 of 3, loss ") {
+		t.Errorf("the summary: %s", stdout.String())
+	}
+	o := invoke(bin, nil, append(args, "-o", filepath.Join(dir, "pipe.oomdbg"))...)
+	if o.code != exitOK || strings.Contains(o.stderr, "\r") || strings.Contains(o.stderr, "step 3 of 3") {
+		t.Errorf("standard error a pipe: exit %d, %q; want no progress line", o.code, o.stderr)
 	}
 }

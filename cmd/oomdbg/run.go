@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/oomdbg/oomdbg/internal/app"
+	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -32,7 +33,9 @@ fails oomdbg check's leak verdict (the summary then ends with check's line).
 The recording is written as it happens, a chunk at every phase end and at least every 200 ms, so a
 run killed any other way (kill -9, the OOM killer) leaves a snapshot that reads up to its last 200 ms,
 and oomdbg view --follow can watch it grow. A write that fails part-way (a full disk, a file-size limit)
-stops the run at its next phase, with the summary of what was written, and exit code 2. -o - writes the snapshot to standard output and the
+stops the run at its next phase, with the summary of what was written, and exit code 2. When standard
+error is a terminal, it shows the run's progress on one line as it goes: steps done, the loss on the cpu
+device, and the time. -o - writes the snapshot to standard output and the
 summary to standard error. An existing regular file is replaced; a symbolic link or a read-only file
 only with --force; a directory, a socket or a block device never. A FIFO or a character device
 (/dev/null) is written into like a pipe.
@@ -58,6 +61,9 @@ meta device and refuses to start when that is more than --max-memory.`,
 				return err
 			}
 			rec.Memory, rec.Version = &mem.Limit, toolVersion()
+			if outfile.IsTerminal(cmd.ErrOrStderr()) {
+				rec.Progress = cmd.ErrOrStderr()
+			}
 			record := app.Record
 			if ranks == "uneven" {
 				record = app.RecordRanks

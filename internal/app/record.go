@@ -35,7 +35,13 @@ type Recording struct {
 	Memory  *hostmem.Limit // --max-memory, for the cpu device's host memory (nil: not checked)
 	Version string         // oomdbg's version, written into the snapshot
 	Job     string         // the job the run is a rank of (snapshot.Meta.Job); RecordRanks sets it
+	// Progress, when set, is a terminal (standard error) that shows the run's progress on one line.
+	Progress io.Writer
 }
+
+// progressInterval is how often the progress line is redrawn: often enough to see it move, seldom enough
+// to cost nothing beside a step.
+const progressInterval = 100 * time.Millisecond
 
 // Record records cfg into rec's file and prints the summary, on stdout unless the snapshot goes there. The
 // configuration is validated once, by train.Record, before the file is touched. SIGINT, SIGTERM and SIGHUP
@@ -68,8 +74,16 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	// No buffer between the recorder and the file: each chunk reaches the file (or pipe) when it is cut, so
 	// a process killed at any moment leaves what it recorded until the last chunk.
 	cw := &countingWriter{w: w, failed: stopRun}
-	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr),
-		FlushEvery: train.DefaultFlushEvery, Job: rec.Job})
+	opts := train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr), FlushEvery: train.DefaultFlushEvery, Job: rec.Job}
+	var progress *progressLine
+	if rec.Progress != nil {
+		progress = newProgressLine(rec.Progress, progressInterval, cfg.Device == device.CPU)
+		opts.Progress = progress.step
+	}
+	res, err := train.Record(ctx, cfg, cw, opts)
+	if progress != nil {
+		progress.clear() // before the summary and any error line take the terminal
+	}
 	if cerr := closeOut(); err == nil {
 		err = cerr
 	}

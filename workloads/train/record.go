@@ -30,6 +30,14 @@ type RecordOptions struct {
 	FlushEvery time.Duration
 	// Job, when set, is written into the metadata (snapshot.Meta.Job): the ranks of one job share it.
 	Job string
+	// Progress, when set, is called after each completed step, from the goroutine that runs the workload.
+	Progress func(Progress)
+}
+
+// Progress is how far a run has got: Done of Of steps, and the last step's loss (0 on the meta device).
+type Progress struct {
+	Done, Of int
+	Loss     float32
 }
 
 // DefaultFlushEvery is how often oomdbg run writes its recording out: kill -9 loses at most about this much.
@@ -58,7 +66,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	if opts.OnStart != nil {
 		stop = opts.OnStart(rec)
 	}
-	res, dev, err := runValid(ctx, cfg, rec, 0)
+	res, dev, err := runValid(ctx, cfg, rec, 0, opts.Progress)
 	stop()
 	stopFlush()
 	if err != nil {
