@@ -10,7 +10,6 @@ import (
 )
 
 func newCheckCmd() *cobra.Command {
-	var maxGrowth, maxPeak, maxHeld uint64
 	var asJSON bool
 	var mem memory
 	var req app.CheckRequest
@@ -52,14 +51,6 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if req.Warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", req.Warmup)
 			}
-			given := func(flag string, v uint64) *int64 {
-				if !cmd.Flags().Changed(flag) {
-					return nil
-				}
-				n := int64(v)
-				return &n
-			}
-			req.Limits.MaxGrowth, req.Limits.MaxPeak, req.Limits.MaxHeld = given("max-growth", maxGrowth), given("max-peak", maxPeak), given("max-held", maxHeld)
 			req.Memory = &mem.Limit
 			c, err := app.Check(args[0], req, cmd.ErrOrStderr())
 			if err != nil {
@@ -78,9 +69,10 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			return nil
 		},
 	}
-	cmd.Flags().Var(sizeFlag{&maxGrowth}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
-	cmd.Flags().Var(sizeFlag{&maxPeak}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
-	cmd.Flags().Var(sizeFlag{&maxHeld}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
+	lim := &req.Limits
+	cmd.Flags().Var(optional(&lim.MaxGrowth, parseLimit, "size", ""), "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB (default: none: any leak fails)")
+	cmd.Flags().Var(optional(&lim.MaxPeak, parseLimit, "size", ""), "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units) (default: no limit)")
+	cmd.Flags().Var(optional(&lim.MaxHeld, parseLimit, "size", ""), "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB (default: no limit)")
 	cmd.Flags().IntVar(&req.Warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
 	cmd.Flags().BoolVar(&req.AllowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
 	cmd.Flags().BoolVar(&req.RequireConclusive, "require-conclusive", false, "fail a snapshot with too few iterations to tell whether it leaks, instead of passing it as inconclusive")

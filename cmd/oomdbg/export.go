@@ -59,7 +59,7 @@ device, a FIFO or a socket never.`,
 	}
 	cmd.Flags().StringVar(&req.Format, "format", "", "output format: "+strings.Join(app.ExportFormats(), ", "))
 	cmd.Flags().StringVarP(&req.Out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
-	cmd.Flags().StringVar(&at, "at", "peak", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number")
+	cmd.Flags().StringVar(&at, "at", "", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number (default: the peak for pprof; none marked on the others)")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
 	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, or replace a read-only file")
 	addMemoryFlag(cmd.Flags(), &mem)

@@ -60,9 +60,6 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 					return fmt.Errorf("--%s does not apply: fit simulates on the meta device, without leak bugs", name)
 				}
 			}
-			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				flags.preset = train.DefaultPreset
-			}
 			cfg, err := flags.config()
 			if err != nil {
 				return err
@@ -118,10 +115,14 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
+	flags.defaultPreset = train.DefaultPreset
 	for _, name := range []string{"device", "bug"} {
 		cmd.Flags().MarkHidden(name)
 	}
-	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
+	flags.showDefaults()
+	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+
+		"; when given, --gpu-mem is its memory unless given too (default: "+fit.DefaultGPU+"'s step times, on the workload's --gpu-mem)")
+	cmd.Flags().Lookup("gpu").DefValue = ""
 	cmd.Flags().StringVar(&allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
 	cmd.Flags().BoolVar(&keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
 	cmd.Flags().Float64Var(&margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")

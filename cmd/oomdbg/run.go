@@ -22,8 +22,9 @@ func newRunCmd() *cobra.Command {
 category, into a snapshot file; then print the peak, the phases and the OOM, if any.
 
 Every dimension of the model and every setting of the run is a flag, so any shape can be recorded
-without writing code. Without --preset it runs the MLP whose defaults are shown below; --preset starts
-from a built-in workload instead (--model gpt from ` + train.DefaultPreset + `), and the flags given change it. The
+without writing code. Without --preset or --hf-config it runs the MLP; --preset starts from a built-in
+workload instead (--model gpt from ` + train.DefaultPreset + `), and the flags given change it. The defaults
+below say which are the MLP's, and which every model shares. The
 gpt loop is nanoGPT's train.py: it keeps the logits alive through backward until the next forward returns
 (--logits drop frees them before backward, as HF Trainer does). An OOM stops the run like it stops a
 PyTorch job, with a complete snapshot; so do Ctrl-C, SIGTERM and SIGHUP (the exit code is then 130, 143
@@ -72,6 +73,7 @@ meta device and refuses to start when that is more than --max-memory.`,
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP()).addHFConfig()
+	flags.showDefaults()
 	cmd.Flags().StringVar(&ranks, "ranks", "", "uneven: record rank 0 and every rank whose memory differs, each into -o's name with .rankN before its extension")
 	cmd.Flags().StringVarP(&rec.Path, "output", "o", "run.oomdbg", "snapshot file to write ('-' for standard output)")
 	cmd.Flags().BoolVar(&rec.Force, "force", false, "write through a symbolic link, or replace a read-only file")
