@@ -125,6 +125,9 @@ func (c *Check) WriteText(w io.Writer) error {
 	if _, err := fmt.Fprintf(w, "%s: %s\n", verdict, c.Reason); err != nil {
 		return err
 	}
+	if fix := c.result.Advice(); !c.Pass && fix != "" {
+		fmt.Fprintf(w, "fix: %s\n", fix)
+	}
 	c.result.WriteText(w, 10)
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
 
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
@@ -193,4 +195,51 @@ func BenchmarkCheck(b *testing.B) {
 	}
 	b.ReportMetric(float64(events), "events")
 	b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// failureT is a leaks.TestingT that keeps what a test would print.
+type failureT struct{ msgs []string }
+
+func (*failureT) Helper() {}
+func (f *failureT) Errorf(format string, args ...any) {
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+}
+
+// TestGoTestFailureSaysTheFix: a leak check in a Go test fails with the code change that fixes the leak,
+// the same words the report gives as its "fix the leak" advice and oomdbg check prints under its verdict.
+func TestGoTestFailureSaysTheFix(t *testing.T) {
+	file := filepath.Join(testFiles(t), "leak.oomdbg")
+	s, err := snapshot.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft := &failureT{}
+	leaks.Check(ft, s)
+	if len(ft.msgs) != 1 {
+		t.Fatalf("leaks.Check failed %d times, want once: %q", len(ft.msgs), ft.msgs)
+	}
+	_, js, _ := runCmd("report", file, "--format", "json")
+	var r struct {
+		Advice []struct{ Fix, Why string }
+	}
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatal(err)
+	}
+	var why string
+	for _, a := range r.Advice {
+		if a.Fix == "fix the leak" {
+			why = a.Why
+		}
+	}
+	if why == "" {
+		t.Fatalf("the report advises no fix for the leak: %s", js)
+	}
+	lines := strings.SplitN(ft.msgs[0], "\n", 3)
+	if len(lines) < 3 || lines[1] != "fix: "+why {
+		t.Errorf("the Go test's failure does not give the report's fix %q:\n%s", why, ft.msgs[0])
+	}
+	_, checked, _ := runCmd("check", file)
+	if got := strings.SplitN(checked, "\n", 3); len(got) < 2 || got[1] != "fix: "+why {
+		t.Errorf("oomdbg check does not give the report's fix %q:\n%s", why, checked)
+	}
 }
