@@ -20,8 +20,8 @@ func newExportCmd() *cobra.Command {
 
   torch       PyTorch's snapshot pickle: open it at https://pytorch.org/memory_viz, or with
               torch.cuda._memory_viz. Categories colour the blocks; "User Metadata" shows each
-              block's module and tensor; iterations and phases are external_annotations
-              (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
+              block's module, which oomdbg reads back as its scope; iterations and phases are
+              external_annotations (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
   torch-json  the same document as JSON, which memory_viz also opens.
   pprof       the live set at one event (the peak unless --at says otherwise) as a heap profile:
               inuse_space and inuse_objects by stack, labelled with phase, category, scope,
