@@ -31,7 +31,9 @@ func newExportCmd() *cobra.Command {
   svg, png    the memory timeline with phases, the device's capacity, the peak and the OOM.
 
 --format may be left out when OUT's extension says it (.pickle, .pb.gz, .trace.json, .svg, .png).
---at peak|oom|end|iteration-end:N|EVENT picks the event for pprof and marks it on traces and plots.
+--at peak|oom|end|iteration-end:N|EVENT picks the event for pprof and marks it on traces and plots; torch
+and torch-json then write the snapshot as it stood at that event, as _dump_snapshot() would have written it
+then: the trace up to it and the allocator's segments at it.
 To find a leak, export the live set at the end of two iterations and let pprof subtract them.
 
 -o - (or /dev/stdout) writes to standard output, and the summary line goes to standard error. An
@@ -59,7 +61,7 @@ device, a FIFO or a socket never.`,
 	}
 	cmd.Flags().StringVar(&req.Format, "format", "", "output format: "+strings.Join(app.ExportFormats(), ", "))
 	cmd.Flags().StringVarP(&req.Out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
-	cmd.Flags().StringVar(&at, "at", "", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number (default: the peak for pprof; none marked on the others)")
+	cmd.Flags().StringVar(&at, "at", "", "event to profile (pprof), mark (perfetto, svg, png) or write the snapshot as at (torch, torch-json): peak, oom, end, iteration-end:N or an event number (default: the peak for pprof, the whole recording for torch; none marked on the others)")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
 	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, or replace a read-only file")
 	addMemoryFlag(cmd.Flags(), &mem)

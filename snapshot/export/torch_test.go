@@ -237,11 +237,11 @@ func checkSameTimeline(t *testing.T, want, got *timeline.Timeline) {
 	}
 	for d := range devices {
 		dev := int(d)
-		wv, _, err := selectDevice(want.Snapshot(), &dev)
+		wv, _, err := want.Snapshot().DeviceView(dev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		gv, _, err := selectDevice(got.Snapshot(), &dev)
+		gv, _, err := got.Snapshot().DeviceView(dev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -579,5 +579,64 @@ func TestTorchSameMicrosecond(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTorchAtAnEvent exports each one-device snapshot as it stood at its peak and at the end of its first
+// iteration, imports the export, and holds it to the recording up to that event: the same allocator actions,
+// the same allocated and reserved bytes after each, and the allocator's state then (the segments PyTorch's
+// dump would have listed: the bytes reserved at the event, in as many segments as were mapped).
+func TestTorchAtAnEvent(t *testing.T) {
+	for name, s := range snapshots(t) {
+		tl := timeline.New(s)
+		if len(s.DevicesWithMemory()) != 1 {
+			continue
+		}
+		for _, at := range []At{{Kind: AtPeak}, {Kind: AtIterationEnd, N: 0}} {
+			seq, err := at.resolve(tl, nil, s.Events.Len())
+			if err != nil {
+				continue // no such iteration
+			}
+			t.Run(name+"/"+at.String(), func(t *testing.T) {
+				var buf bytes.Buffer
+				what, err := Write(&buf, s, FormatTorch, Options{At: &at})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(what, fmt.Sprintf(" as it stood at %s (event %d): ", at, seq)) {
+					t.Errorf("it says it wrote %q", what)
+				}
+				im, err := torch.Import(buf.Bytes())
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := timeline.New(im)
+				var want []int
+				for _, i := range allocatorSeqs(s) {
+					if i <= seq {
+						want = append(want, i)
+					}
+				}
+				gs := allocatorSeqs(im)
+				if len(gs) != len(want) {
+					t.Fatalf("%d allocator actions, want the %d up to event %d", len(gs), len(want), seq)
+				}
+				for k := range want {
+					for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
+						if w, g := tl.Value(series, want[k]), got.Value(series, gs[k]); w != g {
+							t.Fatalf("%s after allocator action %d: %d, want %d", series, k, g, w)
+						}
+					}
+				}
+				var reserved int64
+				for _, sg := range im.Footer.Segments {
+					reserved += sg.Size
+				}
+				if w := tl.Value(timeline.Reserved, seq); reserved != w || len(im.Footer.Segments) != len(tl.SegmentsAt(seq)) {
+					t.Errorf("the state written: %d segments of %d bytes, want %d segments of %d bytes as at event %d",
+						len(im.Footer.Segments), reserved, len(tl.SegmentsAt(seq)), w, seq)
+				}
+			})
+		}
 	}
 }
