@@ -160,6 +160,9 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	case FormatSVG, FormatPNG:
 		po := opts.Plot
 		po.Mark, po.seq = at, seqs
+		if opts.At != nil {
+			po.MarkName = opts.At.String()
+		}
 		if err := writePlot(w, tl, f, po); err != nil {
 			return "", err
 		}
