@@ -92,6 +92,7 @@ func (r *Report) flags(p *Plan) string {
 type ReportJSON struct {
 	MaxBatch       int          `json:"max_batch"`
 	Capped         bool         `json:"max_batch_capped,omitempty"`
+	NoFit          int          `json:"smallest_not_fitting"`
 	SimulatedSteps int          `json:"simulated_steps"`
 	Trials         int          `json:"trials"`
 	GPU            string       `json:"gpu"`
@@ -126,7 +127,7 @@ type PlanJSON struct {
 
 // JSON returns the report as fit --json prints it.
 func (r *Report) JSON() ReportJSON {
-	j := ReportJSON{MaxBatch: r.Batch.MaxBatch, Capped: r.Batch.Capped, SimulatedSteps: r.Batch.Steps + r.Plans.Steps,
+	j := ReportJSON{MaxBatch: r.Batch.MaxBatch, Capped: r.Batch.Capped, NoFit: r.Batch.NoFit, SimulatedSteps: r.Batch.Steps + r.Plans.Steps,
 		Trials: len(r.Batch.Trials) + len(r.Plans.Tried), GPU: r.Req.GPU.Name, GPUMemory: r.Config.GPUMemory,
 		Limit: Limit(r.Config, r.Req.Margin), Margin: r.Req.Margin, Considered: r.Plans.Considered, Pruned: r.Plans.Pruned,
 		Interrupted: r.Interrupted(), Plans: []PlanJSON{}, Explain: r.Why}
@@ -170,8 +171,7 @@ func (r *Report) write(w io.Writer, markdown bool) {
 			Steps(cfg), units.FormatSize(Limit(cfg, r.Req.Margin)), 100*(1-r.Req.Margin))
 		fmt.Fprintf(w, "%s.\n", capitalize(r.Batch.String()))
 		if r.Batch.Interrupted {
-			fmt.Fprintln(w, "Interrupted: the search for the largest batch stopped there.")
-			return
+			return // String said what is known
 		}
 		alike := 0
 		for _, p := range r.Plans.Skipped {

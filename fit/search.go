@@ -18,6 +18,10 @@ type BatchSearch struct {
 	// batch of one fits). When Capped, MaxSearchBatch fits and nothing larger was tried.
 	MaxBatch int
 	Capped   bool
+	// NoFit is the smallest micro-batch tried that does not fit (0: none failed). When the search ends,
+	// NoFit is MaxBatch+1 (or 1, when nothing fits); when it was interrupted, the largest batch that fits
+	// lies between the two, and either may still be unknown.
+	NoFit int
 	// Best is the trial of MaxBatch (nil when it is 0).
 	Best *Trial
 	// Trials are the runs in the order made; Steps the optimizer steps they simulated, all together.
@@ -46,6 +50,8 @@ func MaxBatch(ctx context.Context, cfg train.Config, opts Options) (*BatchSearch
 		s.Steps += t.Steps
 		if t.Fits {
 			s.MaxBatch = max(s.MaxBatch, b)
+		} else if s.NoFit == 0 || b < s.NoFit {
+			s.NoFit = b
 		}
 		return t.Fits, nil
 	}
@@ -108,9 +114,19 @@ func (s *BatchSearch) search(start int, fits func(int) (bool, error)) error {
 	return nil
 }
 
-// String says what the search found, in one line.
+// String says what the search found, in one line. An interrupted search says what it knows: a batch that
+// fits and one that does not, as far as it got; never that nothing fits when smaller batches were not tried.
 func (s *BatchSearch) String() string {
+	trials := fmt.Sprintf("%d trials, %d simulated steps", len(s.Trials), s.Steps)
 	switch {
+	case s.Interrupted && s.MaxBatch > 0 && s.NoFit > 0:
+		return fmt.Sprintf("interrupted (%s): micro-batch %d fits and %d does not; the largest that fits lies between", trials, s.MaxBatch, s.NoFit)
+	case s.Interrupted && s.MaxBatch > 0:
+		return fmt.Sprintf("interrupted (%s): micro-batch %d fits; no larger one was tried", trials, s.MaxBatch)
+	case s.Interrupted && s.NoFit > 0:
+		return fmt.Sprintf("interrupted (%s): micro-batch %d does not fit; no smaller one was tried", trials, s.NoFit)
+	case s.Interrupted:
+		return fmt.Sprintf("interrupted before the first trial ended (%s): nothing is known of the largest micro-batch", trials)
 	case s.MaxBatch == 0:
 		return fmt.Sprintf("no micro-batch fits, not even 1 (%d trials, %d simulated steps)", len(s.Trials), s.Steps)
 	case s.Capped:

@@ -1,7 +1,11 @@
 package fit_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
@@ -106,5 +110,66 @@ func TestMaxBatchInterrupted(t *testing.T) {
 	}
 	if !s.Interrupted || s.MaxBatch < 2 {
 		t.Fatalf("interrupted %v with max batch %d: want the batch of 2 found before the cancel", s.Interrupted, s.MaxBatch)
+	}
+}
+
+// cancelAt simulates on the meta device, and cancels the search's context as its n-th trial (from 1)
+// starts, as Ctrl-C during that trial would.
+type cancelAt struct {
+	n, calls int
+	cancel   context.CancelFunc
+}
+
+func (c *cancelAt) Simulate(ctx context.Context, cfg train.Config, limit int64) (*train.Result, error) {
+	c.calls++
+	if c.calls == c.n {
+		c.cancel()
+	}
+	return fit.Meta{}.Simulate(ctx, cfg, limit)
+}
+
+// TestInterruptedBatchSearchSaysWhatItKnows interrupts the search for gpt2-medium's largest batch on 24 GiB
+// (16, then 8, then 4, ...) during each of its first trials: it reports the batches it found to fit and not
+// to, each held against a run, and never that nothing fits when the smaller batches were never tried.
+func TestInterruptedBatchSearchSaysWhatItKnows(t *testing.T) {
+	cfg := preset(t, "gpt2-medium", 24, nil)
+	for n := 1; n <= 4; n++ {
+		t.Run(fmt.Sprintf("during trial %d", n), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := fit.MaxBatch(ctx, cfg, fit.Options{Sim: &cancelAt{n: n, cancel: cancel}})
+			if err != nil || !s.Interrupted {
+				t.Fatalf("err %v, interrupted %v", err, s.Interrupted)
+			}
+			if len(s.Trials) != n-1 {
+				t.Errorf("%d trials kept, want the %d that ended", len(s.Trials), n-1)
+			}
+			if s.MaxBatch > 0 && !fitsByRun(t, cfg, s.MaxBatch) {
+				t.Errorf("it says batch %d fits; a run of it does not", s.MaxBatch)
+			}
+			if s.NoFit > 0 && fitsByRun(t, cfg, s.NoFit) {
+				t.Errorf("it says batch %d does not fit; a run of it does", s.NoFit)
+			}
+			line := s.String()
+			t.Log(line)
+			if !strings.HasPrefix(line, "interrupted") || strings.Contains(line, "not even 1") {
+				t.Errorf("%q: want what an interrupted search knows", line)
+			}
+			var text, js bytes.Buffer
+			rep := &fit.Report{Config: cfg, Req: fit.Request{GPU: fit.GPUs[0]}, Batch: s, Plans: &fit.Plans{Interrupted: true}}
+			rep.WriteText(&text)
+			rep.WriteJSON(&js)
+			if !strings.Contains(text.String(), "\nI"+line[1:]+".\n") || strings.Contains(text.String(), "No micro-batch fits") {
+				t.Errorf("the report does not say what the search knows:\n%s", text.String())
+			}
+			var doc struct {
+				MaxBatch    int  `json:"max_batch"`
+				NoFit       int  `json:"smallest_not_fitting"`
+				Interrupted bool `json:"interrupted"`
+			}
+			if json.Unmarshal(js.Bytes(), &doc) != nil || doc.MaxBatch != s.MaxBatch || doc.NoFit != s.NoFit || !doc.Interrupted {
+				t.Errorf("JSON %s", js.String())
+			}
+		})
 	}
 }

@@ -39,8 +39,16 @@ type Failure struct {
 	Result *Result
 }
 
-// Error returns the reason, then the detail on the lines after it.
-func (f *Failure) Error() string { return f.Reason + "\n" + f.Detail }
+// Error returns the reason, then the code change that fixes it when one is known (Result.Advice, what the
+// report and the TUI give), then the detail on the lines after it.
+func (f *Failure) Error() string {
+	if f.Result != nil {
+		if fix := f.Result.Advice(); fix != "" {
+			return f.Reason + "\nfix: " + fix + "\n" + f.Detail
+		}
+	}
+	return f.Reason + "\n" + f.Detail
+}
 
 // Err returns a *Failure when the result breaks a limit: a leak (growing faster than MaxGrowth, when
 // given), more held across iterations than MaxHeld, or a peak above MaxPeak; nil otherwise. Memory held

@@ -28,6 +28,9 @@ type Meta struct {
 	// Iterations says where an importer found the iteration boundaries the events carry, e.g. "from
 	// Optimizer.step regions"; empty where the recording marked them itself.
 	Iterations string `json:"iterations,omitempty"`
+	// Job is an identifier the snapshots of one data-parallel job's ranks share (oomdbg run --ranks writes
+	// one), so that the ranks of two jobs are told apart; empty when not known.
+	Job string `json:"job,omitempty"`
 }
 
 // DeviceInfo describes one device of the recording.

@@ -106,6 +106,16 @@ func (c *Check) FailOnOOM(oom *FirstOOM) {
 	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
 }
 
+// FailInconclusive fails a check whose leak verdict is inconclusive (too few iterations after the warm-up
+// to tell), for a caller that wants a verdict, not a pass by default.
+func (c *Check) FailInconclusive() {
+	if c.result == nil || c.result.Verdict != leaks.Inconclusive {
+		return
+	}
+	c.Failures = append(c.Failures, c.result.Reason+", and a conclusive verdict is required")
+	c.Reason, c.Pass = strings.Join(c.Failures, "; "), false
+}
+
 // WriteText writes the verdict line, PASS or FAIL and why, then the leak analysis's detail.
 func (c *Check) WriteText(w io.Writer) error {
 	verdict := "PASS"
@@ -114,6 +124,9 @@ func (c *Check) WriteText(w io.Writer) error {
 	}
 	if _, err := fmt.Fprintf(w, "%s: %s\n", verdict, c.Reason); err != nil {
 		return err
+	}
+	if fix := c.result.Advice(); !c.Pass && fix != "" {
+		fmt.Fprintf(w, "fix: %s\n", fix)
 	}
 	c.result.WriteText(w, 10)
 	return nil

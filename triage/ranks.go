@@ -73,7 +73,10 @@ type RankRow struct {
 	HostAllocated int64  `json:"host_peak_allocated"`
 	Capacity      int64  `json:"capacity"`
 	Error         string `json:"error"` // a file that could not be read; its figures are zero
-	report        *Report
+	// CutShort says where the file was cut short (a rank killed, or still writing): its figures are those
+	// of what it holds, and its OOM, if it had one later, is not among them. "" for a complete file.
+	CutShort string `json:"cut_short"`
+	report   *Report
 }
 
 // RankTable compares the ranks of a job.
@@ -89,6 +92,8 @@ type RankTable struct {
 	// their peaks: categories and module scopes, largest first.
 	Why         string   `json:"why"`
 	Differences []Change `json:"differences"`
+	// Warnings say what makes the comparison doubtful: files of more than one job, two files of one rank.
+	Warnings []string `json:"warnings"`
 }
 
 // RankFormat is the JSON format name of a RankTable.
@@ -97,7 +102,7 @@ const RankFormat = "oomdbg-ranks/1"
 // CompareRanks puts the reports of a job's ranks side by side. reports[i] is files[i]'s, or nil when errs[i]
 // says why it could not be read.
 func CompareRanks(files []string, reports []*Report, errs []error) *RankTable {
-	t := &RankTable{Format: RankFormat, Worst: -1, Typical: -1, Differences: []Change{}}
+	t := &RankTable{Format: RankFormat, Worst: -1, Typical: -1, Differences: []Change{}, Warnings: []string{}}
 	for i, f := range files {
 		row := RankRow{File: f, Rank: rankFromName(f), report: reports[i]}
 		if errs[i] != nil || reports[i] == nil {
@@ -108,6 +113,9 @@ func CompareRanks(files []string, reports []*Report, errs []error) *RankTable {
 		r := reports[i]
 		if jr, ok := rankOf(r.Source.Workload); ok {
 			row.Rank = jr.Rank
+		}
+		if !r.Source.Complete && r.Source.Warning != "" {
+			row.CutShort = r.Source.Warning
 		}
 		row.PeakAllocated, row.PeakPhase, row.PeakIteration = r.Peak.Allocated, r.Peak.Phase, r.Peak.Iteration
 		row.PeakReserved, row.ModelStates, row.Activations = r.Peak.Reserved, r.ModelStates.Bytes, r.Peak.ByCategory["activation"]
@@ -124,14 +132,26 @@ func CompareRanks(files []string, reports []*Report, errs []error) *RankTable {
 		}
 		t.Ranks = append(t.Ranks, row)
 	}
-	var ok []int
+	// The peaks compared are those of complete files: a file cut short holds part of its rank's run. A file
+	// cut short that ran out of memory has told what matters most, and counts among the ranks that did.
+	var ok, cut, complete []int
 	for i, r := range t.Ranks {
+		switch {
+		case r.Error != "":
+		case r.CutShort != "" && !r.OOM:
+			cut = append(cut, i)
+		default:
+			complete = append(complete, i)
+		}
 		if r.Error == "" {
 			ok = append(ok, i)
 		}
 	}
 	if len(ok) == 0 {
 		return t
+	}
+	if len(complete) > 0 {
+		ok = complete
 	}
 	byPeak := slices.Clone(ok)
 	slices.SortStableFunc(byPeak, func(a, b int) int { return cmp.Compare(t.Ranks[a].PeakAllocated, t.Ranks[b].PeakAllocated) })
@@ -155,6 +175,12 @@ func CompareRanks(files []string, reports []*Report, errs []error) *RankTable {
 		t.Worst = slices.MinFunc(ooms, func(a, b int) int { return cmp.Compare(t.Ranks[a].Rank, t.Ranks[b].Rank) })
 		w = &t.Ranks[t.Worst]
 		t.Why = fmt.Sprintf("%s ran out of memory in %s; %d of %d ranks did", w.name(), where(w.OOMIteration, w.OOMPhase), len(ooms), len(ok))
+		if len(cut) > 0 && len(complete) > 0 {
+			t.Why += fmt.Sprintf(", and %s cut short before %s could tell", t.names(cut), map[bool]string{true: "it", false: "they"}[len(cut) == 1])
+		}
+	case len(cut) > 0 && len(complete) > 0:
+		t.Why = fmt.Sprintf("%s peaks highest of the complete files, at %s in %s; %s cut short", w.name(), units.FormatSize(w.PeakAllocated),
+			where(w.PeakIteration, w.PeakPhase), t.names(cut))
 	case len(ok) == 1:
 		t.Why = fmt.Sprintf("%s is the only rank read", w.name())
 	case w.PeakAllocated == t.Ranks[t.Typical].PeakAllocated && t.Ranks[byPeak[0]].PeakAllocated == w.PeakAllocated:
@@ -187,6 +213,19 @@ func (t *RankTable) Unreadable() int {
 		}
 	}
 	return n
+}
+
+// names names the ranks of the rows at indices is, whose files were cut short: "rank 3's file is", "the files of ranks 3 and
+// 5 are".
+func (t *RankTable) names(is []int) string {
+	if len(is) == 1 {
+		return t.Ranks[is[0]].name() + "'s file is"
+	}
+	var names []string
+	for _, i := range is {
+		names = append(names, t.Ranks[i].name())
+	}
+	return "the files of " + strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1] + " are"
 }
 
 // name says which rank a row is.
@@ -223,6 +262,9 @@ func (t *RankTable) WriteText(w io.Writer) error {
 			fmt.Fprintf(ew, "    %+12s  %s\n", signed(c.Delta()), c.Name)
 		}
 	}
+	for _, warning := range t.Warnings {
+		fmt.Fprintf(ew, "\nwarning: %s\n", warning)
+	}
 	return ew.err
 }
 
@@ -249,6 +291,9 @@ func (t *RankTable) WriteMarkdown(w io.Writer) error {
 	for _, c := range t.Differences {
 		fmt.Fprintf(ew, "- %s %s\n", signed(c.Delta()), cell(c.Name))
 	}
+	for _, warning := range t.Warnings {
+		fmt.Fprintf(ew, "\n**Warning:** %s\n", warning)
+	}
 	return ew.err
 }
 
@@ -268,7 +313,10 @@ func (r RankRow) rankCell() string {
 }
 
 func (r RankRow) oomCell() string {
-	if !r.OOM {
+	switch {
+	case !r.OOM && r.CutShort != "":
+		return "cut short"
+	case !r.OOM:
 		return "-"
 	}
 	return where(r.OOMIteration, r.OOMPhase)

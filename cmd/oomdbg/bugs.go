@@ -37,24 +37,38 @@ for 8 steps unless --steps says otherwise.`,
 			if warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", warmup)
 			}
+			for _, name := range bugsFixed {
+				if cmd.Flags().Changed(name) {
+					return fmt.Errorf("--%s does not apply: bugs records each leak bug and the fixed loop on the meta device", name)
+				}
+			}
 			cfg, err := flags.config()
 			if err != nil {
 				return err
 			}
-			if !cmd.Flags().Changed("steps") {
-				cfg.Steps = 8
-			}
-			cfg.Device = device.Meta
+			cfg.Device = device.Meta // a preset's or config.json's, which is meta too
 			rows, err := fixes.CheckBugs(cmd.Context(), cfg, warmup, toolVersion())
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
-			fixes.WriteBugs(cmd.OutOrStdout(), cfg, warmup, rows, markdown)
-			return nil
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			fixes.WriteBugs(out, cfg, warmup, rows, markdown)
+			return out.Err()
 		},
 	}
-	flags = addConfigFlags(cmd.Flags(), train.DefaultMLP())
+	defaults := train.DefaultMLP()
+	defaults.Steps = 8
+	flags = addConfigFlags(cmd.Flags(), defaults)
+	flags.own("steps") // 8 whatever the model: enough iterations after the warm-up for a verdict
+	for _, name := range bugsFixed {
+		cmd.Flags().MarkHidden(name)
+	}
+	flags.showDefaults()
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	return cmd
 }
+
+// bugsFixed are run's flags that bugs sets itself, hidden from bugs --help and refused: it records on the
+// meta device, once per bug and once fixed.
+var bugsFixed = []string{"device", "bug"}

@@ -10,7 +10,6 @@ import (
 )
 
 func newCheckCmd() *cobra.Command {
-	var maxGrowth, maxPeak, maxHeld uint64
 	var asJSON bool
 	var mem memory
 	var req app.CheckRequest
@@ -24,8 +23,9 @@ suspects, with their stacks and what retains them.
 A leak is allocated memory that keeps growing from iteration to iteration after the warm-up, measured
 at the end of each iteration; it fails the check unless --max-growth allows it. One-time growth (the
 optimizer's state at the first step) is not a leak; reserved memory growing while allocated memory does
-not is reported as fragmentation and passes. A snapshot with too few iterations to tell passes as
-inconclusive. Sizes take binary units: 24GiB and 24GB are both 24 x 2^30 bytes.
+not is reported as fragmentation and passes. A snapshot with too few iterations to tell (a PyTorch snapshot
+without iterations, a run shorter than the warm-up) passes as inconclusive, or fails with
+--require-conclusive. Sizes take binary units: 24GiB and 24GB are both 24 x 2^30 bytes.
 
 Memory that does not grow but outlives its iteration is held across iterations: blocks allocated during
 training still alive when the next iteration begins, other than parameters, optimizer state and
@@ -51,14 +51,6 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			if req.Warmup < 0 {
 				return fmt.Errorf("--warmup %d: must be at least 0", req.Warmup)
 			}
-			given := func(flag string, v uint64) *int64 {
-				if !cmd.Flags().Changed(flag) {
-					return nil
-				}
-				n := int64(v)
-				return &n
-			}
-			req.Limits.MaxGrowth, req.Limits.MaxPeak, req.Limits.MaxHeld = given("max-growth", maxGrowth), given("max-peak", maxPeak), given("max-held", maxHeld)
 			req.Memory = &mem.Limit
 			c, err := app.Check(args[0], req, cmd.ErrOrStderr())
 			if err != nil {
@@ -77,11 +69,13 @@ Exit codes: 0 pass, 1 a check failed, 2 bad usage, an unreadable, truncated or i
 			return nil
 		},
 	}
-	cmd.Flags().Var(sizeFlag{&maxGrowth}, "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB")
-	cmd.Flags().Var(sizeFlag{&maxPeak}, "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units)")
-	cmd.Flags().Var(sizeFlag{&maxHeld}, "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB")
+	lim := &req.Limits
+	cmd.Flags().Var(optional(&lim.MaxGrowth, parseLimit, "size", ""), "max-growth", "allow a leak of up to this much per iteration, e.g. 1MiB (default: none: any leak fails)")
+	cmd.Flags().Var(optional(&lim.MaxPeak, parseLimit, "size", ""), "max-peak", "fail when allocated memory peaks above this, e.g. 20GiB or 20GB (binary units) (default: no limit)")
+	cmd.Flags().Var(optional(&lim.MaxHeld, parseLimit, "size", ""), "max-held", "fail when more than this is held across iterations, e.g. 0 or 64MiB (default: no limit)")
 	cmd.Flags().IntVar(&req.Warmup, "warmup", leaks.DefaultWarmup, "iterations left out before growth is measured")
 	cmd.Flags().BoolVar(&req.AllowTruncated, "allow-truncated", false, "check a snapshot cut short or damaged part-way on the events it holds")
+	cmd.Flags().BoolVar(&req.RequireConclusive, "require-conclusive", false, "fail a snapshot with too few iterations to tell whether it leaks, instead of passing it as inconclusive")
 	addMemoryFlag(cmd.Flags(), &mem)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (format oomdbg-check/1, docs/report-json.md)")
 	cmd.Flags().StringSliceVar(&req.IgnoreScopes, "ignore-scope", nil, "leave out memory allocated in this module scope and those under it (repeatable)")

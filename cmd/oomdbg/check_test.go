@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/leaks"
+	"github.com/oomdbg/oomdbg/snapshot"
+
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/snapshot/load"
@@ -31,6 +35,8 @@ var leakVerdict = fmt.Sprintf("leak: allocated memory grows %s per iteration ove
 func TestCheckCommand(t *testing.T) {
 	dir := testFiles(t)
 	f := func(name string) string { return filepath.Join(dir, name) }
+	// A real PyTorch snapshot of the allocator's state alone: no trace, so no iterations to check.
+	noIterations := torchtest.FixturePath(t, "f2_2024_segments_list_only.pkl")
 	tests := map[string]struct {
 		args   []string
 		code   int
@@ -83,6 +89,15 @@ func TestCheckCommand(t *testing.T) {
 		"cut short allowed": {args: []string{f("cut.oomdbg"), "--allow-truncated"}, code: exitOK,
 			first:  "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it",
 			stderr: "oomdbg: warning: snapshot cut short at byte "},
+		"no iterations passes as inconclusive": {args: []string{noIterations}, code: exitOK,
+			first: "PASS: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it (the snapshot has no iteration markers)"},
+		"no iterations fails when a verdict is required": {args: []string{noIterations, "--require-conclusive"}, code: exitProblem,
+			first:  "FAIL: inconclusive: 0 complete iterations with a warm-up of 2; need 2 or more after it (the snapshot has no iteration markers), and a conclusive verdict is required",
+			stderr: "oomdbg: check failed: inconclusive: "},
+		"a short run fails when a verdict is required": {args: []string{f("leak.oomdbg"), "--warmup", "7", "--require-conclusive"}, code: exitProblem,
+			first: "FAIL: inconclusive: 8 complete iterations with a warm-up of 7; need 2 or more after it, and a conclusive verdict is required"},
+		"a verdict required and given": {args: []string{f("fixed.oomdbg"), "--require-conclusive"}, code: exitOK,
+			first: "PASS: no leak: allocated memory at the end of iterations 2-7 changes by 0 B per iteration after a warm-up of 2"},
 		"damaged allowed": {args: []string{f("damaged.oomdbg"), "--allow-truncated"}, code: exitOK,
 			stderr: "oomdbg: warning: " + f("damaged.oomdbg") + ": snapshot: read chunk at byte "},
 	}
@@ -180,4 +195,51 @@ func BenchmarkCheck(b *testing.B) {
 	}
 	b.ReportMetric(float64(events), "events")
 	b.ReportMetric(float64(events)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// failureT is a leaks.TestingT that keeps what a test would print.
+type failureT struct{ msgs []string }
+
+func (*failureT) Helper() {}
+func (f *failureT) Errorf(format string, args ...any) {
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+}
+
+// TestGoTestFailureSaysTheFix: a leak check in a Go test fails with the code change that fixes the leak,
+// the same words the report gives as its "fix the leak" advice and oomdbg check prints under its verdict.
+func TestGoTestFailureSaysTheFix(t *testing.T) {
+	file := filepath.Join(testFiles(t), "leak.oomdbg")
+	s, err := snapshot.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft := &failureT{}
+	leaks.Check(ft, s)
+	if len(ft.msgs) != 1 {
+		t.Fatalf("leaks.Check failed %d times, want once: %q", len(ft.msgs), ft.msgs)
+	}
+	_, js, _ := runCmd("report", file, "--format", "json")
+	var r struct {
+		Advice []struct{ Fix, Why string }
+	}
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatal(err)
+	}
+	var why string
+	for _, a := range r.Advice {
+		if a.Fix == "fix the leak" {
+			why = a.Why
+		}
+	}
+	if why == "" {
+		t.Fatalf("the report advises no fix for the leak: %s", js)
+	}
+	lines := strings.SplitN(ft.msgs[0], "\n", 3)
+	if len(lines) < 3 || lines[1] != "fix: "+why {
+		t.Errorf("the Go test's failure does not give the report's fix %q:\n%s", why, ft.msgs[0])
+	}
+	_, checked, _ := runCmd("check", file)
+	if got := strings.SplitN(checked, "\n", 3); len(got) < 2 || got[1] != "fix: "+why {
+		t.Errorf("oomdbg check does not give the report's fix %q:\n%s", why, checked)
+	}
 }

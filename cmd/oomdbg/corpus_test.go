@@ -34,6 +34,13 @@ type attack struct {
 	fifo   []byte // when set, path is a FIFO and this is written into it for each invocation
 	stdin  string // when set, the file given on standard input, with path "-"
 	budget string // --max-memory, when not suiteBudget
+	// An invocation attack is a whole command line, not a file: args (run as given, or by sh -c with the
+	// binary as $0 when shell is set), the exit code it must end with (0, 1 or 2 unless a signal's), and
+	// what its output must say (check returns what is wrong, "" when nothing is).
+	args  []string
+	shell string
+	code  int
+	check func(o outcome) string
 }
 
 // TestHostileCorpus runs every command that reads a snapshot (report, check, diff, replay, export, view)
@@ -52,6 +59,13 @@ func TestHostileCorpus(t *testing.T) {
 		args []string
 	}
 	var jobs []job
+	for _, a := range invocationAttacks(t, dir, ref) {
+		args := a.args
+		if a.shell != "" {
+			args = []string{a.shell}
+		}
+		jobs = append(jobs, job{a, args})
+	}
 	for _, a := range attacks {
 		out := filepath.Join(dir, "out", strings.NewReplacer("/", "_", " ", "_").Replace(a.class+"-"+a.name)+".json")
 		budget := []string{"--max-memory", cmp.Or(a.budget, suiteBudget)}
@@ -79,7 +93,7 @@ func TestHostileCorpus(t *testing.T) {
 		failures    []string
 		peak        int64
 		slowest     time.Duration
-		exits       [3]int
+		exits       [4]int // 0, 1, 2, and a signal's
 	}
 	var mu sync.Mutex
 	table := map[string]*row{}
@@ -90,7 +104,12 @@ func TestHostileCorpus(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for j := range work {
-				o := runAttack(bin, j.a, j.args)
+				var o outcome
+				if j.a.shell != "" {
+					o = invokeShell(bin, j.a.shell)
+				} else {
+					o = runAttack(bin, j.a, j.args)
+				}
 				mu.Lock()
 				r := table[j.a.class]
 				if r == nil {
@@ -104,10 +123,10 @@ func TestHostileCorpus(t *testing.T) {
 				if os.Getenv("OOMDBG_CORPUS_LOG") != "" {
 					t.Logf("%s/%s: %v -> %d %q", j.a.class, j.a.name, j.args[0], o.code, firstLine(o.stderr))
 				}
-				if f := o.failure(); f != "" {
+				if f := cmp.Or(j.a.wrongEnd(o), j.a.misleads(j.args[0], o)); f != "" {
 					r.failures = append(r.failures, fmt.Sprintf("%s: oomdbg %s: %s", j.a.name, strings.Join(j.args, " "), f))
 				} else {
-					r.exits[o.code]++
+					r.exits[min(o.code, 3)]++
 				}
 				mu.Unlock()
 			}
@@ -125,11 +144,11 @@ func TestHostileCorpus(t *testing.T) {
 	}
 	slices.Sort(classes)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2 | failures | peak memory | slowest |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2/signal | failures | peak memory | slowest |\n|---|---|---|---|---|---|---|\n")
 	total := 0
 	for _, c := range classes {
 		r := table[c]
-		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d | %d | %s | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2],
+		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d/%d | %d | %s | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2], r.exits[3],
 			len(r.failures), units.FormatSize(r.peak), r.slowest.Round(time.Millisecond))
 		for _, f := range r.failures {
 			t.Error(f)
@@ -137,6 +156,41 @@ func TestHostileCorpus(t *testing.T) {
 		total += r.invocations
 	}
 	t.Logf("%d invocations, each under a %s ceiling and a %v timeout:%s", total, units.FormatSize(suiteCeiling), suiteTimeout, b.String())
+}
+
+// wrongEnd says what is wrong with how an invocation ended: outcome.failure's rules, and for an invocation
+// attack the exit code and the words it must end with.
+func (a attack) wrongEnd(o outcome) string {
+	if a.args == nil && a.shell == "" {
+		return o.failure()
+	}
+	if o.code == a.code && a.code > 2 { // a signal's exit: failure() would refuse it
+		o.code = 0
+	}
+	if f := o.failure(); f != "" {
+		return f
+	}
+	if o.code != a.code && !(a.code > 2 && o.code == 0) {
+		return fmt.Sprintf("exit %d, want %d: %s", o.code, a.code, firstLine(o.stderr))
+	}
+	if a.check != nil {
+		return a.check(o)
+	}
+	return ""
+}
+
+// misleads says what is wrong with what a command said of an attack, beyond the rules every invocation
+// keeps (outcome.failure): a recording cut short is said to be cut short, and never blamed on how PyTorch
+// records its snapshots.
+func (a attack) misleads(command string, o outcome) string {
+	if a.class != "truncation" || o.code != exitUsage || command != "replay" && command != "whatif" {
+		return ""
+	}
+	if strings.Contains(o.stderr, "PyTorch") || strings.Contains(o.stderr, "_record_memory_history") ||
+		!strings.Contains(o.stderr, "cut short") && !strings.Contains(o.stderr, "truncated") && !strings.Contains(o.stderr, "is empty") {
+		return "a recording cut short, blamed on something else: " + firstLine(o.stderr)
+	}
+	return ""
 }
 
 // fifoSeq numbers the FIFOs of the invocations.
@@ -460,4 +514,104 @@ func realPickles() []string {
 		}
 	}
 	return nil
+}
+
+// invokeShell runs script with sh -c, the binary as $0, under invoke's ceiling and timeout.
+func invokeShell(bin, script string) outcome {
+	return invoke("/bin/sh", nil, "-c", script, bin)
+}
+
+// invocationAttacks are the command lines that attack the command line itself rather than a reader: a
+// job's rank files cut short or of two jobs, an output that cannot be written (a full disk, a file-size
+// limit), two recordings into one file, Ctrl-C in a search, a config.json of impossible sizes, a device
+// that holds no memory. Each must end as the README says, with the words that say what happened.
+func invocationAttacks(t *testing.T, dir, ref string) []attack {
+	t.Helper()
+	rec := func(args ...string) {
+		if code, _, stderr := runCmd(args...); code > exitProblem {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+	job := filepath.Join(dir, "job")
+	other := filepath.Join(dir, "other")
+	for _, d := range []string{job, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ranks []string
+	for _, r := range []string{"0", "1", "2"} {
+		path := filepath.Join(job, "job.rank"+r+".oomdbg")
+		rec("run", "--preset", "tiny", "--steps", "2", "--gpus", "3", "--dp", "zero2", "--rank", r, "--gpu-mem", "30MiB", "--context-reserve", "1MiB", "-o", path)
+		ranks = append(ranks, path)
+	}
+	data, err := os.ReadFile(ranks[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ranks[2], data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec("run", "--preset", "tiny", "--steps", "2", "--gpus", "2", "--dp", "zero2", "--ranks", "uneven", "-o", filepath.Join(other, "job.oomdbg"))
+	huge := filepath.Join(dir, "huge.json")
+	if err := os.WriteFile(huge, []byte(`{"architectures": ["LlamaForCausalLM"], "hidden_size": 131072, "intermediate_size": 131072,
+		"num_hidden_layers": 1000, "num_attention_heads": 32, "vocab_size": 4194304}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	says := func(stream func(outcome) string, words ...string) func(outcome) string {
+		return func(o outcome) string {
+			for _, w := range words {
+				if neg, ok := strings.CutPrefix(w, "!"); ok && strings.Contains(stream(o), neg) || !ok && !strings.Contains(stream(o), w) {
+					return fmt.Sprintf("its output %q, want %q", firstLine(stream(o)), w)
+				}
+			}
+			return ""
+		}
+	}
+	stdout := func(o outcome) string { return o.stdout }
+	stderr := func(o outcome) string { return o.stderr }
+	full := says(stderr, "oomdbg: cannot write standard output: no space left on device")
+	const class = "hostile invocation"
+	attacks := []attack{
+		{name: "a job's rank file cut short", args: []string{"report", ranks[0], ranks[1], ranks[2]}, code: exitProblem,
+			check: func(o outcome) string {
+				return cmp.Or(says(stdout, "cut short")(o), says(stderr, "2 of the 2 ranks read to the end ran out of memory")(o))
+			}},
+		{name: "the rank files of two jobs", args: []string{"report", ranks[0], ranks[1], filepath.Join(other, "job.rank1.oomdbg")}, code: exitProblem,
+			check: says(stderr, "oomdbg: warning: the files are of 2 jobs: ")},
+		{name: "fit into a full disk", shell: `exec "$0" fit --preset tiny > /dev/full`, code: exitUsage, check: full},
+		{name: "fit --markdown into a full disk", shell: `exec "$0" fit --preset tiny --markdown > /dev/full`, code: exitUsage, check: full},
+		{name: "fit --json into a full disk", shell: `exec "$0" fit --preset tiny --json > /dev/full`, code: exitUsage, check: full},
+		{name: "fixes into a full disk", shell: `exec "$0" fixes --preset tiny > /dev/full`, code: exitUsage, check: full},
+		{name: "fixes --markdown into a full disk", shell: `exec "$0" fixes --preset tiny --markdown > /dev/full`, code: exitUsage, check: full},
+		{name: "bugs into a full disk", shell: `exec "$0" bugs --steps 4 > /dev/full`, code: exitUsage, check: full},
+		{name: "bugs --markdown into a full disk", shell: `exec "$0" bugs --steps 4 --markdown > /dev/full`, code: exitUsage, check: full},
+		{name: "a recording past a file-size limit", shell: `ulimit -f 64; exec "$0" run --steps 200000 -o ` + filepath.Join(dir, "limit.oomdbg"),
+			code: exitUsage, check: func(o outcome) string {
+				return cmp.Or(says(stderr, "file too large; the run stopped at step ")(o), says(stdout, " of 200000 (interrupted)")(o))
+			}},
+		{name: "two recordings into one file", shell: `f=` + filepath.Join(dir, "same.oomdbg") + `
+			"$0" run --preset gpt2-small --steps 100000 --gpu-mem 80GiB -o "$f" > /dev/null 2>&1 & p=$!
+			while [ ! -s "$f" ]; do sleep 0.05; done
+			"$0" run --steps 3 -o "$f"; r=$?
+			kill -TERM $p; wait $p; exit $r`,
+			code: exitUsage, check: says(stderr, "another process is recording into it")},
+		// A batch search of seconds (20 steps of varied lengths a trial), interrupted in its first trials.
+		{name: "Ctrl-C in fit", shell: `"$0" fit --preset llama-2-70b --gpu-mem 16TiB --seq-dist uniform:512:2048 --steps 20 & p=$!; sleep 0.3; kill -INT $p; wait $p`,
+			code: 130, check: says(stdout, "nterrupted", "!not even 1", "!Largest micro-batch")},
+		{name: "a config.json of sizes past any model", args: []string{"run", "--hf-config", huge, "-o", filepath.Join(dir, "huge.oomdbg")},
+			code: exitUsage, check: says(stderr, huge+": vocab_size 4194304: ", "!--vocab")},
+		{name: "check of a file too short to tell, a verdict required", args: []string{"check", ref, "--warmup", "5", "--require-conclusive"},
+			code: exitProblem, check: says(stdout, "FAIL: inconclusive: ")},
+	}
+	if pickles := realPickles(); len(pickles) > 0 {
+		f4 := filepath.Join(filepath.Dir(pickles[0]), "f4_2024_time_us_no_settings_2dev.pickle")
+		attacks = append(attacks, attack{name: "export of a device that holds no memory", code: exitUsage,
+			args:  []string{"export", f4, "--format", "svg", "--device", "0", "-o", filepath.Join(dir, "none.svg")},
+			check: says(stderr, "device 0 holds no memory in this snapshot; its memory is on device 1")})
+	}
+	for i := range attacks {
+		attacks[i].class = class
+	}
+	return attacks
 }

@@ -20,8 +20,8 @@ func newExportCmd() *cobra.Command {
 
   torch       PyTorch's snapshot pickle: open it at https://pytorch.org/memory_viz, or with
               torch.cuda._memory_viz. Categories colour the blocks; "User Metadata" shows each
-              block's module and tensor; iterations and phases are external_annotations
-              (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
+              block's module, which oomdbg reads back as its scope; iterations and phases are
+              external_annotations (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
   torch-json  the same document as JSON, which memory_viz also opens.
   pprof       the live set at one event (the peak unless --at says otherwise) as a heap profile:
               inuse_space and inuse_objects by stack, labelled with phase, category, scope,
@@ -31,7 +31,9 @@ func newExportCmd() *cobra.Command {
   svg, png    the memory timeline with phases, the device's capacity, the peak and the OOM.
 
 --format may be left out when OUT's extension says it (.pickle, .pb.gz, .trace.json, .svg, .png).
---at peak|oom|end|iteration-end:N|EVENT picks the event for pprof and marks it on traces and plots.
+--at peak|oom|end|iteration-end:N|EVENT picks the event for pprof and marks it on traces and plots; torch
+and torch-json then write the snapshot as it stood at that event, as _dump_snapshot() would have written it
+then: the trace up to it and the allocator's segments at it.
 To find a leak, export the live set at the end of two iterations and let pprof subtract them.
 
 -o - (or /dev/stdout) writes to standard output, and the summary line goes to standard error. An
@@ -59,7 +61,7 @@ device, a FIFO or a socket never.`,
 	}
 	cmd.Flags().StringVar(&req.Format, "format", "", "output format: "+strings.Join(app.ExportFormats(), ", "))
 	cmd.Flags().StringVarP(&req.Out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
-	cmd.Flags().StringVar(&at, "at", "peak", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number")
+	cmd.Flags().StringVar(&at, "at", "", "event to profile (pprof), mark (perfetto, svg, png) or write the snapshot as at (torch, torch-json): peak, oom, end, iteration-end:N or an event number (default: the peak for pprof, the whole recording for torch; none marked on the others)")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
 	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, or replace a read-only file")
 	addMemoryFlag(cmd.Flags(), &mem)

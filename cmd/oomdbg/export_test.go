@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/oomdbg/oomdbg/internal/torchtest"
 )
 
 // recordForExport records a short run of the tiny GPT on the meta device into dir and returns its path.
@@ -28,6 +30,8 @@ func TestExport(t *testing.T) {
 	if err := os.WriteFile(notSnapshot, []byte("hello\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A real snapshot of two devices whose segments are all on device 1 (its MANIFEST says so).
+	device1 := torchtest.FixturePath(t, "f4_2024_time_us_no_settings_2dev.pickle")
 	tests := []struct {
 		name       string
 		args       []string
@@ -53,6 +57,8 @@ func TestExport(t *testing.T) {
 			stdout: "SVG timeline plot", file: filepath.Join(dir, "d0.svg"), prefix: "<?xml"},
 		{name: "pprof at an iteration's end", args: []string{"export", in, "--format", "pprof", "--at", "iteration-end:2", "-o", filepath.Join(dir, "b.pb.gz")}, code: exitOK,
 			stdout: "at iteration-end:2 (event "},
+		{name: "torch as at the peak", args: []string{"export", in, "--format", "torch", "--at", "peak", "-o", filepath.Join(dir, "w.pickle")}, code: exitOK,
+			stdout: "PyTorch memory snapshot as it stood at peak (event ", file: filepath.Join(dir, "w.pickle"), prefix: "\x80\x04\x95"},
 
 		{name: "unknown format", args: []string{"export", in, "--format", "html", "-o", filepath.Join(dir, "x.html")}, code: exitUsage,
 			stderrLine: `oomdbg: unknown export format "html" (want one of torch, torch-json, pprof, perfetto, svg, png)`},
@@ -70,10 +76,12 @@ func TestExport(t *testing.T) {
 			stderrLine: `oomdbg: --at: bad event "top" (want peak, oom, end, iteration-end:N or an event number)`},
 		{name: "no OOM to profile", args: []string{"export", in, "--format", "pprof", "--at", "oom", "-o", filepath.Join(dir, "z.pb.gz")}, code: exitUsage,
 			stderrLine: "oomdbg: the snapshot has no OOM (try --at peak)"},
-		{name: "--at with torch", args: []string{"export", in, "--format", "torch", "--at", "peak", "-o", filepath.Join(dir, "w.pickle")}, code: exitUsage,
-			stderrLine: "oomdbg: an event to export at (--at) does not apply to torch: it holds the whole trace"},
 		{name: "no such device", args: []string{"export", in, "--format", "svg", "--device", "3", "-o", filepath.Join(dir, "d.svg")}, code: exitUsage,
 			stderrLine: "oomdbg: the snapshot has no device 3 (it has 0)"},
+		{name: "a device that holds no memory", args: []string{"export", device1, "--format", "svg", "--device", "0", "-o", filepath.Join(dir, "e.svg")}, code: exitUsage,
+			stderrLine: "oomdbg: device 0 holds no memory in this snapshot; its memory is on device 1 (--device 1)"},
+		{name: "the device that does", args: []string{"export", device1, "--format", "svg", "--device", "1", "-o", filepath.Join(dir, "e1.svg")}, code: exitOK,
+			stdout: "SVG timeline plot", file: filepath.Join(dir, "e1.svg"), prefix: "<?xml"},
 		{name: "no file argument", args: []string{"export", "--format", "svg"}, code: exitUsage,
 			stderrLine: "oomdbg: accepts 1 arg(s), received 0"},
 	}
@@ -111,7 +119,7 @@ func TestExport(t *testing.T) {
 	}
 	for _, e := range entries {
 		switch name := e.Name(); {
-		case strings.HasSuffix(name, ".tmp"), name == "z.pb.gz", name == "w.pickle", name == "y.pb.gz", name == "d.svg":
+		case strings.HasSuffix(name, ".tmp"), name == "z.pb.gz", name == "e.svg", name == "y.pb.gz", name == "d.svg":
 			t.Errorf("a failed export left %s", name)
 		}
 	}

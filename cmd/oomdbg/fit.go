@@ -46,7 +46,9 @@ second carries the optimizer state), --steps when --seq-dist varies the lengths.
 Plans are tried cheapest first by estimated step time on --gpu's published peaks (docs/fit.md states the
 cost model); a plan that saves at least as much memory on every axis as one that fits, and so costs at
 least as much, is skipped, as is one that saves no more than a plan that does not fit. Each plan prints
-the run flags that reproduce it. Ctrl-C prints what was found so far.`,
+the run flags that reproduce it. Ctrl-C prints what was found so far.
+
+Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usage, 130 interrupted.`,
 		Example: `  oomdbg fit                                          # gpt2-medium on 24 GiB
   oomdbg fit --preset llama-3.1-8b --gpu-mem 24GiB --allow lora,qlora
   oomdbg fit --preset llama-3.1-8b --gpu h100 --gpus 8 --allow zero,offload
@@ -57,9 +59,6 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 				if cmd.Flags().Changed(name) {
 					return fmt.Errorf("--%s does not apply: fit simulates on the meta device, without leak bugs", name)
 				}
-			}
-			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				flags.preset = train.DefaultPreset
 			}
 			cfg, err := flags.config()
 			if err != nil {
@@ -89,7 +88,7 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			defer stop()
 			rep, err := fit.Search(ctx, cfg, req)
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
 			write := rep.WriteText
 			switch {
@@ -98,20 +97,32 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			case markdown:
 				write = rep.WriteMarkdown
 			}
-			if err := write(cmd.OutOrStdout()); err != nil {
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			if err := write(out); err != nil {
+				return err
+			}
+			if err := out.Err(); err != nil {
 				return err
 			}
 			if sig := caught(); sig != nil {
 				return &app.SignalError{Sig: sig, Then: "what is printed is what was found until then"}
 			}
+			if len(rep.Plans.Fitting) == 0 {
+				return &app.ProblemError{Msg: fmt.Sprintf("no plan fits %s within %s of its %s", cfg.ModelName(),
+					units.FormatSize(fit.Limit(cfg, req.Margin)), units.FormatSize(int64(cfg.GPUMemory)))}
+			}
 			return nil
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
+	flags.defaultPreset = train.DefaultPreset
 	for _, name := range []string{"device", "bug"} {
 		cmd.Flags().MarkHidden(name)
 	}
-	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+" (sets --gpu-mem to its memory unless given)")
+	flags.showDefaults()
+	cmd.Flags().StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", ")+
+		"; when given, --gpu-mem is its memory unless given too (default: "+fit.DefaultGPU+"'s step times, on the workload's --gpu-mem)")
+	cmd.Flags().Lookup("gpu").DefValue = ""
 	cmd.Flags().StringVar(&allow, "allow", "", "changes beyond the loop's settings a plan may make: some of lora, qlora, offload, zero")
 	cmd.Flags().BoolVar(&keepBatch, "keep-batch", true, "keep the effective batch (micro-batch x accumulation); false lets plans shrink the micro-batch without accumulating, ranked by time per sample")
 	cmd.Flags().Float64Var(&margin, "margin", 100*fit.DefaultMargin, "percent of the allocator's memory a plan must leave unreserved")

@@ -55,8 +55,8 @@ func TestFitPlansRunAsListed(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			code, stdout, stderr := runCmd(append([]string{"fit", "--json"}, tc.args...)...)
-			if code != exitOK {
-				t.Fatalf("exit %d: %s", code, stderr)
+			if want := map[bool]int{false: exitOK, true: exitProblem}[tc.noPlans]; code != want {
+				t.Fatalf("exit %d, want %d (no plan fits: %v): %s", code, want, tc.noPlans, stderr)
 			}
 			var got struct {
 				MaxBatch       *int `json:"max_batch"`

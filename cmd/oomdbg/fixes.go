@@ -42,13 +42,10 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
       --seq-dist uniform:64:1024 --steps 20 --markdown`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, name := range sweepFixed {
+			for _, name := range append(sweepFixed, "steps") {
 				if cmd.Flags().Changed(name) && !(frag && name == "steps") {
-					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs", name)
+					return fmt.Errorf("--%s does not apply: fixes measures two steps on the meta device, without leak bugs (--steps: with --fragmentation)", name)
 				}
-			}
-			if flags.preset == "" && !cmd.Flags().Changed("model") && !cmd.Flags().Changed("hf-config") {
-				flags.preset = train.DefaultPreset
 			}
 			cfg, err := flags.config()
 			if err != nil {
@@ -56,24 +53,29 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			}
 			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
 			if err != nil {
-				return flagError(err)
+				return flags.explain(err)
 			}
 			write := fixes.Write
 			if frag {
 				write = fixes.WriteSettings
 			}
-			write(cmd.OutOrStdout(), cfg, rows, markdown)
-			return nil
+			out := &checkedWriter{w: cmd.OutOrStdout()}
+			write(out, cfg, rows, markdown)
+			return out.Err()
 		},
 	}
 	flags = addConfigFlags(cmd.Flags(), cfg).addHFConfig()
+	flags.defaultPreset = train.DefaultPreset
 	for _, name := range sweepFixed {
 		cmd.Flags().MarkHidden(name)
 	}
+	cmd.Flags().Lookup("steps").Usage = "with --fragmentation, the steps measured (without it, fixes measures two and refuses --steps)"
+	flags.showDefaults()
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print a markdown table")
 	cmd.Flags().BoolVar(&frag, "fragmentation", false, "measure the allocator settings, empty_cache and the data's shapes over --steps steps instead")
 	return cmd
 }
 
-// sweepFixed are run's flags that a sweep sets itself (train.Sweep), hidden from fixes --help and refused.
-var sweepFixed = []string{"steps", "device", "bug"}
+// sweepFixed are run's flags that a sweep sets itself (train.Sweep), hidden from fixes --help and refused;
+// --steps is refused too, but for --fragmentation, which measures that many.
+var sweepFixed = []string{"device", "bug"}

@@ -4,6 +4,8 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -48,6 +50,13 @@ func (f sizeFlag) Set(s string) error {
 
 func (sizeFlag) Type() string { return "size" }
 
+// parseLimit parses a size limit as sizeFlag does, as the int64 a limit is held in.
+func parseLimit(s string) (int64, error) {
+	var n uint64
+	err := sizeFlag{&n}.Set(s)
+	return int64(n), err
+}
+
 // textFlag is a pflag.Value for the settings a Config parses from words (knob.AMP, knob.Checkpoint,
 // device.Kind, train.SeqDist, ...): a value is parsed once, when the flag is set, and a bad one is refused
 // there (--seq-dist file:PATH reads the file then, once, so that a FIFO or /dev/stdin works).
@@ -86,6 +95,9 @@ func optional[T any](v **T, parse func(string) (T, error), typ, def string) opti
 func (f optionalFlag[T]) String() string {
 	if f.v == nil || *f.v == nil {
 		return f.def
+	}
+	if n, ok := any(**f.v).(int64); ok && f.typ == "size" {
+		return units.FormatSizeExact(uint64(n))
 	}
 	return fmt.Sprint(**f.v)
 }
@@ -138,9 +150,27 @@ func addMemoryFlag(fs *pflag.FlagSet, m *memory) {
 type configFlags struct {
 	fs               *pflag.FlagSet
 	given            *train.Config
-	copies           map[string]func(to *train.Config) // by flag name: copies the flag's field from given
+	copies           map[string]func(to *train.Config)        // by flag name: copies the flag's field from given
+	differ           map[string]func(a, b *train.Config) bool // by flag name: whether a's field differs from b's
 	preset, hfConfig string
+	base             train.Config // what config started from: the model's source, before the flags
+	// defaultPreset is the model without --preset, --model or --hf-config ("": the MLP); owned are the flags
+	// whose default, given's, the command sets whatever the model (bugs' 8 steps).
+	defaultPreset string
+	owned         map[string]bool
 }
+
+// presetValue is --preset: it belongs to the configFlags it sets, which is how a test finds them.
+type presetValue struct{ f *configFlags }
+
+func (p presetValue) String() string {
+	if p.f == nil {
+		return ""
+	}
+	return p.f.preset
+}
+func (p presetValue) Set(s string) error { p.f.preset = s; return nil }
+func (presetValue) Type() string         { return "string" }
 
 // field binds the flag name to the field of a Config that at returns: a flag of T's kind, or of value's
 // when given, parsing into given's field, and a copy of that field onto another Config.
@@ -167,6 +197,7 @@ func field[T any](f *configFlags, name string, at func(*train.Config) *T, usage 
 		}
 	}
 	f.copies[name] = func(to *train.Config) { *at(to) = *at(f.given) }
+	f.differ[name] = func(a, b *train.Config) bool { return !reflect.DeepEqual(*at(a), *at(b)) }
 }
 
 // sizeValue and elementsValue are field's value for sizes and element counts.
@@ -176,20 +207,20 @@ func elementsValue(p *int64) pflag.Value { return elementsFlag{p} }
 // addConfigFlags puts every knob of a training run on fs, with defaults' values as the defaults shown, and
 // --preset.
 func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
-	f := &configFlags{fs: fs, given: &defaults, copies: map[string]func(*train.Config){}}
+	f := &configFlags{fs: fs, given: &defaults, copies: map[string]func(*train.Config){},
+		differ: map[string]func(a, b *train.Config) bool{}, owned: map[string]bool{}}
 	type cfg = train.Config
-	pd := presetDefault(defaults)
 	field(f, "model", func(c *cfg) *string { return &c.Model }, "model: mlp, gpt, llama (a Llama-family decoder: Llama, Mistral, Qwen2; Mixtral, Qwen-MoE, Gemma and Phi-3 from a preset or --hf-config) or bert")
 	field(f, "batch", func(c *cfg) *int { return &c.Batch }, "batch size (per micro-batch with --accum)")
 	field(f, "in-features", func(c *cfg) *int { return &c.InFeatures }, "mlp: input features")
 	field(f, "hidden", func(c *cfg) *int { return &c.Hidden }, "mlp: hidden width")
 	field(f, "layers", func(c *cfg) *int { return &c.Layers }, "hidden layers (mlp) or transformer blocks (gpt, llama)")
 	field(f, "classes", func(c *cfg) *int { return &c.Classes }, "mlp: output classes")
-	field(f, "seq", func(c *cfg) *int { return &c.Seq }, "gpt, llama: sequence length (gpt: the block size)"+pd)
-	field(f, "d-model", func(c *cfg) *int { return &c.DModel }, "gpt, llama: embedding width (hidden_size)"+pd)
-	field(f, "heads", func(c *cfg) *int { return &c.Heads }, "gpt, llama: attention heads"+pd)
-	field(f, "vocab", func(c *cfg) *int { return &c.Vocab }, "gpt, llama: vocabulary size"+pd)
-	field(f, "dropout", func(c *cfg) *float32 { return &c.Dropout }, "gpt: dropout probability; llama: attention dropout"+pd)
+	field(f, "seq", func(c *cfg) *int { return &c.Seq }, "gpt, llama: sequence length (gpt: the block size)")
+	field(f, "d-model", func(c *cfg) *int { return &c.DModel }, "gpt, llama: embedding width (hidden_size)")
+	field(f, "heads", func(c *cfg) *int { return &c.Heads }, "gpt, llama: attention heads")
+	field(f, "vocab", func(c *cfg) *int { return &c.Vocab }, "gpt, llama: vocabulary size")
+	field(f, "dropout", func(c *cfg) *float32 { return &c.Dropout }, "gpt: dropout probability; llama: attention dropout")
 	field(f, "kv-heads", func(c *cfg) *int { return &c.KVHeads }, "llama: key-value heads (grouped-query attention; 0: as many as heads)")
 	field(f, "ffn", func(c *cfg) *int { return &c.FFN }, "llama: MLP width (intermediate_size)")
 	field(f, "head-dim", func(c *cfg) *int { return &c.HeadDim }, "llama: head size (0: d-model / heads)")
@@ -227,8 +258,69 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "seed", func(c *cfg) *uint64 { return &c.Seed }, "random seed")
 	field(f, "bug", func(c *cfg) *string { return &c.Bug }, "a leak bug to plant: "+strings.Join(train.Bugs, ", "))
 	addParallelFlags(f)
-	fs.StringVar(&f.preset, "preset", "", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
+	fs.Var(presetValue{f}, "preset", "start from a built-in workload: "+strings.Join(train.PresetNames(), ", "))
 	return f
+}
+
+// showDefaults makes --help show each workload flag's default as it is, once the command has set its
+// flags' usage: a default every model shares as pflag shows it; one that depends on the model (a preset's,
+// config.json's, the MLP's) with the model it is for; none for a flag the model decides alone. A flag the
+// command owns shows its own default.
+func (f *configFlags) showDefaults() {
+	models := []train.Config{train.DefaultMLP()}
+	for _, p := range train.Presets {
+		models = append(models, p.Config)
+	}
+	source := "the mlp"
+	if f.defaultPreset != "" {
+		source = f.defaultPreset
+	}
+	f.fs.VisitAll(func(fl *pflag.Flag) {
+		differs := f.differ[fl.Name]
+		if differs == nil || fl.Hidden || f.owned[fl.Name] {
+			return
+		}
+		if !slices.ContainsFunc(models, func(m train.Config) bool { return differs(&m, f.given) }) {
+			return
+		}
+		shown := fl.DefValue
+		if fl.Value.Type() == "string" {
+			shown = strconv.Quote(shown)
+		}
+		switch {
+		case fl.Name == "model":
+			fl.Usage += fmt.Sprintf(" (default %s; with --preset or --hf-config, theirs)", shown)
+		case isZeroDefault(fl.DefValue):
+			fl.Usage += " (default: the model's, from --preset, --model or --hf-config)"
+		default:
+			fl.Usage += fmt.Sprintf(" (default %s for %s; the model's with --preset, --model or --hf-config)", shown, source)
+		}
+		// A zero default, which pflag does not show: the usage says it.
+		switch fl.Value.Type() {
+		case "string":
+			fl.DefValue = ""
+		case "bool":
+			fl.DefValue = "false"
+		default:
+			fl.DefValue = "0"
+		}
+	})
+}
+
+// isZeroDefault reports whether a flag's default is its type's zero value, which pflag does not show.
+func isZeroDefault(v string) bool {
+	switch v {
+	case "", "0", "false", "0B", "0s", "[]", "<nil>":
+		return true
+	}
+	return false
+}
+
+// own makes the flags named the command's: their default is given's whatever the model.
+func (f *configFlags) own(names ...string) {
+	for _, n := range names {
+		f.owned[n] = true
+	}
 }
 
 // addHFConfig adds --hf-config, the other flag that names a whole model.
@@ -266,20 +358,19 @@ func addParallelFlags(f *configFlags) {
 	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
 }
 
-// presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.
-func presetDefault(cfg train.Config) string {
-	if cfg.Model == "gpt" || cfg.Model == "llama" {
-		return ""
-	}
-	return " (default: the preset's; " + train.DefaultPreset + "'s with --model gpt, " + train.DefaultLlamaPreset + "'s with --model llama)"
-}
-
 // config returns the run configuration the command line describes: the configuration of the model's source
 // (app.BaseConfig), with every flag the user set. It is validated where it runs, once.
 func (f *configFlags) config() (train.Config, error) {
+	if f.preset == "" && f.hfConfig == "" && !f.fs.Changed("model") {
+		f.preset = f.defaultPreset
+	}
 	cfg, err := app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
 	if err != nil {
 		return cfg, err
+	}
+	f.base = cfg
+	for name := range f.owned {
+		f.copies[name](&cfg)
 	}
 	f.fs.Visit(func(fl *pflag.Flag) {
 		if copyField, ok := f.copies[fl.Name]; ok {
@@ -292,9 +383,11 @@ func (f *configFlags) config() (train.Config, error) {
 	return cfg, nil
 }
 
-// flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:
-// ...". Other errors pass unchanged.
-func flagError(err error) error {
+// explain names what the user gave for a configuration field that holds an impossible number (a
+// *train.FieldError): the flag, "--hidden 4611686018427387904: ...", when the user set it; the config.json
+// field when --hf-config gave it, "llama.json: vocab_size 4194304: ..."; else where it came from, and the
+// flag that sets it. Other errors pass unchanged.
+func (f *configFlags) explain(err error) error {
 	var fe *train.FieldError
 	if !errors.As(err, &fe) {
 		return err
@@ -302,13 +395,42 @@ func flagError(err error) error {
 	field, _ := strings.CutPrefix(fe.Field, "parallel.") // a data-parallel setting: its flag drops DeepSpeed's stage3_
 	field = strings.TrimPrefix(field, "stage3_")
 	name := strings.ReplaceAll(field, "_", "-")
-	switch {
-	case fe.Field == "gpu_memory":
-		name = "gpu-mem"
-	case fe.Field == "family.router_aux_loss":
+	value := fmt.Sprint(fe.Value)
+	switch fe.Field {
+	case "gpu_memory", "context_reserve":
+		if fe.Field == "gpu_memory" {
+			name = "gpu-mem"
+		}
+		if n, ok := fe.Value.(uint64); ok {
+			value = units.FormatSizeExact(n)
+		}
+	case "family.router_aux_loss":
 		name = "router-aux-loss"
-	case fe.Field == "norm_eps", fe.Field == "rope_theta", strings.HasPrefix(fe.Field, "family."): // no flag: --hf-config or a preset
-		return fmt.Errorf("%s %v: %s", fe.Field, fe.Value, fe.Reason)
 	}
-	return fmt.Errorf("--%s %v: %s", name, fe.Value, fe.Reason)
+	given := func(flag string) bool { fl := f.fs.Lookup(flag); return fl != nil && fl.Changed }
+	switch {
+	case given(name):
+		return fmt.Errorf("--%s %s: %s", name, value, fe.Reason)
+	case fe.Field == "context_reserve" && given("gpu-mem"):
+		return fmt.Errorf("--gpu-mem %s: leaves nothing to the allocator after the %s the CUDA context takes (--context-reserve)",
+			units.FormatSizeExact(f.given.GPUMemory), value)
+	case f.hfConfig != "" && f.base.Model == modelOf(f) && train.HFKey(f.base.Architecture, fe.Field) != "":
+		return fmt.Errorf("%s: %s %s: %s", f.hfConfig, train.HFKey(f.base.Architecture, fe.Field), value, fe.Reason)
+	case f.hfConfig != "" && f.base.Model != modelOf(f):
+		return fmt.Errorf("%s %s: %s; %s describes a %s, and --model %s needs --%s", fe.Field, value, fe.Reason, f.hfConfig,
+			f.base.Architecture, modelOf(f), name)
+	case f.fs.Lookup(name) == nil:
+		return fmt.Errorf("%s %s: %s", fe.Field, value, fe.Reason) // no flag sets it: it came from the preset or config.json
+	case f.preset != "":
+		return fmt.Errorf("%s %s (the preset %s's; --%s sets it): %s", fe.Field, value, f.preset, name, fe.Reason)
+	}
+	return fmt.Errorf("%s %s (the default; --%s sets it): %s", fe.Field, value, name, fe.Reason)
+}
+
+// modelOf is the model the flags ask for: --model's when given, else the source's.
+func modelOf(f *configFlags) string {
+	if fl := f.fs.Lookup("model"); fl != nil && fl.Changed {
+		return f.given.Model
+	}
+	return f.base.Model
 }

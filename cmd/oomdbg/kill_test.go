@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
+	"golang.org/x/sys/unix"
 )
 
 // longRun records for minutes: GPT-2 small on the meta device, a few milliseconds a step.
@@ -255,5 +258,86 @@ func TestStdoutRecording(t *testing.T) {
 	rec.Wait()
 	if !strings.Contains(report.String(), "oomdbg report: /dev/stdin") || !strings.Contains(report.String(), "\nPEAK ") {
 		t.Errorf("report of the pipe:\n%s", report.String())
+	}
+}
+
+// TestTwoRunsIntoOneFile starts a second recording into the file a first one is still writing: the second
+// refuses, with one line, and leaves the file alone; the first, stopped by Ctrl-C, leaves one whole
+// recording, where two writers used to interleave their chunks into a file that was neither.
+func TestTwoRunsIntoOneFile(t *testing.T) {
+	bin := oomdbgBinary(t)
+	path := filepath.Join(t.TempDir(), "same.oomdbg")
+	first, firstErr := startRecording(t, bin, path)
+	o := invoke(bin, nil, "run", "--steps", "3", "-o", path)
+	if o.code != exitUsage || o.stderr != "oomdbg: cannot write "+path+": another process is recording into it (a run still going?); choose another -o, or wait for it\n" {
+		t.Errorf("the second run: exit %d, stderr %q", o.code, o.stderr)
+	}
+	first.Process.Signal(os.Interrupt)
+	first.Wait()
+	if code := first.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("the first run: exit %d, want 130; stderr %q", code, firstErr.String())
+	}
+	s, err := snapshot.ReadFile(path)
+	if err != nil || s.Footer == nil || s.Warning != nil {
+		t.Fatalf("the file is not one whole recording: %v (footer %v, warning %v)", err, s != nil && s.Footer != nil, s)
+	}
+	if preset := strings.Contains(string(s.Meta.Workload), `"preset":"gpt2-small"`); !preset {
+		t.Errorf("the file is not the first run's: %s", s.Meta.Workload)
+	}
+}
+
+// openPTY opens a pseudo-terminal and returns its two ends: what the program writes to tty, the test reads
+// from ptm.
+func openPTY(t *testing.T) (ptm, tty *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(); s.Close() })
+	return m, s
+}
+
+// TestRunShowsProgressOnATerminal runs the tiny GPT on the cpu device, which takes seconds a step, with
+// standard error a terminal: a progress line (bar, steps, loss) is drawn there and erased before the
+// summary. With standard error a pipe nothing is drawn.
+func TestRunShowsProgressOnATerminal(t *testing.T) {
+	bin := oomdbgBinary(t)
+	dir := t.TempDir()
+	ptm, tty := openPTY(t)
+	args := []string{"run", "--preset", "tiny", "--device", "cpu", "--steps", "3"}
+	cmd := exec.Command(bin, append(args, "-o", filepath.Join(dir, "tty.oomdbg"))...)
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, tty
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close() // the child holds it now: the reads below end when it exits
+	var screen bytes.Buffer
+	io.Copy(&screen, ptm) // EIO once the last holder of the terminal is gone
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("run: %v\n%s", err, screen.String())
+	}
+	drawn := screen.String()
+	if !regexp.MustCompile(`\r\x1b\[Krun: \[#+\] step 3 of 3, loss \d+\.\d{4}, [0-9.]+m?s\r\x1b\[K`).MatchString(drawn) {
+		t.Errorf("no progress line ending in step 3 of 3, erased, on the terminal: %q", drawn)
+	}
+	if !strings.Contains(stdout.String(), "steps      3 of 3, loss ") {
+		t.Errorf("the summary: %s", stdout.String())
+	}
+	o := invoke(bin, nil, append(args, "-o", filepath.Join(dir, "pipe.oomdbg"))...)
+	if o.code != exitOK || strings.Contains(o.stderr, "\r") || strings.Contains(o.stderr, "step 3 of 3") {
+		t.Errorf("standard error a pipe: exit %d, %q; want no progress line", o.code, o.stderr)
 	}
 }

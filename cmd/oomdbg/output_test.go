@@ -2,15 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
@@ -233,7 +240,7 @@ func TestNumericFlags(t *testing.T) {
 		"accum":            {[]string{"run", "--model", "gpt", "--accum", "1000000000"}, "oomdbg: --accum 1000000000: is more micro-batches per step than any run takes (at most 65536)"},
 		"lr":               {[]string{"run", "--lr", "NaN"}, "oomdbg: --lr NaN: must be a finite number >= 0"},
 		"in features":      {[]string{"fixes", "--model", "mlp", "--in-features", "0"}, "oomdbg: --in-features 0: must be at least 1"},
-		"context reserve":  {[]string{"run", "--gpu-mem", "1GiB", "--context-reserve", "2GiB"}, "oomdbg: --context-reserve 2147483648: must be less than the gpu memory 1073741824"},
+		"context reserve":  {[]string{"run", "--gpu-mem", "1GiB", "--context-reserve", "2GiB"}, "oomdbg: --context-reserve 2GiB: must be less than the gpu memory, 1GiB"},
 		"batch overflow": {[]string{"run", "--batch", "99999999999999999999"},
 			`oomdbg: invalid argument "99999999999999999999" for "--batch" flag: value out of range (see 'oomdbg run --help')`},
 		"max-peak":         {[]string{"check", "x", "--max-peak", "2000PiB"}, `oomdbg: invalid argument "2000PiB" for "--max-peak" flag: invalid size "2000PiB" (want a number with an optional unit: B, KiB, MiB, GiB, TiB; KB, MB, GB also mean binary units) (see 'oomdbg check --help')`},
@@ -264,10 +271,13 @@ func TestRunNamesALeak(t *testing.T) {
 			args = append(args, "--bug", tc.bug)
 		}
 		code, stdout, stderr := runCmd(args...)
-		if code != exitOK {
+		if code != exitOK && code != exitProblem {
 			t.Fatalf("--bug %s: exit %d: %s", tc.bug, code, stderr)
 		}
-		_, checked, _ := runCmd("check", path)
+		checkCode, checked, _ := runCmd("check", path)
+		if code != checkCode {
+			t.Errorf("--bug %s: run exits %d, check %d: a run whose summary ends with a leak finds a problem", tc.bug, code, checkCode)
+		}
 		verdict, _, _ := strings.Cut(checked, "\n")
 		reason, failed := strings.CutPrefix(verdict, "FAIL: ")
 		if failed != tc.leak {
@@ -277,5 +287,126 @@ func TestRunNamesALeak(t *testing.T) {
 		if said != tc.leak || tc.leak && !strings.Contains(stdout, "\nleak       "+reason+"\n") {
 			t.Errorf("--bug %s: run's summary does not say what check says (%q):\n%s", tc.bug, verdict, stdout)
 		}
+	}
+}
+
+// failingWriter is a standard output that cannot be written: a full disk.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) {
+	return 0, &fs.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.ENOSPC}
+}
+
+// TestUnwritableOutput: a command whose answer cannot be written exits 2 with one line, whatever writes it
+// (the tables of fit, fixes and bugs drop their writers' errors); none exits 0 with its answer lost.
+func TestUnwritableOutput(t *testing.T) {
+	for _, args := range [][]string{
+		{"fit", "--preset", "tiny"}, {"fit", "--preset", "tiny", "--markdown"}, {"fit", "--preset", "tiny", "--json"},
+		{"fixes", "--preset", "tiny"}, {"fixes", "--preset", "tiny", "--markdown"},
+		{"bugs", "--steps", "4"}, {"bugs", "--steps", "4", "--markdown"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			var stderr bytes.Buffer
+			code := run(context.Background(), args, failingWriter{}, &stderr)
+			if code != exitUsage || stderr.String() != "oomdbg: cannot write standard output: no space left on device\n" {
+				t.Errorf("exit %d, stderr %q; want 2 and one line", code, stderr.String())
+			}
+		})
+	}
+}
+
+// TestRunStopsWhenItsWritesFail records into a file whose writes start failing part-way (a file-size limit,
+// as a full disk does): the run stops at once, says what was written and how far it got, and exits 2,
+// rather than simulating every step for nothing. The file holds what was written: a snapshot cut short.
+func TestRunStopsWhenItsWritesFail(t *testing.T) {
+	bin := oomdbgBinary(t)
+	path := filepath.Join(t.TempDir(), "big.oomdbg")
+	const steps = 200000 // minutes of simulation, were it not stopped
+	cmd := exec.Command("sh", "-c", `ulimit -f 64; exec "$0" run --steps `+strconv.Itoa(steps)+` -o "$1"`, bin, path)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+		t.Fatalf("exit %d (%v), want 2; stderr %q", code, err, stderr.String())
+	}
+	m := regexp.MustCompile(`^oomdbg: cannot write .*big\.oomdbg after (.*): file too large; the run stopped at step (\d+) of 200000, and the file holds what was written before\n$`).
+		FindStringSubmatch(stderr.String())
+	if m == nil {
+		t.Fatalf("stderr %q", stderr.String())
+	}
+	if st, err := os.Stat(path); err != nil || m[1] != units.FormatSize(st.Size()) {
+		t.Errorf("it says %s were written; the file: %v", m[1], err)
+	}
+	stopped, _ := strconv.Atoi(m[2])
+	if !strings.Contains(stdout.String(), fmt.Sprintf("steps      %d of %d (interrupted)\n", stopped, steps)) {
+		t.Errorf("the summary does not say how far the run got:\n%s", stdout.String())
+	}
+	s, err := snapshot.ReadFile(path)
+	if err != nil || s.Warning == nil {
+		t.Fatalf("the file: %v, warning %v; want a snapshot cut short", err, s.Warning)
+	}
+	// The file holds the steps written before the limit; a run that went on would have simulated thousands
+	// more after it.
+	iterations := 0
+	for _, e := range s.Events.All() {
+		if e.Action == snapshot.ActionIteration {
+			iterations++
+		}
+	}
+	if iterations == 0 || stopped > iterations+2 {
+		t.Errorf("the run stopped at step %d, the file holds %d iterations: it went on after its writes failed", stopped, iterations)
+	}
+}
+
+// TestErrorsNameWhatTheUserGave: a configuration that cannot run is refused in the words the user gave it:
+// the config.json field that holds the number, the flag given, or where a number nobody gave came from;
+// never a flag the user did not give as what is wrong.
+func TestErrorsNameWhatTheUserGave(t *testing.T) {
+	dir := t.TempDir()
+	config := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	// Every size within config.json's own bounds; together, more than 2^42 parameters.
+	huge := config("huge.json", `{"architectures": ["LlamaForCausalLM"], "hidden_size": 131072, "intermediate_size": 131072,
+		"num_hidden_layers": 1000, "num_attention_heads": 32, "vocab_size": 4194304}`)
+	tinyVocab := config("vocab1.json", `{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1}`)
+	gpt2 := config("gpt2.json", `{"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2}`)
+	for name, tc := range map[string]struct {
+		args   []string
+		stderr string
+	}{
+		"config.json's sizes": {[]string{"run", "--hf-config", huge},
+			huge + ": vocab_size 4194304: gives the model more than 4398046511104 parameters (at most 2^42, 4.4 trillion)"},
+		"config.json's sizes, with --vocab given": {[]string{"run", "--hf-config", huge, "--vocab", "5"},
+			huge + ": hidden_size 131072: gives the model more than 4398046511104 parameters (at most 2^42, 4.4 trillion)"},
+		"config.json's vocabulary": {[]string{"run", "--hf-config", tinyVocab}, tinyVocab + ": vocab_size 1: must be at least 2"},
+		"another model than config.json's": {[]string{"run", "--hf-config", gpt2, "--model", "llama"},
+			"oomdbg: ffn 0: must be at least 1; " + gpt2 + " describes a GPT2LMHeadModel, and --model llama needs --ffn"},
+		"a preset's number": {[]string{"run", "--preset", "tiny", "--d-model", "62"},
+			"oomdbg: heads 4 (the preset tiny's; --heads sets it): does not divide d_model 62"},
+		"the card, not the context": {[]string{"run", "--gpu-mem", "256MiB"},
+			"oomdbg: --gpu-mem 256MiB: leaves nothing to the allocator after the 512MiB the CUDA context takes (--context-reserve)"},
+		"fit, config.json's vocabulary": {[]string{"fit", "--hf-config", tinyVocab}, tinyVocab + ": vocab_size 1: must be at least 2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := tc.args
+			if args[0] == "run" {
+				args = append(slices.Clone(args), "-o", filepath.Join(dir, "out.oomdbg"))
+			}
+			code, _, stderr := runCmd(args...)
+			if !strings.HasPrefix(tc.stderr, "oomdbg: ") {
+				tc.stderr = "oomdbg: " + tc.stderr
+			}
+			if code != exitUsage || stderr != tc.stderr+"\n" {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr, tc.stderr)
+			}
+			if m := regexp.MustCompile(`^oomdbg: --([a-z-]+)`).FindStringSubmatch(stderr); m != nil && !slices.Contains(tc.args, "--"+m[1]) {
+				t.Errorf("%q blames --%s, which was not given", stderr, m[1])
+			}
+		})
 	}
 }

@@ -60,7 +60,8 @@ device reported free; otherwise it is unlimited.`,
 		},
 	}
 	cmd.Flags().StringVar(&conf, "alloc-conf", "", "allocator settings to try, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
-	cmd.Flags().Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units)")
+	cmd.Flags().Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use in the --alloc-conf replays, e.g. 24GiB (binary units) (default: the memory reserved at a recorded OOM plus what the device reported free; else unlimited)")
+	cmd.Flags().Lookup("gpu-mem").DefValue = "0" // not shown: the usage says what the default is
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd

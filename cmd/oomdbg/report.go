@@ -44,7 +44,11 @@ With several files, the snapshots of a data-parallel job's ranks (oomdbg's, or P
 it reports every rank side by side instead: peak and where it came, model states, activations, host
 memory, the OOM; names the rank that ran out of memory or peaks highest, and what differs there from the
 median rank. The files are read in parallel, one per core (docs/distributed.md: gathering a job's
-snapshots, and thousands of ranks).`,
+snapshots, and thousands of ranks).
+
+Exit codes: 0 the report found no problem, 1 the run ran out of memory or leaks (check's leak verdict;
+with several files, any rank), with a line on stderr that says which; 2 bad usage or a file that cannot be
+read.`,
 		Example: `  oomdbg report run.oomdbg
   oomdbg report run.oomdbg --measure-fixes --format markdown > report.md
   oomdbg report dump_snapshot.pickle --format json | jq .peak
@@ -62,14 +66,17 @@ snapshots, and thousands of ranks).`,
 				if err != nil {
 					return err
 				}
-				t := app.ReportRanks(cmd.Context(), args, &mem.Limit, warmup)
+				t, problem := app.ReportRanks(cmd.Context(), args, &mem.Limit, warmup)
 				if err := write(t, cmd.OutOrStdout()); err != nil {
 					return err
 				}
 				if bad := t.Unreadable(); bad > 0 {
 					return fmt.Errorf("%d of the %d files could not be read (their rows say why)", bad, len(args))
 				}
-				return nil
+				for _, w := range t.Warnings {
+					fmt.Fprintf(cmd.ErrOrStderr(), "oomdbg: warning: %s\n", w)
+				}
+				return problem
 			}
 			write, err := formatWriter(format, (*triage.Report).WriteText, (*triage.Report).WriteMarkdown, (*triage.Report).WriteJSON)
 			if err != nil {
@@ -87,7 +94,10 @@ snapshots, and thousands of ranks).`,
 			if err != nil {
 				return err
 			}
-			return write(r, cmd.OutOrStdout())
+			if err := write(r, cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			return app.ReportProblem(r)
 		},
 	}
 	cmd.Flags().StringVarP(&format, "format", "f", "text", "output format: text, markdown or json")

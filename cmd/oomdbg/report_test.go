@@ -177,16 +177,19 @@ func TestReportCommand(t *testing.T) {
 		stdout []string // substrings
 		stderr string   // the one line stderr holds, "" for none
 	}{
-		"text": {args: []string{f("leak.oomdbg")}, code: exitOK,
+		"text": {args: []string{f("leak.oomdbg")}, code: exitProblem, stderr: "oomdbg: " + f("leak.oomdbg") + " leaks: " + strings.TrimPrefix(strings.Split(leakVerdict, " (")[0], "leak: "),
 			stdout: []string{"oomdbg report: " + f("leak.oomdbg"), "\nPEAK  " + mib(leakPeak) + " allocated at event", "\nPHASES", "\nGAPS", "\nLEAKS\n  " + strings.Split(leakVerdict, ".go:")[0], ", retained by loss_history[6])\n",
 				"retained by loss_history[6] >", "\nFIXES (estimated from what was alive at the peak; no measurement was asked for)"}},
-		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown"}, code: exitOK,
+		"markdown": {args: []string{f("oom.oomdbg"), "--format", "markdown"}, code: exitProblem,
+			stderr: "oomdbg: " + f("oom.oomdbg") + ": the run ran out of memory in iteration 0, forward",
 			stdout: []string{"## oomdbg report: `", "### Out of memory\n\n```\nCUDA out of memory. Tried to allocate " + mib(oomTried) + ".", "| iteration | phase | peak | at end | change |"}},
 		"generated: not measurable": {args: []string{f("generated.oomdbg"), "--measure-fixes"}, code: exitOK,
 			stdout: []string{"FIXES (estimated from what was alive at the peak; not measured: the snapshot does not describe a workload oomdbg can re-run: its workload configuration is not one oomdbg runs"}},
 		"cut short": {args: []string{f("cut.oomdbg")}, code: exitOK, stdout: []string{"cut short"}},
 		"damaged": {args: []string{f("damaged.oomdbg")}, code: exitOK, stdout: []string{"cut short: " + f("damaged.oomdbg") + ": snapshot:"},
 			stderr: "prefix:oomdbg: warning: " + f("damaged.oomdbg") + ": snapshot: "},
+		"fixed":   {args: []string{f("fixed.oomdbg")}, code: exitOK, stdout: []string{"no leak"}},
+		"held":    {args: []string{f("attribute.oomdbg")}, code: exitOK, stdout: []string{"held across iterations"}},
 		"warm-up": {args: []string{f("leak.oomdbg"), "--warmup", "7"}, code: exitOK, stdout: []string{"inconclusive: 8 complete iterations with a warm-up of 7"}},
 		"bad format": {args: []string{f("leak.oomdbg"), "--format", "yaml"}, code: exitUsage,
 			stderr: `oomdbg: unknown format "yaml" (want text, markdown or json)`},
@@ -220,7 +223,7 @@ func TestReportCommand(t *testing.T) {
 func TestReportMeasures(t *testing.T) {
 	dir := testFiles(t)
 	code, stdout, stderr := runCmd("report", filepath.Join(dir, "oom.oomdbg"), "--format", "json", "--measure-fixes")
-	if code != exitOK {
+	if code != exitProblem {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	if err := validate(loadSchemaFile(t, "report-json.schema.json", ""), []byte(stdout)); err != nil {
@@ -300,8 +303,9 @@ func TestReportJSONSchema(t *testing.T) {
 	for _, file := range append(files, torch...) {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			code, stdout, stderr := runCmd("report", file, "--format", "json")
-			if code != exitOK {
-				t.Fatalf("exit %d: %s", code, stderr)
+			// report finds a problem where check does: an OOM, or a leak.
+			if checked, _, _ := runCmd("check", file, "--allow-truncated"); code != checked {
+				t.Fatalf("exit %d, where check exits %d: %s", code, checked, stderr)
 			}
 			if err := validate(schema, []byte(stdout)); err != nil {
 				t.Fatalf("the report does not match the schema: %v", err)
@@ -415,7 +419,10 @@ func TestReportRanks(t *testing.T) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout)
 		}
 	}
-	code, stdout, _ = runCmd("report", r0, r1, "--format", "json")
+	code, stdout, stderr = runCmd("report", r0, r1, "--format", "json")
+	if code != exitProblem || stderr != "oomdbg: 1 of the 2 ranks read to the end ran out of memory ("+r1+")\n" {
+		t.Errorf("a job one of whose ranks ran out of memory: exit %d, stderr %q", code, stderr)
+	}
 	var tab struct {
 		Format string
 		Worst  int
@@ -424,7 +431,7 @@ func TestReportRanks(t *testing.T) {
 			OOM  bool
 		}
 	}
-	if code != exitOK || json.Unmarshal([]byte(stdout), &tab) != nil || tab.Format != "oomdbg-ranks/1" || tab.Worst != 1 ||
+	if json.Unmarshal([]byte(stdout), &tab) != nil || tab.Format != "oomdbg-ranks/1" || tab.Worst != 1 ||
 		len(tab.Ranks) != 2 || tab.Ranks[1].Rank != 1 || !tab.Ranks[1].OOM {
 		t.Errorf("json (exit %d): %s", code, stdout)
 	}

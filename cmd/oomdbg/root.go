@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"regexp"
 
@@ -33,6 +34,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
+	}
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) && pe.Op == "write" && pe.Path == "/dev/stdout" {
+		err = fmt.Errorf("cannot write standard output: %w", pe.Err) // an encoder's error, said as checkedWriter says it
 	}
 	fmt.Fprintf(stderr, "oomdbg: %v\n", err)
 	var coded interface{ ExitCode() int }

@@ -3,11 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
+// TestExitCodes runs the command line without a terminal. oomdbg without arguments records the default
+// workload into the temporary directory, which is the test's own: a test leaves nothing in the machine's.
 func TestExitCodes(t *testing.T) {
+	machineTmp := os.TempDir()
+	t.Setenv("TMPDIR", t.TempDir())
+	t.Cleanup(func() {
+		left, _ := filepath.Glob(filepath.Join(machineTmp, fmt.Sprintf("oomdbg-*-%d.oomdbg", os.Getpid())))
+		if len(left) > 0 {
+			t.Errorf("left %v in %s", left, machineTmp)
+		}
+	})
 	tests := map[string]struct {
 		args       []string
 		code       int
@@ -36,6 +49,9 @@ func TestExitCodes(t *testing.T) {
 			}
 			if !strings.Contains(out.String(), tc.stdout) {
 				t.Errorf("stdout %q does not contain %q", out.String(), tc.stdout)
+			}
+			if name == "no args" && !strings.Contains(out.String(), "snapshot   "+filepath.Join(os.TempDir(), "oomdbg-")) {
+				t.Errorf("the default recording is not in the temporary directory %s:\n%s", os.TempDir(), out.String())
 			}
 			if prefix, ok := strings.CutPrefix(tc.stderrLine, "prefix:"); ok {
 				if !strings.HasPrefix(errOut.String(), prefix) || strings.Count(errOut.String(), "\n") != 1 {

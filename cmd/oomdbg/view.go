@@ -141,7 +141,7 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 		return err
 	}
 	defer closeKeys()
-	t := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup)
+	t, _ := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup) // the TUI shows what went wrong
 	if t.Worst < 0 {
 		return fmt.Errorf("none of the %d files could be read", len(files))
 	}

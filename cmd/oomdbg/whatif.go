@@ -75,8 +75,8 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 	}
 	f := cmd.Flags()
 	f.Var(optional(&r.BatchScale, checked(func(s string) (float64, error) { return strconv.ParseFloat(s, 64) }, transform.CheckBatchScale),
-		"float", "1"), "batch-scale", "multiply the batch by this factor, e.g. 0.5")
-	f.Var(optional(&r.Accum, checked(strconv.Atoi, transform.CheckAccumulate), "int", "1"), "accum",
+		"float", ""), "batch-scale", "multiply the batch by this factor, e.g. 0.5")
+	f.Var(optional(&r.Accum, checked(strconv.Atoi, transform.CheckAccumulate), "int", ""), "accum",
 		"accumulate gradients over K micro-batches of batch/K")
 	f.Var(optional(&r.Optimizer, checked(knob.ParseOptimizer, transform.CheckOptimizer), "string", ""), "optimizer",
 		"switch the optimizer: sgd, momentum, adam, adamw or adamw8bit (bitsandbytes)")
@@ -88,7 +88,8 @@ reserved at a recorded OOM plus what the device reported free. See docs/whatif.m
 	f.Var(optional(&r.AllocConf, allocator.ParseConfig, "string", ""), "alloc-conf",
 		"allocator settings for the replay after, as PYTORCH_CUDA_ALLOC_CONF")
 	f.StringVar(&amp, "amp", "", "mixed precision: refused, since a trace does not record dtypes")
-	f.Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use, e.g. 24GiB (binary units)")
+	f.Var(sizeFlag{&gpuMem}, "gpu-mem", "device memory the allocator may use, e.g. 24GiB (binary units) (default: the recorded device's, less the CUDA context; else the memory reserved at a recorded OOM plus what the device reported free)")
+	f.Lookup("gpu-mem").DefValue = "0" // not shown: the usage says what the default is
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	addMemoryFlag(f, &mem)
 	return cmd

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/internal/torchtest"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 func TestWhatIfCommand(t *testing.T) {
@@ -147,5 +151,66 @@ func TestWhatIfOnRealSnapshot(t *testing.T) {
 	}
 	if !strings.Contains(doc.Assumptions[0], "expandable_segments:True") {
 		t.Errorf("expandable segments: the assumption %q does not name the settings", doc.Assumptions[0])
+	}
+}
+
+// TestCutShortTraceIsSaidCutShort: replay and whatif of a recording cut short before what they need say the
+// file was cut short, never that PyTorch does not record it. One file is cut inside its first chunk, before
+// any allocation; the other holds the chunks up to the first with an allocation (setup: the weights), cut
+// short before the training phases a fix reads.
+func TestCutShortTraceIsSaidCutShort(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testFiles(t), "fixed.oomdbg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := headerLen(data) // where the first chunk begins
+	// The first chunk after which the file holds an allocation, and none of the training loop.
+	setupEnd := 0
+	for off := first; off+24 <= len(data) && setupEnd == 0; {
+		off += 24 + int(binary.LittleEndian.Uint32(data[off+4:]))
+		s, _ := snapshot.Read(bytes.NewReader(data[:off+30]))
+		for _, e := range s.Events.All() {
+			if e.Phase == snapshot.PhaseForward {
+				t.Fatalf("no chunk ends before the forward pass: the recording's chunks are not cut at phase ends")
+			}
+			if e.Action == snapshot.ActionAlloc {
+				setupEnd = off
+			}
+		}
+	}
+	dir := t.TempDir()
+	cut := func(name string, n int) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data[:n], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	empty, setup := cut("empty.oomdbg", first+30), cut("setup.oomdbg", setupEnd+30)
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"replay", empty}, ", before any allocation: there is no trace to replay"},
+		{[]string{"whatif", empty, "--batch-scale", "0.5"}, ", before any allocation: there is no trace to replay"},
+		{[]string{"whatif", setup, "--checkpoint", "all"}, " tags checkpoint all needs"},
+		{[]string{"whatif", setup, "--accum", "4"}, " tags accumulate 4 needs"},
+	} {
+		code, _, stderr := runCmd(tc.args...)
+		if code != exitUsage || !strings.HasPrefix(stderr, "oomdbg: "+tc.args[1]+": snapshot cut short at byte ") ||
+			!strings.HasSuffix(stderr, tc.says+"\n") || strings.Contains(stderr, "PyTorch") || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("oomdbg %s: exit %d, stderr %q; want 2 and a line that says the file was cut short, ending %q",
+				strings.Join(tc.args, " "), code, stderr, tc.says)
+		}
+	}
+}
+
+// TestWhatIfNamesTheFixAskedFor: a fix the trace cannot take is refused in the name the user asked for it
+// by, not that of a step it takes (accumulation scales each micro-batch).
+func TestWhatIfNamesTheFixAskedFor(t *testing.T) {
+	f4 := torchtest.FixturePath(t, "f4_2024_time_us_no_settings_2dev.pickle")
+	code, _, stderr := runCmd("whatif", f4, "--accum", "4")
+	if code != exitUsage || !strings.HasPrefix(stderr, "oomdbg: "+f4+": accumulate 4 needs the trace's ") || strings.Contains(stderr, "batch x0.25") {
+		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }

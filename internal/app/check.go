@@ -22,7 +22,10 @@ type CheckRequest struct {
 	// AllowTruncated checks a snapshot cut short or damaged part-way on the events it holds, with a warning
 	// on stderr; otherwise such a file is an error: its missing iterations could hold the leak or the peak.
 	AllowTruncated bool
-	Memory         *hostmem.Limit
+	// RequireConclusive fails a snapshot with too few iterations to tell whether it leaks (a PyTorch
+	// snapshot without iterations, a run shorter than the warm-up); otherwise it passes as inconclusive.
+	RequireConclusive bool
+	Memory            *hostmem.Limit
 }
 
 // Check checks the snapshot at path for leaks and req's limits, as oomdbg check does: a run that ran out of
@@ -50,6 +53,9 @@ func Check(path string, req CheckRequest, stderr io.Writer) (*triage.Check, erro
 	}
 	c := triage.NewCheck(path, r, req.Limits)
 	c.FailOnOOM(oom)
+	if req.RequireConclusive {
+		c.FailInconclusive()
+	}
 	return c, nil
 }
 

@@ -3,7 +3,6 @@ package app
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -66,11 +65,8 @@ func Replay(path string, tried *allocator.Config, capacity uint64, lim *hostmem.
 		return nil, lim.Explain(err)
 	}
 	rep, err := replay.Run(filepath.Base(path), s, tried, capacity)
-	if errors.Is(err, replay.ErrNoTrace) {
-		return nil, fmt.Errorf("%s: %w; record one with torch.cuda.memory._record_memory_history()", path, err)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, traceError(path, s, err)
 	}
 	if s.Warning != nil { // an error says it alone
 		warn(stderr, "%v; replayed the %d events it holds", s.Warning, s.Events.Len())
@@ -87,7 +83,7 @@ func WhatIf(path string, fix whatif.Fix, gpuMem uint64, lim *hostmem.Limit) (*wh
 	}
 	rep, err := whatif.Evaluate(s, fix, gpuMem)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, traceError(path, s, err)
 	}
 	rep.File = filepath.Base(path)
 	if s.Warning != nil {

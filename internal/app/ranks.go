@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/oomdbg/oomdbg/internal/hostmem"
@@ -15,13 +17,15 @@ import (
 // ReportRanks reports each rank's snapshot of a data-parallel job and puts them side by side. The files are
 // read and analysed in parallel, one per core, each worker within an equal share of lim; only the reports
 // are kept, so memory holds the snapshots being read and not all of them. A file that cannot be read is a
-// row that says so: one bad rank does not hide the others.
-func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) *triage.RankTable {
+// row that says so: one bad rank does not hide the others. The problem is that of ReportProblem, for the
+// job: the ranks that ran out of memory, else those that leak; nil when none did.
+func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) (*triage.RankTable, error) {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
 	budget := lim.Budget(load.CostAnalyse)
 	budget.Memory /= int64(workers)
 	reports := make([]*triage.Report, len(files))
 	errs := make([]error, len(files))
+	jobs := make([]job, len(files))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
@@ -34,6 +38,7 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 					errs[i] = err
 					continue
 				}
+				jobs[i] = jobOf(s.Meta)
 				reports[i] = triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],
 					Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
@@ -44,5 +49,42 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	}
 	close(next)
 	wg.Wait()
-	return triage.CompareRanks(files, reports, errs)
+	t := triage.CompareRanks(files, reports, errs)
+	t.Warnings = append(t.Warnings, jobWarnings(t, jobs)...)
+	return t, ranksProblem(reports)
+}
+
+// ranksProblem says which of a job's ranks ran out of memory, else which leak (ReportProblem), of the ranks
+// that could tell: a file cut short before an OOM cannot say whether its rank ran out.
+func ranksProblem(reports []*triage.Report) error {
+	var oom, leak []string
+	read := 0
+	for _, r := range reports {
+		if r == nil || r.OOM == nil && !r.Source.Complete {
+			continue
+		}
+		read++
+		switch {
+		case r.OOM != nil:
+			oom = append(oom, r.Source.File)
+		case r.Leaks.Verdict == string(leaks.Leak):
+			leak = append(leak, r.Source.File)
+		}
+	}
+	switch {
+	case len(oom) > 0:
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read to the end ran out of memory (%s)", len(oom), read, listFiles(oom))}
+	case len(leak) > 0:
+		return &ProblemError{Msg: fmt.Sprintf("%d of the %d ranks read to the end leak (%s)", len(leak), read, listFiles(leak))}
+	}
+	return nil
+}
+
+// listFiles names up to three files, and how many more.
+func listFiles(files []string) string {
+	const shown = 3
+	if len(files) <= shown {
+		return strings.Join(files, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(files[:shown], ", "), len(files)-shown)
 }

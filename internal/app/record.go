@@ -2,12 +2,17 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,7 +34,14 @@ type Recording struct {
 	Force   bool           // --force: through links, over read-only files
 	Memory  *hostmem.Limit // --max-memory, for the cpu device's host memory (nil: not checked)
 	Version string         // oomdbg's version, written into the snapshot
+	Job     string         // the job the run is a rank of (snapshot.Meta.Job); RecordRanks sets it
+	// Progress, when set, is a terminal (standard error) that shows the run's progress on one line.
+	Progress io.Writer
 }
+
+// progressInterval is how often the progress line is redrawn: often enough to see it move, seldom enough
+// to cost nothing beside a step.
+const progressInterval = 100 * time.Millisecond
 
 // Record records cfg into rec's file and prints the summary, on stdout unless the snapshot goes there. The
 // configuration is validated once, by train.Record, before the file is touched. SIGINT, SIGTERM and SIGHUP
@@ -55,11 +67,23 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	}
 	ctx, caught, stopSignals := StopOnSignals(ctx)
 	defer stopSignals()
+	// A write that fails (a full disk, a file-size limit) stops the run at its next phase: what it would
+	// record after has nowhere to go.
+	ctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	// No buffer between the recorder and the file: each chunk reaches the file (or pipe) when it is cut, so
 	// a process killed at any moment leaves what it recorded until the last chunk.
-	cw := &countingWriter{w: w}
-	res, err := train.Record(ctx, cfg, cw, train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr),
-		FlushEvery: train.DefaultFlushEvery})
+	cw := &countingWriter{w: w, failed: stopRun}
+	opts := train.RecordOptions{ToolVersion: rec.Version, OnStart: nvmlSamples(ctx, cfg, stderr), FlushEvery: train.DefaultFlushEvery, Job: rec.Job}
+	var progress *progressLine
+	if rec.Progress != nil {
+		progress = newProgressLine(rec.Progress, progressInterval, cfg.Device == device.CPU)
+		opts.Progress = progress.step
+	}
+	res, err := train.Record(ctx, cfg, cw, opts)
+	if progress != nil {
+		progress.clear() // before the summary and any error line take the terminal
+	}
 	if cerr := closeOut(); err == nil {
 		err = cerr
 	}
@@ -72,14 +96,20 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	switch {
 	case errors.As(err, &oe):
 		return oe
+	case cw.err != nil && res != nil:
+		// The writes failed part-way: the file holds the chunks written before, which say what ran.
+		WriteRunSummary(summary, cfg, res, name, cw.n)
+		return fmt.Errorf("cannot write %s after %s: %v; the run stopped at step %d of %d, and the file holds what was written before",
+			name, units.FormatSize(cw.n), pathCause(cw.err), res.Steps, cfg.Steps)
 	case errors.As(err, &pe):
 		return fmt.Errorf("cannot write %s: %w", name, pe.Err)
 	case err != nil:
 		return err
 	}
 	WriteRunSummary(summary, cfg, res, name, cw.n)
+	var leak error
 	if (o.Kind == outfile.New || o.Kind == outfile.Regular) && res.OOM == nil {
-		writeLeakVerdict(summary, rec.Path)
+		leak = writeLeakVerdict(summary, rec.Path)
 	}
 	if sig := caught(); sig != nil {
 		return &SignalError{Sig: sig, Then: fmt.Sprintf("the snapshot %s is complete up to then", name)}
@@ -87,12 +117,13 @@ func Record(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr
 	if res.OOM != nil {
 		return &ProblemError{Msg: fmt.Sprintf("out of memory in iteration %d, %s (snapshot %s)", res.OOM.Iteration, res.OOM.Phase, name)}
 	}
-	return nil
+	return leak
 }
 
 // RecordRanks records rank 0 and every rank of cfg's job whose memory differs (train.DistinctRanks), each into
-// rec's path with .rankN before its extension. The error is that of the last rank that found a problem, or
-// the first that failed otherwise.
+// rec's path with .rankN before its extension, under one job identifier (snapshot.Meta.Job). The rank files
+// an earlier job left under the same name are removed first, so that job.rank*.oomdbg names this job's
+// ranks alone. The error is that of the last rank that found a problem, or the first that failed otherwise.
 func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, stderr io.Writer) error {
 	if rec.Path == "-" || rec.Path == "/dev/stdout" {
 		return fmt.Errorf("--ranks uneven writes one file per rank: give -o a file name")
@@ -101,13 +132,16 @@ func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, s
 	if err != nil {
 		return err
 	}
-	ext := filepath.Ext(rec.Path)
+	if err := removeRankFiles(rec.Path, ranks, rec.Force, stderr); err != nil {
+		return err
+	}
+	rec.Job = newJobID()
 	var last error
 	for _, r := range ranks {
 		c := cfg
 		c.Parallel.Rank = r
 		to := rec
-		to.Path = fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(rec.Path, ext), r, ext)
+		to.Path = rankPath(rec.Path, r)
 		if err := Record(ctx, c, to, stdout, stderr); err != nil {
 			var pe *ProblemError
 			if !errors.As(err, &pe) {
@@ -117,6 +151,59 @@ func RecordRanks(ctx context.Context, cfg train.Config, rec Recording, stdout, s
 		}
 	}
 	return last
+}
+
+// rankPath is where rank r of a job recorded into path goes: job.oomdbg -> job.rank3.oomdbg.
+func rankPath(path string, r int) string {
+	ext := filepath.Ext(path)
+	return fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(path, ext), r, ext)
+}
+
+// removeRankFiles removes the rank files an earlier job recorded into path left (rankPath's names) that the
+// ranks about to be recorded will not replace, saying so on stderr. Each is held to -o's policy first: a
+// link or a read-only file goes only with force, anything but a regular file never.
+func removeRankFiles(path string, ranks []int, force bool, stderr io.Writer) error {
+	ext := filepath.Ext(path)
+	pattern := regexp.MustCompile("^" + regexp.QuoteMeta(filepath.Base(strings.TrimSuffix(path, ext))) + `\.rank(\d+)` + regexp.QuoteMeta(ext) + "$")
+	entries, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return nil // the directory is not there yet: the first rank's write says what is wrong
+	}
+	var removed []string
+	for _, e := range entries {
+		m := pattern.FindStringSubmatch(e.Name())
+		if m == nil || slices.Contains(ranks, atoi(m[1])) {
+			continue
+		}
+		old := filepath.Join(filepath.Dir(path), e.Name())
+		if _, err := outfile.Check(old, force, false); err != nil {
+			return fmt.Errorf("an earlier job's rank file is in the way: %w", err)
+		}
+		if err := os.Remove(old); err != nil {
+			return fmt.Errorf("cannot remove %s, an earlier job's rank: %w", old, pathCause(err))
+		}
+		removed = append(removed, old)
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(stderr, "oomdbg: removed %s, the rank files of an earlier job\n", listFiles(removed))
+	}
+	return nil
+}
+
+// atoi is the number of digits, -1 past int's range.
+func atoi(digits string) int {
+	n, err := strconv.Atoi(digits)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// newJobID returns an identifier for a job's ranks: random, so that two jobs never share one.
+func newJobID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // RecordDefault is oomdbg without arguments and without a terminal: the default workload (GPT-2 medium at
@@ -168,29 +255,48 @@ func checkHostMemory(ctx context.Context, cfg train.Config, lim *hostmem.Limit, 
 	return nil
 }
 
-// writeLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict
-// (a leak, or gradients never cleared), so that a leak is named where the run is, not only when asked for.
-// The snapshot is read back as check streams it, in the memory of a few pages.
-func writeLeakVerdict(w io.Writer, path string) {
+// writeLeakVerdict says, under a run's summary, when the snapshot just written fails check's leak verdict,
+// so that a leak is named where the run is, not only when asked for; the run then found a problem, which
+// it returns. The snapshot is read back as check streams it, in the memory of a few pages.
+func writeLeakVerdict(w io.Writer, path string) error {
 	r, _, _, _, err := findLeaks(path, &hostmem.Limit{}, []leaks.Option{leaks.Warmup(leaks.DefaultWarmup)})
 	if err != nil || r == nil {
-		return
+		return nil
 	}
-	if c := triage.NewCheck(path, r, triage.CheckLimits{}); !c.Pass {
-		fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	c := triage.NewCheck(path, r, triage.CheckLimits{})
+	if c.Pass {
+		return nil
 	}
+	fmt.Fprintf(w, "\nleak       %s\n           oomdbg check %s names what holds it; oomdbg view %s shows it\n", c.Reason, path, path)
+	return &ProblemError{Msg: fmt.Sprintf("%s leaks: %s", path, firstClause(c.Reason))}
 }
 
-// countingWriter passes writes through and counts the bytes.
+// countingWriter passes writes through and counts the bytes. The first write that fails is kept, and
+// calls failed.
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w      io.Writer
+	n      int64
+	err    error
+	failed func()
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
+	if err != nil && c.err == nil {
+		c.err = err
+		c.failed()
+	}
 	return n, err
+}
+
+// pathCause is err without the path an *fs.PathError names: the message names the file as the user gave it.
+func pathCause(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // nvmlSamples returns, for a run on the cuda device, a function that feeds the recorder NVML's reading of

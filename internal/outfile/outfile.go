@@ -5,7 +5,8 @@
 //     error. A binary snapshot is never written to a terminal.
 //   - A path that does not exist is created; a regular file is replaced (export writes a temporary file
 //     beside it and renames it over the target only once the export is complete; run writes its
-//     recording in place as it goes, so that it can be followed and survives a crash).
+//     recording in place as it goes, so that it can be followed and survives a crash, under a lock that a
+//     second run into the same file finds taken: it refuses rather than interleave its chunks).
 //   - A symbolic link, or a regular file without write permission, is refused unless --force: with it the
 //     link is followed and its target replaced (the link stays), and a read-only file is replaced.
 //   - A directory, a device, a FIFO or a socket is never replaced: export refuses them. run, which streams,
@@ -253,12 +254,26 @@ func (o Output) open() (*os.File, error) {
 			}
 		}
 	}
-	f, err := os.OpenFile(o.Target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	// Opened without truncating, locked, then truncated: of two runs writing one file at once, the second
+	// finds it locked and leaves it alone, where two truncating writers would interleave their chunks into a
+	// file that is neither recording. The lock goes with the process, however it ends.
+	f, err := os.OpenFile(o.Target, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
+		return nil, &OpenError{Path: o.Path, Err: pathCause(err)}
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); errors.Is(err, syscall.EWOULDBLOCK) {
+		f.Close()
+		return nil, &OpenError{Path: o.Path, Err: ErrBusy}
+	} // a file system without locks: written as before
+	if err := f.Truncate(0); err != nil {
+		f.Close()
 		return nil, &OpenError{Path: o.Path, Err: pathCause(err)}
 	}
 	return f, nil
 }
+
+// ErrBusy is the cause of refusing a file another process is recording into.
+var ErrBusy = errors.New("another process is recording into it (a run still going?); choose another -o, or wait for it")
 
 // WriteAtomic writes o through a temporary file in the target's directory, renamed over the target only when
 // write succeeds, so a failed export leaves no half-written file behind and the target is replaced whole.

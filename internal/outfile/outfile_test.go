@@ -2,6 +2,7 @@ package outfile
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -67,5 +68,47 @@ func TestStreamOpensAtFirstWrite(t *testing.T) {
 	var oe *OpenError
 	if _, err := w.Write([]byte("x")); !errors.As(err, &oe) || oe.Error() != "cannot write x: no such file or directory" {
 		t.Errorf("writing into a missing directory: %v", err)
+	}
+}
+
+// TestOneWriterAtATime: of two streams into one file, the second to write finds the file busy and leaves it
+// alone, so the file ends as the first one's recording; once the first is closed, the file may be written
+// again.
+func TestOneWriterAtATime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.oomdbg")
+	stream := func() (io.Writer, func() error) {
+		o, err := Check(path, false, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, closeFn, err := o.Stream(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, closeFn
+	}
+	first, closeFirst := stream()
+	if _, err := first.Write([]byte("first ")); err != nil {
+		t.Fatal(err)
+	}
+	second, closeSecond := stream()
+	if _, err := second.Write([]byte("second")); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second writer: %v, want ErrBusy", err)
+	}
+	closeSecond()
+	if _, err := first.Write([]byte("recording")); err != nil {
+		t.Fatal(err)
+	}
+	closeFirst()
+	if b, _ := os.ReadFile(path); string(b) != "first recording" {
+		t.Errorf("the file holds %q, want the first writer's alone", b)
+	}
+	third, closeThird := stream()
+	if _, err := third.Write([]byte("third")); err != nil {
+		t.Fatalf("once the first is done: %v", err)
+	}
+	closeThird()
+	if b, _ := os.ReadFile(path); string(b) != "third" {
+		t.Errorf("the file holds %q, want the third writer's recording alone", b)
 	}
 }

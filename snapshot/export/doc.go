@@ -22,11 +22,13 @@
 //     record free stacks.
 //   - category (memory_viz colours blocks by it) is the block's category as it ended: a temporary that
 //     autograd saved reads as an activation. It is written only when some block has one.
-//   - user_metadata (shown by memory_viz under "User Metadata") is "scope: tensor label", e.g.
-//     "transformer.h.0.attn.c_attn: f32[1024,192] linear.out". This is where PyTorch's
-//     _set_memory_metadata puts what a program is running, and it leaves the stacks exactly as recorded (and
-//     shared, so the file stays small); a leading frame would have done neither. oomdbg reads it back as the
-//     scope.
+//   - user_metadata (shown by memory_viz under "User Metadata") is the block's module scope, e.g.
+//     "transformer.h.0.attn.c_attn". This is where PyTorch's _set_memory_metadata puts what a program is
+//     running, and it leaves the stacks exactly as recorded (and shared, so the file stays small); a leading
+//     frame would have done neither. oomdbg reads it back as the scope, so a scope survives a round trip
+//     exactly; a block without one has none written, and an importer infers one from its frames as for any
+//     PyTorch snapshot. The tensor's label ("f32[1024,192] linear.out") has no place in PyTorch's schema
+//     that an importer would not take for the scope, and is not written.
 //   - external_annotations holds the record_function regions PyTorch would record: ProfilerStep#N around
 //     each iteration (torch.profiler's schedule), the phases by name ("setup", "data", "forward",
 //     "backward", "recompute", "eval") and the optimizer's as Optimizer.step#AdamW.step and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -94,7 +95,8 @@ type Options struct {
 	// what the export shows) stay those of the whole snapshot.
 	Device *int
 	// At is the event a pprof profile describes (the peak when nil); plots and traces mark it. The torch
-	// formats hold the whole trace and refuse it.
+	// formats write the snapshot as it stood at that event: the trace up to it and the allocator's state
+	// then, what torch.cuda.memory._dump_snapshot() would have written at that moment.
 	At *At
 	// Plot sizes the svg and png plots; zero fields take the defaults.
 	Plot PlotOptions
@@ -105,9 +107,6 @@ type Options struct {
 func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, error) {
 	if _, err := ParseFormat(string(f)); err != nil {
 		return "", err
-	}
-	if opts.At != nil && (f == FormatTorch || f == FormatTorchJSON) {
-		return "", fmt.Errorf("an event to export at (--at) does not apply to %s: it holds the whole trace", f)
 	}
 	view, seqs, err := selectDevice(s, opts.Device)
 	if err != nil {
@@ -126,10 +125,15 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 		if f == FormatTorchJSON {
 			write = TorchJSON
 		}
+		as := ""
+		if at >= 0 {
+			tl = timeline.New(view.Prefix(at + 1))
+			as = fmt.Sprintf(" as it stood at %s (event %d)", opts.At, origSeq(seqs, at))
+		}
 		if err := write(w, tl); err != nil {
 			return "", err
 		}
-		return describeTorch(tl), nil
+		return describeTorch(tl, as), nil
 	case FormatPprof:
 		if at < 0 {
 			at = tl.Peak(timeline.Allocated).Seq
@@ -156,6 +160,9 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	case FormatSVG, FormatPNG:
 		po := opts.Plot
 		po.Mark, po.seq = at, seqs
+		if opts.At != nil {
+			po.MarkName = opts.At.String()
+		}
 		if err := writePlot(w, tl, f, po); err != nil {
 			return "", err
 		}
@@ -164,8 +171,8 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	return "", nil
 }
 
-// describeTorch says what a torch export holds.
-func describeTorch(tl *timeline.Timeline) string {
+// describeTorch says what a torch export holds, and as when: "" for the whole recording.
+func describeTorch(tl *timeline.Timeline, as string) string {
 	st := tl.Stats()
 	entries := 0
 	for a, n := range st.ByAction {
@@ -179,8 +186,8 @@ func describeTorch(tl *timeline.Timeline) string {
 	} else {
 		segs = len(tl.SegmentsAt(tl.Len() - 1))
 	}
-	return fmt.Sprintf("PyTorch memory snapshot: %s trace entries and %s segments (open it at https://pytorch.org/memory_viz)",
-		thousands(entries), thousands(segs))
+	return fmt.Sprintf("PyTorch memory snapshot%s: %s trace entries and %s segments (open it at https://pytorch.org/memory_viz)",
+		as, thousands(entries), thousands(segs))
 }
 
 // thousands formats n with thousands separators: 1,234,567.
@@ -199,12 +206,26 @@ func thousands(n int) string {
 	return b.String()
 }
 
-// selectDevice returns the view of one device (Snapshot.DeviceView), s itself (and nil seqs) for none.
+// selectDevice returns the view of one device (Snapshot.DeviceView), s itself (and nil seqs) for none. A
+// device the snapshot knows but that never held memory is refused, with the devices that did: its export
+// would be an empty plot or trace that looks like a recording of nothing.
 func selectDevice(s *snapshot.Snapshot, only *int) (*snapshot.Snapshot, []int, error) {
 	if only == nil {
 		return s, nil, nil
 	}
-	return s.DeviceView(*only)
+	view, seqs, err := s.DeviceView(*only)
+	if err != nil {
+		return nil, nil, err
+	}
+	if with := s.DevicesWithMemory(); len(with) > 0 && !slices.Contains(with, *only) {
+		names := make([]string, len(with))
+		for i, d := range with {
+			names[i] = strconv.Itoa(d)
+		}
+		return nil, nil, fmt.Errorf("device %d holds no memory in this snapshot; its memory is on device %s (--device %s)",
+			*only, strings.Join(names, ", "), names[0])
+	}
+	return view, seqs, nil
 }
 
 // origSeq maps a seq of a device view back to the snapshot's numbering.

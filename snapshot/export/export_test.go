@@ -52,7 +52,7 @@ func TestWrite(t *testing.T) {
 		"perfetto":       {format: FormatPerfetto, want: "trace events over 39 snapshot events"},
 		"svg":            {format: FormatSVG, want: "SVG timeline plot of 39 events"},
 		"png":            {format: FormatPNG, at: &peak, want: "PNG timeline plot"},
-		"torch with at":  {format: FormatTorch, at: &peak, err: "(--at) does not apply to torch"},
+		"torch at peak":  {format: FormatTorch, at: &peak, want: "PyTorch memory snapshot as it stood at peak (event 14): "},
 		"unknown format": {format: "html", err: "unknown export format"},
 		"missing event":  {format: FormatPprof, at: &At{Kind: AtEvent, N: 39}, err: "no event 39"},
 	}

@@ -6,9 +6,11 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -27,8 +29,10 @@ type PlotOptions struct {
 	// Columns is how many columns the events are bucketed into, each drawn at its maximum (default: one per
 	// pixel of the PNG's width).
 	Columns int
-	// Mark is an event to mark with a labelled line (what --at names), or -1. Write sets it.
-	Mark int
+	// Mark is an event to mark with a labelled line (what --at names), or -1; MarkName how --at named it
+	// ("peak", "iteration-end:2"), for its label. Write sets them.
+	Mark     int
+	MarkName string
 	// seq numbers events in labels: a device view's events by their seq in the whole snapshot (nil: as
 	// the Timeline numbers them).
 	seq []int
@@ -76,11 +80,13 @@ func writePlot(w io.Writer, tl *timeline.Timeline, f Format, opts PlotOptions) e
 		c = vgsvg.New(opts.Width, opts.Height)
 	}
 	dc := draw.New(c)
-	// The legend gets a strip of its own on the right, where it hides none of the curves.
+	// The legend gets a strip of its own on the right, where it hides none of the curves, with a margin on
+	// both sides of it; the plot half a margin all round, and its title as many lines as it takes to fit.
 	margin := vg.Points(8)
-	strip := legend.Rectangle(dc).Size().X + 2*margin
-	p.Draw(draw.Crop(dc, 0, -strip, 0, 0))
-	legend.Draw(draw.Crop(dc, opts.Width-strip+margin, -margin, margin, -3*margin))
+	strip := legend.Rectangle(dc).Size().X + 3*margin
+	p.Title.Text = wrapText(p.Title.Text, p.Title.TextStyle, opts.Width-strip-2*margin)
+	p.Draw(draw.Crop(dc, margin/2, -strip, margin/2, -margin/2))
+	legend.Draw(draw.Crop(dc, opts.Width-strip+margin, -2*margin, margin, -3*margin))
 	_, err = c.WriteTo(w)
 	return err
 }
@@ -274,7 +280,11 @@ func newPlot(tl *timeline.Timeline, opts PlotOptions) (*plot.Plot, plot.Legend, 
 		marks.lines = append(marks.lines, mark{x: x(seq), text: "OOM (" + units.FormatSize(e.BlockSize) + ")", color: oomColor})
 	}
 	if opts.Mark >= 0 && opts.Mark < n {
-		marks.lines = append(marks.lines, mark{x: x(opts.Mark), text: fmt.Sprintf("event %d", origSeq(opts.seq, opts.Mark)), color: markColor, dashed: true})
+		label := fmt.Sprintf("event %d", origSeq(opts.seq, opts.Mark))
+		if opts.MarkName != "" && opts.MarkName != strconv.Itoa(origSeq(opts.seq, opts.Mark)) {
+			label = fmt.Sprintf("%s (%s)", opts.MarkName, label)
+		}
+		marks.lines = append(marks.lines, mark{x: x(opts.Mark), text: label, color: markColor, dashed: true})
 	}
 	p.Add(marks)
 	for ph, used := range bands.used() {
@@ -391,36 +401,149 @@ type markers struct {
 	lines  []mark
 }
 
-// Plot draws the marks. Line labels sit beside their line, below the capacity line, on the side with room.
+// Plot draws the marks, and their labels where placeLabels puts them.
 func (m *markers) Plot(c draw.Canvas, plt *plot.Plot) {
 	trX, trY := plt.Transforms(&c)
 	sty := plt.X.Tick.Label
 	sty.Font.Size = 8
-	for i, l := range m.lines {
+	var labels []label
+	for _, p := range m.points {
+		pt := vg.Point{X: trX(p.x), Y: trY(p.y)}
+		c.DrawGlyph(draw.GlyphStyle{Color: p.color, Radius: vg.Points(2.5), Shape: draw.CircleGlyph{}}, pt)
+		labels = append(labels, label{at: pt, text: p.text, color: p.color, point: true})
+	}
+	for _, l := range m.lines {
 		x := trX(l.x)
 		ls := draw.LineStyle{Color: l.color, Width: vg.Points(1)}
 		if l.dashed {
 			ls.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
 		}
 		c.StrokeLine2(ls, x, c.Min.Y, x, c.Max.Y)
-		sty.Color = l.color
-		sty.YAlign = draw.YCenter
-		y := c.Min.Y + (c.Max.Y-c.Min.Y)*vg.Length(0.82-0.07*float64(i%4))
-		if x-c.Min.X > (c.Max.X-c.Min.X)/4 {
-			sty.XAlign = draw.XRight
-			c.FillText(sty, vg.Point{X: x - vg.Points(3), Y: y}, l.text)
+		labels = append(labels, label{at: vg.Point{X: x}, text: l.text, color: l.color})
+	}
+	for _, pl := range placeLabels(c.Rectangle, sty, labels) {
+		sty.Color, sty.XAlign, sty.YAlign = pl.color, pl.xAlign, draw.YBottom
+		c.FillText(sty, pl.at, pl.text)
+	}
+}
+
+// label is a mark's text to place: beside a point (at), or beside a vertical line at at.X.
+type label struct {
+	at    vg.Point
+	text  string
+	color color.Color
+	point bool
+}
+
+// placed is a label placed: drawn from at, aligned by xAlign, its text bottom at at.Y, within box.
+type placed struct {
+	label
+	xAlign draw.XAlignment
+	box    vg.Rectangle
+}
+
+// placeLabels places labels inside area, each overlapping none placed before it, points first. A point's
+// label goes to its upper right, or its upper left where that has no room; a line's beside the line (on
+// the left in the plot's right three quarters, where the curves have run), at the first of several heights
+// from near the top down that is free. A label that finds no free place takes its first, inside area all
+// the same: a label may overlap another, but is never cut by the image's edge.
+func placeLabels(area vg.Rectangle, sty text.Style, labels []label) []placed {
+	var out []placed
+	gap := vg.Points(3)
+	fits := func(b vg.Rectangle) bool {
+		if b.Min.X < area.Min.X || b.Max.X > area.Max.X || b.Min.Y < area.Min.Y || b.Max.Y > area.Max.Y {
+			return false
+		}
+		for _, o := range out {
+			if b.Min.X < o.box.Max.X && o.box.Min.X < b.Max.X && b.Min.Y < o.box.Max.Y && o.box.Min.Y < b.Max.Y {
+				return false
+			}
+		}
+		return true
+	}
+	w, h := sty.Width, sty.Height
+	for _, l := range labels {
+		var tries []placed
+		at := func(x, y vg.Length, align draw.XAlignment) placed {
+			minX := x
+			if align == draw.XRight {
+				minX = x - w(l.text)
+			}
+			// Kept inside the area: a label wider than the room beside its mark moves in from the edge.
+			minX = max(area.Min.X, min(minX, area.Max.X-w(l.text)))
+			y = max(area.Min.Y, min(y, area.Max.Y-h(l.text)))
+			pl := placed{label: l, xAlign: draw.XLeft,
+				box: vg.Rectangle{Min: vg.Point{X: minX, Y: y}, Max: vg.Point{X: minX + w(l.text), Y: y + h(l.text)}}}
+			pl.at = vg.Point{X: minX, Y: y}
+			return pl
+		}
+		if l.point {
+			tries = append(tries, at(l.at.X+gap, l.at.Y+gap, draw.XLeft), at(l.at.X-gap, l.at.Y+gap, draw.XRight),
+				at(l.at.X+gap, l.at.Y-gap-h(l.text), draw.XLeft), at(l.at.X-gap, l.at.Y-gap-h(l.text), draw.XRight))
 		} else {
-			sty.XAlign = draw.XLeft
-			c.FillText(sty, vg.Point{X: x + vg.Points(3), Y: y}, l.text)
+			first, second := draw.XRight, draw.XLeft
+			x1, x2 := l.at.X-gap, l.at.X+gap
+			if l.at.X-area.Min.X <= (area.Max.X-area.Min.X)/4 {
+				first, second, x1, x2 = second, first, x2, x1
+			}
+			for k := range 10 {
+				y := area.Min.Y + (area.Max.Y-area.Min.Y)*vg.Length(0.82-0.07*float64(k))
+				tries = append(tries, at(x1, y, first), at(x2, y, second))
+			}
+		}
+		chosen := tries[0]
+		for _, t := range tries {
+			if fits(t.box) {
+				chosen = t
+				break
+			}
+		}
+		out = append(out, chosen)
+	}
+	return out
+}
+
+// wrapText breaks s into lines no wider than width in sty, at its ", " and " on " where it can, else at
+// spaces: a title that does not fit is wrapped, never cut by the image's edge.
+func wrapText(s string, sty text.Style, width vg.Length) string {
+	if sty.Width(s) <= width {
+		return s
+	}
+	var parts []string
+	for _, p := range strings.SplitAfter(strings.ReplaceAll(s, " on ", " \x00on "), ", ") {
+		parts = append(parts, strings.Split(p, "\x00")...)
+	}
+	var lines []string
+	line := ""
+	for _, p := range parts {
+		switch {
+		case line == "":
+			line = p
+		case sty.Width(strings.TrimRight(line+p, " ")) <= width:
+			line += p
+		default:
+			lines = append(lines, strings.TrimRight(line, " "))
+			line = p
 		}
 	}
-	for _, p := range m.points {
-		pt := vg.Point{X: trX(p.x), Y: trY(p.y)}
-		c.DrawGlyph(draw.GlyphStyle{Color: p.color, Radius: vg.Points(2.5), Shape: draw.CircleGlyph{}}, pt)
-		sty.Color = p.color
-		sty.XAlign, sty.YAlign = draw.XLeft, draw.YBottom
-		c.FillText(sty, vg.Point{X: pt.X + vg.Points(4), Y: pt.Y + vg.Points(2)}, p.text)
+	lines = append(lines, strings.TrimRight(line, " "))
+	// A part still too wide breaks at its spaces.
+	var out []string
+	for _, l := range lines {
+		for sty.Width(l) > width {
+			cut := strings.LastIndex(l, " ")
+			for cut > 0 && sty.Width(l[:cut]) > width {
+				cut = strings.LastIndex(l[:cut], " ")
+			}
+			if cut <= 0 {
+				break
+			}
+			out = append(out, l[:cut])
+			l = l[cut+1:]
+		}
+		out = append(out, l)
 	}
+	return strings.Join(out, "\n")
 }
 
 // niceTicks puts at most about eight labelled ticks at round values (1, 2, 2.5 or 5 times a power of ten) and an

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"image/png"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/charmbracelet/x/exp/golden"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/timeline"
@@ -151,5 +154,78 @@ func TestNiceTicks(t *testing.T) {
 				t.Errorf("labels %q, want %q", labels, tc.want)
 			}
 		})
+	}
+}
+
+// TestPlotLabelsWithinTheImage draws PNGs whose text crowds the edges: a title wider than the image, a peak
+// at the right end of the run (its label has no room to its right) and a marked event beside it. Nothing
+// may be cut by the image's edge: a border two pixels wide stays the background's white all round, where a
+// title or a label running off the image would leave its glyphs.
+func TestPlotLabelsWithinTheImage(t *testing.T) {
+	s := fixture()
+	long := *s
+	long.Meta.Devices = slices.Clone(s.Meta.Devices)
+	long.Meta.Devices[0].Name = "simulated GPU (meta), rank 0 of 8, zero3, with a device name longer than any plot is wide"
+	last := s.Events.Len() - 1
+	for name, tc := range map[string]struct {
+		s    *snapshot.Snapshot
+		opts PlotOptions
+	}{
+		"a title wider than the image": {&long, PlotOptions{Mark: -1}},
+		"a mark at the last event":     {s, PlotOptions{Mark: last, MarkName: "end"}},
+		"narrow":                       {&long, PlotOptions{Mark: last, MarkName: "end", Width: 4 * vg.Inch, Height: 3 * vg.Inch}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			img, err := png.Decode(bytes.NewReader(plotBytes(t, tc.s, FormatPNG, tc.opts)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := img.Bounds()
+			for y := b.Min.Y; y < b.Max.Y; y++ {
+				for x := b.Min.X; x < b.Max.X; x++ {
+					if x >= b.Min.X+2 && x < b.Max.X-2 && y >= b.Min.Y+2 && y < b.Max.Y-2 {
+						continue
+					}
+					if r, g, bl, _ := img.At(x, y).RGBA(); r < 0xf000 || g < 0xf000 || bl < 0xf000 {
+						t.Fatalf("pixel (%d, %d) of the %dx%d image's edge is drawn on: something runs off the image", x, y, b.Dx(), b.Dy())
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestPlaceLabels holds the placement of marks' labels: inside the plot's area and overlapping none placed
+// before, when there is room, however the marks crowd: a point at the right edge, lines beside it and at the
+// same height, a line at the left edge.
+func TestPlaceLabels(t *testing.T) {
+	sty := plot.New().X.Tick.Label
+	sty.Font.Size = 8
+	area := vg.Rectangle{Min: vg.Point{X: 40, Y: 30}, Max: vg.Point{X: 600, Y: 300}}
+	labels := []label{
+		{at: vg.Point{X: 598, Y: 290}, text: "peak 22.87 GiB", point: true},
+		{at: vg.Point{X: 596}, text: "OOM (1.00 GiB)"},
+		{at: vg.Point{X: 590}, text: "iteration-end:1 (event 40660)"},
+		{at: vg.Point{X: 41}, text: "event 0"},
+		{at: vg.Point{X: 300, Y: 250}, text: "a point in the middle", point: true},
+		{at: vg.Point{X: 300}, text: "a line through it"},
+	}
+	got := placeLabels(area, sty, labels)
+	if len(got) != len(labels) {
+		t.Fatalf("%d labels placed, want %d", len(got), len(labels))
+	}
+	for i, p := range got {
+		b := p.box
+		if b.Min.X < area.Min.X || b.Max.X > area.Max.X || b.Min.Y < area.Min.Y || b.Max.Y > area.Max.Y {
+			t.Errorf("%q at %v, outside the area %v", p.text, b, area)
+		}
+		if b.Size().X != sty.Width(p.text) {
+			t.Errorf("%q is %v wide, the text %v", p.text, b.Size().X, sty.Width(p.text))
+		}
+		for _, o := range got[:i] {
+			if b.Min.X < o.box.Max.X && o.box.Min.X < b.Max.X && b.Min.Y < o.box.Max.Y && o.box.Min.Y < b.Max.Y {
+				t.Errorf("%q at %v overlaps %q at %v", p.text, b, o.text, o.box)
+			}
+		}
 	}
 }

@@ -146,18 +146,13 @@ func isAllocatorAction(a snapshot.Action) bool {
 	return false
 }
 
-// userMetadata is what memory_viz shows under "User Metadata" for a block: its module scope and tensor label,
-// "transformer.h.0.attn.c_attn: f32[1024,192] linear.out". PyTorch's _set_memory_metadata is where a program
-// would put the module it is running, and oomdbg's importer reads the string back as the scope.
-func (d *torchDoc) userMetadata(scope, label snapshot.StringID) string {
-	sc, lb := d.s.String(scope), d.s.String(label)
-	switch {
-	case sc == "":
-		return lb
-	case lb == "":
-		return sc
-	}
-	return sc + ": " + lb
+// userMetadata is what memory_viz shows under "User Metadata" for a block: its module scope,
+// "transformer.h.0.attn.c_attn". PyTorch's _set_memory_metadata is where a program puts the module it is
+// running, and PyTorch's importers (oomdbg's too) read the string back as the scope: so it holds the scope
+// alone, and a round trip through the file keeps every block's scope as it was. The tensor's label has no
+// place of its own in PyTorch's schema, and is not written.
+func (d *torchDoc) userMetadata(scope, _ snapshot.StringID) string {
+	return d.s.String(scope)
 }
 
 // writeFrames writes a stack as PyTorch's list of frame dicts, innermost first. Each distinct frame and stack

@@ -156,7 +156,7 @@ func TestTorchLoadsInPython(t *testing.T) {
 
 // TestTorchRoundTrip exports each snapshot, imports the export with oomdbg's PyTorch importer, and checks
 // that both tell the same story: the allocated and reserved bytes after every allocator action, the peaks,
-// the blocks alive at the peak (place, sizes, stack and category), and the iterations.
+// the blocks alive at the peak (place, sizes, stack, category and module scope), and the iterations.
 func TestTorchRoundTrip(t *testing.T) {
 	writers := map[string]func(*bytes.Buffer, *timeline.Timeline) error{"pickle": torchPickle, "json": torchJSON}
 	for name, s := range snapshots(t) {
@@ -193,6 +193,7 @@ type roundTripBlock struct {
 	Addr                uint64
 	Size, Requested     int64
 	Category            snapshot.Category
+	Scope               string
 	Frames              []string
 	IterationAtCreation int32
 }
@@ -202,7 +203,7 @@ func blocksAt(tl *timeline.Timeline, seq int, withIteration bool) []roundTripBlo
 	var out []roundTripBlock
 	for _, a := range tl.LiveAt(seq, nil) {
 		b := roundTripBlock{Device: a.Device, Addr: a.Addr, Size: a.Size, Requested: a.Requested,
-			Category: tl.Allocation(a.ID, tl.Len()-1).Category}
+			Category: tl.Allocation(a.ID, tl.Len()-1).Category, Scope: s.String(a.Scope)}
 		for _, f := range s.Stack(a.Stack) {
 			fr := s.Frame(f)
 			b.Frames = append(b.Frames, fmt.Sprintf("%s %s:%d", s.String(fr.Function), s.String(fr.File), fr.Line))
@@ -236,11 +237,11 @@ func checkSameTimeline(t *testing.T, want, got *timeline.Timeline) {
 	}
 	for d := range devices {
 		dev := int(d)
-		wv, _, err := selectDevice(want.Snapshot(), &dev)
+		wv, _, err := want.Snapshot().DeviceView(dev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		gv, _, err := selectDevice(got.Snapshot(), &dev)
+		gv, _, err := got.Snapshot().DeviceView(dev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +299,10 @@ func first[T any](s []T, n int) []T { return s[:min(n, len(s))] }
 
 func sameBlock(a, b roundTripBlock) bool {
 	return a.Device == b.Device && a.Addr == b.Addr && a.Size == b.Size && a.Requested == b.Requested &&
-		a.Category == b.Category && slices.Equal(a.Frames, b.Frames) && a.IterationAtCreation == b.IterationAtCreation
+		a.Category == b.Category && slices.Equal(a.Frames, b.Frames) && a.IterationAtCreation == b.IterationAtCreation &&
+		// A scope comes back as it went; a block without one, of which PyTorch's schema cannot say so, gets
+		// what the importer infers for any PyTorch snapshot.
+		(a.Scope == "" || a.Scope == b.Scope)
 }
 
 // TestTorchFixtureContent pins what PyTorch's tools read from the fixture's export, decoded by Go's own JSON
@@ -344,8 +348,8 @@ func TestTorchFixtureContent(t *testing.T) {
 	}{
 		"alloc size is the request":        {find("alloc", segA+4096), "size", json.Number("128")},
 		"category as the block ended":      {find("alloc", segB), "category", "activation"},
-		"scope and label as user metadata": {find("alloc", segB), "user_metadata", "fc: f32[16,32,4096] fc.out"},
-		"label alone without a scope":      {find("alloc", segA+4608), "user_metadata", "f32[16,32] batch.x"},
+		"the scope as user metadata":       {find("alloc", segB), "user_metadata", "fc"},
+		"no user metadata without a scope": {find("alloc", segA+4608), "user_metadata", nil},
 		"time_us from Created":             {find("alloc", segA), "time_us", json.Number("1735689600000002")},
 		"free keeps the request":           {find("free_completed", segA+6656), "size", json.Number("1000")},
 		"segment size":                     {find("segment_alloc", segB), "size", json.Number(fmt.Sprint(20 * mib))},
@@ -575,5 +579,64 @@ func TestTorchSameMicrosecond(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTorchAtAnEvent exports each one-device snapshot as it stood at its peak and at the end of its first
+// iteration, imports the export, and holds it to the recording up to that event: the same allocator actions,
+// the same allocated and reserved bytes after each, and the allocator's state then (the segments PyTorch's
+// dump would have listed: the bytes reserved at the event, in as many segments as were mapped).
+func TestTorchAtAnEvent(t *testing.T) {
+	for name, s := range snapshots(t) {
+		tl := timeline.New(s)
+		if len(s.DevicesWithMemory()) != 1 {
+			continue
+		}
+		for _, at := range []At{{Kind: AtPeak}, {Kind: AtIterationEnd, N: 0}} {
+			seq, err := at.resolve(tl, nil, s.Events.Len())
+			if err != nil {
+				continue // no such iteration
+			}
+			t.Run(name+"/"+at.String(), func(t *testing.T) {
+				var buf bytes.Buffer
+				what, err := Write(&buf, s, FormatTorch, Options{At: &at})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(what, fmt.Sprintf(" as it stood at %s (event %d): ", at, seq)) {
+					t.Errorf("it says it wrote %q", what)
+				}
+				im, err := torch.Import(buf.Bytes())
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := timeline.New(im)
+				var want []int
+				for _, i := range allocatorSeqs(s) {
+					if i <= seq {
+						want = append(want, i)
+					}
+				}
+				gs := allocatorSeqs(im)
+				if len(gs) != len(want) {
+					t.Fatalf("%d allocator actions, want the %d up to event %d", len(gs), len(want), seq)
+				}
+				for k := range want {
+					for _, series := range []timeline.Series{timeline.Allocated, timeline.Reserved} {
+						if w, g := tl.Value(series, want[k]), got.Value(series, gs[k]); w != g {
+							t.Fatalf("%s after allocator action %d: %d, want %d", series, k, g, w)
+						}
+					}
+				}
+				var reserved int64
+				for _, sg := range im.Footer.Segments {
+					reserved += sg.Size
+				}
+				if w := tl.Value(timeline.Reserved, seq); reserved != w || len(im.Footer.Segments) != len(tl.SegmentsAt(seq)) {
+					t.Errorf("the state written: %d segments of %d bytes, want %d segments of %d bytes as at event %d",
+						len(im.Footer.Segments), reserved, len(tl.SegmentsAt(seq)), w, seq)
+				}
+			})
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -23,6 +24,10 @@ func Accumulate(k int) Transform {
 			return nil, "", err
 		}
 		scaledT, scaleLine, err := BatchScale(1 / float64(k)).apply(t)
+		if tags := (*MissingTagsError)(nil); errors.As(err, &tags) {
+			// The batch of each micro-step is how accumulation works, not what was asked for: name the fix.
+			return nil, "", &MissingTagsError{name, tags.Tags}
+		}
 		if err != nil {
 			return nil, "", err
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 )
 
@@ -87,7 +88,7 @@ func (c *Config) validateNumbers() error {
 	case c.GPUMemory > MaxGPUMemory:
 		return &FieldError{"gpu_memory", c.GPUMemory, fmt.Sprintf("is more than the %d bytes (1 PiB) a run may simulate", uint64(MaxGPUMemory))}
 	case c.GPUMemory <= c.ContextReserve:
-		return &FieldError{"context_reserve", c.ContextReserve, fmt.Sprintf("must be less than the gpu memory %d", c.GPUMemory)}
+		return &FieldError{"context_reserve", c.ContextReserve, "must be less than the gpu memory, " + units.FormatSizeExact(c.GPUMemory)}
 	}
 	if err := c.Family.validateNumbers(); err != nil {
 		return err

@@ -109,6 +109,22 @@ func trainerDefaults(c Config, batch int) Config {
 	return c
 }
 
+// HFKey names the config.json field of architecture that FromHF takes a configuration field from ("vocab" ->
+// "vocab_size", "d_model" -> GPT-2's "n_embd"), so that a message about a number a config.json gave names
+// the field the user wrote. "" for a field FromHF does not take from config.json.
+func HFKey(architecture, field string) string {
+	if architecture == hfconfig.GPT2 {
+		return map[string]string{"vocab": "vocab_size", "seq": "n_positions", "d_model": "n_embd", "layers": "n_layer",
+			"heads": "n_head", "dropout": "resid_pdrop"}[field]
+	}
+	if !slices.Contains(hfconfig.Architectures, architecture) {
+		return ""
+	}
+	return map[string]string{"vocab": "vocab_size", "d_model": "hidden_size", "ffn": "intermediate_size", "layers": "num_hidden_layers",
+		"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "seq": "max_position_embeddings",
+		"dropout": "attention_dropout", "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}[field]
+}
+
 // DefaultPreset is what oomdbg runs when asked for nothing in particular.
 const DefaultPreset = "gpt2-medium"
 

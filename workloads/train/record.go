@@ -28,6 +28,16 @@ type RecordOptions struct {
 	// its events span more than its chunk age. Zero leaves chunking to the Writer alone, so that a recording
 	// with a fixed clock is a pure function of the run.
 	FlushEvery time.Duration
+	// Job, when set, is written into the metadata (snapshot.Meta.Job): the ranks of one job share it.
+	Job string
+	// Progress, when set, is called after each completed step, from the goroutine that runs the workload.
+	Progress func(Progress)
+}
+
+// Progress is how far a run has got: Done of Of steps, and the last step's loss (0 on the meta device).
+type Progress struct {
+	Done, Of int
+	Loss     float32
 }
 
 // DefaultFlushEvery is how often oomdbg run writes its recording out: kill -9 loses at most about this much.
@@ -44,6 +54,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	start := time.Now()
 	meta := Meta(cfg, opts.ToolVersion)
 	meta.Created = start.UTC().Truncate(time.Microsecond)
+	meta.Job = opts.Job
 	sw, err := snapshot.NewWriter(w, meta, opts.Writer...)
 	if err != nil {
 		return nil, err
@@ -55,7 +66,7 @@ func Record(ctx context.Context, cfg Config, w io.Writer, opts RecordOptions) (*
 	if opts.OnStart != nil {
 		stop = opts.OnStart(rec)
 	}
-	res, dev, err := runValid(ctx, cfg, rec, 0)
+	res, dev, err := runValid(ctx, cfg, rec, 0, opts.Progress)
 	stop()
 	stopFlush()
 	if err != nil {

@@ -116,6 +116,8 @@ type run struct {
 	stepEmptied bool
 	// limit: the run stops at the next phase boundary once its reserved memory passed it (0: never).
 	limit int64
+	// progress hears of each completed step (RecordOptions.Progress); nil when no one listens.
+	progress func(Progress)
 
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
@@ -155,16 +157,16 @@ func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int6
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
-	return runValid(ctx, cfg, rec, limit)
+	return runValid(ctx, cfg, rec, limit, nil)
 }
 
 // runValid is runWithin of a configuration already validated: Record validates before it writes the header.
-func runValid(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64) (*Result, *device.Device, error) {
+func runValid(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64, progress func(Progress)) (*Result, *device.Device, error) {
 	r, err := newRun(ctx, cfg, rec)
 	if err != nil {
 		return nil, nil, err
 	}
-	r.limit = limit
+	r.limit, r.progress = limit, progress
 	err = r.rt.Catch(r.train)
 	var oom *tensor.OOMError
 	switch {
@@ -308,6 +310,9 @@ func (r *run) iterate(step int, eval bool) {
 	r.endStep()
 	r.heapDump("iteration end")
 	r.res.Steps++
+	if r.progress != nil {
+		r.progress(Progress{Done: r.res.Steps, Of: r.cfg.Steps, Loss: r.res.Losses[len(r.res.Losses)-1]})
+	}
 }
 
 // ModelParameters builds cfg's model on a meta device of unlimited memory, with nothing recorded, and
