@@ -1,0 +1,138 @@
+package snapshottest
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// PyTorch snapshots made in Go, for tests and benchmarks of the importer and the replay that need a shape no
+// real file has (a final state of hundreds of thousands of segments) without committing megabytes of it.
+
+// Dict is a Python dict whose keys keep their order.
+type Dict []KV
+
+// KV is one entry of a Dict.
+type KV struct {
+	Key   string
+	Value any
+}
+
+// Pickle encodes v as a protocol-2 pickle of plain data, as CPython's pickle.dumps would load it: Dict,
+// []any, []Dict, string, int, int64, uint64, float64, bool and nil. Other types panic: this is test input.
+func Pickle(v any) []byte {
+	p := pickler{memo: map[string]uint32{}}
+	b := []byte("\x80\x02")
+	b = p.append(b, v)
+	return append(b, '.')
+}
+
+// pickler remembers the strings it wrote, as CPython's pickler does: a string met again is a memo reference.
+type pickler struct {
+	memo map[string]uint32
+}
+
+func (p *pickler) append(b []byte, v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return append(b, 'N')
+	case bool:
+		if x {
+			return append(b, 0x88)
+		}
+		return append(b, 0x89)
+	case int:
+		return appendPickleInt(b, int64(x))
+	case int64:
+		return appendPickleInt(b, x)
+	case uint64:
+		if x <= math.MaxInt64 {
+			return appendPickleInt(b, int64(x))
+		}
+		le := binary.LittleEndian.AppendUint64(nil, x)
+		b = append(b, 0x8a, 9) // LONG1: nine bytes, the top one zero keeps it positive
+		return append(append(b, le...), 0)
+	case float64:
+		b = append(b, 'G')
+		return binary.BigEndian.AppendUint64(b, math.Float64bits(x))
+	case string:
+		if i, ok := p.memo[x]; ok {
+			b = append(b, 'j') // LONG_BINGET
+			return binary.LittleEndian.AppendUint32(b, i)
+		}
+		b = append(b, 'X')
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(x)))
+		b = append(b, x...)
+		i := uint32(len(p.memo))
+		p.memo[x] = i
+		b = append(b, 'r') // LONG_BINPUT
+		return binary.LittleEndian.AppendUint32(b, i)
+	case []any:
+		b = append(b, ']', '(')
+		for _, e := range x {
+			b = p.append(b, e)
+		}
+		return append(b, 'e')
+	case []Dict:
+		b = append(b, ']', '(')
+		for _, e := range x {
+			b = p.append(b, e)
+		}
+		return append(b, 'e')
+	case Dict:
+		b = append(b, '}', '(')
+		for _, kv := range x {
+			b = p.append(b, kv.Key)
+			b = p.append(b, kv.Value)
+		}
+		return append(b, 'u')
+	}
+	panic("snapshottest.Pickle: a value of an unsupported type")
+}
+
+// appendPickleInt appends i as BININT (32 bits) or LONG1 (8 bytes, two's complement).
+func appendPickleInt(b []byte, i int64) []byte {
+	if i >= math.MinInt32 && i <= math.MaxInt32 {
+		b = append(b, 'J')
+		return binary.LittleEndian.AppendUint32(b, uint32(int32(i)))
+	}
+	b = append(b, 0x8a, 8)
+	return binary.LittleEndian.AppendUint64(b, uint64(i))
+}
+
+// ManySegments is a PyTorch snapshot (_dump_snapshot's dict, protocol 2) whose final state holds n small-pool
+// segments of 2 MiB on device 0, and whose trace, a ring buffer that begins after every segment was made,
+// frees a 512-byte block at the start of every other segment: the final state shows those segments free and
+// the others with their 512-byte block still in use. The importer finds every segment alive before the
+// trace, and the replay rebuilds them all before it replays the frees: the shape of a long-running job's
+// snapshot with a short history.
+func ManySegments(n int) []byte {
+	const (
+		base   = uint64(0x7f00_0000_0000)
+		segLen = 2 << 20
+		block  = 512
+	)
+	segs := make([]Dict, n)
+	var trace []Dict
+	for i := range n {
+		addr := base + uint64(i)*segLen
+		blocks := []Dict{{{"address", addr}, {"size", segLen}, {"requested_size", block}, {"state", "inactive"}}}
+		used := 0
+		if i%2 == 0 {
+			used = block
+			blocks = []Dict{
+				{{"address", addr}, {"size", block}, {"requested_size", block}, {"state", "active_allocated"}},
+				{{"address", addr + block}, {"size", segLen - block}, {"requested_size", 0}, {"state", "inactive"}},
+			}
+		} else {
+			for _, act := range []string{"free_requested", "free_completed"} {
+				trace = append(trace, Dict{{"action", act}, {"addr", addr}, {"size", block}, {"stream", 0}})
+			}
+		}
+		segs[i] = Dict{
+			{"device", 0}, {"address", addr}, {"total_size", segLen}, {"allocated_size", used},
+			{"active_size", used}, {"requested_size", used}, {"stream", 0}, {"segment_type", "small"},
+			{"blocks", blocks},
+		}
+	}
+	return Pickle(Dict{{"segments", segs}, {"device_traces", []any{trace}}})
+}
