@@ -70,6 +70,9 @@ type Fidelity struct {
 	Rebuilt             int            `json:"rebuilt"`
 	NotRebuilt          map[string]int `json:"not_rebuilt,omitempty"`
 	PreExistingBlocks   int            `json:"pre_existing_blocks"`
+	// Inferred counts the blocks from before the trace, in the segments rebuilt, whose sizes were inferred
+	// (Sizing says how): blocks the trace frees, which the final state therefore does not hold.
+	Inferred Sizing `json:"inferred_block_sizes"`
 	// FinalState compares each segment of the snapshot's final state the model knows with the model's own
 	// at the end: the same size and the same blocks (offset, size, state).
 	FinalState Count `json:"final_state"`
@@ -175,7 +178,8 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 	f := Fidelity{Device: t.dev, PreExistingSegments: len(t.preSegs), PreExistingBlocks: len(t.preBlocks)}
 	dev := newTraceDevice(t.dev, t.maxAddr)
 	a := allocator.New(dev, allocator.Config{TieOrder: cfg.TieOrder})
-	plans, unknown := t.plan(cfg)
+	plans, unknown, inferred := t.plan(cfg)
+	f.Inferred = inferred
 	if err := build(a, dev, plans); err != nil {
 		return f, err
 	}

@@ -119,3 +119,14 @@ func OptionalFixture(t testing.TB, name string) []byte {
 	}
 	return nil
 }
+
+// Real snapshots whose trace is a ring buffer that cut the start of the run: blocks from before the trace
+// that it frees have no recorded size (MANIFEST.md beside them says where each comes from).
+const (
+	F9  = "f9_2026_ring_buffer_start_cut.pickle"       // G4: 2,162 allocations, 222 blocks from before the trace freed in it
+	F10 = "f10_2026_ring_buffer_unsplit_blocks.pickle" // G4: 33 such blocks served unsplit (up to 1 MiB over their request)
+	F11 = "f11_2025_ring_buffer_many_segments.pickle"  // G3: 999 segments from before the trace, 116 such blocks
+)
+
+// RingBufferFixtures lists the real snapshots whose trace cut the start of the run.
+var RingBufferFixtures = []string{F9, F10, F11}
