@@ -40,12 +40,16 @@ type attack struct {
 // on a corpus of crafted and damaged files, as a subprocess under a memory ceiling and a timeout: zero
 // panics, zero hangs, zero exits other than 0, 1 and 2, and every exit 2 a one-line reason. It logs the
 // attack table: each class, the cases and invocations tried, the failures, and the worst memory and time.
-// OOMDBG_CORPUS_LOG=1 logs every invocation's exit code and first line of stderr.
+// OOMDBG_CORPUS_LOG=1 logs every invocation's exit code and first line of stderr; OOMDBG_CORPUS_CLASS=text
+// runs only the classes whose name holds the text.
 func TestHostileCorpus(t *testing.T) {
 	bin := oomdbgBinary(t)
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "reference.oomdbg")
 	attacks := hostileCorpus(t, dir, ref)
+	if only := os.Getenv("OOMDBG_CORPUS_CLASS"); only != "" {
+		attacks = slices.DeleteFunc(attacks, func(a attack) bool { return !strings.Contains(a.class, only) })
+	}
 
 	type job struct {
 		a    attack
@@ -333,6 +337,24 @@ func hostileCorpus(t *testing.T, dir, ref string) []attack {
 	add("crafted pickle", "a million nested lists", append(append([]byte("\x80\x04"), bytes.Repeat([]byte("]"), 1<<20)...), '.'))
 	// pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 2**64, "stream": 0}]]}, protocol=2)
 	add("crafted pickle", "int past 64 bits as a size", []byte("\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04]q\x05}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\tK\x00X\x04\x00\x00\x00sizeq\n\x8a\t\x00\x00\x00\x00\x00\x00\x00\x00\x01X\x06\x00\x00\x00streamq\x0bK\x00uaau."))
+	// Sizes no device holds: two live blocks of 2^62 bytes made every total wrap to -8 EiB.
+	add("sizes that overflow", "two live blocks of 2^62 bytes (pickle)", snapshottest.Pickle(snapshottest.Dict{
+		{Key: "segments", Value: []any{}}, {Key: "device_traces", Value: []any{[]snapshottest.Dict{
+			{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(1 << 40)}, {Key: "size", Value: int64(1 << 62)}, {Key: "stream", Value: 0}},
+			{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(1 << 41)}, {Key: "size", Value: int64(1 << 62)}, {Key: "stream", Value: 0}},
+		}}}}))
+	var past []snapshottest.Dict
+	for i := range 40 {
+		past = append(past, snapshottest.Dict{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(i+1) << 50},
+			{Key: "size", Value: int64(1 << 50)}, {Key: "stream", Value: 0}})
+	}
+	add("sizes that overflow", "blocks of 1 PiB adding up past 32 PiB (pickle)", snapshottest.Pickle(snapshottest.Dict{
+		{Key: "segments", Value: []any{}}, {Key: "device_traces", Value: []any{past}}}))
+	add("sizes that overflow", "two live blocks of 2^62 bytes (oomdbg)", withEvents(t,
+		snapshot.Event{Action: snapshot.ActionSegmentAlloc, Addr: 1 << 40, Size: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionAlloc, Addr: 1 << 40, Size: 1 << 62, BlockSize: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionSegmentAlloc, Addr: 1 << 41, Size: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionAlloc, Addr: 1 << 41, Size: 1 << 62, BlockSize: 1 << 62}))
 	add("crafted json", "a million nested arrays", bytes.Repeat([]byte("["), 1<<20))
 	add("crafted json", "numbers past float64", []byte(`{"segments": [{"device": 0, "address": 1e400, "total_size": 1e30, "blocks": []}]}`))
 	add("crafted json", "negative sizes", []byte(`{"segments": [], "device_traces": [[{"action": "alloc", "addr": -1, "size": -5, "stream": 0}]]}`))
@@ -418,6 +440,25 @@ func footerBomb(t *testing.T) []byte {
 		blocks[i] = snapshot.Block{Addr: uint64(i) << 9, Size: 512, Requested: 512, State: "active_allocated"}
 	}
 	return withFooter(t, snapshot.Footer{Segments: []snapshot.Segment{{Addr: 0, Size: 400_000 << 9, Pool: "large", Blocks: blocks}}})
+}
+
+// withEvents is a snapshot of the given events, each in a chunk of its own, closed without a footer.
+func withEvents(t *testing.T, events ...snapshot.Event) []byte {
+	var buf bytes.Buffer
+	w, err := snapshot.NewWriter(&buf, snapshot.Meta{Tool: "oomdbg", Source: "oomdbg", TimeUnit: "ns"}, snapshot.WithChunkEvents(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range events {
+		events[i].Time = int64(i + 1)
+		if err := w.Write(&events[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // withFooter is a snapshot of one allocation closed with footer f.
