@@ -136,3 +136,25 @@ func ManySegments(n int) []byte {
 	}
 	return Pickle(Dict{{"segments", segs}, {"device_traces", []any{trace}}})
 }
+
+// RepeatedEntry is a PyTorch snapshot pickle whose trace is one alloc entry and then n references to it
+// through the pickle's memo: 2 bytes an entry in the file, and as many entries as any trace to the importer.
+// It is the pickle that makes an import's memory grow fastest per byte of input.
+func RepeatedEntry(n int) []byte {
+	b := []byte("\x80\x02}(")                            // the top-level dict, MARK
+	b = append(b, "X\x08\x00\x00\x00segments]"...)       // "segments": []
+	b = append(b, "X\x0d\x00\x00\x00device_traces]]"...) // "device_traces": [[ (device 0's trace)
+	entry := Pickle(Dict{{"action", "alloc"}, {"addr", uint64(1 << 30)}, {"size", 512}, {"stream", 0}})
+	b = append(b, entry[2:len(entry)-1]...) // the entry dict, without PROTO and STOP (its strings take memo 0 to 5)
+	b = append(b, 'q', 200, 'a')            // BINPUT 200, and append it to the trace
+	for n > 0 {
+		k := min(n, 1000)
+		b = append(b, '(')
+		for range k {
+			b = append(b, 'h', 200) // BINGET 200
+		}
+		b = append(b, 'e') // APPENDS
+		n -= k
+	}
+	return append(b, 'a', 'u', '.') // the trace into device_traces; both pairs into the dict; STOP
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -76,6 +77,10 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	if err := checkSizes(em.events, im.segs); err != nil {
 		return nil, err
 	}
+	// The records are events now: let them go before the inference takes their place.
+	im.mem.release(int64(ntrace) * int64(unsafe.Sizeof(entry{})))
+	im.traces = nil
+	collect(int64(ntrace) * int64(unsafe.Sizeof(entry{})))
 
 	meta := snapshot.Meta{Tool: Source, Source: Source, TimeUnit: "index", AllocatorSettings: im.settings}
 	if im.timeKnown {
