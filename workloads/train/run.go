@@ -113,6 +113,8 @@ type run struct {
 	stepEmptied bool
 	// limit: the run stops at the next phase boundary once its reserved memory passed it (0: never).
 	limit int64
+	// skipCycles: count, rather than run, the micro-batches that repeat a cycle of allocator states (Simulate).
+	skipCycles bool
 
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
@@ -157,11 +159,17 @@ func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int6
 
 // runValid is runWithin of a configuration already validated: Record validates before it writes the header.
 func runValid(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64) (*Result, *device.Device, error) {
+	return runValidWith(ctx, cfg, rec, limit, false)
+}
+
+// runValidWith is runValid, skipping the repeated cycles of a step's micro-batches where skipCycles says so
+// (Simulate).
+func runValidWith(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64, skipCycles bool) (*Result, *device.Device, error) {
 	r, err := newRun(ctx, cfg, rec)
 	if err != nil {
 		return nil, nil, err
 	}
-	r.limit = limit
+	r.limit, r.skipCycles = limit, skipCycles
 	err = r.rt.Catch(r.train)
 	var oom *tensor.OOMError
 	switch {
@@ -451,7 +459,13 @@ func (r *run) builtBlock() func(nn.Module) {
 // zero_grad.
 func (r *run) step() {
 	var lossSum float32
-	for micro := range r.cfg.Accum {
+	cycles := r.newCycleFinder()
+	for micro := 0; micro < r.cfg.Accum; micro++ {
+		if cycles != nil && micro > 0 && micro < r.cfg.Accum-1 {
+			if n, loss := cycles.skip(r, micro, r.cfg.Accum, lossSum); n > 0 {
+				micro, lossSum, cycles = micro+n, lossSum+loss, nil
+			}
+		}
 		lossSum += r.microStep(micro == r.cfg.Accum-1)
 	}
 	r.res.Losses = append(r.res.Losses, lossSum)
