@@ -22,7 +22,8 @@ func newExportCmd() *cobra.Command {
               torch.cuda._memory_viz. Categories colour the blocks; "User Metadata" shows each
               block's module and tensor; iterations and phases are external_annotations
               (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
-  torch-json  the same document as JSON, which memory_viz also opens.
+  torch-json  the same document as JSON, which memory_viz also opens. JSON repeats every entry's
+              stack in full: its size is said first past 64 MiB, and past 1 GiB it takes --force.
   pprof       the live set at one event (the peak unless --at says otherwise) as a heap profile:
               inuse_space and inuse_objects by stack, labelled with phase, category, scope,
               tensor and iteration. Read it with go tool pprof.
@@ -61,7 +62,7 @@ device, a FIFO or a socket never.`,
 	cmd.Flags().StringVarP(&req.Out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
 	cmd.Flags().StringVar(&at, "at", "peak", "event to profile (pprof) or mark: peak, oom, end, iteration-end:N or an event number")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
-	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, or replace a read-only file")
+	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, replace a read-only file, or write torch-json past 1 GiB")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }

@@ -2,6 +2,7 @@ package snapshottest
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 )
 
@@ -137,21 +138,30 @@ func ManySegments(n int) []byte {
 	return Pickle(Dict{{"segments", segs}, {"device_traces", []any{trace}}})
 }
 
-// RepeatedEntry is a PyTorch snapshot pickle whose trace is one alloc entry and then n references to it
-// through the pickle's memo: 2 bytes an entry in the file, and as many entries as any trace to the importer.
-// It is the pickle that makes an import's memory grow fastest per byte of input.
-func RepeatedEntry(n int) []byte {
+// RepeatedEntry is a PyTorch snapshot pickle whose trace is one alloc entry, with a stack of the given depth,
+// and then n references to it through the pickle's memo: 5 bytes an entry in the file, and as many entries as
+// any trace to the importer, each with its whole stack to an exporter that writes JSON. It is the pickle that
+// makes an import's memory, or a JSON export, grow fastest per byte of input.
+func RepeatedEntry(n, depth int) []byte {
 	b := []byte("\x80\x02}(")                            // the top-level dict, MARK
 	b = append(b, "X\x08\x00\x00\x00segments]"...)       // "segments": []
 	b = append(b, "X\x0d\x00\x00\x00device_traces]]"...) // "device_traces": [[ (device 0's trace)
-	entry := Pickle(Dict{{"action", "alloc"}, {"addr", uint64(1 << 30)}, {"size", 512}, {"stream", 0}})
-	b = append(b, entry[2:len(entry)-1]...) // the entry dict, without PROTO and STOP (its strings take memo 0 to 5)
-	b = append(b, 'q', 200, 'a')            // BINPUT 200, and append it to the trace
+	frames := make([]Dict, depth)
+	for i := range frames {
+		frames[i] = Dict{{"filename", fmt.Sprintf("/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module_%d.py", i)},
+			{"line", 1000 + i}, {"name", fmt.Sprintf("_call_impl_of_a_module_with_a_long_name_%d", i)}}
+	}
+	entry := Pickle(Dict{{"action", "alloc"}, {"addr", uint64(1 << 30)}, {"size", 512}, {"stream", 0}, {"frames", frames}})
+	b = append(b, entry[2:len(entry)-1]...) // the entry dict, without PROTO and STOP (its strings take memo 0 on)
+	b = append(b, 'r')                      // LONG_BINPUT above the strings' memo
+	b = binary.LittleEndian.AppendUint32(b, 1<<20)
+	b = append(b, 'a') // append it to the trace
 	for n > 0 {
 		k := min(n, 1000)
 		b = append(b, '(')
 		for range k {
-			b = append(b, 'h', 200) // BINGET 200
+			b = append(b, 'j') // LONG_BINGET
+			b = binary.LittleEndian.AppendUint32(b, 1<<20)
 		}
 		b = append(b, 'e') // APPENDS
 		n -= k

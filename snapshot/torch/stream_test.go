@@ -396,14 +396,14 @@ const (
 )
 
 // TestRepeatedEntryRefusedBeforeItIsRead: a pickle whose trace is one entry referenced 200,000 times through
-// the memo takes 400 KB and decodes to a few megabytes, but imports to hundreds of bytes an entry. Under a
+// the memo takes 1 MB and decodes to a few megabytes, but imports to hundreds of bytes an entry. Under a
 // ceiling it cannot fit, the import fails as soon as the trace's length is known, before any entry is read,
 // saying what all of them would need; the same holds for what the caller's analysis would take at
 // EventBytes an event. With the ceiling at what the refusal said it needs, the import succeeds and counts no
 // more than that.
 func TestRepeatedEntryRefusedBeforeItIsRead(t *testing.T) {
 	const n = 200_000
-	data := snapshottest.RepeatedEntry(n)
+	data := snapshottest.RepeatedEntry(n, 0)
 	for name, lim := range map[string]Limits{
 		"the import's own peak":         {MaxMemory: 32 << 20},
 		"the analysis after the import": {MaxMemory: 256 << 20, EventBytes: 2000},
