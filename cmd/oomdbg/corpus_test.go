@@ -34,6 +34,8 @@ type attack struct {
 	fifo   []byte // when set, path is a FIFO and this is written into it for each invocation
 	stdin  string // when set, the file given on standard input, with path "-"
 	budget string // --max-memory, when not suiteBudget
+	// runs, when set, are the invocations to make (each given --max-memory), instead of every command's.
+	runs [][]string
 }
 
 // TestHostileCorpus runs every command that reads a snapshot (report, check, diff, replay, export, view)
@@ -55,19 +57,27 @@ func TestHostileCorpus(t *testing.T) {
 		a    attack
 		args []string
 	}
+	// What the binary holds on the smallest input in the least memory it may be given (its code, the Go
+	// runtime, the reference file): --max-memory budgets what an input makes it hold on top of that, so an
+	// invocation is held to 10% over the two together.
+	floor := invoke(bin, nil, "report", ref, "--max-memory", "16MiB").peak
 	var jobs []job
 	for _, a := range attacks {
 		out := filepath.Join(dir, "out", strings.NewReplacer("/", "_", " ", "_").Replace(a.class+"-"+a.name)+".json")
 		budget := []string{"--max-memory", cmp.Or(a.budget, suiteBudget)}
-		for _, args := range [][]string{
-			{"report", a.path},
-			{"check", a.path},
-			{"diff", a.path, ref},
-			{"replay", a.path},
-			{"export", a.path, "--format", "torch-json", "-o", out},
-			{"whatif", a.path, "--checkpoint", "all", "--batch-scale", "0.5"},
-		} {
-			jobs = append(jobs, job{a, append(args, budget...)})
+		runs := a.runs
+		if runs == nil {
+			runs = [][]string{
+				{"report", a.path},
+				{"check", a.path},
+				{"diff", a.path, ref},
+				{"replay", a.path},
+				{"export", a.path, "--format", "torch-json", "-o", out},
+				{"whatif", a.path, "--checkpoint", "all", "--batch-scale", "0.5"},
+			}
+		}
+		for _, args := range runs {
+			jobs = append(jobs, job{a, append(slices.Clone(args), budget...)})
 		}
 		if a.class == "special input" || a.class == "decompression bomb" {
 			jobs = append(jobs, job{a, []string{"view", a.path}}) // no terminal: one line, exit 2
@@ -82,6 +92,7 @@ func TestHostileCorpus(t *testing.T) {
 		invocations int
 		failures    []string
 		peak        int64
+		ratio       float64 // the highest peak memory over --max-memory
 		slowest     time.Duration
 		exits       [3]int
 	}
@@ -108,7 +119,15 @@ func TestHostileCorpus(t *testing.T) {
 				if os.Getenv("OOMDBG_CORPUS_LOG") != "" {
 					t.Logf("%s/%s: %v -> %d %q", j.a.class, j.a.name, j.args[0], o.code, firstLine(o.stderr))
 				}
-				if f := o.failure(); f != "" {
+				budget, _ := units.ParseSize(cmp.Or(j.a.budget, suiteBudget))
+				held := (int64(budget) + floor) * 11 / 10
+				r.ratio = max(r.ratio, float64(o.peak)/float64(budget))
+				f := o.failure()
+				if f == "" && o.peak > held {
+					f = fmt.Sprintf("peak memory %s, more than 10%% over --max-memory %s and the %s the binary holds on the smallest file",
+						units.FormatSize(o.peak), units.FormatSize(int64(budget)), units.FormatSize(floor))
+				}
+				if f != "" {
 					r.failures = append(r.failures, fmt.Sprintf("%s: oomdbg %s: %s", j.a.name, strings.Join(j.args, " "), f))
 				} else {
 					r.exits[o.code]++
@@ -129,18 +148,21 @@ func TestHostileCorpus(t *testing.T) {
 	}
 	slices.Sort(classes)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2 | failures | peak memory | slowest |\n|---|---|---|---|---|---|---|\n")
-	total := 0
+	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2 | failures | peak memory | peak / --max-memory | slowest |\n|---|---|---|---|---|---|---|---|\n")
+	total, cases := 0, 0
 	for _, c := range classes {
 		r := table[c]
-		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d | %d | %s | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2],
-			len(r.failures), units.FormatSize(r.peak), r.slowest.Round(time.Millisecond))
+		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d | %d | %s | %.2f | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2],
+			len(r.failures), units.FormatSize(r.peak), r.ratio, r.slowest.Round(time.Millisecond))
+		cases += len(r.cases)
 		for _, f := range r.failures {
 			t.Error(f)
 		}
 		total += r.invocations
 	}
-	t.Logf("%d invocations, each under a %s ceiling and a %v timeout:%s", total, units.FormatSize(suiteCeiling), suiteTimeout, b.String())
+	t.Logf("%d cases, %d invocations, each under a %s ceiling and a %v timeout, within 10%% of --max-memory "+
+		"and the %s the binary holds on the smallest file:%s", cases, total, units.FormatSize(suiteCeiling), suiteTimeout,
+		units.FormatSize(floor), b.String())
 }
 
 // fifoSeq numbers the FIFOs of the invocations.
@@ -398,7 +420,7 @@ func hostileCorpus(t *testing.T, dir, ref string) []attack {
 	add("memory budget", "a recording of 130k events", big)
 	add("memory budget", "a recording of 130k events in 16 MiB", big)
 	attacks[len(attacks)-1].budget = "16MiB"
-	return attacks
+	return append(attacks, memoryAttacks(t, dir, &n, small)...)
 }
 
 // headerLen is the length of a snapshot's file header.
