@@ -66,7 +66,16 @@ func (a *Allocator) Segments() []Segment {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	all := a.allBlocks()
-	var segs []Segment
+	heads := 0
+	for _, b := range all {
+		if b.prev == nil || !b.prev.mapped {
+			heads++
+		}
+	}
+	// One array for the segments and one for their blocks: a state of hundreds of thousands of segments
+	// would otherwise take as many small allocations, each grown by copying.
+	segs := make([]Segment, 0, heads)
+	blocks := make([]Block, 0, len(all))
 	for _, head := range all {
 		if head.prev != nil && head.prev.mapped {
 			continue // not the first block of a mapped range
@@ -78,10 +87,12 @@ func (a *Allocator) Segments() []Segment {
 			Pool:       head.pool.kind(),
 			Expandable: head.seg != nil,
 		}
+		first := len(blocks)
 		for b := head; b != nil && b.mapped; b = b.next {
-			s.Blocks = append(s.Blocks, Block{Addr: b.addr, Size: b.size, Requested: b.requested, State: blockState(b)})
+			blocks = append(blocks, Block{Addr: b.addr, Size: b.size, Requested: b.requested, State: blockState(b)})
 			s.Size += b.size
 		}
+		s.Blocks = blocks[first:len(blocks):len(blocks)]
 		segs = append(segs, s)
 	}
 	sort.Slice(segs, func(i, j int) bool { return segs[i].Addr < segs[j].Addr })

@@ -2,10 +2,13 @@ package fit_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/internal/cputime"
 	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
 // BenchmarkFitMaxBatch is the search for the largest micro-batch (target: at most 2 s), with the trials and
@@ -51,6 +54,30 @@ func BenchmarkFitPlans(b *testing.B) {
 			b.ReportMetric(float64(len(ps.Tried)), "trials")
 			b.ReportMetric(float64(ps.Steps), "steps")
 			b.ReportMetric(float64(ps.Discarded), "discarded")
+		})
+	}
+}
+
+// BenchmarkFitPlansLargeBatch is the plan search on gpt2-medium with an effective batch of 4096 and 65536
+// (fit --batch): its plans accumulate up to thousands of micro-batches a step, and a trial's time must not
+// grow with them (target: as long as the batch of 16's). cpu-s/op is the CPU time an op takes, which a shared
+// machine does not inflate as it does the wall time.
+func BenchmarkFitPlansLargeBatch(b *testing.B) {
+	g, _ := fit.LookupGPU(fit.DefaultGPU)
+	for _, batch := range []int{16, 4096, 65536} {
+		cfg := preset(b, "gpt2-medium", 24, func(c *train.Config) { c.Batch = batch })
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var ps *fit.Plans
+			cpu := cputime.Process()
+			for b.Loop() {
+				var err error
+				if ps, err = fit.FindPlans(context.Background(), cfg, fit.PlanOptions{GPU: g}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric((cputime.Process()-cpu).Seconds()/float64(b.N), "cpu-s/op")
+			b.ReportMetric(float64(len(ps.Tried)), "trials")
+			b.ReportMetric(float64(ps.Steps), "steps")
 		})
 	}
 }

@@ -39,11 +39,13 @@ type Simulator interface {
 // Meta simulates on the meta device: shapes and the allocator's rules, no arithmetic, milliseconds a step.
 type Meta struct{}
 
-// Simulate runs cfg on the meta device, recording nothing, until its reserved memory passes limit.
+// Simulate runs cfg on the meta device, recording nothing, until its reserved memory passes limit; a step's
+// micro-batches that repeat a cycle of allocator states are counted rather than run (train.Simulate), so a
+// trial's time does not grow with the accumulation.
 func (Meta) Simulate(ctx context.Context, cfg train.Config, limit int64) (*train.Result, error) {
 	cfg.Device = device.Meta
 	if limit > 0 {
-		return train.RunWithin(ctx, cfg, limit)
+		return train.Simulate(ctx, cfg, limit)
 	}
 	res, _, err := train.Run(ctx, cfg, nil)
 	return res, err

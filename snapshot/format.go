@@ -68,6 +68,10 @@ type Limits struct {
 	// ChunkRatio caps a compressed chunk's expansion: its decoded length may be at most ChunkRatio times its
 	// stored length, or RatioAllowance, whichever is larger. oomdbg's chunks expand 3 to 30 times.
 	ChunkRatio int
+	// SizeBytes caps the sizes the events and the footer name (Sizes): each at most it and all together too
+	// (default MaxBytes). Below 0 it sets no cap, for a program that copies events as they are (the format holds
+	// any int64); an analysis must not read such a file, whose totals can wrap.
+	SizeBytes int64
 }
 
 // The allowances that let small inputs through the density caps of Limits.EventsPerByte and
@@ -97,6 +101,7 @@ func DefaultLimits() Limits {
 		Events:        1 << 26,
 		EventsPerByte: 64,
 		ChunkRatio:    1024,
+		SizeBytes:     MaxBytes,
 	}
 }
 
@@ -141,6 +146,9 @@ func (l Limits) orDefault() Limits {
 	}
 	if l.ChunkRatio <= 0 {
 		l.ChunkRatio = d.ChunkRatio
+	}
+	if l.SizeBytes == 0 {
+		l.SizeBytes = d.SizeBytes
 	}
 	return l
 }

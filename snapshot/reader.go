@@ -33,6 +33,7 @@ type Reader struct {
 	off    int64 // bytes of the input consumed: the header and whole chunks
 	tables tables
 	model  model
+	sizes  Sizes // what the events and the footer add up to
 
 	zdec   *zstd.Decoder // created at the first compressed chunk
 	zsrc   chunkSource
@@ -74,6 +75,7 @@ func NewReader(r io.Reader, opts ...ReaderOption) (*Reader, error) {
 		o(&cfg)
 	}
 	rd := &Reader{r: r, lim: cfg.limits.orDefault(), tables: newTables()}
+	rd.sizes.Max = uint64(max(rd.lim.SizeBytes, 0))
 	if cfg.ctx != nil {
 		rd.ctx = cfg.ctx
 		rd.r = newFollower(cfg.ctx, r, cfg.interval)
@@ -303,12 +305,20 @@ func (r *Reader) readChunk(dst []Event) ([]Event, bool, error) {
 		if err != nil {
 			return fail("decode chunk", err)
 		}
+		for i := len(dst); i < len(out) && r.lim.SizeBytes >= 0; i++ {
+			if err := r.sizes.Add(int(out[i].Seq), &out[i]); err != nil {
+				return fail("decode chunk", err)
+			}
+		}
 		return out, count > 0, nil
 	case kindEnd:
 		if len(raw) > 0 {
 			f := new(Footer)
 			if err := json.Unmarshal(raw, f); err != nil {
 				return fail("decode footer", corruptf("%v", err))
+			}
+			if err := r.sizes.AddFooter(f); err != nil && r.lim.SizeBytes >= 0 {
+				return fail("decode footer", err)
 			}
 			r.footer = f
 		}

@@ -2,6 +2,7 @@ package whatif
 
 import (
 	"errors"
+	"math"
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/knob"
@@ -109,24 +110,32 @@ func (f Fix) Trace(s *snapshot.Snapshot) (*snapshot.Snapshot, error) {
 	return changed, err
 }
 
-// EventCost is what an event of the trace costs a what-if of f in memory: the trace, its transformed copy
-// and the two replays, a second copy and a third replay where a transformation places releases at two ends
-// (checkpointing), and for accumulation over K micro-batches two more copies of each of the K-1 repeated
-// events (measured: 960 bytes an event at K = 4). Peak resident memory over events, with 96-byte events: 241
-// bytes a batch scale and 546 a checkpointing on a 1,344,295-event GPT recording, a quarter of whose events
-// are retains, which a transformed copy drops; 417 and 764 on the same run as a PyTorch pickle (897,406
-// events, none dropped); rounded up.
+// EventCost is what an event of the trace costs a what-if of f in memory at its peak: the trace as loaded
+// and in working form (twice EventBytes), and, at each end the transformation is applied at (two where it
+// places releases the trace does not record: checkpointing), every event of the transformed trace held twice
+// while a stage copies it, with the stage's index of its blocks and the replay after: transformedEventBytes.
+// The transformed trace has as many events as the recording times the micro-batches accumulation repeats
+// (Repeats), and up to half as many again where checkpointing recomputes the forward passes. Measured (the
+// live heap at its highest, GODEBUG=gctrace=1) on a 156,120-event GPT-2 recording, in bytes an event and with
+// the model's figure: batch x0.5 235 (464), checkpoint all 430 (944), accumulate 8 927 (2,144), accumulate 20
+// 2,351 (5,024), accumulate 8 with checkpoint all 2,546 (5,984), and with zero_grad zero 3,640 (5,984),
+// accumulate 20 with both 8,946 (14,624); TestEventCostBoundsTheLiveHeap measures it on every run. A run refused at this figure would not have fit; one admitted keeps
+// its live heap within --max-memory, and the collector, told the same limit, its resident memory near it.
 func (f Fix) EventCost() int64 {
-	cost := int64(8 * snapshot.EventBytes)
-	repeats := 1
+	ends, size := 1.0, 1.0 // the ends applied, and the transformed trace's events per recorded event
 	for _, t := range f.Transforms {
 		if t.HasEnds() {
-			cost = 10 * snapshot.EventBytes
+			ends, size = 2, size*1.5
 		}
-		repeats *= t.Repeats()
+		size *= float64(t.Repeats())
 	}
-	return cost + int64(repeats-1)*2*snapshot.EventBytes
+	return 2*snapshot.EventBytes + int64(math.Ceil(ends*size*transformedEventBytes))
 }
+
+// transformedEventBytes is what one event of a transformed trace costs at the peak of a stage: its Event in
+// the stage's input and in its output, its share of the index of blocks the stage builds, and of the replay's
+// state.
+const transformedEventBytes = 240
 
 // names lists the fix's parts, as a report lists them.
 func (f Fix) names() []string {

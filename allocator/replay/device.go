@@ -2,8 +2,6 @@ package replay
 
 import (
 	"fmt"
-	"slices"
-	"sort"
 
 	"github.com/oomdbg/oomdbg/allocator"
 )
@@ -19,9 +17,9 @@ const unlimited = 256 << 30
 // of memory: the recording's own releases drive the replay's.
 type traceDevice struct {
 	*allocator.SimDevice
-	hint    uint64 // the address for the next Malloc, 0 for none
-	segs    []span // segments handed out, by address
-	next    uint64 // where addresses above the recorded ones begin
+	hint    uint64  // the address for the next Malloc, 0 for none
+	segs    spanSet // segments handed out
+	next    uint64  // where addresses above the recorded ones begin
 	mallocs int
 }
 
@@ -31,7 +29,8 @@ func (s span) end() uint64 { return s.addr + s.size }
 
 func newTraceDevice(index int, above uint64) *traceDevice {
 	const align = 2 << 20
-	return &traceDevice{SimDevice: allocator.NewSimDevice(index, unlimited, 0), next: (above/align + 1) * align}
+	return &traceDevice{SimDevice: allocator.NewSimDevice(index, unlimited, 0), next: (above/align + 1) * align,
+		segs: newSpanSet(0)}
 }
 
 // Malloc implements allocator.Device.
@@ -41,30 +40,21 @@ func (d *traceDevice) Malloc(size uint64) (uint64, error) {
 	}
 	addr := d.hint
 	d.hint = 0
-	if addr == 0 || addr+size < addr || d.overlaps(addr, size) {
+	if addr == 0 || addr+size < addr || d.segs.overlaps(addr, size) {
 		addr = d.next
 		d.next += (size + (2<<20 - 1)) &^ (2<<20 - 1)
 	}
-	i := sort.Search(len(d.segs), func(i int) bool { return d.segs[i].addr > addr })
-	d.segs = slices.Insert(d.segs, i, span{addr, size})
+	d.segs.add(span{addr, size})
 	d.mallocs++
 	return addr, nil
 }
 
 // Free implements allocator.Device.
 func (d *traceDevice) Free(addr uint64) error {
-	i := sort.Search(len(d.segs), func(i int) bool { return d.segs[i].addr >= addr })
-	if i == len(d.segs) || d.segs[i].addr != addr {
+	if !d.segs.remove(addr) {
 		return fmt.Errorf("replay device: cudaFree of unknown address %#x", addr)
 	}
-	d.segs = slices.Delete(d.segs, i, i+1)
 	return nil
-}
-
-// overlaps reports whether [addr, addr+size) overlaps a segment handed out.
-func (d *traceDevice) overlaps(addr, size uint64) bool {
-	i := sort.Search(len(d.segs), func(i int) bool { return d.segs[i].end() > addr })
-	return i < len(d.segs) && d.segs[i].addr < addr+size
 }
 
 // MemGetInfo implements allocator.Device: the replay device is never full.

@@ -25,13 +25,21 @@
 //
 // PyTorch's trace is a ring buffer: it may begin long after the program did. The importer marks the segments
 // and blocks that were alive when the trace began (snapshot/torch.PreExistingLabel). The fidelity replay
-// rebuilds a pre-existing segment in the model, block for block, where its layout at the start is certain:
-// every block in use then is known with its size (blocks still in use at the end have their size in the
-// final state; a block freed by the trace is sized by the allocator's split rule against its neighbour), and
-// the layout obeys the allocator's invariants. It carves the segment with allocations of exactly those sizes
-// under default settings, frees the gaps, then switches to the recorded settings. A segment whose layout is
-// not certain is left out, never guessed: allocations the recording served from it are counted as not
-// replayed (Fidelity.Unknown) and not compared, and its release is not compared either.
+// rebuilds a pre-existing segment in the model, block for block, where its layout at the start is known:
+// every block in use then with its size, and a layout that obeys the allocator's invariants. A block still in
+// use at the end has its size in the final state. A block the trace frees has none recorded: it is its
+// rounded request, or, where the allocator served it from a free block at most 1 MiB larger and so did not
+// split it, up to 1 MiB more. Where the next block in use leaves no room for a free block (1 MiB or less),
+// it reached that block. Otherwise the trace decides: the allocator carves a request from the front of a
+// free block, so the first allocation the trace makes after the block, while it is alive, lands where the
+// free block after it began, which is where the block ended. Where the trace makes none, the split rule
+// sizes it (the rounded request). Fidelity.Inferred counts both kinds, and the report says so; the replay's
+// addresses and final state, compared with the recording's, show whether the inference held (it does for
+// every reuse of the real ring-buffer traces in shared/fixtures). A block of max_split_size or more, which
+// the allocator never splits, has no rule to size it without the trace. The replay carves each segment with
+// allocations of exactly those sizes under default settings, frees the gaps, then switches to the recorded
+// settings. A segment whose layout is still not known is left out: allocations the recording served from it
+// are counted as not replayed (Fidelity.Unknown) and not compared, and its release is not compared either.
 //
 // The what-if replay cannot know where blocks allocated before the trace would have landed under other
 // settings; it allocates them, in address order, before the trace, under the settings being tried (and does

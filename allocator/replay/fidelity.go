@@ -1,10 +1,10 @@
 package replay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -70,6 +70,9 @@ type Fidelity struct {
 	Rebuilt             int            `json:"rebuilt"`
 	NotRebuilt          map[string]int `json:"not_rebuilt,omitempty"`
 	PreExistingBlocks   int            `json:"pre_existing_blocks"`
+	// Inferred counts the blocks from before the trace, in the segments rebuilt, whose sizes were inferred
+	// (Sizing says how): blocks the trace frees, which the final state therefore does not hold.
+	Inferred Sizing `json:"inferred_block_sizes"`
 	// FinalState compares each segment of the snapshot's final state the model knows with the model's own
 	// at the end: the same size and the same blocks (offset, size, state).
 	FinalState Count `json:"final_state"`
@@ -139,46 +142,44 @@ func CheckFidelity(s *snapshot.Snapshot) ([]Fidelity, Settings, error) {
 }
 
 // segMap relates recorded segments to the model's: recorded base -> model base, with the recorded ranges
-// sorted for lookups by address.
+// ordered for lookups by address.
 type segMap struct {
-	toModel map[uint64]uint64
-	ranges  []span // recorded segments the model mirrors, by address
-	inTrace map[uint64]bool
+	segs   map[uint64]mapped // by recorded base
+	ranges spanSet           // recorded segments the model mirrors
+}
+
+type mapped struct {
+	model   uint64 // the model's base
+	inTrace bool   // made during the trace, not rebuilt from before it
+}
+
+func newSegMap(capacity int) segMap {
+	return segMap{segs: make(map[uint64]mapped, capacity), ranges: newSpanSet(capacity)}
 }
 
 func (m *segMap) add(rec span, model uint64, inTrace bool) {
-	m.toModel[rec.addr] = model
-	m.inTrace[rec.addr] = inTrace
-	i := sort.Search(len(m.ranges), func(i int) bool { return m.ranges[i].addr >= rec.addr })
-	m.ranges = slices.Insert(m.ranges, i, rec)
+	m.segs[rec.addr] = mapped{model, inTrace}
+	m.ranges.add(rec)
 }
 
 func (m *segMap) remove(addr uint64) bool {
-	i := sort.Search(len(m.ranges), func(i int) bool { return m.ranges[i].addr >= addr })
-	if i == len(m.ranges) || m.ranges[i].addr != addr {
+	if !m.ranges.remove(addr) {
 		return false
 	}
-	m.ranges = slices.Delete(m.ranges, i, i+1)
-	delete(m.toModel, addr)
-	delete(m.inTrace, addr)
+	delete(m.segs, addr)
 	return true
 }
 
 // find returns the recorded segment holding addr.
-func (m *segMap) find(addr uint64) (span, bool) {
-	i := sort.Search(len(m.ranges), func(i int) bool { return m.ranges[i].end() > addr })
-	if i < len(m.ranges) && m.ranges[i].addr <= addr {
-		return m.ranges[i], true
-	}
-	return span{}, false
-}
+func (m *segMap) find(addr uint64) (span, bool) { return m.ranges.holding(addr) }
 
 // fidelity replays one device.
 func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 	f := Fidelity{Device: t.dev, PreExistingSegments: len(t.preSegs), PreExistingBlocks: len(t.preBlocks)}
 	dev := newTraceDevice(t.dev, t.maxAddr)
 	a := allocator.New(dev, allocator.Config{TieOrder: cfg.TieOrder})
-	plans, unknown := t.plan(cfg)
+	plans, unknown, inferred := t.plan(cfg)
+	f.Inferred = inferred
 	if err := build(a, dev, plans); err != nil {
 		return f, err
 	}
@@ -186,10 +187,10 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 	obs := &recorder{}
 	a.SetObserver(obs)
 
-	m := segMap{toModel: map[uint64]uint64{}, inTrace: map[uint64]bool{}}
-	model := segMap{toModel: map[uint64]uint64{}, inTrace: map[uint64]bool{}} // the model's segments, by its addresses
-	live := map[uint64]uint64{}                                               // recorded block -> model block
-	var unknownSegs []span
+	m := newSegMap(len(plans))
+	model := newSegMap(len(plans))                    // the model's segments, by its addresses
+	live := make(map[uint64]uint64, len(t.preBlocks)) // recorded block -> model block
+	unknownSegs := newSpanSet(len(unknown))
 	for _, p := range plans {
 		m.add(span{p.seg.addr, p.seg.size}, p.seg.addr, false)
 		model.add(span{p.seg.addr, p.seg.size}, p.seg.addr, false)
@@ -206,29 +207,31 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 				f.NotRebuilt = map[string]int{}
 			}
 			f.NotRebuilt[why]++
-			unknownSegs = append(unknownSegs, span{seg.addr, seg.size})
+			unknownSegs.add(span{seg.addr, seg.size})
 		}
 	}
 	inUnknown := func(addr uint64) bool {
-		for _, s := range unknownSegs {
-			if s.addr <= addr && addr < s.end() {
-				return true
-			}
-		}
-		return false
+		_, ok := unknownSegs.holding(addr)
+		return ok
 	}
 
 	var pending *snapshot.Event // the segment_alloc just recorded, waiting for its alloc
-	var released []uint64       // model segments released by the current run of segment_free
+	// The model segments released by the current run of segment_free, in the order released, and those of
+	// them the recording has not released yet.
+	var released []uint64
+	unmatched := map[uint64]bool{}
 	for _, ev := range t.events() {
 		e := &ev
 		if e.Action != snapshot.ActionSegmentFree && released != nil {
 			for _, addr := range released {
-				f.ExtraReleases++
-				f.mismatch(e.Seq, "the model released the segment at %#x, which the recording kept", addr)
-				model.remove(addr)
+				if unmatched[addr] {
+					f.ExtraReleases++
+					f.mismatch(e.Seq, "the model released the segment at %#x, which the recording kept", addr)
+					model.remove(addr)
+				}
 			}
 			released = nil
+			clear(unmatched)
 		}
 		switch e.Action {
 		case snapshot.ActionSegmentAlloc:
@@ -255,23 +258,18 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 				released = make([]uint64, 0, len(obs.segFrees))
 				for _, s := range obs.segFrees {
 					released = append(released, s.addr)
+					unmatched[s.addr] = true
 				}
 			}
 			rec, known := m.find(e.Addr)
 			if !known || rec.addr != e.Addr {
-				for j, s := range unknownSegs {
-					if s.addr == e.Addr {
-						unknownSegs = slices.Delete(unknownSegs, j, j+1)
-						break
-					}
-				}
+				unknownSegs.remove(e.Addr)
 				continue
 			}
-			want := m.toModel[e.Addr]
-			j := slices.Index(released, want)
-			f.Releases.add(j >= 0)
-			if j >= 0 {
-				released = slices.Delete(released, j, j+1)
+			want := m.segs[e.Addr].model
+			f.Releases.add(unmatched[want])
+			if unmatched[want] {
+				delete(unmatched, want)
 				model.remove(want)
 			} else {
 				f.mismatch(e.Seq, "the recording released the segment at %#x; the model kept it", e.Addr)
@@ -284,8 +282,10 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 		dev.hint = 0
 	}
 	for _, addr := range released {
-		f.ExtraReleases++
-		f.mismatch(0, "the model released the segment at %#x, which the recording kept", addr)
+		if unmatched[addr] {
+			f.ExtraReleases++
+			f.mismatch(0, "the model released the segment at %#x, which the recording kept", addr)
+		}
 	}
 	f.compareFinal(t, a, &m)
 	return f, nil
@@ -344,8 +344,8 @@ func (f *Fidelity) alloc(a *allocator.Allocator, e *snapshot.Event, pending *sna
 		f.mismatch(e.Seq, "the model created a segment of %d bytes; the recording reused a block at %#x", obs.segAllocs[0].size, e.Addr)
 	}
 	ms, ok := model.find(maddr)
-	same := ok && m.toModel[rec.addr] == ms.addr && maddr-ms.addr == e.Addr-rec.addr
-	if m.inTrace[rec.addr] {
+	same := ok && m.segs[rec.addr].model == ms.addr && maddr-ms.addr == e.Addr-rec.addr
+	if m.segs[rec.addr].inTrace {
 		f.ReusedInTrace.add(same)
 	} else {
 		f.ReusedPreExisting.add(same)
@@ -358,16 +358,18 @@ func (f *Fidelity) alloc(a *allocator.Allocator, e *snapshot.Event, pending *sna
 
 // compareFinal compares the final state the snapshot holds with the model's, segment by segment.
 func (f *Fidelity) compareFinal(t *deviceTrace, a *allocator.Allocator, m *segMap) {
-	got := map[uint64]allocator.Segment{}
-	for _, s := range a.Segments() {
-		got[s.Addr] = s
-	}
+	all := a.Segments() // by address
 	for _, want := range t.final {
-		base, ok := m.toModel[want.Addr]
+		mp, ok := m.segs[want.Addr]
+		base := mp.model
 		if !ok || want.Expandable {
 			continue
 		}
-		s, ok := got[base]
+		i, ok := slices.BinarySearchFunc(all, base, func(s allocator.Segment, addr uint64) int { return cmp.Compare(s.Addr, addr) })
+		var s allocator.Segment
+		if ok {
+			s = all[i]
+		}
 		same := ok && int64(s.Size) == want.Size && len(s.Blocks) == len(want.Blocks)
 		for i := 0; same && i < len(s.Blocks); i++ {
 			mb, wb := s.Blocks[i], want.Blocks[i]

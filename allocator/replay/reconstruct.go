@@ -1,10 +1,14 @@
 package replay
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
+	"sort"
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/internal/torchrules"
+	"github.com/oomdbg/oomdbg/snapshot"
 )
 
 // carvePlan is how to rebuild one pre-existing segment: its blocks in address order, those in use when the
@@ -27,12 +31,48 @@ const (
 	whyLayout     = "a layout the allocator could not have made"
 )
 
+// Sizing says how the size of a block from before the trace was found, where the trace frees the block (so
+// the final state does not hold it) and its layout alone does not say: the block is its rounded request if
+// the allocator split off the rest of the free block that served it, or up to 1 MiB more if it did not.
+type Sizing struct {
+	// FromTrace counts blocks sized by where the trace's first allocation after them landed while they were
+	// alive: the allocator carves a request from the front of a free block, so the free block after such a
+	// block began there, and so the block ended there.
+	FromTrace int `json:"from_trace"`
+	// SplitRule counts blocks no allocation of the trace landed after while they were alive: taken to be
+	// their rounded request, the rest split off, as the allocator does whenever the free block that served
+	// them was over 1 MiB larger.
+	SplitRule int `json:"split_rule"`
+}
+
+// Total counts the blocks whose size was inferred.
+func (s Sizing) Total() int { return s.FromTrace + s.SplitRule }
+
+// plannedSeg is a segment from before the trace being planned: its blocks in use when the trace began, and
+// why it cannot be rebuilt ("" while it can).
+type plannedSeg struct {
+	seg    preSeg
+	blocks []preBlock
+	why    string
+}
+
+// openBlock is a block from before the trace whose size lies in [lo-addr, hi-addr]: where the free block
+// after it began is what decides it.
+type openBlock struct {
+	seg, block int    // in the segments planned and their blocks
+	lo, hi     uint64 // the range its end may take
+	oversize   bool   // at least max_split_size: never split, so the rule has nothing to say
+}
+
 // plan decides, for each segment alive before the trace, whether its layout when the trace began is certain,
 // and if so how to carve it. The rounding rule is the recorded settings' (cfg); sizes come from the final
-// state and the allocator's own rules, never from guesses.
-func (t *deviceTrace) plan(cfg allocator.Config) (plans []carvePlan, unknown map[uint64]string) {
+// state, the allocator's own rules and where the trace's allocations landed (Sizing), never from guesses.
+func (t *deviceTrace) plan(cfg allocator.Config) (plans []carvePlan, unknown map[uint64]string, inferred Sizing) {
 	unknown = map[uint64]string{}
+	var segs []plannedSeg
+	var open []openBlock
 	divisions := &cfg.RoundupPower2Divisions
+	maxSplit := cfg.MaxSplit()
 	bi := 0
 	for _, seg := range t.preSegs {
 		for bi < len(t.preBlocks) && t.preBlocks[bi].addr < seg.addr {
@@ -61,31 +101,101 @@ func (t *deviceTrace) plan(cfg allocator.Config) (plans []carvePlan, unknown map
 				continue
 			}
 			// A large-pool block freed by the trace reached the next block in use (or the segment's end) unless
-			// the allocator split off the rest, which it does only for a rest over 1 MiB.
+			// the allocator split off the rest, which it does only for a rest over 1 MiB, and never for a block
+			// of max_split_size or more (which may then be up to max_non_split_rounding_size larger).
 			next := seg.end()
 			if i+1 < len(blocks) {
 				next = blocks[i+1].addr
 			}
-			if next < b.addr+r || next-(b.addr+r) > allocator.SmallSize {
+			slack := uint64(allocator.SmallSize)
+			if r >= maxSplit {
+				slack = cfg.MaxNonSplitRoundingSize()
+			}
+			switch {
+			case next < b.addr+r:
 				why = whyBlockSize
+			case next-(b.addr+r) <= allocator.SmallSize:
+				b.size = next - b.addr // a free gap of 1 MiB or less cannot be in the large pool
+			default:
+				b.size = r
+				open = append(open, openBlock{seg: len(segs), block: i, lo: b.addr + r, hi: min(next, b.addr+r+slack),
+					oversize: r >= maxSplit})
+			}
+			if why != "" {
 				break
 			}
-			b.size = next - b.addr
 		}
 		if seg.expandable {
 			why = whyExpandable
 		}
-		var p carvePlan
+		segs = append(segs, plannedSeg{seg, blocks, why})
+	}
+	for k, end := range t.blockEnds(open, segs) {
+		o := open[k]
+		p := &segs[o.seg]
+		b := &p.blocks[o.block]
+		switch {
+		case end > 0:
+			b.size = end - b.addr
+			inferred.FromTrace++
+		case !o.oversize:
+			inferred.SplitRule++ // b.size is r already
+		case p.why == "":
+			p.why = whyBlockSize
+		}
+	}
+	for _, p := range segs {
+		why := p.why
+		var c carvePlan
 		if why == "" {
-			p, why = carve(seg, blocks)
+			c, why = carve(p.seg, p.blocks)
 		}
 		if why != "" {
-			unknown[seg.addr] = why
+			unknown[p.seg.addr] = why
 			continue
 		}
-		plans = append(plans, p)
+		plans = append(plans, c)
 	}
-	return plans, unknown
+	return plans, unknown, inferred
+}
+
+// blockEnds returns, for each open block, where the trace's first allocation in [lo, hi] landed before
+// the trace freed the block (0 for none): the end of the block, since the free block after it began
+// there. The ranges of open blocks lie apart, each between its block and the next block in use; segs gives
+// their addresses.
+func (t *deviceTrace) blockEnds(open []openBlock, segs []plannedSeg) []uint64 {
+	ends := make([]uint64, len(open))
+	if len(open) == 0 {
+		return ends
+	}
+	byLo := make([]int, len(open)) // open blocks by the start of their range
+	for k := range byLo {
+		byLo[k] = k
+	}
+	slices.SortFunc(byLo, func(a, b int) int { return cmp.Compare(open[a].lo, open[b].lo) })
+	freed := make([]bool, len(open))
+	owner := make(map[uint64]int, len(open)) // a block's address -> its open block
+	for k, o := range open {
+		owner[segs[o.seg].blocks[o.block].addr] = k
+	}
+	for _, e := range t.requests() {
+		switch e.Action {
+		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
+			if k, ok := owner[e.Addr]; ok {
+				freed[k] = true
+			}
+		case snapshot.ActionAlloc:
+			j := sort.Search(len(byLo), func(j int) bool { return open[byLo[j]].lo > e.Addr }) - 1
+			if j < 0 {
+				continue
+			}
+			k := byLo[j]
+			if o := open[k]; !freed[k] && ends[k] == 0 && e.Addr <= o.hi {
+				ends[k] = e.Addr
+			}
+		}
+	}
+	return ends
 }
 
 // carve lays out the tiles of one segment, checking the layout is one the allocator makes: blocks inside the

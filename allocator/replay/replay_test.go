@@ -3,6 +3,7 @@ package replay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -82,10 +83,11 @@ func TestFidelity(t *testing.T) {
 	}{
 		// f4's trace is one free; its 673 segments come from before the trace. One holds a block freed by the
 		// trace whose size the final state cannot tell (its distance to the next block exceeds the rounded
-		// request by over 1 MiB): not rebuilt. The 672 rebuilt ones end identical to PyTorch's final state.
+		// request by over 1 MiB) and no allocation of the trace follows: the split rule sizes it. All 673 end
+		// identical to PyTorch's final state, that one included.
 		"f4": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F4) },
-			want: []Fidelity{{Device: 1, PreExistingSegments: 673, Rebuilt: 672, PreExistingBlocks: 6241,
-				NotRebuilt: map[string]int{whyBlockSize: 1}, FinalState: Count{672, 672}}}},
+			want: []Fidelity{{Device: 1, PreExistingSegments: 673, Rebuilt: 673, PreExistingBlocks: 6241,
+				Inferred: Sizing{SplitRule: 1}, FinalState: Count{673, 673}}}},
 		"f1 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F1) }, noTrc: true},
 		"f2 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F2) }, noTrc: true},
 		"f7 (state only)": {snap: func(t *testing.T) *snapshot.Snapshot { return fixture(t, torchtest.F7) }, noTrc: true},
@@ -187,10 +189,11 @@ func TestFidelityDetectsDifferences(t *testing.T) {
 	}
 }
 
-// TestUnknownNotGuessed: a segment from before the trace holds a block the trace frees, and nothing in the
-// final state says how big that block was (it could have kept up to 1 MiB beyond its rounded request). The
-// segment is not rebuilt, and the allocation the trace then makes in it is counted, not compared.
-func TestUnknownNotGuessed(t *testing.T) {
+// TestFreedBlockSizedBySplitRule: a segment from before the trace holds a block the trace frees, and nothing
+// in the final state or the trace says whether the allocator split it off a larger free block. The split
+// rule sizes it (its rounded request, 2 MiB), the segment is rebuilt, and the allocation the trace then
+// makes in it lands where the recording says.
+func TestFreedBlockSizedBySplitRule(t *testing.T) {
 	s := jsonSnapshot(t, `{"segments": [{"device": 0, "address": 1099511627776, "total_size": 20971520, "stream": 0,
 		"segment_type": "large", "blocks": [{"address": 1099511627776, "size": 20971520, "requested_size": 0, "state": "inactive"}]}],
 	"device_traces": [[
@@ -203,10 +206,101 @@ func TestUnknownNotGuessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := []Fidelity{{Device: 0, PreExistingSegments: 1, PreExistingBlocks: 1, Rebuilt: 1,
+		Inferred: Sizing{SplitRule: 1}, ReusedPreExisting: Count{1, 1}, BlockSizes: Count{1, 1}, FinalState: Count{1, 1}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fidelity\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestFreedBlockSizedByTheTrace: a block from before the trace (2 MiB requested) was served unsplit from a
+// free block 512 KiB larger, which only the trace shows: its first allocation after the block, while the
+// block is alive, lands 2.5 MiB into the segment, at the start of the free block that follows it. The block
+// is sized from there, and the replay puts that allocation, and the one after the block is freed, where the
+// recording did; the split rule would have put the first 512 KiB lower.
+func TestFreedBlockSizedByTheTrace(t *testing.T) {
+	const seg = 1 << 40
+	doc := fmt.Sprintf(`{"segments": [{"device": 0, "address": %d, "total_size": 20971520, "stream": 0,
+		"segment_type": "large", "blocks": [{"address": %[1]d, "size": 20971520, "requested_size": 0, "state": "inactive"}]}],
+	"device_traces": [[
+		{"action": "alloc", "addr": %d, "size": 3145728, "stream": 0},
+		{"action": "free_requested", "addr": %[1]d, "size": 2097152, "stream": 0},
+		{"action": "free_completed", "addr": %[1]d, "size": 2097152, "stream": 0},
+		{"action": "alloc", "addr": %[1]d, "size": 2621440, "stream": 0},
+		{"action": "free_requested", "addr": %[2]d, "size": 3145728, "stream": 0},
+		{"action": "free_completed", "addr": %[2]d, "size": 3145728, "stream": 0},
+		{"action": "free_requested", "addr": %[1]d, "size": 2621440, "stream": 0},
+		{"action": "free_completed", "addr": %[1]d, "size": 2359296, "stream": 0}]]}`, seg, seg+5<<19)
+	got, _, err := CheckFidelity(jsonSnapshot(t, doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Fidelity{{Device: 0, PreExistingSegments: 1, PreExistingBlocks: 1, Rebuilt: 1,
+		Inferred: Sizing{FromTrace: 1}, ReusedPreExisting: Count{2, 2}, BlockSizes: Count{2, 2}, FinalState: Count{1, 1}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fidelity\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestOversizeBlockNotGuessed: under max_split_size the allocator never splits a block of that size or more,
+// so a freed 20 MiB block may have been up to max_non_split_rounding_size larger, and nothing the trace did
+// while it was alive says by how much. The segment is not rebuilt, and the allocation the trace then makes
+// in it is counted, not compared.
+func TestOversizeBlockNotGuessed(t *testing.T) {
+	s := jsonSnapshot(t, `{"segments": [{"device": 0, "address": 1099511627776, "total_size": 41943040, "stream": 0,
+		"segment_type": "large", "blocks": [{"address": 1099511627776, "size": 41943040, "requested_size": 0, "state": "inactive"}]}],
+	"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:20", "max_split_size": 20971520},
+	"device_traces": [[
+		{"action": "free_requested", "addr": 1099511627776, "size": 20971520, "stream": 0},
+		{"action": "free_completed", "addr": 1099511627776, "size": 20971520, "stream": 0},
+		{"action": "alloc", "addr": 1099511627776, "size": 3145728, "stream": 0},
+		{"action": "free_requested", "addr": 1099511627776, "size": 3145728, "stream": 0},
+		{"action": "free_completed", "addr": 1099511627776, "size": 3145728, "stream": 0}]]}`)
+	got, _, err := CheckFidelity(s)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []Fidelity{{Device: 0, Unknown: 1, PreExistingSegments: 1, PreExistingBlocks: 1,
 		NotRebuilt: map[string]int{whyBlockSize: 1}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fidelity\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// TestRingBufferTracesReplayWhole replays real traces whose ring buffer cut the start of the run, so that
+// blocks from before the trace that it frees have no recorded size. The truth is what PyTorch recorded:
+// every address it reused inside the segments from before the trace, and the final state it wrote. With the
+// sizes inferred, every segment is rebuilt, every allocation replayed at the recorded address, and every
+// final segment identical to PyTorch's; the replay says how many sizes it inferred and how.
+func TestRingBufferTracesReplayWhole(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		inferred Sizing
+	}{
+		{torchtest.F9, Sizing{FromTrace: 7, SplitRule: 15}},
+		{torchtest.F10, Sizing{FromTrace: 33}},
+		{torchtest.F11, Sizing{FromTrace: 36, SplitRule: 80}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs, _, err := CheckFidelity(fixture(t, c.name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fs[0]
+			if f.Rebuilt != f.PreExistingSegments || len(f.NotRebuilt) > 0 || f.Unknown > 0 || f.Untracked > 0 {
+				t.Errorf("%d of %d segments rebuilt (not: %v); %d allocations not replayed, %d not followed",
+					f.Rebuilt, f.PreExistingSegments, f.NotRebuilt, f.Unknown, f.Untracked)
+			}
+			if r := f.ReusedPreExisting; r.Matched != r.Total || r.Total == 0 {
+				t.Errorf("reused blocks in segments from before the trace: %d of %d at the recorded address", r.Matched, r.Total)
+			}
+			if r := f.FinalState; r.Matched != r.Total || r.Total < f.PreExistingSegments {
+				t.Errorf("final state: %d of %d segments as PyTorch wrote them", r.Matched, r.Total)
+			}
+			if f.Inferred != c.inferred {
+				t.Errorf("inferred %+v, want %+v", f.Inferred, c.inferred)
+			}
+		})
 	}
 }
 

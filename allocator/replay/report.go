@@ -120,6 +120,10 @@ func (r *Report) WriteText(w io.Writer) error {
 		for _, why := range slices.Sorted(maps.Keys(f.NotRebuilt)) {
 			fmt.Fprintf(tw, "\t%d not rebuilt: %s\n", f.NotRebuilt[why], why)
 		}
+		if in := f.Inferred; in.Total() > 0 {
+			fmt.Fprintf(tw, "\t%s the trace frees sized by inference: %d from where its next allocation landed, "+
+				"%d by the split rule (the rounded request)\n", plural(in.Total(), "block"), in.FromTrace, in.SplitRule)
+		}
 		fmt.Fprintf(tw, "  new segments\t%s sizes match\n", pct(f.NewSegments))
 		if f.ExtraSegments > 0 {
 			fmt.Fprintf(tw, "\t%d segments the recording did not need\n", f.ExtraSegments)

@@ -92,13 +92,29 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 			get(d.Index)
 		}
 	}
-	// Size each device's list first: growing it by copying costs more than the replay itself.
-	counts := map[int16]int{}
+	// Size each device's lists first: growing them by copying costs more than the replay itself.
+	type count struct{ events, segs, blocks int }
+	counts := map[int16]*count{}
 	for seq := s.Events.Base(); seq < s.Events.Len(); seq++ {
-		counts[s.Events.Request(seq).Device]++
+		r := s.Events.Request(seq)
+		c := counts[r.Device]
+		if c == nil {
+			c = &count{}
+			counts[r.Device] = c
+		}
+		switch {
+		case pre == 0 || r.Label != pre:
+			c.events++
+		case r.Action == snapshot.ActionAlloc:
+			c.blocks++
+		default:
+			c.segs++
+		}
 	}
-	for d, n := range counts {
-		get(int(d)).seqs = make([]uint32, 0, n)
+	for d, c := range counts {
+		t := get(int(d))
+		t.seqs = make([]uint32, 0, c.events)
+		t.preSegs, t.preBlocks = make([]preSeg, 0, c.segs), make([]preBlock, 0, c.blocks)
 	}
 	for seq := s.Events.Base(); seq < s.Events.Len(); seq++ {
 		r := s.Events.Request(seq)
@@ -134,6 +150,8 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 	}
 	var out []*deviceTrace
 	for _, t := range byDev {
+		// The final state by address, which the lookups below search (a snapshot lists it so; a file need not).
+		slices.SortStableFunc(t.final, func(a, b snapshot.Segment) int { return cmp.Compare(a.Addr, b.Addr) })
 		slices.SortFunc(t.preSegs, func(a, b preSeg) int { return cmp.Compare(a.addr, b.addr) })
 		slices.SortFunc(t.preBlocks, func(a, b preBlock) int { return cmp.Compare(a.addr, b.addr) })
 		for j := range t.preSegs { // the final state names the pool, when it still holds the segment
@@ -175,28 +193,27 @@ func (t *deviceTrace) block(addr uint64) (int, bool) {
 
 // finalSeg returns the index of the final segment at addr, or -1.
 func (t *deviceTrace) finalSeg(addr uint64) int {
-	i := sort.Search(len(t.final), func(i int) bool { return t.final[i].Addr >= addr })
-	if i < len(t.final) && t.final[i].Addr == addr {
-		return i
+	i, ok := slices.BinarySearchFunc(t.final, addr, func(s snapshot.Segment, a uint64) int { return cmp.Compare(s.Addr, a) })
+	if !ok {
+		return -1
 	}
-	for i := range t.final { // final segments are normally sorted by address; be safe if not
-		if t.final[i].Addr == addr {
-			return i
-		}
-	}
-	return -1
+	return i
 }
 
-// finalBlock returns the final state's block at addr, if it is in use.
+// finalBlock returns the final state's block at addr, if it is in use: in the segment that begins last at or
+// below addr (segments do not overlap; in a file where they do, that one).
 func (t *deviceTrace) finalBlock(addr uint64) (snapshot.Block, bool) {
-	for _, seg := range t.final {
-		if addr < seg.Addr || addr >= seg.Addr+uint64(max(seg.Size, 0)) {
-			continue
-		}
-		i := sort.Search(len(seg.Blocks), func(i int) bool { return seg.Blocks[i].Addr >= addr })
-		if i < len(seg.Blocks) && seg.Blocks[i].Addr == addr && seg.Blocks[i].State != allocator.StateInactive {
-			return seg.Blocks[i], true
-		}
+	i := sort.Search(len(t.final), func(i int) bool { return t.final[i].Addr > addr }) - 1
+	if i < 0 {
+		return snapshot.Block{}, false
+	}
+	seg := t.final[i]
+	if addr >= seg.Addr+uint64(max(seg.Size, 0)) {
+		return snapshot.Block{}, false
+	}
+	j := sort.Search(len(seg.Blocks), func(j int) bool { return seg.Blocks[j].Addr >= addr })
+	if j < len(seg.Blocks) && seg.Blocks[j].Addr == addr && seg.Blocks[j].State != allocator.StateInactive {
+		return seg.Blocks[j], true
 	}
 	return snapshot.Block{}, false
 }

@@ -41,23 +41,33 @@ type attack struct {
 	shell string
 	code  int
 	check func(o outcome) string
+	// runs, when set, are the invocations to make (each given --max-memory), instead of every command's.
+	runs [][]string
 }
 
 // TestHostileCorpus runs every command that reads a snapshot (report, check, diff, replay, export, view)
 // on a corpus of crafted and damaged files, as a subprocess under a memory ceiling and a timeout: zero
 // panics, zero hangs, zero exits other than 0, 1 and 2, and every exit 2 a one-line reason. It logs the
 // attack table: each class, the cases and invocations tried, the failures, and the worst memory and time.
-// OOMDBG_CORPUS_LOG=1 logs every invocation's exit code and first line of stderr.
+// OOMDBG_CORPUS_LOG=1 logs every invocation's exit code and first line of stderr; OOMDBG_CORPUS_CLASS=text
+// runs only the classes whose name holds the text.
 func TestHostileCorpus(t *testing.T) {
 	bin := oomdbgBinary(t)
 	dir := t.TempDir()
 	ref := filepath.Join(dir, "reference.oomdbg")
 	attacks := hostileCorpus(t, dir, ref)
+	if only := os.Getenv("OOMDBG_CORPUS_CLASS"); only != "" {
+		attacks = slices.DeleteFunc(attacks, func(a attack) bool { return !strings.Contains(a.class, only) })
+	}
 
 	type job struct {
 		a    attack
 		args []string
 	}
+	// What the binary holds on the smallest input in the least memory it may be given (its code, the Go
+	// runtime, the reference file): --max-memory budgets what an input makes it hold on top of that, so an
+	// invocation is held to 10% over the two together.
+	floor := invoke(bin, nil, "report", ref, "--max-memory", "16MiB").peak
 	var jobs []job
 	for _, a := range invocationAttacks(t, dir, ref) {
 		args := a.args
@@ -69,15 +79,19 @@ func TestHostileCorpus(t *testing.T) {
 	for _, a := range attacks {
 		out := filepath.Join(dir, "out", strings.NewReplacer("/", "_", " ", "_").Replace(a.class+"-"+a.name)+".json")
 		budget := []string{"--max-memory", cmp.Or(a.budget, suiteBudget)}
-		for _, args := range [][]string{
-			{"report", a.path},
-			{"check", a.path},
-			{"diff", a.path, ref},
-			{"replay", a.path},
-			{"export", a.path, "--format", "torch-json", "-o", out},
-			{"whatif", a.path, "--checkpoint", "all", "--batch-scale", "0.5"},
-		} {
-			jobs = append(jobs, job{a, append(args, budget...)})
+		runs := a.runs
+		if runs == nil {
+			runs = [][]string{
+				{"report", a.path},
+				{"check", a.path},
+				{"diff", a.path, ref},
+				{"replay", a.path},
+				{"export", a.path, "--format", "torch-json", "-o", out},
+				{"whatif", a.path, "--checkpoint", "all", "--batch-scale", "0.5"},
+			}
+		}
+		for _, args := range runs {
+			jobs = append(jobs, job{a, append(slices.Clone(args), budget...)})
 		}
 		if a.class == "special input" || a.class == "decompression bomb" {
 			jobs = append(jobs, job{a, []string{"view", a.path}}) // no terminal: one line, exit 2
@@ -92,6 +106,7 @@ func TestHostileCorpus(t *testing.T) {
 		invocations int
 		failures    []string
 		peak        int64
+		ratio       float64 // the highest peak memory over --max-memory
 		slowest     time.Duration
 		exits       [4]int // 0, 1, 2, and a signal's
 	}
@@ -123,7 +138,17 @@ func TestHostileCorpus(t *testing.T) {
 				if os.Getenv("OOMDBG_CORPUS_LOG") != "" {
 					t.Logf("%s/%s: %v -> %d %q", j.a.class, j.a.name, j.args[0], o.code, firstLine(o.stderr))
 				}
-				if f := cmp.Or(j.a.wrongEnd(o), j.a.misleads(j.args[0], o)); f != "" {
+				f := cmp.Or(j.a.wrongEnd(o), j.a.misleads(j.args[0], o))
+				if j.a.args == nil && j.a.shell == "" { // a file's attack, under --max-memory
+					budget, _ := units.ParseSize(cmp.Or(j.a.budget, suiteBudget))
+					held := (int64(budget) + floor) * 11 / 10
+					r.ratio = max(r.ratio, float64(o.peak)/float64(budget))
+					if f == "" && o.peak > held {
+						f = fmt.Sprintf("peak memory %s, more than 10%% over --max-memory %s and the %s the binary holds on the smallest file",
+							units.FormatSize(o.peak), units.FormatSize(int64(budget)), units.FormatSize(floor))
+					}
+				}
+				if f != "" {
 					r.failures = append(r.failures, fmt.Sprintf("%s: oomdbg %s: %s", j.a.name, strings.Join(j.args, " "), f))
 				} else {
 					r.exits[min(o.code, 3)]++
@@ -144,18 +169,21 @@ func TestHostileCorpus(t *testing.T) {
 	}
 	slices.Sort(classes)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2/signal | failures | peak memory | slowest |\n|---|---|---|---|---|---|---|\n")
-	total := 0
+	fmt.Fprintf(&b, "\n| class | cases | invocations | exit 0/1/2/signal | failures | peak memory | peak / --max-memory | slowest |\n|---|---|---|---|---|---|---|---|\n")
+	total, cases := 0, 0
 	for _, c := range classes {
 		r := table[c]
-		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d/%d | %d | %s | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2], r.exits[3],
-			len(r.failures), units.FormatSize(r.peak), r.slowest.Round(time.Millisecond))
+		fmt.Fprintf(&b, "| %s | %d | %d | %d/%d/%d/%d | %d | %s | %.2f | %v |\n", c, len(r.cases), r.invocations, r.exits[0], r.exits[1], r.exits[2], r.exits[3],
+			len(r.failures), units.FormatSize(r.peak), r.ratio, r.slowest.Round(time.Millisecond))
+		cases += len(r.cases)
 		for _, f := range r.failures {
 			t.Error(f)
 		}
 		total += r.invocations
 	}
-	t.Logf("%d invocations, each under a %s ceiling and a %v timeout:%s", total, units.FormatSize(suiteCeiling), suiteTimeout, b.String())
+	t.Logf("%d cases, %d invocations, each under a %s ceiling and a %v timeout, within 10%% of --max-memory "+
+		"and the %s the binary holds on the smallest file:%s", cases, total, units.FormatSize(suiteCeiling), suiteTimeout,
+		units.FormatSize(floor), b.String())
 }
 
 // wrongEnd says what is wrong with how an invocation ended: outcome.failure's rules, and for an invocation
@@ -387,6 +415,24 @@ func hostileCorpus(t *testing.T, dir, ref string) []attack {
 	add("crafted pickle", "a million nested lists", append(append([]byte("\x80\x04"), bytes.Repeat([]byte("]"), 1<<20)...), '.'))
 	// pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 2**64, "stream": 0}]]}, protocol=2)
 	add("crafted pickle", "int past 64 bits as a size", []byte("\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04]q\x05}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\tK\x00X\x04\x00\x00\x00sizeq\n\x8a\t\x00\x00\x00\x00\x00\x00\x00\x00\x01X\x06\x00\x00\x00streamq\x0bK\x00uaau."))
+	// Sizes no device holds: two live blocks of 2^62 bytes made every total wrap to -8 EiB.
+	add("sizes that overflow", "two live blocks of 2^62 bytes (pickle)", snapshottest.Pickle(snapshottest.Dict{
+		{Key: "segments", Value: []any{}}, {Key: "device_traces", Value: []any{[]snapshottest.Dict{
+			{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(1 << 40)}, {Key: "size", Value: int64(1 << 62)}, {Key: "stream", Value: 0}},
+			{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(1 << 41)}, {Key: "size", Value: int64(1 << 62)}, {Key: "stream", Value: 0}},
+		}}}}))
+	var past []snapshottest.Dict
+	for i := range 40 {
+		past = append(past, snapshottest.Dict{{Key: "action", Value: "alloc"}, {Key: "addr", Value: uint64(i+1) << 50},
+			{Key: "size", Value: int64(1 << 50)}, {Key: "stream", Value: 0}})
+	}
+	add("sizes that overflow", "blocks of 1 PiB adding up past 32 PiB (pickle)", snapshottest.Pickle(snapshottest.Dict{
+		{Key: "segments", Value: []any{}}, {Key: "device_traces", Value: []any{past}}}))
+	add("sizes that overflow", "two live blocks of 2^62 bytes (oomdbg)", withEvents(t,
+		snapshot.Event{Action: snapshot.ActionSegmentAlloc, Addr: 1 << 40, Size: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionAlloc, Addr: 1 << 40, Size: 1 << 62, BlockSize: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionSegmentAlloc, Addr: 1 << 41, Size: 1 << 62},
+		snapshot.Event{Action: snapshot.ActionAlloc, Addr: 1 << 41, Size: 1 << 62, BlockSize: 1 << 62}))
 	add("crafted json", "a million nested arrays", bytes.Repeat([]byte("["), 1<<20))
 	add("crafted json", "numbers past float64", []byte(`{"segments": [{"device": 0, "address": 1e400, "total_size": 1e30, "blocks": []}]}`))
 	add("crafted json", "negative sizes", []byte(`{"segments": [], "device_traces": [[{"action": "alloc", "addr": -1, "size": -5, "stream": 0}]]}`))
@@ -430,7 +476,7 @@ func hostileCorpus(t *testing.T, dir, ref string) []attack {
 	add("memory budget", "a recording of 130k events", big)
 	add("memory budget", "a recording of 130k events in 16 MiB", big)
 	attacks[len(attacks)-1].budget = "16MiB"
-	return attacks
+	return append(attacks, memoryAttacks(t, dir, &n, small)...)
 }
 
 // headerLen is the length of a snapshot's file header.
@@ -472,6 +518,25 @@ func footerBomb(t *testing.T) []byte {
 		blocks[i] = snapshot.Block{Addr: uint64(i) << 9, Size: 512, Requested: 512, State: "active_allocated"}
 	}
 	return withFooter(t, snapshot.Footer{Segments: []snapshot.Segment{{Addr: 0, Size: 400_000 << 9, Pool: "large", Blocks: blocks}}})
+}
+
+// withEvents is a snapshot of the given events, each in a chunk of its own, closed without a footer.
+func withEvents(t *testing.T, events ...snapshot.Event) []byte {
+	var buf bytes.Buffer
+	w, err := snapshot.NewWriter(&buf, snapshot.Meta{Tool: "oomdbg", Source: "oomdbg", TimeUnit: "ns"}, snapshot.WithChunkEvents(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range events {
+		events[i].Time = int64(i + 1)
+		if err := w.Write(&events[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // withFooter is a snapshot of one allocation closed with footer f.

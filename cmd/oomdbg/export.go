@@ -20,9 +20,10 @@ func newExportCmd() *cobra.Command {
 
   torch       PyTorch's snapshot pickle: open it at https://pytorch.org/memory_viz, or with
               torch.cuda._memory_viz. Categories colour the blocks; "User Metadata" shows each
-              block's module, which oomdbg reads back as its scope; iterations and phases are
-              external_annotations (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
-  torch-json  the same document as JSON, which memory_viz also opens.
+              block's module, which oomdbg reads back as its scope, and tensor; iterations and phases
+              are external_annotations (ProfilerStep#N, forward, backward, Optimizer.step#AdamW.step, ...).
+  torch-json  the same document as JSON, which memory_viz also opens. JSON repeats every entry's
+              stack in full: its size is said first past 64 MiB, and past 1 GiB it takes --force.
   pprof       the live set at one event (the peak unless --at says otherwise) as a heap profile:
               inuse_space and inuse_objects by stack, labelled with phase, category, scope,
               tensor and iteration. Read it with go tool pprof.
@@ -63,7 +64,7 @@ device, a FIFO or a socket never.`,
 	cmd.Flags().StringVarP(&req.Out, "output", "o", "", "file to write ('-' for standard output; default: FILE with the format's extension)")
 	cmd.Flags().StringVar(&at, "at", "", "event to profile (pprof), mark (perfetto, svg, png) or write the snapshot as at (torch, torch-json): peak, oom, end, iteration-end:N or an event number (default: the peak for pprof, the whole recording for torch; none marked on the others)")
 	cmd.Flags().IntVar(&device, "device", 0, "export only this device's memory (default: every device)")
-	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, or replace a read-only file")
+	cmd.Flags().BoolVar(&req.Force, "force", false, "write through a symbolic link, replace a read-only file, or write torch-json past 1 GiB")
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,10 +16,11 @@ import (
 )
 
 // ReportRanks reports each rank's snapshot of a data-parallel job and puts them side by side. The files are
-// read and analysed in parallel, one per core, each worker within an equal share of lim; only the reports
-// are kept, so memory holds the snapshots being read and not all of them. A file that cannot be read is a
-// row that says so: one bad rank does not hide the others. The problem is that of ReportProblem, for the
-// job: the ranks that ran out of memory, else those that leak; nil when none did.
+// read and analysed in parallel, one per core, each worker within an equal share of lim; of each report only
+// what its row needs is kept (Report.ForRanks), so memory holds the snapshots being read and not all of them,
+// and does not grow with the ranks. The two ranks the table then compares in detail are read again, whole. A
+// file that cannot be read is a row that says so: one bad rank does not hide the others. The problem is that
+// of ReportProblem, for the job: the ranks that ran out of memory, else those that leak; nil when none did.
 func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) (*triage.RankTable, error) {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
 	budget := lim.Budget(load.CostAnalyse)
@@ -26,6 +28,14 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	reports := make([]*triage.Report, len(files))
 	errs := make([]error, len(files))
 	jobs := make([]job, len(files))
+	report := func(i int) (*triage.Report, job, error) {
+		s, _, err := open(files[i], lim, budget)
+		if err != nil {
+			return nil, job{}, err
+		}
+		return triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],
+			Leaks: []leaks.Option{leaks.Warmup(warmup)}}), jobOf(s.Meta), nil
+	}
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range workers {
@@ -33,14 +43,11 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				s, _, err := open(files[i], lim, budget)
-				if err != nil {
-					errs[i] = err
-					continue
+				r, j, err := report(i)
+				reports[i], jobs[i], errs[i] = r, j, err
+				if err == nil && rereadable(files[i]) { // a pipe's report stays whole: it cannot be read twice
+					reports[i] = r.ForRanks()
 				}
-				jobs[i] = jobOf(s.Meta)
-				reports[i] = triage.Analyze(ctx, timeline.New(s), triage.Options{File: files[i],
-					Leaks: []leaks.Option{leaks.Warmup(warmup)}})
 			}
 		}()
 	}
@@ -50,8 +57,17 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	close(next)
 	wg.Wait()
 	t := triage.CompareRanks(files, reports, errs)
+	problem := ranksProblem(reports)
+	if t.Worst >= 0 && t.Worst != t.Typical {
+		for _, i := range []int{t.Typical, t.Worst} {
+			if r, _, err := report(i); err == nil {
+				reports[i] = r
+			}
+		}
+		t = triage.CompareRanks(files, reports, errs)
+	}
 	t.Warnings = append(t.Warnings, jobWarnings(t, jobs)...)
-	return t, ranksProblem(reports)
+	return t, problem
 }
 
 // ranksProblem says which of a job's ranks ran out of memory, else which leak (ReportProblem), of the ranks
@@ -87,4 +103,10 @@ func listFiles(files []string) string {
 		return strings.Join(files, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(files[:shown], ", "), len(files)-shown)
+}
+
+// rereadable reports whether path names a regular file, which can be read a second time.
+func rereadable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
 }

@@ -31,14 +31,6 @@ func bigSnapshot(tb testing.TB) (*snapshot.Snapshot, *timeline.Timeline) {
 	return bigSnap, bigTimeline
 }
 
-// counter counts what is written to it.
-type counter struct{ n int64 }
-
-func (c *counter) Write(p []byte) (int, error) {
-	c.n += int64(len(p))
-	return len(p), nil
-}
-
 // formatWriters write each format from a Timeline, as the benchmarks and the size checks use them.
 var formatWriters = map[Format]func(io.Writer, *timeline.Timeline) error{
 	FormatTorch:     Torch,

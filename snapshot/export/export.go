@@ -100,6 +100,10 @@ type Options struct {
 	At *At
 	// Plot sizes the svg and png plots; zero fields take the defaults.
 	Plot PlotOptions
+	// JSONSize, when set, is told the bytes a torch-json export will take (TorchJSONSize) before any is
+	// written; an error it returns ends the export there. JSON repeats every entry's stack in full, so a
+	// snapshot of a few hundred kilobytes can take gigabytes.
+	JSONSize func(bytes int64) error
 }
 
 // Write exports s in format f to w and returns a line that says what it wrote, e.g. "PyTorch memory
@@ -121,14 +125,23 @@ func Write(w io.Writer, s *snapshot.Snapshot, f Format, opts Options) (string, e
 	}
 	switch f {
 	case FormatTorch, FormatTorchJSON:
-		write := Torch
-		if f == FormatTorchJSON {
-			write = TorchJSON
-		}
 		as := ""
 		if at >= 0 {
 			tl = timeline.New(view.Prefix(at + 1))
 			as = fmt.Sprintf(" as it stood at %s (event %d)", opts.At, origSeq(seqs, at))
+		}
+		write := Torch
+		if f == FormatTorchJSON {
+			write = TorchJSON
+			if opts.JSONSize != nil {
+				n, err := TorchJSONSize(tl)
+				if err != nil {
+					return "", err
+				}
+				if err := opts.JSONSize(n); err != nil {
+					return "", err
+				}
+			}
 		}
 		if err := write(w, tl); err != nil {
 			return "", err

@@ -2,8 +2,10 @@ package torch
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -72,6 +74,13 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 	if em.err != nil {
 		return nil, em.err
 	}
+	if err := checkSizes(em.events, im.segs); err != nil {
+		return nil, err
+	}
+	// The records are events now: let them go before the inference takes their place.
+	im.mem.release(int64(ntrace) * int64(unsafe.Sizeof(entry{})))
+	im.traces = nil
+	collect(int64(ntrace) * int64(unsafe.Sizeof(entry{})))
 
 	meta := snapshot.Meta{Tool: Source, Source: Source, TimeUnit: "index", AllocatorSettings: im.settings}
 	if im.timeKnown {
@@ -107,6 +116,21 @@ func (im *importer) build() (*snapshot.Snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkSizes refuses a snapshot whose sizes no device holds (snapshot.MaxBytes): a pickle may carry any
+// integer, and two live blocks of 2^62 bytes would make every total the analysis takes wrap around.
+func checkSizes(events []snapshot.Event, segs []snapshot.Segment) error {
+	var sz snapshot.Sizes
+	for i := range events {
+		if err := sz.Add(i, &events[i]); err != nil {
+			return &ImportError{Offset: -1, Err: fmt.Errorf("%w: %w", ErrSchema, err)}
+		}
+	}
+	if err := sz.AddFooter(&snapshot.Footer{Segments: segs}); err != nil {
+		return &ImportError{Path: "segments", Offset: -1, Err: fmt.Errorf("%w: %w", ErrSchema, err)}
+	}
+	return nil
 }
 
 // columns moves the events, written and inferred as a slice, into s's columns, which share what events

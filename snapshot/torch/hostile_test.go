@@ -156,6 +156,17 @@ func TestHostile(t *testing.T) {
 			"allocator_settings: unexpected snapshot structure: want dict, got list"},
 		"bad divisions": {pickleOf(t, map[string]any{"device_traces": []any{}, "allocator_settings": map[string]any{
 			"roundup_power2_divisions": map[string]any{"1": 3}}}), ErrSchema, "roundup_power2_divisions.1"},
+		// Sizes no device holds (snapshot.MaxBytes): two live blocks of 2^62 bytes made every total wrap.
+		"two live blocks of 2^62 bytes": {pickleOf(t, traces(entry("size", big.NewInt(1<<62)),
+			entry("addr", 1<<30, "size", big.NewInt(1<<62)))), ErrSchema,
+			"sizes past what any device holds: event 0 (alloc) has a size of 4611686018427387904 bytes, outside 0 to 2^50 bytes (1 PiB)"},
+		"blocks adding up past 2^55 bytes": {pickleOf(t, traces(func() []any {
+			var es []any
+			for i := range 40 { // each names 2^51, its request and its block: the 17th passes 2^55
+				es = append(es, entry("addr", (i+1)<<20, "size", big.NewInt(1<<50)))
+			}
+			return es
+		}()...)), ErrSchema, "sizes add up to more than 2^55 bytes (32 PiB)"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

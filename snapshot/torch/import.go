@@ -11,7 +11,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
-	"unsafe"
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -32,6 +31,10 @@ type Limits struct {
 	// The default, 0, sets no ceiling. The count is of what the import holds; the Go runtime needs room
 	// for garbage besides, which debug.SetMemoryLimit set to the same figure keeps within it.
 	MaxMemory int64
+	// EventBytes is what each event of the result will cost the caller once imported (the analysis it runs
+	// on them), counted against MaxMemory as well: an import whose trace would not fit at that rate fails
+	// as soon as the trace's length is known, before any of it is read. 0 counts nothing.
+	EventBytes int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -311,11 +314,7 @@ func (im *importer) run() (s *snapshot.Snapshot, err error) {
 	doc, im.doc, im.keys = nil, nil, pickKeys{}
 	im.tab.endParse()
 	collect(fp)
-	s, err = im.build()
-	// The records the events were built from are garbage too.
-	im.traces = nil
-	collect(int64(im.origin.TraceEntries) * int64(unsafe.Sizeof(entry{})))
-	return s, err
+	return im.build() // which lets the records go once they are events
 }
 
 // collect runs the garbage collector when what was just dropped is large, so that what is allocated next

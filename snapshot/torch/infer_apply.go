@@ -19,6 +19,11 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 		return &ImportError{Offset: -1, Err: err}
 	}
 	s.Meta.Workload = origin
+	charge := int64(len(em.events)) * inferBytesPerEvent
+	if err := im.mem.add(charge, "inferring iterations and categories"); err != nil {
+		return err
+	}
+	defer im.mem.release(charge)
 	inf, t := inferEvents(s, em.events, em.stacks)
 	im.origin.Iterations = inf.Iterations.String()
 	s.Meta.Iterations = im.origin.Iterations

@@ -29,8 +29,10 @@ type allocToken struct {
 // (an iteration ends freeing: the step's temporaries, zero_grad's gradients): between an optimizer step
 // and the next batch.
 func (t *trace) periodic() []Boundary {
-	var seqs []int
-	var toks []allocToken
+	// Sized once (every block the trace allocates is in t.lives): grown by appending, the two would take
+	// their size twice over while they are copied.
+	seqs := make([]int, 0, len(t.lives))
+	toks := make([]allocToken, 0, len(t.lives))
 	for i := range t.len() {
 		if e := t.at(i); t.allocation(e) {
 			seqs = append(seqs, i)

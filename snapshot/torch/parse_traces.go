@@ -75,6 +75,9 @@ func (im *importer) parseTraces(v pickle.Value) error {
 	if err := im.admit("device_traces", total); err != nil {
 		return err
 	}
+	if err := im.fits(total); err != nil {
+		return err
+	}
 	if err := im.mem.add(int64(total)*int64(unsafe.Sizeof(entry{}))+48*int64(len(l)), "reading device_traces"); err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/internal/pickle"
 	"github.com/oomdbg/oomdbg/internal/torchtest"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
 
 // streamInputs returns the snapshots the stream tests import: the generation samples of testdata, pickle
@@ -393,3 +394,45 @@ const (
 	ceilingEntries = 400_000
 	ceilingSlack   = 48 << 20 // a Go test binary's own resident memory, and the runtime's outside its heap
 )
+
+// TestRepeatedEntryRefusedBeforeItIsRead: a pickle whose trace is one entry referenced 200,000 times through
+// the memo takes 1 MB and decodes to a few megabytes, but imports to hundreds of bytes an entry. Under a
+// ceiling it cannot fit, the import fails as soon as the trace's length is known, before any entry is read,
+// saying what all of them would need; the same holds for what the caller's analysis would take at
+// EventBytes an event. With the ceiling at what the refusal said it needs, the import succeeds and counts no
+// more than that.
+func TestRepeatedEntryRefusedBeforeItIsRead(t *testing.T) {
+	const n = 200_000
+	data := snapshottest.RepeatedEntry(n, 0)
+	for name, lim := range map[string]Limits{
+		"the import's own peak":         {MaxMemory: 32 << 20},
+		"the analysis after the import": {MaxMemory: 256 << 20, EventBytes: 2000},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Import(data, WithLimits(lim))
+			var me *MemoryError
+			if !errors.As(err, &me) || !strings.HasPrefix(me.What, fmt.Sprintf("importing %d trace entries", n+1)) {
+				t.Fatalf("err = %v; want a *MemoryError from importing the %d entries, before any is read", err, n+1)
+			}
+			if me.Held+me.More <= lim.MaxMemory {
+				t.Errorf("needs %d bytes, not more than the ceiling %d", me.Held+me.More, lim.MaxMemory)
+			}
+		})
+	}
+	_, err := Import(data, WithLimits(Limits{MaxMemory: 32 << 20}))
+	var me *MemoryError
+	errors.As(err, &me)
+	need := me.Held + me.More
+	doc, err := pickle.DecodeDoc(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im := newImporter(doc, Origin{Format: "pickle"}, newConfig([]Option{WithLimits(Limits{MaxMemory: need})}), doc.InputSize())
+	s, err := im.run()
+	if err != nil || s.Events.Len() != n+1 {
+		t.Fatalf("within the %d bytes the refusal named: %v", need, err)
+	}
+	if im.mem.peak > need {
+		t.Errorf("counted %d bytes at the peak, more than the %d the refusal named", im.mem.peak, need)
+	}
+}

@@ -56,6 +56,11 @@ type Rank interface {
 	ZeroGrad(setToNone bool)
 	// Traffic returns what the rank moved in each optimizer step so far.
 	Traffic() []Traffic
+	// StepTraffic returns what the rank has moved so far in the step under way.
+	StepTraffic() Traffic
+	// RepeatTraffic counts n times more what the rank moved in the step since it had moved from (a
+	// StepTraffic of the same step): micro-batches a simulation did not run because they repeat those since.
+	RepeatTraffic(from Traffic, n int)
 }
 
 // New returns the rank s describes, on env. s must be valid and parallel (s.Parallel()).
@@ -94,6 +99,19 @@ type base struct {
 func (b *base) Settings() Settings { return b.s }
 
 func (b *base) Traffic() []Traffic { return slices.Clone(b.steps) }
+
+func (b *base) StepTraffic() Traffic { return b.comm.step }
+
+func (b *base) RepeatTraffic(from Traffic, n int) {
+	var d Traffic
+	for c := range d.Payload {
+		d.Payload[c] = int64(n) * (b.comm.step.Payload[c] - from.Payload[c])
+		d.Calls[c] = n * (b.comm.step.Calls[c] - from.Calls[c])
+	}
+	d.Sent = int64(n) * (b.comm.step.Sent - from.Sent)
+	b.comm.step.Add(d)
+	b.comm.total.Add(d)
+}
 
 // endStep closes the step's traffic.
 func (b *base) endStep() {

@@ -118,6 +118,8 @@ type run struct {
 	limit int64
 	// progress hears of each completed step (RecordOptions.Progress); nil when no one listens.
 	progress func(Progress)
+	// skipCycles: count, rather than run, the micro-batches that repeat a cycle of allocator states (Simulate).
+	skipCycles bool
 
 	logits *tensor.Tensor // the last forward's logits, while Config.Logits keeps them
 
@@ -162,11 +164,17 @@ func runWithin(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int6
 
 // runValid is runWithin of a configuration already validated: Record validates before it writes the header.
 func runValid(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64, progress func(Progress)) (*Result, *device.Device, error) {
+	return runValidWith(ctx, cfg, rec, limit, progress, false)
+}
+
+// runValidWith is runValid, skipping the repeated cycles of a step's micro-batches where skipCycles says so
+// (Simulate).
+func runValidWith(ctx context.Context, cfg Config, rec *tracer.Recorder, limit int64, progress func(Progress), skipCycles bool) (*Result, *device.Device, error) {
 	r, err := newRun(ctx, cfg, rec)
 	if err != nil {
 		return nil, nil, err
 	}
-	r.limit, r.progress = limit, progress
+	r.limit, r.progress, r.skipCycles = limit, progress, skipCycles
 	err = r.rt.Catch(r.train)
 	var oom *tensor.OOMError
 	switch {
@@ -456,7 +464,13 @@ func (r *run) builtBlock() func(nn.Module) {
 // zero_grad.
 func (r *run) step() {
 	var lossSum float32
-	for micro := range r.cfg.Accum {
+	cycles := r.newCycleFinder()
+	for micro := 0; micro < r.cfg.Accum; micro++ {
+		if cycles != nil && micro > 0 && micro < r.cfg.Accum-1 {
+			if n, loss := cycles.skip(r, micro, r.cfg.Accum, lossSum); n > 0 {
+				micro, lossSum, cycles = micro+n, lossSum+loss, nil
+			}
+		}
 		lossSum += r.microStep(micro == r.cfg.Accum-1)
 	}
 	r.res.Losses = append(r.res.Losses, lossSum)
