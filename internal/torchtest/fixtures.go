@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -18,11 +19,47 @@ const (
 	F3 = "f3_2023_frames_no_time_us.pickle"        // G1: 10,327 trace entries, no time_us
 	F4 = "f4_2024_time_us_no_settings_2dev.pickle" // G2: time_us, two devices
 	F7 = "f7_2025_expandable_segments_2dev.pickle" // expandable segments, allocator settings
-	F8 = "f8_2025_dataparallel_oom_3dev.pickle"    // an OOM on cuda:1 of three GPUs under DataParallel
 )
 
-// Fixtures lists every real snapshot.
-var Fixtures = []string{F1, F2, F3, F4, F7, F8}
+// Fixtures lists every real snapshot of shared/.
+var Fixtures = []string{F1, F2, F3, F4, F7}
+
+// More real snapshots, taken from public repositories like those of shared/ (docs/pytorch-snapshots.md §11
+// says what each shows) but not part of shared/: a test reads them from $OOMDBG_FIXTURES, else from shared/,
+// and is skipped where they are missing, under CI too. Each test that reads one has a hand-made stand-in of
+// the same shape that always runs (snapshottest.DataParallelOOM for f8; for f9-f11, allocator/replay's
+// hand-made traces of blocks from before the trace, TestFreedBlockSized*).
+const (
+	F8  = "f8_2025_dataparallel_oom_3dev.pickle"       // an OOM on cuda:1 of three GPUs under DataParallel
+	F9  = "f9_2026_ring_buffer_start_cut.pickle"       // G4: 2,162 allocations, 222 blocks from before the trace freed in it
+	F10 = "f10_2026_ring_buffer_unsplit_blocks.pickle" // G4: 33 such blocks served unsplit (up to 1 MiB over their request)
+	F11 = "f11_2025_ring_buffer_many_segments.pickle"  // G3: 999 segments from before the trace, 116 such blocks
+)
+
+// Extra lists the real snapshots outside shared/.
+var Extra = []string{F8, F9, F10, F11}
+
+// RingBufferFixtures lists the real snapshots whose trace cut the start of the run.
+var RingBufferFixtures = []string{F9, F10, F11}
+
+// pathOf is where the real snapshot name lies: an extra one in $OOMDBG_FIXTURES when that holds it.
+func pathOf(name string) (string, error) {
+	if d := os.Getenv("OOMDBG_FIXTURES"); d != "" && slices.Contains(Extra, name) {
+		if p := filepath.Join(d, name); fileExists(p) {
+			return p, nil
+		}
+	}
+	dir, err := fixtureDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, name), nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
 
 // FixtureDir returns the directory of the real snapshots, found by walking up from the test's directory to
 // the one that holds shared/. Where it is missing the test is skipped, and under CI (CI=true), which checks
@@ -39,11 +76,19 @@ func FixtureDir(t testing.TB) string {
 // FixturePath returns the path of the real snapshot name, skipping (under CI, failing) t when it is missing.
 func FixturePath(t testing.TB, name string) string {
 	t.Helper()
-	p := filepath.Join(FixtureDir(t), name)
-	if _, err := os.Stat(p); err != nil {
+	p, err := pathOf(name)
+	if err == nil {
+		_, err = os.Stat(p)
+	}
+	switch {
+	case err == nil:
+		return p
+	case slices.Contains(Extra, name):
+		t.Skipf("fixture %s is not in shared/ (give its directory as $OOMDBG_FIXTURES): %v", name, err)
+	default:
 		unavailable(t, "fixture %s: %v", name, err)
 	}
-	return p
+	return ""
 }
 
 // ReadFixture returns the bytes of the real snapshot name, skipping (under CI, failing) t when it is missing.
@@ -105,17 +150,17 @@ func unavailable(t testing.TB, format string, args ...any) {
 }
 
 // OptionalFixture returns the bytes of the real snapshot name for a test that also runs without it: nil
-// where it is missing, except under CI, where t fails.
+// where it is missing, except under CI, where t fails on a snapshot of shared/.
 func OptionalFixture(t testing.TB, name string) []byte {
 	t.Helper()
-	dir, err := fixtureDir()
+	p, err := pathOf(name)
 	if err == nil {
 		var data []byte
-		if data, err = os.ReadFile(filepath.Join(dir, name)); err == nil {
+		if data, err = os.ReadFile(p); err == nil {
 			return data
 		}
 	}
-	if os.Getenv("CI") == "true" {
+	if os.Getenv("CI") == "true" && !slices.Contains(Extra, name) {
 		t.Fatalf("under CI: fixture %s: %v", name, err)
 	}
 	return nil
