@@ -2,6 +2,7 @@ package torch
 
 import (
 	"slices"
+	"strconv"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -17,6 +18,30 @@ type Inference struct {
 	Boundaries []Boundary
 	// Blocks are the allocations, in order of their alloc events, with their category and module.
 	Blocks []BlockTag
+	// requests are the scopes of the OOM events' requests: the module whose forward asked, by event.
+	requests map[int]Scope
+}
+
+// Scope is the module whose forward made an allocation, as the frames show it.
+type Scope struct {
+	// Module is the innermost frame of a module's forward the program wrote (not torch's own modules, nor
+	// the libraries around them: peft, bitsandbytes, accelerate); 0 when the stack shows none.
+	Module snapshot.FrameID
+	// Layer is the index of the repeated module's call (a decoder layer) the allocation ran in, counted
+	// from 0 in its forward pass; -1 when the frames do not show one.
+	Layer int32
+}
+
+// Name is the scope as oomdbg shows it: "forward modeling_llama.py:216", and "layer 3: forward
+// modeling_llama.py:216" in a repeated module; "" for none.
+func (sc Scope) Name(s *snapshot.Snapshot) string {
+	if sc.Module == 0 {
+		return ""
+	}
+	if sc.Layer < 0 {
+		return s.FrameString(sc.Module)
+	}
+	return "layer " + strconv.Itoa(int(sc.Layer)) + ": " + s.FrameString(sc.Module)
 }
 
 // Boundary is where one iteration begins.
@@ -30,9 +55,8 @@ type BlockTag struct {
 	Seq      int // its alloc event
 	Category snapshot.Category
 	Rule     CategoryRule
-	// Module is the innermost frame of a module's forward the program wrote (not torch's own modules);
-	// 0 when the stack shows none.
-	Module snapshot.FrameID
+	// Scope is the module whose forward allocated it.
+	Scope
 }
 
 // Block returns the tag of the block allocated at event seq.
@@ -62,6 +86,22 @@ func inferEvents(s *snapshot.Snapshot, events []snapshot.Event, stacks []stackFa
 	inf := &Inference{}
 	inf.Iterations, inf.Boundaries = t.iterations()
 	inf.Blocks = t.blocks(inf.Boundaries)
+	layers, ooms := t.layers()
+	for k := range inf.Blocks {
+		if inf.Blocks[k].Module != 0 {
+			inf.Blocks[k].Layer = layers[k]
+		}
+	}
+	inf.requests = map[int]Scope{}
+	for i := range t.len() {
+		if e := t.at(i); e.Action == snapshot.ActionOOM && t.facts(e).module != 0 {
+			layer, ok := ooms[i]
+			if !ok {
+				layer = noLayer
+			}
+			inf.requests[i] = Scope{Module: t.facts(e).module, Layer: layer}
+		}
+	}
 	return inf, t
 }
 

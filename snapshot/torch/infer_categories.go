@@ -184,7 +184,7 @@ func (t *trace) blocks(bounds []Boundary) []BlockTag {
 		if r == CategoryFromFile || r == CategoryRecorded {
 			cat = e.Category
 		}
-		out[j] = BlockTag{Seq: l.alloc, Category: cat, Rule: r, Module: t.facts(e).module}
+		out[j] = BlockTag{Seq: l.alloc, Category: cat, Rule: r, Scope: Scope{Module: t.facts(e).module, Layer: noLayer}}
 	}
 	return out
 }

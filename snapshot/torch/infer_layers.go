@@ -1,0 +1,133 @@
+package torch
+
+import (
+	"slices"
+
+	"github.com/oomdbg/oomdbg/snapshot"
+)
+
+// Frames name code, not module instances: every decoder layer of a model runs the same lines, so their
+// allocations have the same stacks. A forward pass still shows which layer ran: the model's forward calls
+// its layers one after another from one line (its loop), and each call runs its forward's lines in order,
+// so a call begins where the line of the called forward falls back. layers counts those calls.
+
+// noLayer is the layer of an allocation no repeated module's call holds.
+const noLayer = -1
+
+// layerItem is an allocation (or an OOM's request) of a forward pass, with the module forwards on its stack.
+type layerItem struct {
+	event   int
+	modules []snapshot.FrameID // innermost first
+}
+
+// layers returns, for every block (in the order of t.lives), the index of the repeated module's call its
+// forward allocation ran in, counted from 0 in its forward pass, and the same for the trace's OOM events;
+// noLayer where the frames show none. The repeated module is the outermost one called more than once from
+// the same line of its caller in one pass (a model's layers, not a layer's heads); a pass is a run of
+// allocations in forward (or evaluation) that a new call of the outermost module also ends. A checkpoint's
+// recompute runs the layers in backward's order, and is not numbered.
+func (t *trace) layers() (blocks []int32, ooms map[int]int32) {
+	blocks = make([]int32, len(t.lives))
+	for i := range blocks {
+		blocks[i] = noLayer
+	}
+	ooms = map[int]int32{}
+	var pass []layerItem
+	var root snapshot.FrameID // the outermost module frame of the pass's last item
+	flush := func() {
+		t.numberLayers(pass, blocks, ooms)
+		pass = pass[:0]
+		root = 0
+	}
+	for i := range t.len() {
+		e := t.at(i)
+		alloc := e.Action == snapshot.ActionAlloc
+		if !alloc && e.Action != snapshot.ActionOOM || t.reconstructed(e) {
+			continue
+		}
+		if e.Phase != snapshot.PhaseForward && e.Phase != snapshot.PhaseEval {
+			if alloc {
+				flush()
+			}
+			continue
+		}
+		ms := t.facts(e).modules
+		if len(ms) < 2 {
+			continue
+		}
+		// A new call of the outermost module (a second forward of the model) begins a new pass.
+		if r := ms[len(ms)-1]; root != 0 && t.fallsBack(root, r) {
+			flush()
+		}
+		root = ms[len(ms)-1]
+		pass = append(pass, layerItem{event: i, modules: ms})
+	}
+	flush()
+	return blocks, ooms
+}
+
+// fallsBack reports whether frame b is in the same function as frame a, at an earlier line: the function
+// was called again.
+func (t *trace) fallsBack(a, b snapshot.FrameID) bool {
+	fa, fb := t.s.Frame(a), t.s.Frame(b)
+	return fa.Function == fb.Function && fa.File == fb.File && fb.Line < fa.Line
+}
+
+// numberLayers numbers the items of one pass: for each caller frame (a module forward at one line) it counts
+// the calls of the module forward it calls, a new call where that forward's line falls back; the
+// outermost caller with more than one call numbers the items under it.
+func (t *trace) numberLayers(pass []layerItem, blocks []int32, ooms map[int]int32) {
+	if len(pass) == 0 {
+		return
+	}
+	calls := t.countCalls(pass, nil)
+	t.countCalls(pass, func(it layerItem, running []int32) {
+		for level := len(it.modules) - 1; level >= 1; level-- {
+			if calls[it.modules[level]] == 0 {
+				continue
+			}
+			if t.at(it.event).Action == snapshot.ActionOOM {
+				ooms[it.event] = running[level]
+			} else if b, ok := slices.BinarySearchFunc(t.lives, it.event, func(l lifetime, ev int) int { return l.alloc - ev }); ok {
+				blocks[b] = running[level]
+			}
+			return
+		}
+	})
+}
+
+// countCalls walks a pass counting, for each caller frame, the calls of the module it calls after the
+// first; f, when not nil, sees each item with the count of each level of its modules (level i: the calls
+// modules[i] made of modules[i-1]). It returns the counts at the pass's end.
+func (t *trace) countCalls(pass []layerItem, f func(it layerItem, running []int32)) map[snapshot.FrameID]int32 {
+	type callee struct {
+		last  snapshot.FrameID // the callee's frame at the last item under the caller
+		calls int32
+	}
+	state := map[snapshot.FrameID]*callee{}
+	var running []int32
+	for _, it := range pass {
+		running = append(running[:0], make([]int32, len(it.modules))...)
+		for level := 1; level < len(it.modules); level++ {
+			caller, child := it.modules[level], it.modules[level-1]
+			c := state[caller]
+			switch {
+			case c == nil:
+				c = &callee{}
+				state[caller] = c
+			case t.fallsBack(c.last, child):
+				c.calls++
+			}
+			c.last = child
+			running[level] = c.calls
+		}
+		if f != nil {
+			f(it, running)
+		}
+	}
+	out := make(map[snapshot.FrameID]int32, len(state))
+	for k, c := range state {
+		out[k] = c.calls
+	}
+	return out
+}
