@@ -107,10 +107,18 @@ func (t *trace) forwardOutOfMemory() []int {
 	return nil
 }
 
-// marked returns the iterations the snapshot's iteration markers begin (the import's ProfilerStep#N).
+// marked returns the iterations the snapshot's iteration markers begin (the import's ProfilerStep#N). A
+// marker after the trace's last entry begins nothing: a snapshot without time_us places its regions after
+// every entry (an export of a snapshot PyTorch recorded without times carries its iterations so).
 func (t *trace) marked() []Boundary {
-	var b []Boundary
+	last := -1
 	for i := range t.len() {
+		if !marker(t.at(i).Action) {
+			last = i
+		}
+	}
+	var b []Boundary
+	for i := range last {
 		if e := t.at(i); e.Action == snapshot.ActionIteration && e.Iteration >= 0 {
 			b = append(b, Boundary{Seq: i, Iteration: e.Iteration})
 		}
@@ -212,7 +220,8 @@ func (t *trace) boundaries(ends []int) []Boundary {
 }
 
 // scanBack moves a boundary at event i back over the allocations before it that no frames or phase place,
-// as far as floor: they are the batch of the iteration that begins there. Markers and annotations just
+// and whose category the file does not give as other than the batch's, as far as floor: they are the batch
+// of the iteration that begins there. Markers and annotations just
 // before the boundary move with it.
 func (t *trace) scanBack(i, floor int) int {
 	for i > floor {
@@ -226,8 +235,9 @@ func (t *trace) scanBack(i, floor int) int {
 		default:
 			return i
 		}
-		if t.reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) {
-			return i
+		if t.reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) ||
+			e.Category != snapshot.CategoryUnknown && e.Category != snapshot.CategoryInput {
+			return i // placed, a weight, or something the file says is not the batch
 		}
 		i--
 	}
