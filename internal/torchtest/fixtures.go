@@ -18,10 +18,13 @@ const (
 	F3 = "f3_2023_frames_no_time_us.pickle"        // G1: 10,327 trace entries, no time_us
 	F4 = "f4_2024_time_us_no_settings_2dev.pickle" // G2: time_us, two devices
 	F7 = "f7_2025_expandable_segments_2dev.pickle" // expandable segments, allocator settings
+	// F12 is a QLoRA fine-tune through transformers, peft, bitsandbytes and accelerate, recorded in a
+	// notebook after the model was loaded: one forward and one backward.
+	F12 = "f12_2024_qlora_notebook_one_step.pickle"
 )
 
 // Fixtures lists every real snapshot.
-var Fixtures = []string{F1, F2, F3, F4, F7}
+var Fixtures = []string{F1, F2, F3, F4, F7, F12}
 
 // FixtureDir returns the directory of the real snapshots, found by walking up from the test's directory to
 // the one that holds shared/. Where it is missing the test is skipped, and under CI (CI=true), which checks
