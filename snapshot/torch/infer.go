@@ -24,16 +24,17 @@ type Inference struct {
 
 // Scope is the module whose forward made an allocation, as the frames show it.
 type Scope struct {
-	// Module is the innermost frame of a module's forward the program wrote (not torch's own modules, nor
-	// the libraries around them: peft, bitsandbytes, accelerate); 0 when the stack shows none.
+	// Module is the innermost forward of a module the program wrote (not torch's own modules, nor the
+	// libraries around them: peft, bitsandbytes, accelerate): one frame for every allocation of that
+	// module, the one of its forward's lowest line that allocated; 0 when the stack shows none.
 	Module snapshot.FrameID
 	// Layer is the index of the repeated module's call (a decoder layer) the allocation ran in, counted
 	// from 0 in its forward pass; -1 when the frames do not show one.
 	Layer int32
 }
 
-// Name is the scope as oomdbg shows it: "forward modeling_llama.py:216", and "layer 3: forward
-// modeling_llama.py:216" in a repeated module; "" for none.
+// Name is the scope as oomdbg shows it: "forward modeling_llama.py:300", and "layer 3: forward
+// modeling_llama.py:300" in a repeated module; "" for none.
 func (sc Scope) Name(s *snapshot.Snapshot) string {
 	if sc.Module == 0 {
 		return ""
@@ -86,22 +87,7 @@ func inferEvents(s *snapshot.Snapshot, events []snapshot.Event, stacks []stackFa
 	inf := &Inference{}
 	inf.Iterations, inf.Boundaries = t.iterations()
 	inf.Blocks = t.blocks(inf.Boundaries)
-	layers, ooms := t.layers()
-	for k := range inf.Blocks {
-		if inf.Blocks[k].Module != 0 {
-			inf.Blocks[k].Layer = layers[k]
-		}
-	}
-	inf.requests = map[int]Scope{}
-	for i := range t.len() {
-		if e := t.at(i); e.Action == snapshot.ActionOOM && t.facts(e).module != 0 {
-			layer, ok := ooms[i]
-			if !ok {
-				layer = noLayer
-			}
-			inf.requests[i] = Scope{Module: t.facts(e).module, Layer: layer}
-		}
-	}
+	t.scopes(inf)
 	return inf, t
 }
 

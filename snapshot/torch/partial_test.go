@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -269,4 +270,63 @@ func TestCategoriesOfCutTraces(t *testing.T) {
 		b.WriteString("\n")
 	}
 	t.Log(b.String())
+}
+
+// TestStrippedDefaultRun: oomdbg's default run (gpt2-medium, batch 16 on 24 GiB, out of memory in its first
+// forward), exported and stripped as PyTorch records it, shows at the OOM what the recording shows: the
+// bytes of every category (all but the position indices' 8 KiB, which the runtime tags as input and a
+// trace cannot tell from an activation), and every block and the request scoped to the module and layer
+// the recording's module path names (transformer.h.<layer>.attn, .mlp, or the block itself; its torch.nn
+// leaves, c_attn or ln_1, are the model module's that called them, as frames show).
+func TestStrippedDefaultRun(t *testing.T) {
+	cfg := preset("gpt2-medium")
+	cfg.Steps = 1
+	rec := leakstest.Record(t, cfg)
+	var buf bytes.Buffer
+	if err := export.TorchJSON(&buf, timeline.New(rec)); err != nil {
+		t.Fatal(err)
+	}
+	imp, err := torch.Import(torchtest.StripToPyTorch(t, buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rtl, itl := timeline.New(rec), timeline.New(imp)
+	ra, ia := oomOrPeak(rec, rtl), oomOrPeak(imp, itl)
+	if rec.Events.At(ra).Action != snapshot.ActionOOM {
+		t.Fatal("the default run did not run out of memory")
+	}
+	path := regexp.MustCompile(`^transformer\.h\.(\d+)(?:\.(attn|mlp))?`)
+	inferred := regexp.MustCompile(`^layer (\d+): nn\.\(\*(\w+)\)\.Forward gpt\.go:\d+$`)
+	class := map[string]string{"attn": "CausalSelfAttention", "mlp": "GPTMLP", "": "Block"}
+	match := func(native, got string) bool {
+		m := path.FindStringSubmatch(native)
+		if m == nil {
+			return true // not in a block: the embeddings, the head, or a weight
+		}
+		g := inferred.FindStringSubmatch(got)
+		return g != nil && g[1] == m[1] && g[2] == class[m[2]]
+	}
+	if re, ie := rec.Events.At(ra), imp.Events.At(ia); !match(rec.String(re.Scope), imp.String(ie.Scope)) || ie.Iteration != 0 || ie.Phase != snapshot.PhaseForward {
+		t.Errorf("the OOM in iteration %d, %s, in %q; recorded in %d, %s, in %q", ie.Iteration, ie.Phase, imp.String(ie.Scope),
+			re.Iteration, re.Phase, rec.String(re.Scope))
+	}
+	rlive, ilive := rtl.LiveAt(ra, nil), itl.LiveAt(ia, nil)
+	if len(rlive) != len(ilive) {
+		t.Fatalf("%d blocks live at the import's OOM, %d at the recording's", len(ilive), len(rlive))
+	}
+	var live, wrong int64
+	for k := range rlive {
+		r, i := rlive[k], ilive[k]
+		live += r.Size
+		if r.Category != i.Category {
+			wrong += r.Size
+			t.Logf("%s (%d B): %s, recorded %s", rec.String(r.Label), r.Size, i.Category, r.Category)
+		}
+		if r.Phase == snapshot.PhaseForward && !match(rec.String(r.Scope), imp.String(i.Scope)) {
+			t.Errorf("%s (%d B) scoped to %q; recorded in %q", rec.String(r.Label), r.Size, imp.String(i.Scope), rec.String(r.Scope))
+		}
+	}
+	if wrong > 8<<10 {
+		t.Errorf("%d of %d B live at the OOM in another category than recorded", wrong, live)
+	}
 }

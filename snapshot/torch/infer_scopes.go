@@ -6,10 +6,68 @@ import (
 	"github.com/oomdbg/oomdbg/snapshot"
 )
 
-// Frames name code, not module instances: every decoder layer of a model runs the same lines, so their
-// allocations have the same stacks. A forward pass still shows which layer ran: the model's forward calls
-// its layers one after another from one line (its loop), and each call runs its forward's lines in order,
-// so a call begins where the line of the called forward falls back. layers counts those calls.
+// Frames name code, not module instances. A module is still told apart by its forward (the function and
+// its file) and where its caller called it: the attention of a decoder layer is the forward called at the
+// layer's line that calls it, whatever line of the attention's forward allocates, and two norms of a layer
+// are two modules. And every decoder layer of a model runs the same lines, so their allocations have the
+// same stacks, but a forward pass shows which layer ran: the model's forward calls its layers one after
+// another from one line (its loop), and each call runs its forward's lines in order, so a call begins
+// where the line of the called forward falls back. layers counts those calls.
+
+// moduleKey is one module: its forward, and the frame of the module forward that called it (0 for the
+// outermost).
+type moduleKey struct {
+	function, file snapshot.StringID
+	caller         snapshot.FrameID
+}
+
+// scopes gives every block of inf, and every OOM's request, its scope: its module, named by the frame of
+// the module's forward at the lowest line that allocated, and the layer it ran in.
+func (t *trace) scopes(inf *Inference) {
+	keyOf := func(ms []snapshot.FrameID) moduleKey {
+		f := t.s.Frame(ms[0])
+		k := moduleKey{function: f.Function, file: f.File}
+		if len(ms) > 1 {
+			k.caller = ms[1]
+		}
+		return k
+	}
+	name := map[moduleKey]snapshot.FrameID{} // the frame at the module's lowest line
+	see := func(e *snapshot.Event) {
+		if ms := t.facts(e).modules; len(ms) > 0 {
+			k := keyOf(ms)
+			if id, ok := name[k]; !ok || t.s.Frame(ms[0]).Line < t.s.Frame(id).Line {
+				name[k] = ms[0]
+			}
+		}
+	}
+	for _, l := range t.lives {
+		see(t.at(l.alloc))
+	}
+	var ooms []int
+	for i := range t.len() {
+		if e := t.at(i); e.Action == snapshot.ActionOOM {
+			see(e)
+			ooms = append(ooms, i)
+		}
+	}
+	layers, oomLayers := t.layers()
+	for k := range inf.Blocks {
+		if ms := t.facts(t.at(inf.Blocks[k].Seq)).modules; len(ms) > 0 {
+			inf.Blocks[k].Scope = Scope{Module: name[keyOf(ms)], Layer: layers[k]}
+		}
+	}
+	inf.requests = map[int]Scope{}
+	for _, i := range ooms {
+		if ms := t.facts(t.at(i)).modules; len(ms) > 0 {
+			layer, ok := oomLayers[i]
+			if !ok {
+				layer = noLayer
+			}
+			inf.requests[i] = Scope{Module: name[keyOf(ms)], Layer: layer}
+		}
+	}
+}
 
 // noLayer is the layer of an allocation no repeated module's call holds.
 const noLayer = -1
