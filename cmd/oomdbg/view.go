@@ -21,6 +21,7 @@ import (
 
 func newViewCmd() *cobra.Command {
 	var follow bool
+	var gpuMem uint64
 	var mem memory
 	cmd := &cobra.Command{
 		Use:   "view FILE...",
@@ -38,11 +39,14 @@ the same analysis as text).
 
 With several files, the snapshots of a data-parallel job's ranks, it reads them all in parallel (as report
 does), opens the rank that ran out of memory or peaks highest, and adds a Ranks pane (7) with every rank's
-peak and phase side by side, from which enter opens another.`,
+peak and phase side by side, from which enter opens another.
+
+--gpu-mem gives the GPU's memory where the snapshot does not record it (PyTorch's do not): the timeline's
+axis, the OOM's message and the verdicts of the fixes pane then use it.`,
 		Args: snapshotArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {
-				return viewRanks(cmd, args, follow, &mem)
+				return viewRanks(cmd, args, follow, gpuMem, &mem)
 			}
 			path := args[0]
 			keys, closeKeys, err := viewTerminal(cmd, path)
@@ -52,7 +56,7 @@ peak and phase side by side, from which enter opens another.`,
 			defer closeKeys()
 			ctx := cmd.Context()
 			if st, err := os.Stat(path); err == nil && st.IsDir() && follow {
-				return followDir(ctx, cmd, keys, path, &mem) // oomdbg record's snapshots, as they are written
+				return followDir(ctx, cmd, keys, path, gpuMem, &mem) // oomdbg record's snapshots, as they are written
 			}
 			opts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
 			if follow {
@@ -63,20 +67,26 @@ peak and phase side by side, from which enter opens another.`,
 				return err
 			}
 			defer in.Close()
-			switch in.Format {
-			case load.FormatNative: // streamed in, so a growing file can be followed
+			switch {
+			case in.Format == load.FormatNative && gpuMem == 0: // streamed in, so a growing file can be followed
 				lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
 				return runTUI(cmd, keys, tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)})
+			case in.Format == load.FormatNative && follow:
+				return errors.New("--gpu-mem is for snapshots that do not record their GPU's memory (PyTorch's); oomdbg's own, which --follow streams, do")
 			default:
 				s, err := in.Load()
 				if err != nil {
 					return mem.Explain(err)
+				}
+				if err := app.GiveCapacity(s, gpuMem); err != nil {
+					return err
 				}
 				return runTUI(cmd, keys, tui.Options{File: path, Snapshot: s})
 			}
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
+	addGPUMemFlag(cmd.Flags(), &gpuMem)
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
@@ -115,7 +125,7 @@ func isTerminal(f *os.File) bool { return term.IsTerminal(f.Fd()) }
 
 // viewRanks opens a job's ranks: all read and reported in parallel, the worst shown, the others a Ranks
 // pane away.
-func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) error {
+func viewRanks(cmd *cobra.Command, files []string, follow bool, gpuMem uint64, mem *memory) error {
 	if follow {
 		return fmt.Errorf("--follow follows one file: give one")
 	}
@@ -129,12 +139,15 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 		return err
 	}
 	defer closeKeys()
-	t := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup)
+	t := app.ReportRanks(cmd.Context(), files, &mem.Limit, gpuMem, leaks.DefaultWarmup)
 	if t.Worst < 0 {
 		return fmt.Errorf("none of the %d files could be read", len(files))
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
 		s, _, err := app.Open(path, &mem.Limit, load.CostView)
+		if err == nil {
+			err = app.GiveCapacity(s, gpuMem)
+		}
 		return s, err
 	}
 	s, err := load(files[t.Worst])

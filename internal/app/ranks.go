@@ -15,8 +15,8 @@ import (
 // ReportRanks reports each rank's snapshot of a data-parallel job and puts them side by side. The files are
 // read and analysed in parallel, one per core, each worker within an equal share of lim; only the reports
 // are kept, so memory holds the snapshots being read and not all of them. A file that cannot be read is a
-// row that says so: one bad rank does not hide the others.
-func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) *triage.RankTable {
+// row that says so: one bad rank does not hide the others. capacity is --gpu-mem's (GiveCapacity).
+func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, capacity uint64, warmup int) *triage.RankTable {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
 	budget := lim.Budget(load.CostAnalyse)
 	budget.Memory /= int64(workers)
@@ -30,6 +30,9 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 			defer wg.Done()
 			for i := range next {
 				s, _, err := open(files[i], lim, budget)
+				if err == nil {
+					err = GiveCapacity(s, capacity)
+				}
 				if err != nil {
 					errs[i] = err
 					continue
