@@ -302,17 +302,38 @@ func readStacks(s *snapshot.Snapshot) []stackFacts {
 		python[id] = strings.HasSuffix(file, ".py") && !snapshot.TorchFile(file)
 	}
 	out := make([]stackFacts, len(s.Stacks))
+	var modules moduleArena
 	for id := 1; id < len(s.Stacks); id++ {
-		out[id] = classify(s.Stacks[id], frames, python)
+		out[id] = classify(s.Stacks[id], frames, python, &modules)
 	}
 	return out
+}
+
+// moduleArena holds the stacks' module frames in a few large chunks, not a slice per stack: a snapshot has
+// tens of thousands of stacks.
+type moduleArena struct {
+	chunk   []snapshot.FrameID
+	scratch []snapshot.FrameID
+}
+
+// keep returns a copy of ms held in the arena.
+func (a *moduleArena) keep(ms []snapshot.FrameID) []snapshot.FrameID {
+	if len(ms) == 0 {
+		return nil
+	}
+	if cap(a.chunk)-len(a.chunk) < len(ms) {
+		a.chunk = make([]snapshot.FrameID, 0, max(4096, len(ms)))
+	}
+	start := len(a.chunk)
+	a.chunk = append(a.chunk, ms...)
+	return a.chunk[start:len(a.chunk):len(a.chunk)]
 }
 
 // classify reads a stack innermost first. The first frame that names a phase other than forward decides it,
 // so an optimizer's closure that calls backward() counts as backward; a module call names forward only when
 // nothing else on the stack names a phase: a checkpoint recomputes modules inside backward, and an optimizer
 // may call one.
-func classify(stack []snapshot.FrameID, frames []frameFact, python []bool) stackFacts {
+func classify(stack []snapshot.FrameID, frames []frameFact, python []bool, modules *moduleArena) stackFacts {
 	var sf stackFacts
 	if len(stack) == 0 {
 		return sf
@@ -343,19 +364,19 @@ func classify(stack []snapshot.FrameID, frames []frameFact, python []bool) stack
 	if !decided && forward {
 		sf.phase = evidenceForward
 	}
-	sf.modules = moduleForwards(stack, frames, python)
+	modules.scratch = moduleForwards(modules.scratch[:0], stack, frames, python)
+	sf.modules = modules.keep(modules.scratch)
 	if len(sf.modules) > 0 {
 		sf.module = sf.modules[0]
 	}
 	return sf
 }
 
-// moduleForwards returns the frames of stack that are forwards of the program's own modules, innermost first
-// (stackFacts.modules). It reads the stack from its outermost frame in, keeping the nearest frame out of
+// moduleForwards appends to out the frames of stack that are forwards of the program's own modules,
+// innermost first (stackFacts.modules). It reads the stack from its outermost frame in, keeping the nearest frame out of
 // each that is neither native nor library code: a Python frame is a module's forward when that frame is a
 // module call.
-func moduleForwards(stack []snapshot.FrameID, frames []frameFact, python []bool) []snapshot.FrameID {
-	var out []snapshot.FrameID
+func moduleForwards(out, stack []snapshot.FrameID, frames []frameFact, python []bool) []snapshot.FrameID {
 	caller := frameFact(0) // the facts of the nearest frame out that is neither native nor library code
 	for i := len(stack) - 1; i >= 0; i-- {
 		id := stack[i]

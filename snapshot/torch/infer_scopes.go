@@ -72,12 +72,6 @@ func (t *trace) scopes(inf *Inference) {
 // noLayer is the layer of an allocation no repeated module's call holds.
 const noLayer = -1
 
-// layerItem is an allocation (or an OOM's request) of a forward pass, with the module forwards on its stack.
-type layerItem struct {
-	event   int
-	modules []snapshot.FrameID // innermost first
-}
-
 // layers returns, for every block (in the order of t.lives), the index of the repeated module's call its
 // forward allocation ran in, counted from 0 in its forward pass, and the same for the trace's OOM events;
 // noLayer where the frames show none. The repeated module is the outermost one called more than once from
@@ -90,7 +84,7 @@ func (t *trace) layers() (blocks []int32, ooms map[int]int32) {
 		blocks[i] = noLayer
 	}
 	ooms = map[int]int32{}
-	var pass []layerItem
+	var pass []int            // the events of the pass: allocations, and OOMs' requests
 	var root snapshot.FrameID // the outermost module frame of the pass's last item
 	flush := func() {
 		t.numberLayers(pass, blocks, ooms)
@@ -118,7 +112,7 @@ func (t *trace) layers() (blocks []int32, ooms map[int]int32) {
 			flush()
 		}
 		root = ms[len(ms)-1]
-		pass = append(pass, layerItem{event: i, modules: ms})
+		pass = append(pass, i)
 	}
 	flush()
 	return blocks, ooms
@@ -134,19 +128,20 @@ func (t *trace) fallsBack(a, b snapshot.FrameID) bool {
 // numberLayers numbers the items of one pass: for each caller frame (a module forward at one line) it counts
 // the calls of the module forward it calls, a new call where that forward's line falls back; the
 // outermost caller with more than one call numbers the items under it.
-func (t *trace) numberLayers(pass []layerItem, blocks []int32, ooms map[int]int32) {
+func (t *trace) numberLayers(pass []int, blocks []int32, ooms map[int]int32) {
 	if len(pass) == 0 {
 		return
 	}
 	calls := t.countCalls(pass, nil)
-	t.countCalls(pass, func(it layerItem, running []int32) {
-		for level := len(it.modules) - 1; level >= 1; level-- {
-			if calls[it.modules[level]] == 0 {
+	t.countCalls(pass, func(ev int, running []int32) {
+		ms := t.facts(t.at(ev)).modules
+		for level := len(ms) - 1; level >= 1; level-- {
+			if calls[ms[level]] == 0 {
 				continue
 			}
-			if t.at(it.event).Action == snapshot.ActionOOM {
-				ooms[it.event] = running[level]
-			} else if b, ok := slices.BinarySearchFunc(t.lives, it.event, func(l lifetime, ev int) int { return l.alloc - ev }); ok {
+			if t.at(ev).Action == snapshot.ActionOOM {
+				ooms[ev] = running[level]
+			} else if b, ok := slices.BinarySearchFunc(t.lives, ev, func(l lifetime, ev int) int { return l.alloc - ev }); ok {
 				blocks[b] = running[level]
 			}
 			return
@@ -157,17 +152,19 @@ func (t *trace) numberLayers(pass []layerItem, blocks []int32, ooms map[int]int3
 // countCalls walks a pass counting, for each caller frame, the calls of the module it calls after the
 // first; f, when not nil, sees each item with the count of each level of its modules (level i: the calls
 // modules[i] made of modules[i-1]). It returns the counts at the pass's end.
-func (t *trace) countCalls(pass []layerItem, f func(it layerItem, running []int32)) map[snapshot.FrameID]int32 {
+func (t *trace) countCalls(pass []int, f func(ev int, running []int32)) map[snapshot.FrameID]int32 {
 	type callee struct {
 		last  snapshot.FrameID // the callee's frame at the last item under the caller
 		calls int32
 	}
 	state := map[snapshot.FrameID]*callee{}
 	var running []int32
-	for _, it := range pass {
-		running = append(running[:0], make([]int32, len(it.modules))...)
-		for level := 1; level < len(it.modules); level++ {
-			caller, child := it.modules[level], it.modules[level-1]
+	for _, ev := range pass {
+		ms := t.facts(t.at(ev)).modules
+		running = slices.Grow(running[:0], len(ms))[:len(ms)]
+		clear(running)
+		for level := 1; level < len(ms); level++ {
+			caller, child := ms[level], ms[level-1]
 			c := state[caller]
 			switch {
 			case c == nil:
@@ -180,7 +177,7 @@ func (t *trace) countCalls(pass []layerItem, f func(it layerItem, running []int3
 			running[level] = c.calls
 		}
 		if f != nil {
-			f(it, running)
+			f(ev, running)
 		}
 	}
 	out := make(map[snapshot.FrameID]int32, len(state))
