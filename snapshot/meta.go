@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -42,6 +43,39 @@ type DeviceInfo struct {
 	// non-allocator memory take before the allocator gets any.
 	Capacity       int64 `json:"capacity"`
 	ContextReserve int64 `json:"context_reserve"`
+	// CapacityGiven says that Capacity is what the user gave (--gpu-mem), not what the recording says:
+	// PyTorch's snapshots do not record the card's memory.
+	CapacityGiven bool `json:"capacity_given,omitempty"`
+}
+
+// GiveCapacity sets the capacity of the GPUs whose recording does not say theirs (a PyTorch snapshot's) to
+// what the user gave, for everything that reads Capacity: the OOM's message, the replays, the what-if, the
+// TUI's axis. A device whose recording gives another capacity is an error: a recorded capacity is the
+// truth, and a given one that contradicts it would describe another run.
+func (m *Meta) GiveCapacity(bytes int64) error {
+	gpu := func(d *DeviceInfo) bool { return d.Kind != DeviceKindHost && !d.CapacityGiven }
+	for i := range m.Devices {
+		if d := &m.Devices[i]; gpu(d) && d.Capacity != 0 && d.Capacity != bytes {
+			return &CapacityError{Device: d.Name, Recorded: d.Capacity, Given: bytes}
+		}
+	}
+	for i := range m.Devices {
+		if d := &m.Devices[i]; gpu(d) && d.Capacity == 0 {
+			d.Capacity, d.CapacityGiven = bytes, true
+		}
+	}
+	return nil
+}
+
+// CapacityError says a capacity given for a device contradicts the one its recording gives.
+type CapacityError struct {
+	Device          string
+	Recorded, Given int64
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("the snapshot records %s's memory, %d bytes, and --gpu-mem gives %d: --gpu-mem is for snapshots "+
+		"that do not record it (PyTorch's)", e.Device, e.Recorded, e.Given)
 }
 
 // Footer closes a complete snapshot: a summary of the events and the allocator's final state.

@@ -197,6 +197,9 @@ func deviceLine(d Device) string {
 	}
 	if d.Capacity > 0 {
 		s += ": " + units.FormatSize(d.Capacity)
+		if d.CapacityGiven {
+			s += " (given with --gpu-mem, not recorded)"
+		}
 		if d.ContextReserve > 0 {
 			s += ", " + units.FormatSize(d.ContextReserve) + " of it taken by the CUDA context"
 		}

@@ -111,6 +111,8 @@ type Device struct {
 	Kind           string `json:"kind"`
 	Capacity       int64  `json:"capacity"`
 	ContextReserve int64  `json:"context_reserve"`
+	// CapacityGiven says that Capacity is the user's (--gpu-mem), not the recording's.
+	CapacityGiven bool `json:"capacity_given,omitempty"`
 	// PeakAllocated is the device's highest allocated memory, first reached after PeakEvent (an event of
 	// the whole snapshot); PeakReserved its highest reserved memory. EndAllocated and EndReserved are the
 	// device's memory after the last event.
@@ -475,7 +477,8 @@ func devices(tl *timeline.Timeline) ([]Device, map[int]*onDevice) {
 	out := make([]Device, 0, len(s.Meta.Devices))
 	views := map[int]*onDevice{}
 	for _, d := range s.Meta.Devices {
-		dev := Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve}
+		dev := Device{Index: d.Index, Name: d.Name, Kind: d.Kind, Capacity: d.Capacity, ContextReserve: d.ContextReserve,
+			CapacityGiven: d.CapacityGiven}
 		od, err := deviceOf(tl, d.Index)
 		if err != nil { // the device holds no events: nothing allocated
 			out = append(out, dev)

@@ -29,8 +29,10 @@ type Prepared struct {
 	// (transform.ApplyEnds): the estimate.
 	Changed *snapshot.Snapshot
 	// Held is the same at the late end; nil where the fix places no such releases.
-	Held        *snapshot.Snapshot
-	Assumptions []string // one line per transformation
+	Held *snapshot.Snapshot
+	// Assumptions has one line per transformation, then, where the trace is a PyTorch snapshot's, one
+	// naming the tags the importer inferred.
+	Assumptions []string
 }
 
 // Prepare applies ts to s, at both ends where they differ. s is not changed.
@@ -38,6 +40,9 @@ func Prepare(s *snapshot.Snapshot, ts ...transform.Transform) (*Prepared, error)
 	changed, held, lines, err := transform.ApplyEnds(s, ts...)
 	if err != nil {
 		return nil, err
+	}
+	if tags := InferredTags(s); tags != "" && len(ts) > 0 {
+		lines = append(lines, tags)
 	}
 	return &Prepared{Changed: changed, Held: held, Assumptions: lines}, nil
 }

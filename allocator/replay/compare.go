@@ -346,6 +346,13 @@ func (t *deviceTrace) capacityFor(given uint64, oomReserved int64) (uint64, stri
 	switch {
 	case given > 0:
 		return given, "given"
+	case t.capacity > 0 && t.given && oomReserved >= 0:
+		// The card's memory as the user gave it (--gpu-mem on view and report): at the recorded OOM the
+		// allocator had what it reserved and what the device still had free; the rest was the CUDA
+		// context's and other processes'.
+		return min(t.capacity, uint64(oomReserved+t.firstOOM().DeviceFree)), "given"
+	case t.capacity > 0 && t.given:
+		return t.capacity, "given"
 	case t.capacity > 0:
 		return t.capacity, "recorded device"
 	case oomReserved >= 0:

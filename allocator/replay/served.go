@@ -23,8 +23,8 @@ type Served struct {
 }
 
 // ServeOOM replays the trace of the device of the recording's first OOM under each of cfgs, on a device of
-// capacity bytes (0: the recording's device less its CUDA context when the snapshot says, else the reserved
-// bytes at the OOM plus what the device had free), and says whether each serves that OOM's request; it
+// capacity bytes (0: as capacityFor picks it: the recording's device less its CUDA context when the snapshot
+// says, else the reserved bytes at the OOM plus what the device had free), and says whether each serves that OOM's request; it
 // returns the capacity it used. It replays as CompareSettings does: the trace's allocations and frees in
 // order, every run of segment frees as an empty_cache, the blocks in use before the trace first. A snapshot
 // without an OOM returns nil.
@@ -42,12 +42,7 @@ func ServeOOM(s *snapshot.Snapshot, cfgs []allocator.Config, capacity uint64) ([
 	}
 	if capacity == 0 {
 		_, _, _, oomReserved := t.recordedPeaks()
-		switch {
-		case t.capacity > 0:
-			capacity = t.capacity
-		default:
-			capacity = uint64(oomReserved + t.firstOOM().DeviceFree)
-		}
+		capacity, _ = t.capacityFor(0, oomReserved)
 	}
 	out := make([]Served, 0, len(cfgs))
 	for _, cfg := range cfgs {

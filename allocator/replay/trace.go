@@ -22,6 +22,7 @@ type deviceTrace struct {
 	final     []snapshot.Segment
 	maxAddr   uint64 // the highest address the recording mentions
 	capacity  uint64 // the memory the recording's allocator could have, when the snapshot says (oomdbg's own)
+	given     bool   // capacity is what the user gave for the device (snapshot.DeviceInfo.CapacityGiven)
 }
 
 // events returns the device's allocator events in order, with their index among them.
@@ -87,7 +88,8 @@ func splitDevices(s *snapshot.Snapshot) []*deviceTrace {
 	}
 	for _, d := range s.Meta.Devices {
 		if d.Capacity > d.ContextReserve && d.ContextReserve >= 0 {
-			get(d.Index).capacity = uint64(d.Capacity - d.ContextReserve)
+			t := get(d.Index)
+			t.capacity, t.given = uint64(d.Capacity-d.ContextReserve), d.CapacityGiven
 		} else {
 			get(d.Index)
 		}

@@ -57,6 +57,11 @@ func parseLimit(s string) (int64, error) {
 	return int64(n), err
 }
 
+// addGPUMemFlag adds --gpu-mem to view and report: the GPU's memory, for a snapshot that does not record it.
+func addGPUMemFlag(f *pflag.FlagSet, v *uint64) {
+	f.Var(sizeFlag{v}, "gpu-mem", "the GPU's memory where the snapshot does not record it (PyTorch's), e.g. 24GiB (binary units)")
+}
+
 // textFlag is a pflag.Value for the settings a Config parses from words (knob.AMP, knob.Checkpoint,
 // device.Kind, train.SeqDist, ...): a value is parsed once, when the flag is set, and a bad one is refused
 // there (--seq-dist file:PATH reads the file then, once, so that a FIFO or /dev/stdin works).

@@ -16,7 +16,7 @@ import (
 
 // followDir runs the TUI on the snapshots oomdbg record writes into dir, moving to each newer one (the
 // out-of-memory dump first), until the user quits or ctx ends.
-func followDir(ctx context.Context, cmd *cobra.Command, keys io.Reader, dir string, mem *memory) error {
+func followDir(ctx context.Context, cmd *cobra.Command, keys io.Reader, dir string, gpuMem uint64, mem *memory) error {
 	watch := &tui.Watch{
 		Dir: dir,
 		Newest: func() (string, time.Time, bool) {
@@ -28,6 +28,9 @@ func followDir(ctx context.Context, cmd *cobra.Command, keys io.Reader, dir stri
 		},
 		Load: func(path string) (*snapshot.Snapshot, error) {
 			s, _, err := app.Open(path, &mem.Limit, load.CostView)
+			if err == nil {
+				err = app.GiveCapacity(s, gpuMem)
+			}
 			return s, err
 		},
 	}

@@ -139,7 +139,7 @@ func recordAndView(cmd *cobra.Command, args []string, opt recorder.Options) erro
 		}
 	}()
 	var mem memory
-	if err := followDir(ctx, cmd, keys, opt.Dir, &mem); err != nil {
+	if err := followDir(ctx, cmd, keys, opt.Dir, 0, &mem); err != nil {
 		return err
 	}
 	// The TUI was closed: the job goes on to its end unless it was asked to stop.

@@ -19,6 +19,7 @@ func newReportCmd() *cobra.Command {
 	var measure, measureOld bool
 	var measureTimeout time.Duration
 	var warmup int
+	var gpuMem uint64
 	var mem memory
 	cmd := &cobra.Command{
 		Use:   "report FILE...",
@@ -36,6 +37,9 @@ An out-of-memory error is told apart as capacity or fragmentation at the failing
 replayed up to it through the allocator model under other settings (expandable_segments:True,
 max_split_size_mb, garbage_collection_threshold) to say which would have served it: work in proportion
 to the file.
+
+--gpu-mem gives the GPU's memory where the snapshot does not record it (PyTorch's do not): the OOM's
+message is then PyTorch's own, and the fixes say whether the run would fit.
 
 --format text is for a terminal, markdown for an issue or a pull request, json for scripts (the schema is
 docs/report-json.md).
@@ -66,7 +70,7 @@ read.`,
 				if err != nil {
 					return err
 				}
-				t, problem := app.ReportRanks(cmd.Context(), args, &mem.Limit, warmup)
+				t, problem := app.ReportRanks(cmd.Context(), args, &mem.Limit, gpuMem, warmup)
 				if err := write(t, cmd.OutOrStdout()); err != nil {
 					return err
 				}
@@ -90,7 +94,7 @@ read.`,
 			if measure || measureOld {
 				opts.Measurer = be
 			}
-			r, err := app.Report(cmd.Context(), args[0], &mem.Limit, opts, cmd.ErrOrStderr())
+			r, err := app.Report(cmd.Context(), args[0], &mem.Limit, gpuMem, opts, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -106,6 +110,7 @@ read.`,
 	cmd.Flags().BoolVar(&measureOld, "measure", false, "the old name of --measure-fixes")
 	cmd.Flags().MarkHidden("measure")
 	cmd.Flags().IntVar(&warmup, "warmup", leaks.DefaultWarmup, "iterations left out before leaks are measured")
+	addGPUMemFlag(cmd.Flags(), &gpuMem)
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }

@@ -22,6 +22,7 @@ import (
 
 func newViewCmd() *cobra.Command {
 	var follow bool
+	var gpuMem uint64
 	var mem memory
 	cmd := &cobra.Command{
 		Use:   "view FILE...",
@@ -39,11 +40,14 @@ the same analysis as text).
 
 With several files, the snapshots of a data-parallel job's ranks, it reads them all in parallel (as report
 does), opens the rank that ran out of memory or peaks highest, and adds a Ranks pane (7) with every rank's
-peak and phase side by side, from which enter opens another.`,
+peak and phase side by side, from which enter opens another.
+
+--gpu-mem gives the GPU's memory where the snapshot does not record it (PyTorch's do not): the timeline's
+axis, the OOM's message and the verdicts of the fixes pane then use it.`,
 		Args: snapshotArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {
-				return viewRanks(cmd, args, follow, &mem)
+				return viewRanks(cmd, args, follow, gpuMem, &mem)
 			}
 			path := args[0]
 			keys, closeKeys, err := viewTerminal(cmd, path)
@@ -53,9 +57,9 @@ peak and phase side by side, from which enter opens another.`,
 			defer closeKeys()
 			ctx := cmd.Context()
 			if st, err := os.Stat(path); err == nil && st.IsDir() && follow {
-				return followDir(ctx, cmd, keys, path, &mem) // oomdbg record's snapshots, as they are written
+				return followDir(ctx, cmd, keys, path, gpuMem, &mem) // oomdbg record's snapshots, as they are written
 			}
-			opts, closeIn, err := viewOptions(ctx, path, follow, &mem)
+			opts, closeIn, err := viewOptions(ctx, path, follow, gpuMem, &mem)
 			if err != nil {
 				return err
 			}
@@ -64,6 +68,7 @@ peak and phase side by side, from which enter opens another.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep reading as the file grows")
+	addGPUMemFlag(cmd.Flags(), &gpuMem)
 	addMemoryFlag(cmd.Flags(), &mem)
 	return cmd
 }
@@ -71,7 +76,7 @@ peak and phase side by side, from which enter opens another.`,
 // viewOptions opens the snapshot at path for the TUI, within mem: oomdbg's own streamed in (so that a
 // growing file can be followed, and a long one paged), PyTorch's imported whole. closeIn closes the input
 // once the TUI is done with it.
-func viewOptions(ctx context.Context, path string, follow bool, mem *memory) (opts tui.Options, closeIn func(), err error) {
+func viewOptions(ctx context.Context, path string, follow bool, gpuMem uint64, mem *memory) (opts tui.Options, closeIn func(), err error) {
 	lopts := []load.Option{load.WithBudget(mem.Budget(load.CostView))}
 	if follow {
 		lopts = append(lopts, load.WithFollow(ctx))
@@ -80,15 +85,22 @@ func viewOptions(ctx context.Context, path string, follow bool, mem *memory) (op
 	if err != nil {
 		return tui.Options{}, nil, err
 	}
-	if in.Format == load.FormatNative {
+	switch {
+	case in.Format == load.FormatNative && gpuMem == 0: // streamed in, so a growing file can be followed
 		lim := snapshot.Limits{Events: mem.Budget(load.CostView).MaxEvents()}
 		return tui.Options{File: path, Input: in.Reader(), Follow: follow, Limits: lim, MemoryBudget: mem.Hold(tui.DefaultMemoryBudget)},
 			func() { in.Close() }, nil
+	case in.Format == load.FormatNative && follow:
+		in.Close()
+		return tui.Options{}, nil, errors.New("--gpu-mem is for snapshots that do not record their GPU's memory (PyTorch's); oomdbg's own, which --follow streams, do")
 	}
 	defer in.Close()
 	s, err := in.Load()
 	if err != nil {
 		return tui.Options{}, nil, mem.Explain(err)
+	}
+	if err := app.GiveCapacity(s, gpuMem); err != nil {
+		return tui.Options{}, nil, err
 	}
 	return tui.Options{File: path, Snapshot: s}, func() {}, nil
 }
@@ -127,7 +139,7 @@ func isTerminal(f *os.File) bool { return term.IsTerminal(f.Fd()) }
 
 // viewRanks opens a job's ranks: all read and reported in parallel, the worst shown, the others a Ranks
 // pane away.
-func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) error {
+func viewRanks(cmd *cobra.Command, files []string, follow bool, gpuMem uint64, mem *memory) error {
 	if follow {
 		return fmt.Errorf("--follow follows one file: give one")
 	}
@@ -141,12 +153,15 @@ func viewRanks(cmd *cobra.Command, files []string, follow bool, mem *memory) err
 		return err
 	}
 	defer closeKeys()
-	t, _ := app.ReportRanks(cmd.Context(), files, &mem.Limit, leaks.DefaultWarmup) // the TUI shows what went wrong
+	t, _ := app.ReportRanks(cmd.Context(), files, &mem.Limit, gpuMem, leaks.DefaultWarmup) // the TUI shows what went wrong
 	if t.Worst < 0 {
 		return fmt.Errorf("none of the %d files could be read", len(files))
 	}
 	load := func(path string) (*snapshot.Snapshot, error) {
 		s, _, err := app.Open(path, &mem.Limit, load.CostView)
+		if err == nil {
+			err = app.GiveCapacity(s, gpuMem)
+		}
 		return s, err
 	}
 	s, err := load(files[t.Worst])

@@ -43,7 +43,7 @@ func TestViewEveryKeyOnTheHostileCorpus(t *testing.T) {
 					if err := mem.Set("256MiB"); err != nil {
 						t.Fatal(err)
 					}
-					opts, closeIn, err := viewOptions(context.Background(), a.path, false, &mem)
+					opts, closeIn, err := viewOptions(context.Background(), a.path, false, 0, &mem)
 					if err != nil {
 						return // refused: the corpus test holds the message and the exit code
 					}

@@ -7,10 +7,12 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
 	"github.com/oomdbg/oomdbg/internal/hostmem"
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/snapshot/load"
 )
@@ -45,6 +47,22 @@ func open(path string, lim *hostmem.Limit, b load.Budget) (*snapshot.Snapshot, e
 		return s, err, nil
 	}
 	return nil, nil, lim.Explain(err)
+}
+
+// GiveCapacity gives the GPUs of s the capacity --gpu-mem says (0: none given) where the snapshot records
+// none, as a PyTorch snapshot does not: the OOM's message, the replays, the what-if and the TUI then use it.
+func GiveCapacity(s *snapshot.Snapshot, capacity uint64) error {
+	if capacity == 0 {
+		return nil
+	}
+	var ce *snapshot.CapacityError
+	if err := s.Meta.GiveCapacity(int64(capacity)); errors.As(err, &ce) {
+		return fmt.Errorf("--gpu-mem %s: the snapshot records %s's memory, %s; --gpu-mem is for snapshots that do not (PyTorch's)",
+			units.FormatSize(ce.Given), ce.Device, units.FormatSize(ce.Recorded))
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // warn writes a warning line to stderr, as every command words them: "oomdbg: warning: ...".

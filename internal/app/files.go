@@ -23,11 +23,15 @@ import (
 	"github.com/oomdbg/oomdbg/whatif"
 )
 
-// Report analyses the snapshot at path for oomdbg report, within lim. A file damaged part-way is reported up
-// to the damage, with a warning on stderr and the damage as the snapshot's warning, which the report shows.
-func Report(ctx context.Context, path string, lim *hostmem.Limit, opts triage.Options, stderr io.Writer) (*triage.Report, error) {
+// Report analyses the snapshot at path for oomdbg report, within lim, on a GPU of capacity bytes where the
+// snapshot records none (0: none given). A file damaged part-way is reported up to the damage, with a
+// warning on stderr and the damage as the snapshot's warning, which the report shows.
+func Report(ctx context.Context, path string, lim *hostmem.Limit, capacity uint64, opts triage.Options, stderr io.Writer) (*triage.Report, error) {
 	s, damage, err := Open(path, lim, load.CostAnalyse)
 	if err != nil {
+		return nil, err
+	}
+	if err := GiveCapacity(s, capacity); err != nil {
 		return nil, err
 	}
 	if damage != nil {

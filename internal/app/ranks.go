@@ -20,8 +20,8 @@ import (
 // what its row needs is kept (Report.ForRanks), so memory holds the snapshots being read and not all of them,
 // and does not grow with the ranks. The two ranks the table then compares in detail are read again, whole. A
 // file that cannot be read is a row that says so: one bad rank does not hide the others. The problem is that
-// of ReportProblem, for the job: the ranks that ran out of memory, else those that leak; nil when none did.
-func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup int) (*triage.RankTable, error) {
+// of ReportProblem, for the job: the ranks that ran out of memory, else those that leak; nil when none did. capacity is --gpu-mem's (GiveCapacity).
+func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, capacity uint64, warmup int) (*triage.RankTable, error) {
 	workers := min(runtime.GOMAXPROCS(0), len(files))
 	budget := lim.Budget(load.CostAnalyse)
 	budget.Memory /= int64(workers)
@@ -30,6 +30,9 @@ func ReportRanks(ctx context.Context, files []string, lim *hostmem.Limit, warmup
 	jobs := make([]job, len(files))
 	report := func(i int) (*triage.Report, job, error) {
 		s, _, err := open(files[i], lim, budget)
+		if err == nil {
+			err = GiveCapacity(s, capacity)
+		}
 		if err != nil {
 			return nil, job{}, err
 		}

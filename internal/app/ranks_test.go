@@ -46,7 +46,7 @@ func TestRankTableMemoryDoesNotGrowWithTheRanks(t *testing.T) {
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		tab, _ := ReportRanks(context.Background(), files, &lim, leaks.DefaultWarmup)
+		tab, _ := ReportRanks(context.Background(), files, &lim, 0, leaks.DefaultWarmup)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		runtime.KeepAlive(tab)
@@ -87,7 +87,7 @@ func TestRankTableFromRowsIsTheWholeReports(t *testing.T) {
 			Leaks: []leaks.Option{leaks.Warmup(leaks.DefaultWarmup)}})
 	}
 	want := triage.CompareRanks(files, whole, errs)
-	got, _ := ReportRanks(context.Background(), files, &lim, leaks.DefaultWarmup)
+	got, _ := ReportRanks(context.Background(), files, &lim, 0, leaks.DefaultWarmup)
 	g, _ := json.Marshal(got.Ranks)
 	w, _ := json.Marshal(want.Ranks)
 	if !bytes.Equal(g, w) {

@@ -28,16 +28,20 @@ var Fixtures = []string{F1, F2, F3, F4, F7}
 // says what each shows) but not part of shared/: a test reads them from $OOMDBG_FIXTURES, else from shared/,
 // and is skipped where they are missing, under CI too. Each test that reads one has a hand-made stand-in of
 // the same shape that always runs (snapshottest.DataParallelOOM for f8; for f9-f11, allocator/replay's
-// hand-made traces of blocks from before the trace, TestFreedBlockSized*).
+// hand-made traces of blocks from before the trace, TestFreedBlockSized*; for f12, snapshot/torch's traces
+// through hand-made Hugging Face stacks, hfstack_test.go and partial_test.go).
 const (
 	F8  = "f8_2025_dataparallel_oom_3dev.pickle"       // an OOM on cuda:1 of three GPUs under DataParallel
 	F9  = "f9_2026_ring_buffer_start_cut.pickle"       // G4: 2,162 allocations, 222 blocks from before the trace freed in it
 	F10 = "f10_2026_ring_buffer_unsplit_blocks.pickle" // G4: 33 such blocks served unsplit (up to 1 MiB over their request)
 	F11 = "f11_2025_ring_buffer_many_segments.pickle"  // G3: 999 segments from before the trace, 116 such blocks
+	// F12 is a QLoRA fine-tune through transformers, peft, bitsandbytes and accelerate, recorded in a
+	// notebook after the model was loaded: one forward and one backward.
+	F12 = "f12_2024_qlora_notebook_one_step.pickle"
 )
 
 // Extra lists the real snapshots outside shared/.
-var Extra = []string{F8, F9, F10, F11}
+var Extra = []string{F8, F9, F10, F11, F12}
 
 // RingBufferFixtures lists the real snapshots whose trace cut the start of the run.
 var RingBufferFixtures = []string{F9, F10, F11}

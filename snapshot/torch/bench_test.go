@@ -70,17 +70,19 @@ func benchmarkModel(b *testing.B, name string) {
 	}
 }
 
-func BenchmarkModelF1(b *testing.B) { benchmarkModel(b, torchtest.F1) }
-func BenchmarkModelF2(b *testing.B) { benchmarkModel(b, torchtest.F2) }
-func BenchmarkModelF3(b *testing.B) { benchmarkModel(b, torchtest.F3) }
-func BenchmarkModelF4(b *testing.B) { benchmarkModel(b, torchtest.F4) }
-func BenchmarkModelF7(b *testing.B) { benchmarkModel(b, torchtest.F7) }
+func BenchmarkModelF1(b *testing.B)  { benchmarkModel(b, torchtest.F1) }
+func BenchmarkModelF2(b *testing.B)  { benchmarkModel(b, torchtest.F2) }
+func BenchmarkModelF3(b *testing.B)  { benchmarkModel(b, torchtest.F3) }
+func BenchmarkModelF4(b *testing.B)  { benchmarkModel(b, torchtest.F4) }
+func BenchmarkModelF7(b *testing.B)  { benchmarkModel(b, torchtest.F7) }
+func BenchmarkModelF12(b *testing.B) { benchmarkModel(b, torchtest.F12) }
 
-func BenchmarkImportF1(b *testing.B) { benchmarkImport(b, torchtest.F1) }
-func BenchmarkImportF2(b *testing.B) { benchmarkImport(b, torchtest.F2) }
-func BenchmarkImportF3(b *testing.B) { benchmarkImport(b, torchtest.F3) }
-func BenchmarkImportF4(b *testing.B) { benchmarkImport(b, torchtest.F4) }
-func BenchmarkImportF7(b *testing.B) { benchmarkImport(b, torchtest.F7) }
+func BenchmarkImportF1(b *testing.B)  { benchmarkImport(b, torchtest.F1) }
+func BenchmarkImportF2(b *testing.B)  { benchmarkImport(b, torchtest.F2) }
+func BenchmarkImportF3(b *testing.B)  { benchmarkImport(b, torchtest.F3) }
+func BenchmarkImportF4(b *testing.B)  { benchmarkImport(b, torchtest.F4) }
+func BenchmarkImportF7(b *testing.B)  { benchmarkImport(b, torchtest.F7) }
+func BenchmarkImportF12(b *testing.B) { benchmarkImport(b, torchtest.F12) }
 
 // writeNative writes s in oomdbg's file format, interning its tables in ID order so that the IDs stay.
 func writeNative(buf *bytes.Buffer, s *snapshot.Snapshot) error {

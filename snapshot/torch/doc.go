@@ -70,12 +70,16 @@
 // and categories"). Iterations without ProfilerStep#N: each optimizer step (an Optimizer.step#... region,
 // else a run of allocations with torch/optim on their stacks) ends one; an iteration begins at its first
 // forward or backward allocation, moved back over the allocations just before it that nothing places (the
-// batch); else each forward after a backward begins one. An iteration event precedes each, and
+// batch); else each forward after a backward begins one; else one forward and its backward, or a forward
+// that ran out of memory, are iteration 0, cut short before its step. An iteration event precedes each, and
 // Origin.Iterations says where they came from. Categories, where the file records none: frames that say
 // what a block is (autocast's cast, the optimizer's _init_group, AccumulateGrad, Module._apply and
-// weight loading), then, in a training trace, the phases of its allocation and free (CategoryRule lists
-// the rules). A block's scope, where the file gives none, is the innermost forward of a module the program
-// wrote, as "forward lora.py:430".
+// weight loading), then, in a training trace, the phases of its allocation and free; a block alive before
+// the trace by where it is freed; a block alive at the OOM a trace ends in by what the other blocks of its
+// stack did in that phase (CategoryRule lists the rules, infer_cut.go the last two). A block's scope, where
+// the file gives none, is the module the program wrote whose forward allocated it, looked for through the
+// libraries around modules (accelerate's hooks, peft, bitsandbytes, checkpointing, torch.compile), with
+// the index of the repeated layer it ran in: "layer 3: forward modeling_llama.py:300" (infer_scopes.go).
 //
 // # Stacks and tags
 //

@@ -2,6 +2,7 @@ package torch
 
 import (
 	"slices"
+	"strconv"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 )
@@ -17,6 +18,31 @@ type Inference struct {
 	Boundaries []Boundary
 	// Blocks are the allocations, in order of their alloc events, with their category and module.
 	Blocks []BlockTag
+	// requests are the scopes of the OOM events' requests: the module whose forward asked, by event.
+	requests map[int]Scope
+}
+
+// Scope is the module whose forward made an allocation, as the frames show it.
+type Scope struct {
+	// Module is the innermost forward of a module the program wrote (not torch's own modules, nor the
+	// libraries around them: peft, bitsandbytes, accelerate): one frame for every allocation of that
+	// module, the one of its forward's lowest line that allocated; 0 when the stack shows none.
+	Module snapshot.FrameID
+	// Layer is the index of the repeated module's call (a decoder layer) the allocation ran in, counted
+	// from 0 in its forward pass; -1 when the frames do not show one.
+	Layer int32
+}
+
+// Name is the scope as oomdbg shows it: "forward modeling_llama.py:300", and "layer 3: forward
+// modeling_llama.py:300" in a repeated module; "" for none.
+func (sc Scope) Name(s *snapshot.Snapshot) string {
+	if sc.Module == 0 {
+		return ""
+	}
+	if sc.Layer < 0 {
+		return s.FrameString(sc.Module)
+	}
+	return "layer " + strconv.Itoa(int(sc.Layer)) + ": " + s.FrameString(sc.Module)
 }
 
 // Boundary is where one iteration begins.
@@ -30,9 +56,8 @@ type BlockTag struct {
 	Seq      int // its alloc event
 	Category snapshot.Category
 	Rule     CategoryRule
-	// Module is the innermost frame of a module's forward the program wrote (not torch's own modules);
-	// 0 when the stack shows none.
-	Module snapshot.FrameID
+	// Scope is the module whose forward allocated it.
+	Scope
 }
 
 // Block returns the tag of the block allocated at event seq.
@@ -62,6 +87,7 @@ func inferEvents(s *snapshot.Snapshot, events []snapshot.Event, stacks []stackFa
 	inf := &Inference{}
 	inf.Iterations, inf.Boundaries = t.iterations()
 	inf.Blocks = t.blocks(inf.Boundaries)
+	t.scopes(inf)
 	return inf, t
 }
 

@@ -28,7 +28,15 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 	im.origin.Iterations = inf.Iterations.String()
 	s.Meta.Iterations = im.origin.Iterations
 
-	var scopes []snapshot.StringID // by FrameID: the module's name, interned; 0 until asked for
+	scopes := map[Scope]snapshot.StringID{} // the names, interned
+	scopeOf := func(sc Scope) snapshot.StringID {
+		id, ok := scopes[sc]
+		if !ok {
+			id = im.tab.str(sc.Name(s))
+			scopes[sc] = id
+		}
+		return id
+	}
 	bi := 0
 	for i := range em.events {
 		e := &em.events[i]
@@ -39,18 +47,12 @@ func (em *emitter) infer(s *snapshot.Snapshot) error {
 				bi++
 				e.Category = b.Category
 				if e.Scope == 0 && b.Module != 0 {
-					if scopes == nil {
-						scopes = make([]snapshot.StringID, len(s.Frames))
-					}
-					if int(b.Module) >= len(scopes) {
-						e.Scope = im.tab.str(s.FrameString(b.Module))
-					} else {
-						if scopes[b.Module] == 0 {
-							scopes[b.Module] = im.tab.str(s.FrameString(b.Module))
-						}
-						e.Scope = scopes[b.Module]
-					}
+					e.Scope = scopeOf(b.Scope)
 				}
+			}
+		case snapshot.ActionOOM:
+			if sc, ok := inf.requests[i]; ok && e.Scope == 0 {
+				e.Scope = scopeOf(sc)
 			}
 		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted:
 			if a := t.tagged[i]; a >= 0 { // an earlier event: its tags are final

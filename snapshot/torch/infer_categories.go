@@ -52,6 +52,35 @@ const (
 	// CategoryNotRecorded: oomdbg record tags every block of the category the other rules give, and did
 	// not tag this one: it is unknown.
 	CategoryNotRecorded
+	// CategoryBeforeTrace: alive before the trace began (the history was turned on after the model was
+	// loaded, or a ring buffer dropped its start) and alive at its end: the model's weights and buffers.
+	CategoryBeforeTrace
+	// CategoryBeforeTraceFreedInBackward: alive before the trace began and freed in backward: saved for it.
+	CategoryBeforeTraceFreedInBackward
+	// CategoryBeforeTraceFreedInZeroGrad: alive before the trace began and freed by zero_grad: a gradient.
+	CategoryBeforeTraceFreedInZeroGrad
+	// CategoryCutForwardSaved: allocated in the forward of the iteration the trace's OOM cut short and
+	// alive at the OOM, as most other blocks of its stack there are (or it is the only one): saved for
+	// backward.
+	CategoryCutForwardSaved
+	// CategoryCutForwardTemp: allocated in the forward of the iteration the OOM cut short and alive at the
+	// OOM, where most other blocks of its stack there were freed within the forward: a temporary.
+	CategoryCutForwardTemp
+	// CategoryCutBackwardKept: allocated in the backward the OOM cut short, alive at the OOM, as most other
+	// blocks of its stack in that backward are: a gradient.
+	CategoryCutBackwardKept
+	// CategoryCutBackwardFreed: allocated in the backward the OOM cut short, alive at the OOM, where most
+	// other blocks of its stack were freed within the backward: an intermediate gradient.
+	CategoryCutBackwardFreed
+	// CategoryCutGradient: allocated in the backward the OOM cut short, alive at the OOM, the only block of
+	// its stack there, the size of a parameter: its gradient.
+	CategoryCutGradient
+	// CategoryCutBackwardTemp: allocated in the backward the OOM cut short, alive at the OOM, the only
+	// block of its stack there, the size of no parameter: an intermediate gradient.
+	CategoryCutBackwardTemp
+	// CategoryCutOptimizerTemp: allocated in the optimizer step the OOM cut short, alive at the OOM, without
+	// the state's init (_init_group) on its stack: one of the step's temporaries.
+	CategoryCutOptimizerTemp
 )
 
 var categoryRuleReasons = [...]string{
@@ -72,6 +101,17 @@ var categoryRuleReasons = [...]string{
 	CategoryForwardLives:         "allocated in forward, alive after its backward",
 	CategoryRecorded:             "recorded by oomdbg record",
 	CategoryNotRecorded:          "not among the blocks oomdbg record tagged with that category",
+
+	CategoryBeforeTrace:                "alive before the trace began and at its end: weights and buffers",
+	CategoryBeforeTraceFreedInBackward: "alive before the trace began, freed in backward",
+	CategoryBeforeTraceFreedInZeroGrad: "alive before the trace began, freed by zero_grad",
+	CategoryCutForwardSaved:            "allocated in the forward the OOM cut short, alive at the OOM as its stack's other blocks are",
+	CategoryCutForwardTemp:             "allocated in the forward the OOM cut short; its stack's other blocks were freed within the forward",
+	CategoryCutBackwardKept:            "allocated in the backward the OOM cut short, alive at the OOM as its stack's other blocks are",
+	CategoryCutBackwardFreed:           "allocated in the backward the OOM cut short; its stack's other blocks were freed within it",
+	CategoryCutGradient:                "allocated in the backward the OOM cut short, alive at the OOM, a parameter's size",
+	CategoryCutBackwardTemp:            "allocated in the backward the OOM cut short, alive at the OOM, no parameter's size",
+	CategoryCutOptimizerTemp:           "allocated in the optimizer step the OOM cut short, not the state's init",
 }
 
 // String says why, e.g. "allocated in forward, freed in backward".
@@ -100,6 +140,17 @@ var categoryOf = [...]snapshot.Category{
 	CategoryForwardLives:         snapshot.CategoryActivation,
 	CategoryRecorded:             snapshot.CategoryUnknown, // the block's own
 	CategoryNotRecorded:          snapshot.CategoryUnknown,
+
+	CategoryBeforeTrace:                snapshot.CategoryParameter,
+	CategoryBeforeTraceFreedInBackward: snapshot.CategoryActivation,
+	CategoryBeforeTraceFreedInZeroGrad: snapshot.CategoryGradient,
+	CategoryCutForwardSaved:            snapshot.CategoryActivation,
+	CategoryCutForwardTemp:             snapshot.CategoryTemporary,
+	CategoryCutBackwardKept:            snapshot.CategoryGradient,
+	CategoryCutBackwardFreed:           snapshot.CategoryAutogradDetail,
+	CategoryCutGradient:                snapshot.CategoryGradient,
+	CategoryCutBackwardTemp:            snapshot.CategoryAutogradDetail,
+	CategoryCutOptimizerTemp:           snapshot.CategoryTemporary,
 }
 
 // lifetime is one block's allocation and the request to free it.
@@ -110,30 +161,17 @@ type lifetime struct {
 
 // blocks gives every allocation its category and module.
 func (t *trace) blocks(bounds []Boundary) []BlockTag {
-	lives := t.lives
-	// Each iteration's first training allocation: what comes before it in the iteration is the batch.
-	firstTraining := make([]int, len(bounds))
-	for k, b := range bounds {
-		end := t.len()
-		if k+1 < len(bounds) {
-			end = bounds[k+1].Seq
-		}
-		firstTraining[k] = end
-		for i := b.Seq; i < end; i++ {
-			if t.training(t.at(i)) {
-				firstTraining[k] = i
-				break
-			}
-		}
-	}
-	iterAt := func(seq int) int { // index in bounds of the iteration holding seq, -1 before the first
-		return sort.Search(len(bounds), func(k int) bool { return bounds[k].Seq > seq }) - 1
-	}
-	out := make([]BlockTag, len(lives))
-	for j, l := range lives {
+	c := t.newCategorizer(bounds)
+	rules := make([]CategoryRule, len(t.lives))
+	for j, l := range t.lives {
 		e := t.at(l.alloc)
-		sf := t.facts(e)
-		r := t.rule(e, sf, l, bounds, firstTraining, iterAt)
+		rules[j] = c.rule(e, t.facts(e), l)
+	}
+	c.cutRules(rules)
+	out := make([]BlockTag, len(t.lives))
+	for j, l := range t.lives {
+		e := t.at(l.alloc)
+		r := rules[j]
 		if rec := t.origin.Recorded; rec != nil && r != CategoryFromFile {
 			switch {
 			case e.Category != snapshot.CategoryUnknown:
@@ -142,18 +180,59 @@ func (t *trace) blocks(bounds []Boundary) []BlockTag {
 				r = CategoryNotRecorded
 			}
 		}
-		c := categoryOf[r]
+		cat := categoryOf[r]
 		if r == CategoryFromFile || r == CategoryRecorded {
-			c = e.Category
+			cat = e.Category
 		}
-		out[j] = BlockTag{Seq: l.alloc, Category: c, Rule: r, Module: sf.module}
+		out[j] = BlockTag{Seq: l.alloc, Category: cat, Rule: r, Scope: Scope{Module: t.facts(e).module, Layer: noLayer}}
 	}
 	return out
 }
 
+// categorizer decides the blocks' categories from the iterations the trace holds.
+type categorizer struct {
+	t      *trace
+	bounds []Boundary
+	// firstTraining is each iteration's first training allocation: what comes before it in the iteration
+	// is the batch.
+	firstTraining []int
+	// end is where what the trace shows of the blocks' lives ends: the out-of-memory error it ends in
+	// (frees after it are the exception unwinding, not the program's), else the trace's end.
+	end int
+	// cut is the index in bounds of the iteration the OOM at end cut short, -1 when none did; cutPhase is
+	// the phase it was in.
+	cut      int
+	cutPhase snapshot.Phase
+}
+
+func (t *trace) newCategorizer(bounds []Boundary) *categorizer {
+	c := &categorizer{t: t, bounds: bounds, firstTraining: make([]int, len(bounds)), end: t.len(), cut: -1}
+	for k, b := range bounds {
+		end := t.len()
+		if k+1 < len(bounds) {
+			end = bounds[k+1].Seq
+		}
+		c.firstTraining[k] = end
+		for i := b.Seq; i < end; i++ {
+			if t.training(t.at(i)) {
+				c.firstTraining[k] = i
+				break
+			}
+		}
+	}
+	c.findCut()
+	return c
+}
+
+// iterAt returns the index in bounds of the iteration holding seq, -1 before the first.
+func (c *categorizer) iterAt(seq int) int {
+	return sort.Search(len(c.bounds), func(k int) bool { return c.bounds[k].Seq > seq }) - 1
+}
+
 // rule decides one block's category: from the file, then from frames that name what the block is, then
 // from the phase it was allocated in and the phase it was freed in.
-func (t *trace) rule(e *snapshot.Event, sf stackFacts, l lifetime, bounds []Boundary, firstTraining []int, iterAt func(int) int) CategoryRule {
+func (c *categorizer) rule(e *snapshot.Event, sf stackFacts, l lifetime) CategoryRule {
+	t, bounds := c.t, c.bounds
 	switch {
 	case t.origin.CategoriesRecorded:
 		return CategoryFromFile // the profiler's categories, unknown included, are the file's word
@@ -165,13 +244,18 @@ func (t *trace) rule(e *snapshot.Event, sf stackFacts, l lifetime, bounds []Boun
 		return CategoryAccumulateGradFrames
 	case sf.has(factParam):
 		return CategoryWeightFrames
-	}
-	if t.reconstructed(e) || len(bounds) == 0 {
-		// When it was allocated, and in what phase, is not known; or the trace is not training (no
-		// iterations), where forward, backward and step do not say what a block holds.
+	case len(bounds) == 0:
+		// Not training (no iterations): forward, backward and step do not say what a block holds.
 		return CategoryNoRule
+	case t.reconstructed(e):
+		return c.beforeTrace(l)
+	case c.cutShort(e, l):
+		return CategoryNoRule // cutRules decides, from what the other blocks' rules say
 	}
-	it := iterAt(l.alloc)
+	if c.alive(l) {
+		l.free = -1 // freed after the OOM the trace ends in, by the exception unwinding the step
+	}
+	it := c.iterAt(l.alloc)
 	if it < 0 {
 		if l.free < 0 || l.free >= bounds[0].Seq {
 			return CategoryBeforeTraining
@@ -180,7 +264,7 @@ func (t *trace) rule(e *snapshot.Event, sf stackFacts, l lifetime, bounds []Boun
 	}
 	// The free's phase, when it is in the same iteration.
 	var freePhase snapshot.Phase
-	same := l.free >= 0 && iterAt(l.free) == it
+	same := l.free >= 0 && c.iterAt(l.free) == it
 	if same {
 		freePhase = t.at(l.free).Phase
 	}
@@ -204,7 +288,7 @@ func (t *trace) rule(e *snapshot.Event, sf stackFacts, l lifetime, bounds []Boun
 		}
 		return CategoryForwardLives
 	case snapshot.PhaseNone, snapshot.PhaseData:
-		if it >= 0 && l.alloc < firstTraining[it] {
+		if it >= 0 && l.alloc < c.firstTraining[it] {
 			return CategoryBatch
 		}
 	}

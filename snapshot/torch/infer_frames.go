@@ -1,6 +1,8 @@
 package torch
 
 import (
+	"path"
+	"slices"
 	"strings"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -19,7 +21,7 @@ const (
 	// forward.
 	factModuleCall frameFact = 1 << iota
 	// factForward: a module's forward itself, where the runtime has no __call__ frame (workloads/nn's
-	// Forward, ForwardLoss and Loss methods).
+	// Forward, ForwardLoss, Loss and forward* methods).
 	factForward
 	// factBackward: the autograd engine, or the call that starts it (Tensor.backward, autograd.backward and
 	// grad): what allocates here is backward.
@@ -41,6 +43,13 @@ const (
 	factAMPCast
 	// factNative: compiled code (C, C++, or no file), which sits between a Python program's frames.
 	factNative
+	// factLibrary: code that wraps or implements modules but is not the model's own: torch.nn's own
+	// modules in the runtime (module.go), peft's tuner layers and PeftModel (and the runtime's lora.go),
+	// bitsandbytes' layers and autograd functions (linear4bit.go), accelerate's hooks, HF's checkpointing
+	// layer and decorators, torch.utils.checkpoint, torch.compile's frames and the code it generates,
+	// IPython, ipykernel and runpy. It is never a scope, and a module's forward is found through it: the
+	// caller of a forward that accelerate's new_forward wraps is still the module call.
+	factLibrary
 )
 
 // frameRule says what the frames it matches say.
@@ -64,7 +73,7 @@ var frameRules = []frameRule{
 	}},
 	{factForward, func(fn, _ string) bool {
 		m, ok := strings.CutPrefix(fn, goNN)
-		return ok && (strings.Contains(m, ").Forward") || strings.Contains(m, ").Loss"))
+		return ok && (strings.Contains(m, ").Forward") || strings.Contains(m, ").forward") || strings.Contains(m, ").Loss"))
 	}},
 	// Backward: the engine's C++ frames (autograd threads have no Python frames), or the Python call that
 	// runs it on the calling thread.
@@ -141,6 +150,70 @@ var frameRules = []frameRule{
 	{factAMPCast, func(fn, _ string) bool {
 		return strings.Contains(fn, "at::autocast::cached_cast") || fn == goTensor+"(*Runtime).cachedCast"
 	}},
+	{factLibrary, libraryFrame},
+}
+
+// libraryPackages are the Python packages, files and directories whose frames are library code around a
+// model's modules (factLibrary), as their frames name them: accelerate's hooks.py new_forward (which calls
+// module._old_forward), peft's BaseTuner.forward (tuners_utils.py, which calls self.model.forward),
+// PeftModel.forward (peft_model.py) and tuner layers (tuners/lora/layer.py, bnb.py), bitsandbytes'
+// Linear4bit.forward (nn/modules.py) and MatMul4Bit (autograd/_functions.py), HF's
+// GradientCheckpointingLayer.__call__ (modeling_layers.py), its layers that stand for torch.nn's (GPT-2's
+// Conv1D in pytorch_utils.py, the activations of activations.py), the decorators of transformers/utils
+// (can_return_tuple, check_model_inputs, deprecate_kwarg), and a notebook's kernel.
+var libraryPackages = []string{
+	"accelerate/", "peft/", "bitsandbytes/", "transformers/modeling_layers.py", "transformers/pytorch_utils.py",
+	"transformers/activations.py", "transformers/utils/", "transformers/integrations/", "IPython/", "ipykernel/",
+	"ipykernel_launcher.py", "runpy.py",
+}
+
+// torchLibrary are the files and directories of the torch package that run a module's forward for it
+// (torch.utils.checkpoint, torch.compile's eval frames, a custom autograd Function's apply, no_grad's
+// decorator) rather than being a module.
+var torchLibrary = []string{
+	"utils/checkpoint.py", "_dynamo/", "_compile.py", "_functorch/", "_inductor/", "autograd/function.py",
+	"utils/_contextlib.py",
+}
+
+// goLibrary are the runtime's files that mirror library code: torch.nn's modules, peft's LoRA layer and
+// bitsandbytes' 4-bit linear.
+var goLibrary = []string{"module.go", "lora.go", "linear4bit.go"}
+
+// libraryFrame reports whether a frame is library code around a model's modules (factLibrary).
+func libraryFrame(fn, file string) bool {
+	if strings.HasPrefix(fn, goNN) {
+		return slices.Contains(goLibrary, path.Base(strings.ReplaceAll(file, `\`, "/")))
+	}
+	for _, p := range torchLibrary {
+		if inTorch(file, p) {
+			return true
+		}
+	}
+	for _, p := range libraryPackages {
+		if inPackage(file, p) {
+			return true
+		}
+	}
+	// The code torch.compile generates (torchinductor_<user>/.../<hash>.py).
+	return strings.Contains(file, "torchinductor_")
+}
+
+// inPackage reports whether file is rel inside a Python installation (site-packages/accelerate/hooks.py for
+// "accelerate/", .../lib/python3.10/runpy.py for "runpy.py"), or is rel itself: rel must start at a path
+// element.
+func inPackage(file, rel string) bool {
+	file = strings.ReplaceAll(file, `\`, "/")
+	for i := strings.Index(file, rel); i >= 0; {
+		if i == 0 || file[i-1] == '/' {
+			return strings.HasSuffix(rel, "/") || len(file) == i+len(rel)
+		}
+		j := strings.Index(file[i+1:], rel)
+		if j < 0 {
+			return false
+		}
+		i += 1 + j
+	}
+	return false
 }
 
 // inTorch reports whether file is rel inside the torch package ("nn/modules/module.py"; a rel ending in /
@@ -202,9 +275,13 @@ func (e phaseEvidence) phase() (snapshot.Phase, bool) {
 type stackFacts struct {
 	phase phaseEvidence
 	facts frameFact // of all its frames
-	// module is the innermost frame of a module's forward outside the torch package (the forward of the
-	// user's module that called nn.Linear, not nn.Linear's), or the runtime's innermost module forward; 0
-	// when the stack shows none.
+	// modules are the frames of the modules' forwards the program wrote, innermost first: Python frames
+	// outside the torch package and the libraries around modules whose caller, the next frame out that is
+	// neither native nor such a library, is a module call (the forward of the user's module that called
+	// nn.Linear, not nn.Linear's), or the runtime's module forwards outside its mirrors of torch.nn, peft and
+	// bitsandbytes. Empty when the stack shows none.
+	modules []snapshot.FrameID
+	// module is modules[0], the block's scope; 0 when the stack shows none.
 	module snapshot.FrameID
 }
 
@@ -214,50 +291,56 @@ func (sf stackFacts) has(f frameFact) bool { return sf.facts&f != 0 }
 // readStacks reads what every stack of s says. Frames are read once each.
 func readStacks(s *snapshot.Snapshot) []stackFacts {
 	frames := make([]frameFact, len(s.Frames))
+	python := make([]bool, len(s.Frames)) // a Python frame of the program's own code: a module forward if called by one
 	for id := 1; id < len(s.Frames); id++ {
 		f := s.Frames[id]
-		frames[id] = factsOf(s.String(f.Function), s.String(f.File))
+		file := s.String(f.File)
+		frames[id] = factsOf(s.String(f.Function), file)
 		if s.NativeFrame(snapshot.FrameID(id)) {
 			frames[id] |= factNative
 		}
+		python[id] = strings.HasSuffix(file, ".py") && !snapshot.TorchFile(file)
 	}
 	out := make([]stackFacts, len(s.Stacks))
+	var modules moduleArena
 	for id := 1; id < len(s.Stacks); id++ {
-		out[id] = classify(s, s.Stacks[id], frames)
+		out[id] = classify(s.Stacks[id], frames, python, &modules)
 	}
 	return out
 }
 
-// moduleForward reports whether stack[0] is a module's forward the program wrote: the runtime's, or a Python
-// frame outside the torch package whose caller, the next Python frame out, is a module call.
-func moduleForward(s *snapshot.Snapshot, stack []snapshot.FrameID, frames []frameFact) bool {
-	f := frames[stack[0]]
-	if f&factForward != 0 {
-		return true
+// moduleArena holds the stacks' module frames in a few large chunks, not a slice per stack: a snapshot has
+// tens of thousands of stacks.
+type moduleArena struct {
+	chunk   []snapshot.FrameID
+	scratch []snapshot.FrameID
+}
+
+// keep returns a copy of ms held in the arena.
+func (a *moduleArena) keep(ms []snapshot.FrameID) []snapshot.FrameID {
+	if len(ms) == 0 {
+		return nil
 	}
-	if f&factModuleCall != 0 || snapshot.TorchFile(s.String(s.Frame(stack[0]).File)) {
-		return false
+	if cap(a.chunk)-len(a.chunk) < len(ms) {
+		a.chunk = make([]snapshot.FrameID, 0, max(4096, len(ms)))
 	}
-	for _, id := range stack[1:] {
-		if int(id) < len(frames) && frames[id]&factNative == 0 {
-			return frames[id]&factModuleCall != 0
-		}
-	}
-	return false
+	start := len(a.chunk)
+	a.chunk = append(a.chunk, ms...)
+	return a.chunk[start:len(a.chunk):len(a.chunk)]
 }
 
 // classify reads a stack innermost first. The first frame that names a phase other than forward decides it,
 // so an optimizer's closure that calls backward() counts as backward; a module call names forward only when
 // nothing else on the stack names a phase: a checkpoint recomputes modules inside backward, and an optimizer
 // may call one.
-func classify(s *snapshot.Snapshot, stack []snapshot.FrameID, frames []frameFact) stackFacts {
+func classify(stack []snapshot.FrameID, frames []frameFact, python []bool, modules *moduleArena) stackFacts {
 	var sf stackFacts
 	if len(stack) == 0 {
 		return sf
 	}
 	sf.phase = evidenceOther
 	decided, forward := false, false
-	for i, id := range stack {
+	for _, id := range stack {
 		if int(id) >= len(frames) {
 			continue
 		}
@@ -277,12 +360,40 @@ func classify(s *snapshot.Snapshot, stack []snapshot.FrameID, frames []frameFact
 				forward = true
 			}
 		}
-		if sf.module == 0 && f&factNative == 0 && moduleForward(s, stack[i:], frames) {
-			sf.module = id
-		}
 	}
 	if !decided && forward {
 		sf.phase = evidenceForward
 	}
+	modules.scratch = moduleForwards(modules.scratch[:0], stack, frames, python)
+	sf.modules = modules.keep(modules.scratch)
+	if len(sf.modules) > 0 {
+		sf.module = sf.modules[0]
+	}
 	return sf
+}
+
+// moduleForwards appends to out the frames of stack that are forwards of the program's own modules,
+// innermost first (stackFacts.modules). It reads the stack from its outermost frame in, keeping the nearest frame out of
+// each that is neither native nor library code: a Python frame is a module's forward when that frame is a
+// module call.
+func moduleForwards(out, stack []snapshot.FrameID, frames []frameFact, python []bool) []snapshot.FrameID {
+	caller := frameFact(0) // the facts of the nearest frame out that is neither native nor library code
+	for i := len(stack) - 1; i >= 0; i-- {
+		id := stack[i]
+		if int(id) >= len(frames) {
+			continue
+		}
+		f := frames[id]
+		switch {
+		case f&factLibrary != 0:
+			continue
+		case f&factForward != 0 || python[id] && f&(factModuleCall|factNative) == 0 && caller&factModuleCall != 0:
+			out = append(out, id)
+		}
+		if f&factNative == 0 {
+			caller = f
+		}
+	}
+	slices.Reverse(out)
+	return out
 }

@@ -27,6 +27,10 @@ const (
 	// IterationsRecorded: oomdbg record marked them, from the job's own hooks (recorded.go); the most
 	// certain source, tried first.
 	IterationsRecorded
+	// IterationsPartial: the trace holds one training iteration cut short before any optimizer step: a
+	// forward and its backward (a notebook that records one step), or a forward that ran out of memory (the
+	// OOM observer's dump). It is iteration 0, from its first forward allocation.
+	IterationsPartial
 )
 
 var iterationSourceNames = [...]string{
@@ -37,6 +41,7 @@ var iterationSourceNames = [...]string{
 	IterationsForwardBackward:  "from forward following backward",
 	IterationsPeriodic:         "from the trace's repeating allocations",
 	IterationsRecorded:         "recorded by oomdbg record",
+	IterationsPartial:          "one iteration, cut short before its optimizer step",
 }
 
 // String says where the iterations come from, e.g. "from Optimizer.step regions".
@@ -62,12 +67,19 @@ func (t *trace) iterations() (IterationSource, []Boundary) {
 		}
 		return src, t.boundaries(ends)
 	}
-	if starts := t.forwardAfterBackward(); len(starts) > 1 {
+	starts := t.forwardAfterBackward()
+	if len(starts) > 1 {
 		b := make([]Boundary, len(starts))
 		for k, s := range starts {
 			b[k] = Boundary{Seq: t.scanBack(s, 0), Iteration: int32(k)}
 		}
 		return IterationsForwardBackward, b
+	}
+	if len(starts) == 0 {
+		starts = t.forwardOutOfMemory()
+	}
+	if len(starts) == 1 {
+		return IterationsPartial, []Boundary{{Seq: t.scanBack(starts[0], 0), Iteration: 0}}
 	}
 	if b := t.periodic(); len(b) > 0 {
 		return IterationsPeriodic, b
@@ -75,10 +87,38 @@ func (t *trace) iterations() (IterationSource, []Boundary) {
 	return IterationsNone, nil
 }
 
-// marked returns the iterations the snapshot's iteration markers begin (the import's ProfilerStep#N).
-func (t *trace) marked() []Boundary {
-	var b []Boundary
+// forwardOutOfMemory returns the first forward allocation of a trace that runs out of memory in forward
+// with no backward before it: a training step the OOM observer dumped in its first forward. An evaluation
+// that runs out of memory looks the same; a trace cannot tell them apart, and the first is what a user
+// brings. nil for any other trace.
+func (t *trace) forwardOutOfMemory() []int {
+	first := -1
 	for i := range t.len() {
+		e := t.at(i)
+		switch {
+		case t.allocation(e) && e.Phase == snapshot.PhaseForward && first < 0:
+			first = i
+		case t.allocation(e) && (e.Phase == snapshot.PhaseBackward || e.Phase == snapshot.PhaseRecompute || stepping(e)):
+			return nil
+		case e.Action == snapshot.ActionOOM && first >= 0 && e.Phase == snapshot.PhaseForward:
+			return []int{first}
+		}
+	}
+	return nil
+}
+
+// marked returns the iterations the snapshot's iteration markers begin (the import's ProfilerStep#N). A
+// marker after the trace's last entry begins nothing: a snapshot without time_us places its regions after
+// every entry (an export of a snapshot PyTorch recorded without times carries its iterations so).
+func (t *trace) marked() []Boundary {
+	last := -1
+	for i := range t.len() {
+		if !marker(t.at(i).Action) {
+			last = i
+		}
+	}
+	var b []Boundary
+	for i := range last {
 		if e := t.at(i); e.Action == snapshot.ActionIteration && e.Iteration >= 0 {
 			b = append(b, Boundary{Seq: i, Iteration: e.Iteration})
 		}
@@ -180,7 +220,8 @@ func (t *trace) boundaries(ends []int) []Boundary {
 }
 
 // scanBack moves a boundary at event i back over the allocations before it that no frames or phase place,
-// as far as floor: they are the batch of the iteration that begins there. Markers and annotations just
+// and whose category the file does not give as other than the batch's, as far as floor: they are the batch
+// of the iteration that begins there. Markers and annotations just
 // before the boundary move with it.
 func (t *trace) scanBack(i, floor int) int {
 	for i > floor {
@@ -194,8 +235,9 @@ func (t *trace) scanBack(i, floor int) int {
 		default:
 			return i
 		}
-		if t.reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) {
-			return i
+		if t.reconstructed(e) || e.Phase != snapshot.PhaseNone || t.facts(e).has(factParam) ||
+			e.Category != snapshot.CategoryUnknown && e.Category != snapshot.CategoryInput {
+			return i // placed, a weight, or something the file says is not the batch
 		}
 		i--
 	}

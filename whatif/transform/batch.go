@@ -51,9 +51,18 @@ type batchRule struct {
 }
 
 func newBatchRule(t *trace, bs map[uint64]*block) batchRule {
+	params := map[int64]bool{}
+	for _, b := range bs {
+		if b.has(snapshot.CategoryParameter) {
+			params[b.size] = true
+		}
+	}
 	r := batchRule{gradSizes: map[int64]bool{}}
 	for _, b := range bs {
-		if b.gradAt >= 0 {
+		// A parameter's gradient has the parameter's size. A gradient of no parameter's size is an input's
+		// that requires grad (peft's enable_input_require_grads makes the embeddings' output one): it has
+		// the batch's shape, and backward allocations of its size scale.
+		if b.gradAt >= 0 && (len(params) == 0 || params[b.size]) {
 			r.gradSizes[b.size] = true
 		}
 	}

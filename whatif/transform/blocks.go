@@ -103,8 +103,11 @@ const (
 // op, and it leads the backward pass, where the earliest stretch would give each block's backward the
 // next block's last op. Each repetition is a block: its span runs from its first allocation to the event
 // before the next repetition's (or the pass's next allocation). It returns the blocks in order, the pass's
-// end and the period.
-func (t *trace) repeatedBlocks(start int, last bool) ([]span, int, int) {
+// end and the period. A backward pass asked for want blocks (0: any) that finds one fewer, with allocations
+// after the repeated stretch, takes those for the last block's backward, which is the first block's: a
+// first block whose input needs no gradient (the embeddings of a frozen model under LoRA) computes none,
+// so its backward is shorter than the others' and does not repeat them.
+func (t *trace) repeatedBlocks(start int, last bool, want int) ([]span, int, int) {
 	var seqs []int
 	var toks []allocKey
 	i := start + 1
@@ -139,6 +142,9 @@ func (t *trace) repeatedBlocks(start int, last bool) ([]span, int, int) {
 			last = seqs[k+period] - 1
 		}
 		blocks = append(blocks, span{seqs[k], last})
+	}
+	if rest := from + full; last && full/period == want-1 && rest < n {
+		blocks = append(blocks, span{seqs[rest], end - 1})
 	}
 	return blocks, end, period
 }

@@ -187,7 +187,7 @@ func (k *checkpointer) forward(start int) (map[int]span, int, int) {
 		spans, end := k.t.passBlocks(start, k.blockOf)
 		return spans, end, k.count
 	}
-	all, end, period := k.t.repeatedBlocks(start, false)
+	all, end, period := k.t.repeatedBlocks(start, false, 0)
 	spans := map[int]span{}
 	for n, s := range all {
 		if k.chosen(n) {
@@ -208,7 +208,7 @@ func (k *checkpointer) backward(start, n int) (map[int]span, error) {
 		spans, _ := k.t.passBlocks(start, k.blockOf)
 		return spans, nil
 	}
-	all, _, _ := k.t.repeatedBlocks(start, true)
+	all, _, _ := k.t.repeatedBlocks(start, true, n)
 	if len(all) != n {
 		return nil, &MissingTagsError{k.name, fmt.Sprintf("repeated blocks (found %d in a forward pass and %d "+
 			"in its backward by the repetition of their allocations; scopes such as transformer.h.<i> "+
