@@ -187,6 +187,10 @@ func (c *Config) validateStacks() error {
 		return fmt.Errorf("loss %s never makes the whole logits: the loop cannot keep them (--logits drop)", c.Loss)
 	case c.Load == LoadHF && !c.HF():
 		return fmt.Errorf("load hf loads a Hugging Face model (llama, bert)")
+	case c.Tied && c.LoRA > 0 && c.LoRATargets&(target(nn.TargetLMHead)|target(nn.TargetEmbed)) != 0:
+		return fmt.Errorf("lora on lm_head or the embeddings of a model whose lm_head is tied to them is not modelled")
+	case c.Loss.Kind != 0 && c.LoRA > 0 && c.LoRATargets&target(nn.TargetLMHead) != 0:
+		return fmt.Errorf("loss %s with lora on lm_head is not modelled", c.Loss)
 	}
 	return nil
 }
@@ -233,3 +237,6 @@ func (c *Config) adapterDType() tensor.DType {
 	}
 	return c.Weights.dtype()
 }
+
+// target is the set of the one projection named p.
+func target(p string) LoRATargets { return 1 << indexOf(nn.LoRAProjections, p) }
