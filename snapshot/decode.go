@@ -149,7 +149,7 @@ func (m *model) decodeContext(e, prev *Event, flags uint64, fc *cursor) error {
 	if flags&flagPhase != 0 {
 		p := Phase(fc.byte())
 		it := int64(prev.Iteration) + fc.varint()
-		if !p.Valid() || it != int64(int32(it)) {
+		if !p.Valid() || m.lastPhase != PhaseNone && p > m.lastPhase || it != int64(int32(it)) {
 			return corruptf("event %d: invalid phase %d or iteration %d", m.events, p, it)
 		}
 		e.Phase, e.Iteration = p, int32(it)

@@ -78,6 +78,8 @@ type model struct {
 	ring   []blockRef        // allocated on the first alloc
 	allocs uint64            // allocs so far: the ring's write position
 	events uint64            // events so far: the next Seq
+	// lastPhase is the last phase the file's version defines (the zero value is read as the newest's).
+	lastPhase Phase
 }
 
 // ringRef returns the alloc d allocs back (1 is the latest), or false if the ring does not hold it.

@@ -81,7 +81,7 @@ func ParseAction(s string) (Action, bool) {
 // Phase is the part of a training iteration an allocation happened in.
 type Phase uint8
 
-// The phases, in the order they usually occur.
+// The phases, in the order they usually occur (but load, which comes first).
 const (
 	PhaseNone      Phase = iota // not tagged (e.g. imported traces without markers)
 	PhaseSetup                  // model construction, weights to device
@@ -92,10 +92,14 @@ const (
 	PhaseOptimizer              // optimizer.step
 	PhaseZeroGrad               // zero_grad
 	PhaseEval                   // evaluation passes
+	PhaseLoad                   // the model loaded onto the device (from_pretrained), before setup
 	numPhases
 )
 
-var phaseNames = [...]string{"none", "setup", "data", "forward", "backward", "recompute", "optimizer", "zero_grad", "eval"}
+// The phases' values are stored in files, so a new phase is added at the end, whatever order it occurs in:
+// load, the first of a run, is the last value (format version 2).
+
+var phaseNames = [...]string{"none", "setup", "data", "forward", "backward", "recompute", "optimizer", "zero_grad", "eval", "load"}
 
 // NumPhases is one past the largest valid Phase.
 const NumPhases = int(numPhases)

@@ -10,8 +10,12 @@ const (
 	// Magic starts every snapshot. The high first byte marks it as binary; the final newline catches
 	// line-ending conversion.
 	Magic = "\x89OOMDBG\n"
-	// Version is the format version this package writes and the newest it reads.
-	Version = 1
+	// Version is the format version this package writes and the newest it reads. Version 2 is version 1 with
+	// one more phase, load; a reader reads both, and a version-1 file with a load phase is corrupt.
+	Version = 2
+
+	// lastPhaseV1 is the last phase version 1 defines.
+	lastPhaseV1 = PhaseEval
 
 	fileHeaderSize  = 16 // magic, version, flags, metadata length
 	chunkHeaderSize = 24 // kind, codec, reserved, stored length, decoded length, events, payload CRC, header CRC

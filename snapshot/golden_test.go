@@ -2,6 +2,9 @@ package snapshot_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/snapshottest"
 )
 
 // goldenFile is the small fixed snapshot whose bytes the golden files pin: every action, every address mode,
@@ -53,5 +57,30 @@ func TestReadVersion1(t *testing.T) {
 	}
 	if got := s.Frame(s.Stack(s.Events.At(3).Stack)[1]); s.String(got.Function) != "github.com/oomdbg/oomdbg/workloads/nn.(*Linear).Forward" || got.Line != 44 {
 		t.Errorf("outer frame of event 3's stack = %+v", got)
+	}
+}
+
+// TestLoadPhaseIsVersion2 reads a load phase marker from a version-2 file, and refuses the same bytes
+// labelled version 1, which defines no load phase (docs/format.md §10).
+func TestLoadPhaseIsVersion2(t *testing.T) {
+	data, _ := encode(t, func(s snapshottest.Sink) []snapshot.Event {
+		return []snapshot.Event{
+			emit(s, snapshot.Event{Action: snapshot.ActionPhase, Phase: snapshot.PhaseLoad, Iteration: -1}),
+			emit(s, snapshot.Event{Action: snapshot.ActionAlloc, Addr: 1 << 20, Size: 512, BlockSize: 512, Phase: snapshot.PhaseLoad, Iteration: -1}),
+		}
+	}, nil)
+	s := readAll(t, data)
+	if got := s.Events.At(1).Phase; got != snapshot.PhaseLoad || got.String() != "load" {
+		t.Fatalf("phase %v", got)
+	}
+	if p, ok := snapshot.ParsePhase("load"); !ok || p != snapshot.PhaseLoad {
+		t.Errorf("ParsePhase(load) = %v, %v", p, ok)
+	}
+	v1 := bytes.Clone(data)
+	v1[8] = 1
+	n := int(binary.LittleEndian.Uint32(v1[12:]))
+	binary.LittleEndian.PutUint32(v1[16+n:], crc32.Checksum(v1[:16+n], crc32.MakeTable(crc32.Castagnoli)))
+	if _, err := snapshot.Read(bytes.NewReader(v1)); !errors.Is(err, snapshot.ErrCorrupt) {
+		t.Errorf("a load phase in a version-1 file: err = %v, want ErrCorrupt", err)
 	}
 }

@@ -36,7 +36,7 @@ func TestNotSnapshot(t *testing.T) {
 }
 
 func TestUnsupportedVersion(t *testing.T) {
-	future := file(fileHeader(2, []byte(`{"tool":"oomdbg 9"}`)), endChunk())
+	future := file(fileHeader(snapshot.Version+1, []byte(`{"tool":"oomdbg 9"}`)), endChunk())
 	flags := validHeader()
 	flags[10] = 1
 	for name, data := range map[string][]byte{"future": future, "zero": fileHeader(0, []byte("{}")), "header flags": flags} {

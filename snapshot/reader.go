@@ -102,8 +102,13 @@ func (r *Reader) readHeader() error {
 	if err != nil {
 		return r.headerReadError(op, int64(n), err)
 	}
-	if v := binary.LittleEndian.Uint16(h[8:]); v != Version {
-		return &DecodeError{Offset: 8, Op: op, Err: fmt.Errorf("%w: version %d (this reader knows version %d)", ErrUnsupportedVersion, v, Version)}
+	v := binary.LittleEndian.Uint16(h[8:])
+	if v == 0 || v > Version {
+		return &DecodeError{Offset: 8, Op: op, Err: fmt.Errorf("%w: version %d (this reader knows versions 1 to %d)", ErrUnsupportedVersion, v, Version)}
+	}
+	r.model.lastPhase = numPhases - 1
+	if v == 1 {
+		r.model.lastPhase = lastPhaseV1
 	}
 	if f := binary.LittleEndian.Uint16(h[10:]); f != 0 {
 		return &DecodeError{Offset: 10, Op: op, Err: fmt.Errorf("%w: unknown header flags %#x", ErrUnsupportedVersion, f)}

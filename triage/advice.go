@@ -172,6 +172,9 @@ func advise(ctx context.Context, s *snapshot.Snapshot, d *onDevice, r *Report, m
 	if ms == nil || err != nil || len(ms.Rows) == 0 {
 		advice = append(advice, estimates(c, why)...)
 	}
+	if a, ok := loadAdvice(r); ok {
+		advice = append(advice, a)
+	}
 	// Allocator settings, empty_cache and the data's shapes: measured over the run when the workload was
 	// re-run, else replayed up to the OOM when there is one; both are ranked among themselves
 	// (settingsAdvice, replayAdvice) and come first when the OOM was fragmentation's. Else expandable
@@ -318,4 +321,26 @@ func estimates(c composition, why map[string]string) []Advice {
 	add("batch / 4, accumulate 4", (c.activations+c.inputs)*3/4, "batch")
 	add("SGD instead of Adam", c.optimizer, "SGD")
 	return out
+}
+
+// loadAdvice is the fix for a peak set while the model was loaded (the load phase: from_pretrained puts each
+// weight on the device in the checkpoint's dtype and quantizes a 4-bit one there): a checkpoint stored
+// already quantized loads as it is stored. Its saving is the peak less the highest of every other phase.
+func loadAdvice(r *Report) (Advice, bool) {
+	if r.Peak.Phase != snapshot.PhaseLoad.String() {
+		return Advice{}, false
+	}
+	var rest int64
+	for _, it := range r.Iterations {
+		for _, p := range it.Phases {
+			if p.Name != snapshot.PhaseLoad.String() {
+				rest = max(rest, p.PeakAllocated)
+			}
+		}
+	}
+	if rest >= r.Peak.Allocated {
+		return Advice{}, false
+	}
+	return Advice{Fix: "load a checkpoint already quantized", Saving: r.Peak.Allocated - rest, Metric: "allocated",
+		Why: "the peak is set while the model is loaded, each weight on the device in 16 bits while it is quantized; a checkpoint stored quantized (a -bnb-4bit repository) loads as it is stored (oomdbg run --load none)"}, true
 }

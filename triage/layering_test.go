@@ -33,19 +33,22 @@ var layers = map[string][]string{
 	// --max-memory: what this machine gives a command, as a load budget.
 	"internal/hostmem": {"snapshot/load", "snapshot", "snapshot/torch", "internal/"},
 	// The words of the knobs a user turns, spoken by every layer.
-	"knob":                  {"internal/words"},
-	"snapshot":              {"internal/torchrules"},
-	"snapshot/timeline":     {"snapshot", "internal/addrmap", "internal/torchrules"},
-	"snapshot/torch":        {"snapshot", "internal/pickle", "internal/periodic", "internal/torchrules"},
-	"snapshot/load":         {"snapshot", "snapshot/torch", "internal/pickle", "internal/periodic", "internal/torchrules", "internal/units"},
-	"snapshot/export":       {"knob", "snapshot", "snapshot/timeline", "internal/"},
-	"snapshot/snapshottest": {"snapshot", "internal/torchrules"},
-	"tracer":                {"snapshot", "internal/torchrules"},
-	"tracer/nvml":           {"internal/nvmlib", "internal/units"},
-	"leaks":                 {"snapshot", "snapshot/timeline", "internal/addrmap", "internal/torchrules", "internal/units"},
-	"triage":                {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/headroom", "internal/torchrules", "internal/units"},
-	"allocator":             {"internal/torchrules"},
-	"allocator/replay":      {"allocator", "snapshot", "snapshot/torch", "internal/"},
+	"knob": {"internal/words"},
+	// The library versions a run assumes and what each release changed, consulted by the runtime.
+	"versions":                 nil,
+	"versions/internal/gendoc": {"versions"},
+	"snapshot":                 {"internal/torchrules"},
+	"snapshot/timeline":        {"snapshot", "internal/addrmap", "internal/torchrules"},
+	"snapshot/torch":           {"snapshot", "internal/pickle", "internal/periodic", "internal/torchrules"},
+	"snapshot/load":            {"snapshot", "snapshot/torch", "internal/pickle", "internal/periodic", "internal/torchrules", "internal/units"},
+	"snapshot/export":          {"knob", "snapshot", "snapshot/timeline", "internal/"},
+	"snapshot/snapshottest":    {"snapshot", "internal/torchrules"},
+	"tracer":                   {"snapshot", "internal/torchrules"},
+	"tracer/nvml":              {"internal/nvmlib", "internal/units"},
+	"leaks":                    {"snapshot", "snapshot/timeline", "internal/addrmap", "internal/torchrules", "internal/units"},
+	"triage":                   {"snapshot", "snapshot/timeline", "leaks", "internal/addrmap", "internal/headroom", "internal/torchrules", "internal/units"},
+	"allocator":                {"internal/torchrules"},
+	"allocator/replay":         {"allocator", "snapshot", "snapshot/torch", "internal/"},
 	// A fix on a trace: the trace transformed, then replayed.
 	"whatif/transform": {"knob", "snapshot", "internal/"},
 	"whatif":           {"knob", "whatif/transform", "allocator/replay", "allocator", "snapshot", "snapshot/torch", "internal/"},
@@ -53,26 +56,26 @@ var layers = map[string][]string{
 	"workloads":        nil,
 	"workloads/device": {"allocator", "internal/torchrules"},
 	// The runtime tags what it allocates with snapshot's vocabulary (phases, categories).
-	"workloads/tensor": {"workloads/device", "allocator", "snapshot", "internal/torchrules"},
-	"workloads/nn":     {"workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/torchrules"},
-	"workloads/optim":  {"knob", "workloads/nn", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
+	"workloads/tensor": {"versions", "workloads/device", "allocator", "snapshot", "internal/torchrules"},
+	"workloads/nn":     {"versions", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/torchrules"},
+	"workloads/optim":  {"knob", "versions", "workloads/nn", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
 	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
-	"workloads/dist":  {"knob", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
-	"workloads/train": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
-	"leaks/leakstest": {"knob", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
-	"tui":             {"knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
+	"workloads/dist":  {"knob", "versions", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
+	"workloads/train": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"leaks/leakstest": {"knob", "versions", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
+	"tui":             {"knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// Drives the TUI's model in tests, as a user types.
-	"tui/tuitest": {"tui", "knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
+	"tui/tuitest": {"tui", "knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.
-	"fit": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"fit": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The runtime behind the TUI and the report: it serves the TUI's Backend and triage's Measurer and
 	// Replayer with the workloads, the planner and the allocator's replay.
-	"internal/backend": {"tui", "fit", "triage", "leaks", "knob", "snapshot", "snapshot/", "tracer", "tracer/", "workloads/",
+	"internal/backend": {"tui", "fit", "triage", "leaks", "knob", "versions", "snapshot", "snapshot/", "tracer", "tracer/", "workloads/",
 		"allocator", "allocator/", "whatif", "whatif/", "internal/"},
 	// The tables of oomdbg fixes and oomdbg bugs: workloads re-run, and checked as oomdbg check checks them.
-	"internal/fixes": {"knob", "triage", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
+	"internal/fixes": {"knob", "versions", "triage", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
 	// What the commands do beyond their flags: everything but the TUI and the command line itself.
-	"internal/app": {"knob", "snapshot", "snapshot/", "triage", "leaks", "tracer", "tracer/nvml", "workloads/", "allocator", "allocator/", "whatif", "whatif/", "internal/"},
+	"internal/app": {"knob", "versions", "snapshot", "snapshot/", "triage", "leaks", "tracer", "tracer/nvml", "workloads/", "allocator", "allocator/", "whatif", "whatif/", "internal/"},
 	"cmd/oomdbg":   {""},
 	// A config.json reader: a workload's shape, nothing of the runtime.
 	"workloads/nn/hfconfig": nil,

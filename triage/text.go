@@ -277,8 +277,8 @@ func Where(iteration int32, phase snapshot.Phase) string {
 		return "no phase markers"
 	case phase == snapshot.PhaseNone:
 		return fmt.Sprintf("iteration %d", iteration)
-	case iteration < 0 && phase == snapshot.PhaseSetup:
-		return "setup"
+	case iteration < 0 && (phase == snapshot.PhaseSetup || phase == snapshot.PhaseLoad):
+		return phase.String()
 	case iteration < 0:
 		return phase.String() + ", outside any iteration"
 	}

@@ -55,6 +55,7 @@ func DefaultStyles(p colorprofile.Profile) Styles {
 	phase := map[snapshot.Phase]string{
 		snapshot.PhaseSetup: "245", snapshot.PhaseData: "250", snapshot.PhaseForward: "33", snapshot.PhaseBackward: "166",
 		snapshot.PhaseRecompute: "172", snapshot.PhaseOptimizer: "135", snapshot.PhaseZeroGrad: "244", snapshot.PhaseEval: "71",
+		snapshot.PhaseLoad: "94",
 	}
 	for p, col := range phase {
 		s.Phase[p] = plain.Foreground(c("15")).Background(c(col))
@@ -72,7 +73,7 @@ func DefaultStyles(p colorprofile.Profile) Styles {
 }
 
 // phaseLetter is the one-character name of a phase on the band under the timeline.
-var phaseLetter = [snapshot.NumPhases]byte{'.', 's', 'd', 'F', 'B', 'R', 'O', 'z', 'e'}
+var phaseLetter = [snapshot.NumPhases]byte{'.', 's', 'd', 'F', 'B', 'R', 'O', 'z', 'e', 'L'}
 
 // styleID names a style for runs of cells: drawing a run of equal cells is one Render, not one per cell.
 type styleID int

@@ -4,6 +4,7 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/versions"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
@@ -59,7 +61,8 @@ func parseLimit(s string) (int64, error) {
 
 // addGPUMemFlag adds --gpu-mem to view and report: the GPU's memory, for a snapshot that does not record it.
 func addGPUMemFlag(f *pflag.FlagSet, v *uint64) {
-	f.Var(sizeFlag{v}, "gpu-mem", "the GPU's memory where the snapshot does not record it (PyTorch's), e.g. 24GiB (binary units)")
+	f.Var(sizeFlag{v}, "gpu-mem", "the GPU's memory where the snapshot does not record it (PyTorch's), e.g. 24GiB (binary units) (default: the snapshot's own)")
+	f.Lookup("gpu-mem").DefValue = "" // none: the snapshot's capacity, not "0B"
 }
 
 // textFlag is a pflag.Value for the settings a Config parses from words (knob.AMP, knob.Checkpoint,
@@ -163,6 +166,7 @@ type configFlags struct {
 	// whose default, given's, the command sets whatever the model (bugs' 8 steps).
 	defaultPreset string
 	owned         map[string]bool
+	versionsFrom  *versions.Set // --versions-from's releases, when given
 }
 
 // presetValue is --preset: it belongs to the configFlags it sets, which is how a test finds them.
@@ -237,6 +241,17 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "lora-dropout", func(c *cfg) *float32 { return &c.LoRADropout }, "llama: LoRA dropout")
 	field(f, "lora-targets", func(c *cfg) *train.LoRATargets { return &c.LoRATargets }, "llama, bert: projections adapted, some of q,k,v,o,gate,up,down (Phi-3: qkv,o,gate_up,down; none: peft's default for the model, q,v)")
 	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
+	field(f, "qlora-double-quant", func(c *cfg) *train.Toggle { return &c.QLoRADoubleQuant }, "llama: quantize QLoRA's absmax values again (bnb_4bit_use_double_quant; default true)")
+	field(f, "qlora-storage", func(c *cfg) *train.QuantStorage { return &c.QLoRAStorage }, "llama: the dtype QLoRA's packed weights are stored in (bnb_4bit_quant_storage): uint8, bf16 or f32")
+	field(f, "kbit-prep", func(c *cfg) *train.Toggle { return &c.KbitPrep }, "llama: peft's prepare_model_for_kbit_training, which upcasts the 16-bit parameters that are not 4-bit (norms, embeddings, lm_head) to float32 (default: true with --qlora)")
+	field(f, "lora-dtype", func(c *cfg) *train.AdapterDType { return &c.LoRADType }, "llama: the LoRA weights' dtype: peft (float32 from peft 0.12, the base's dtype before), f32 or bf16 (torchtune's)")
+	field(f, "loss", func(c *cfg) *train.LossSetting { return &c.Loss }, "llama: the loss: full (lm_head over every position, the causal-LM loss of --versions' transformers), chunked:T (torchtune's chunked output and cross-entropy, T tokens a chunk) or fused-linear-ce (Liger's, the logits never whole)")
+	field(f, "load", func(c *cfg) *train.Load { return &c.Load }, "llama, bert: how the model reaches the device: none (made there in its final form) or hf (from_pretrained as its own phase: each weight in the checkpoint's dtype, 4-bit ones quantized on the device)")
+	field(f, "versions", func(c *cfg) *versions.Set { return &c.Versions }, "the library releases the run assumes, any of torch, transformers, bitsandbytes, peft, accelerate: e.g. torch=2.3.1,bitsandbytes=0.42.0 (docs/versions.md; default: "+versions.Set{}.Describe()+")")
+	for _, name := range []string{"qlora-double-quant", "kbit-prep"} {
+		fs.Lookup(name).NoOptDefVal = "true"
+	}
+	fs.Var(requirementsFlag{&f.versionsFrom}, "versions-from", "read the library releases from a pip freeze (name==version lines); --versions overrides them")
 	field(f, "routing", func(c *cfg) *train.Routing { return &c.Routing }, "mixture of experts: the experts each token goes to on the meta and cuda devices: uniform, skewed:ALPHA (Zipf: an expert's share falls as 1/rank^ALPHA) or file:PATH (a line of each expert's load per layer)")
 	field(f, "router-aux-loss", func(c *cfg) *float32 { return &c.Family.RouterAuxLoss }, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
 	field(f, "task", func(c *cfg) *train.Task { return &c.Task }, "bert: mlm (BertForMaskedLM) or classify (BertForSequenceClassification)")
@@ -382,6 +397,13 @@ func (f *configFlags) config() (train.Config, error) {
 			copyField(&cfg)
 		}
 	})
+	if from := f.versionsFrom; from != nil { // --versions overrides what the file says
+		for _, l := range versions.Libraries {
+			if from.Given(l) && !cfg.Versions.Given(l) {
+				cfg.Versions = cfg.Versions.With(l, from.Of(l))
+			}
+		}
+	}
 	if p := &cfg.Parallel; p.GPUs > 1 && p.Strategy == dist.Single {
 		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
 	}
@@ -439,3 +461,25 @@ func modelOf(f *configFlags) string {
 	}
 	return f.base.Model
 }
+
+// requirementsFlag is --versions-from: a pip freeze, read once when the flag is set (so a FIFO or
+// /dev/stdin works), at most versions.MaxRequirements bytes.
+type requirementsFlag struct{ v **versions.Set }
+
+func (f requirementsFlag) String() string { return "" }
+
+func (f requirementsFlag) Set(path string) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	s, err := versions.ParseRequirements(file)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	*f.v = &s
+	return nil
+}
+
+func (requirementsFlag) Type() string { return "file" }

@@ -24,7 +24,8 @@ func TestGPUMemOnPyTorchSnapshot(t *testing.T) {
 		t.Fatalf("export: exit %d: %s", code, stderr)
 	}
 	code, out, stderr := runCmd("report", native, "--format", "json")
-	if code != exitOK {
+	if code != exitProblem { // an OOM is a problem found: exit 1
+
 		t.Fatalf("report: exit %d: %s", code, stderr)
 	}
 	var rec struct {
@@ -47,11 +48,11 @@ func TestGPUMemOnPyTorchSnapshot(t *testing.T) {
 	gpuMem := units.FormatSizeExact(uint64(capacity))
 
 	code, text, stderr := runCmd("report", exported)
-	if code != exitOK || !strings.Contains(text, "cuda:0: capacity not recorded") || strings.Contains(text, total) {
+	if code != exitProblem || !strings.Contains(text, "cuda:0: capacity not recorded") || strings.Contains(text, total) {
 		t.Fatalf("without --gpu-mem: exit %d, %s\n%s", code, stderr, text)
 	}
 	code, text, stderr = runCmd("report", exported, "--gpu-mem", gpuMem)
-	if code != exitOK {
+	if code != exitProblem {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"cuda:0: " + units.FormatSize(capacity) + " (given with --gpu-mem, not recorded)", total,
@@ -61,7 +62,7 @@ func TestGPUMemOnPyTorchSnapshot(t *testing.T) {
 		}
 	}
 	code, out, stderr = runCmd("report", exported, "--gpu-mem", gpuMem, "--format", "json")
-	if code != exitOK {
+	if code != exitProblem {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	if err := validate(loadSchemaFile(t, "report-json.schema.json", ""), []byte(out)); err != nil {

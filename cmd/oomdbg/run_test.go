@@ -27,6 +27,9 @@ func TestRunCommand(t *testing.T) {
 	os.WriteFile(loads, []byte("8 1 1 1 1 1 1 1\n"), 0o644)
 	os.WriteFile(broken, []byte(`{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": -3`), 0o644)
 	smollm := filepath.Join("..", "..", "workloads", "nn", "hfconfig", "models", "smollm2-135m.json")
+	freeze, freezeURL := filepath.Join(dir, "freeze.txt"), filepath.Join(dir, "freeze-url.txt")
+	os.WriteFile(freeze, []byte("accelerate==0.33.0\nbitsandbytes==0.42.0\ntorch==2.3.1+cu121\ntransformers==4.43.3\n"), 0o644)
+	os.WriteFile(freezeURL, []byte("# pip freeze\ntorch @ https://download.pytorch.org/whl/torch.whl\n"), 0o644)
 	llama := []string{"--model", "llama", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--layers", "2",
 		"--vocab", "100", "--ffn", "96", "--seq", "32", "--batch", "2", "--steps", "2"}
 	tests := map[string]struct {
@@ -67,7 +70,17 @@ func TestRunCommand(t *testing.T) {
 		"config and preset":  {args: []string{"--hf-config", smollm, "--preset", "tiny"}, code: exitUsage, stderr: "give one"},
 		"llama flags, lora":  {args: append(slices.Clone(llama), "--tied", "--lora", "4"), code: exitOK, stdout: []string{"[LoRA r=4, bf16 weights], ", "trainable"}},
 		"qlora without lora": {args: append(slices.Clone(llama), "--qlora"), code: exitUsage, stderr: "give --lora R"},
-		"bad lora target":    {args: append(slices.Clone(llama), "--lora", "4", "--lora-targets", "q,embed"), code: exitUsage, stderr: `unknown lora target "embed"`},
+		"bad lora target":    {args: append(slices.Clone(llama), "--lora", "4", "--lora-targets", "q,embeddings"), code: exitUsage, stderr: `unknown lora target "embeddings"`},
+		"unknown library":    {args: append(slices.Clone(llama), "--versions", "jax=0.4.30"), code: exitUsage, stderr: `versions: unknown library "jax"`},
+		"bad version":        {args: append(slices.Clone(llama), "--versions", "torch=two"), code: exitUsage, stderr: `versions: torch: version "two"`},
+		"freeze with a url":  {args: append(slices.Clone(llama), "--versions-from", freezeURL), code: exitUsage, stderr: "line 2: torch is installed from"},
+		"missing freeze":     {args: append(slices.Clone(llama), "--versions-from", filepath.Join(dir, "none.txt")), code: exitUsage, stderr: "no such file"},
+		"loss on the gpt":    {args: []string{"--preset", "tiny", "--loss", "chunked:16"}, code: exitUsage, stderr: "apply to the llama model"},
+		"kbit without qlora": {args: append(slices.Clone(llama), "--lora", "4", "--kbit-prep"), code: exitUsage, stderr: "it needs --qlora"},
+		"qlora as others run it": {args: append(slices.Clone(llama), "--tied=false", "--lora", "4", "--lora-targets", "all-linear,lm_head", "--qlora",
+			"--qlora-double-quant=false", "--qlora-storage", "bf16", "--load", "hf", "--versions-from", freeze, "--versions", "bitsandbytes=0.43.1"),
+			code: exitOK, stdout: []string{"load ", "[QLoRA r=4"}},
+		"fused loss":         {args: append(slices.Clone(llama), "--loss", "fused-linear-ce"), code: exitOK, stdout: []string{"steps      2 of 2"}},
 		"bad kv heads":       {args: append(slices.Clone(llama), "--kv-heads", "3"), code: exitUsage, stderr: "--kv-heads 3: does not divide the 4 heads"},
 		"bad optimizer impl": {args: append(slices.Clone(llama), "--optimizer-impl", "magic"), code: exitUsage, stderr: `unknown optimizer implementation "magic"`},
 		"lora on the gpt":    {args: []string{"--preset", "tiny", "--lora", "4"}, code: exitUsage, stderr: "apply to the llama model"},
@@ -138,6 +151,9 @@ func TestRunHostMemory(t *testing.T) {
 func TestReportCarriesParameterCounts(t *testing.T) {
 	dir := t.TempDir()
 	smollm := filepath.Join("..", "..", "workloads", "nn", "hfconfig", "models", "smollm2-135m.json")
+	freeze, freezeURL := filepath.Join(dir, "freeze.txt"), filepath.Join(dir, "freeze-url.txt")
+	os.WriteFile(freeze, []byte("accelerate==0.33.0\nbitsandbytes==0.42.0\ntorch==2.3.1+cu121\ntransformers==4.43.3\n"), 0o644)
+	os.WriteFile(freezeURL, []byte("# pip freeze\ntorch @ https://download.pytorch.org/whl/torch.whl\n"), 0o644)
 	for name, tc := range map[string]struct {
 		args              []string
 		params, trainable int64

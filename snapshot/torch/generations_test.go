@@ -403,6 +403,15 @@ func TestPhaseEvidence(t *testing.T) {
 		{"optimizer", stack(fr{"_multi_tensor_adamw", "/usr/lib/python3/dist-packages/torch/optim/adamw.py"}, fr{"step", "/usr/lib/python3/dist-packages/torch/optim/adamw.py"}, train), snapshot.PhaseOptimizer},
 		{"zero_grad", stack(fr{"zero_grad", module}, train), snapshot.PhaseZeroGrad},
 		{"moving the model", stack(fr{"convert", module}, fr{"_apply", module}, fr{"to", module}, train), snapshot.PhaseNone},
+		// transformers' from_pretrained putting a 4-bit checkpoint on the device (bitsandbytes quantizing
+		// under create_quantized_param), and the runtime's load.
+		{"from_pretrained", stack(fr{"quantize_4bit", "/usr/lib/python3/dist-packages/bitsandbytes/functional.py"},
+			fr{"_quantize", "/usr/lib/python3/dist-packages/bitsandbytes/nn/modules.py"},
+			fr{"_load_state_dict_into_meta_model", "/usr/lib/python3/dist-packages/transformers/modeling_utils.py"},
+			fr{"_load_pretrained_model", "/usr/lib/python3/dist-packages/transformers/modeling_utils.py"},
+			fr{"from_pretrained", "/usr/lib/python3/dist-packages/transformers/modeling_utils.py"}, train), snapshot.PhaseLoad},
+		{"the runtime's load", stack(fr{"github.com/oomdbg/oomdbg/workloads/nn.NewLlama", "llama.go"},
+			fr{"github.com/oomdbg/oomdbg/workloads/train.(*run).load", "run.go"}), snapshot.PhaseLoad},
 	}
 	tab, err := newTables(true, 0, &budget{})
 	if err != nil {

@@ -50,6 +50,10 @@ const (
 	// IPython, ipykernel and runpy. It is never a scope, and a module's forward is found through it: the
 	// caller of a forward that accelerate's new_forward wraps is still the module call.
 	factLibrary
+	// factLoad: a pretrained model being loaded onto the device (transformers' from_pretrained and the
+	// functions that put its state dict on the device, accelerate's load_checkpoint_and_dispatch); the
+	// runtime's loading of a model (workloads/train's load).
+	factLoad
 )
 
 // frameRule says what the frames it matches say.
@@ -146,6 +150,16 @@ var frameRules = []frameRule{
 		}
 		m, ok := strings.CutPrefix(fn, goNN)
 		return ok && (strings.HasPrefix(m, "New") || strings.HasPrefix(m, "new") || strings.HasPrefix(m, "const"))
+	}},
+	{factLoad, func(fn, file string) bool {
+		switch {
+		case strings.HasSuffix(file, "/modeling_utils.py"):
+			return fn == "from_pretrained" || fn == "_load_pretrained_model" || fn == "_load_state_dict_into_meta_model" ||
+				fn == "load_shard_file"
+		case strings.HasSuffix(file, "accelerate/big_modeling.py"):
+			return fn == "load_checkpoint_and_dispatch"
+		}
+		return fn == "github.com/oomdbg/oomdbg/workloads/train.(*run).load"
 	}},
 	{factAMPCast, func(fn, _ string) bool {
 		return strings.Contains(fn, "at::autocast::cached_cast") || fn == goTensor+"(*Runtime).cachedCast"
@@ -249,6 +263,7 @@ const (
 	evidenceRecompute                      // checkpointing is recomputing a forward inside backward
 	evidenceOptimizer                      // the optimizer's code is on the stack
 	evidenceZeroGrad                       // zero_grad of an optimizer or a module
+	evidenceLoad                           // a pretrained model being loaded
 )
 
 // phase returns the phase evidence names, and false when it says nothing (no frames). Frames that name no
@@ -267,6 +282,8 @@ func (e phaseEvidence) phase() (snapshot.Phase, bool) {
 		return snapshot.PhaseOptimizer, true
 	case evidenceZeroGrad:
 		return snapshot.PhaseZeroGrad, true
+	case evidenceLoad:
+		return snapshot.PhaseLoad, true
 	}
 	return snapshot.PhaseNone, false
 }
@@ -356,6 +373,8 @@ func classify(stack []snapshot.FrameID, frames []frameFact, python []bool, modul
 				sf.phase, decided = evidenceZeroGrad, true
 			case f&factOptimizer != 0:
 				sf.phase, decided = evidenceOptimizer, true
+			case f&factLoad != 0:
+				sf.phase, decided = evidenceLoad, true
 			case f&(factModuleCall|factForward) != 0:
 				forward = true
 			}

@@ -76,7 +76,7 @@ func (t *trace) microRegions() []region {
 				rs = append(rs, region{start: open, end: i, iteration: it, complete: true})
 				open = -1
 			}
-		case snapshot.PhaseEval, snapshot.PhaseZeroGrad, snapshot.PhaseSetup:
+		case snapshot.PhaseEval, snapshot.PhaseZeroGrad, snapshot.PhaseSetup, snapshot.PhaseLoad:
 			open = -1 // a loop without an optimizer step: nothing to accumulate
 		}
 	}

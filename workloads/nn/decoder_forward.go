@@ -25,7 +25,7 @@ func (m *Decoder) ForwardLoss(idx, labels *tensor.Tensor) (logits, loss *tensor.
 	if c := m.Config.FinalSoftcap; c > 0 && m.Config.Family == FamilyGemma2 {
 		logits = softcap(logits, c)
 	}
-	loss = causalLMLoss(logits, labels)
+	logits, loss = causalLMLoss(logits, labels)
 	if len(routerLogits) > 0 {
 		aux := loadBalancingLoss(m.rt, routerLogits, m.Config.Experts, m.Config.ExpertsPerToken)
 		releaseAll(routerLogits)

@@ -5,9 +5,9 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
-// Linear4bit is bitsandbytes' nn.Linear4bit with quant_type nf4 and double quantization
-// (bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True): the weight a Params4bit, frozen, the bias
-// (if any) kept in 16 bits, and the computation in bnb_4bit_compute_dtype (bfloat16).
+// Linear4bit is bitsandbytes' nn.Linear4bit with quant_type nf4 (bnb_4bit_quant_type="nf4"), with or
+// without double quantization and in the quant storage its options say: the weight a Params4bit, frozen, the
+// bias (if any) kept in 16 bits, and the computation in bnb_4bit_compute_dtype (bfloat16).
 type Linear4bit struct {
 	base
 	Q            *tensor.Quant4
@@ -17,17 +17,37 @@ type Linear4bit struct {
 
 // newLinear4bit loads a (out, in) weight in dtype, as from_pretrained reads a checkpoint shard, and
 // quantizes it at once (Params4bit._quantize), freeing the 16-bit copy.
-func newLinear4bit(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType, std float32) *Linear4bit {
+func newLinear4bit(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType, std float32, o tensor.Quant4Options) *Linear4bit {
+	return newLinear4bitLoaded(rt, name, in, out, bias, dtype, std, o, true)
+}
+
+// newLinear4bitLoaded makes a Linear4bit whose weight is loaded in dtype and quantized on the device
+// (onDevice: Params4bit._quantize, w = self.data.contiguous().to(device), quantize_4bit(w), the 16-bit copy
+// freed), or made in its stored form at once, as a checkpoint already quantized loads.
+func newLinear4bitLoaded(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType, std float32, o tensor.Quant4Options, onDevice bool) *Linear4bit {
 	l := &Linear4bit{base: base{rt, name}, ComputeDType: tensor.BF16}
 	leave := rt.Scope(name)
-	w := rt.Randn(dtype, []int{out, in}, std, join(name, "weight"), snapshot.CategoryParameter)
-	l.Q = tensor.Quantize4Bit(w, snapshot.CategoryParameter)
-	w.Release()
+	if onDevice {
+		w := rt.Randn(dtype, []int{out, in}, std, join(name, "weight"), snapshot.CategoryParameter)
+		l.Q = tensor.Quantize4BitWith(w, snapshot.CategoryParameter, o)
+		w.Release()
+	} else {
+		var values []float32
+		if rt.Device().Computes() {
+			values = make([]float32, out*in)
+			for i := range values {
+				values[i] = float32(rt.Rand().NormFloat64()) * std
+			}
+		}
+		l.Q = tensor.Quantize4BitValues(rt, values, []int{out, in}, dtype, snapshot.CategoryParameter, o)
+	}
 	leave()
 	wn := join(name, "weight")
 	l.Weight = &Parameter{Name: wn, Tensor: l.Q.Packed.SetName(wn), Packed4Bit: true}
 	for i, t := range l.Q.Tensors()[1:] {
-		t.SetName(wn + ".quant_state." + [...]string{"absmax", "state2.absmax", "state2.code", "code", "offset"}[i])
+		if t != nil {
+			t.SetName(wn + ".quant_state." + [...]string{"absmax", "state2.absmax", "state2.code", "code", "offset"}[i])
+		}
 	}
 	if bias {
 		l.Bias = constParameter(rt, join(name, "bias"), dtype, []int{out}, 0)

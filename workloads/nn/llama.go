@@ -3,6 +3,7 @@ package nn
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
@@ -38,6 +39,14 @@ type LlamaConfig struct {
 	// linear layers in 4 bits.
 	Adapter *LoRAConfig
 	QLoRA   bool
+	// Quant is how QLoRA stores the base's linear weights (BitsAndBytesConfig's double quantization and
+	// quant storage); the zero value is read as tensor.DefaultQuant4.
+	Quant *tensor.Quant4Options
+	// Loss is how the loss is computed from the final hidden states (the full loss when zero).
+	Loss Loss
+	// Prequantized makes the 4-bit weights in their stored form at once (a checkpoint already quantized);
+	// otherwise each is made in DType and quantized on the device, as from_pretrained quantizes on load.
+	Prequantized bool
 	// Built, when set, is called with each decoder layer as soon as its parameters exist (a data-parallel
 	// strategy shards it at once, so the whole model is never on the device).
 	Built func(l Module)
@@ -50,13 +59,16 @@ var LlamaProjections = []string{"q", "k", "v", "o", "gate", "up", "down"}
 // (the inv_freq buffer) and lm_head, whose weight is the embedding's when tied.
 type Llama struct {
 	base
-	Config   LlamaConfig
-	Embed    *Embedding
-	Layers   []*LlamaDecoderLayer
-	Norm     *RMSNorm
-	LMHead   *Linear
-	InvFreq  *tensor.Tensor // model.rotary_emb.inv_freq (float32, head_dim/2), a non-persistent buffer
-	Training bool
+	Config LlamaConfig
+	Embed  *Embedding
+	Layers []*LlamaDecoderLayer
+	Norm   *RMSNorm
+	LMHead *Linear
+	// Input and Head are the modules the forward calls for the embeddings and lm_head: Embed and LMHead, or
+	// the LoRA layers around them.
+	Input, Head Layer
+	InvFreq     *tensor.Tensor // model.rotary_emb.inv_freq (float32, head_dim/2), a non-persistent buffer
+	Training    bool
 
 	// Checkpoint, when set, runs a decoder layer through activation checkpointing when it returns true, as
 	// gradient_checkpointing_enable() does (reentrant: CheckpointFunction).
@@ -122,7 +134,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.Adapter.onlyOf("llama", LlamaProjections); err != nil {
+	if err := cfg.Adapter.onlyOf("llama", append(slices.Clone(LlamaProjections), TargetLMHead, TargetEmbed)); err != nil {
 		return nil, err
 	}
 	m := &Llama{base: base{rt, ""}, Config: cfg, Training: true}
@@ -134,6 +146,10 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
 	}
 	quantized := cfg.QLoRA
+	quant := tensor.DefaultQuant4
+	if cfg.Quant != nil {
+		quant = *cfg.Quant
+	}
 	linear := func(name, short string, in, out int, bias bool) Projection {
 		adapted := cfg.Adapter != nil && cfg.Adapter.targets(short)
 		baseName := name
@@ -142,7 +158,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		}
 		var l Projection
 		if quantized {
-			l = newLinear4bit(rt, baseName, in, out, bias, cfg.DType, std)
+			l = newLinear4bitLoaded(rt, baseName, in, out, bias, cfg.DType, std, quant, !cfg.Prequantized)
 		} else {
 			lin := &Linear{base: base{rt, baseName}, Weight: normal(join(baseName, "weight"), []int{out, in})}
 			if bias {
@@ -156,6 +172,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		return l
 	}
 	m.Embed = &Embedding{base: base{rt, "model.embed_tokens"}, Weight: normal("model.embed_tokens.weight", []int{cfg.Vocab, d})}
+	m.Input = m.Embed
 	for i := range cfg.Layers {
 		name := fmt.Sprintf("model.layers.%d", i)
 		l := &LlamaDecoderLayer{base: base{rt, name}}
@@ -188,6 +205,8 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	} else {
 		m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: normal("lm_head.weight", []int{cfg.Vocab, d})}
 	}
+	m.Head = m.LMHead
+	m.adaptEnds(cfg)
 	if cfg.Adapter != nil { // peft: everything but the adapters frozen (embeddings and lm_head included)
 		for _, p := range m.Parameters() {
 			if !isAdapter(p.Name) {
@@ -196,6 +215,27 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		}
 	}
 	return m, nil
+}
+
+// adaptEnds adds LoRA to the embeddings and lm_head when the adapter targets them (peft's lora.Embedding and
+// lora.Linear; the base layers renamed base_layer).
+func (m *Llama) adaptEnds(cfg LlamaConfig) {
+	rt, a := m.rt, cfg.Adapter
+	if a == nil {
+		return
+	}
+	if a.targets(TargetLMHead) {
+		m.LMHead.name = "lm_head.base_layer"
+		m.LMHead.Weight.Name = "lm_head.base_layer.weight"
+		m.LMHead.Weight.Tensor.SetName(m.LMHead.Weight.Name)
+		m.Head = newLoRALinear(rt, "lm_head", m.LMHead, cfg.DModel, cfg.Vocab, *a, &m.Training)
+	}
+	if a.targets(TargetEmbed) {
+		m.Embed.name = "model.embed_tokens.base_layer"
+		m.Embed.Weight.Name = "model.embed_tokens.base_layer.weight"
+		m.Embed.Weight.Tensor.SetName(m.Embed.Weight.Name)
+		m.Input = newLoRAEmbedding(rt, "model.embed_tokens", m.Embed, cfg.Vocab, cfg.DModel, *a)
+	}
 }
 
 func (c LlamaConfig) validate() error {
@@ -211,8 +251,12 @@ func (c LlamaConfig) validate() error {
 		return fmt.Errorf("unknown attention %q (want naive or flash)", c.Attention)
 	case c.QLoRA && c.Adapter == nil:
 		return fmt.Errorf("qlora needs a lora adapter")
+	case c.Tied && c.Adapter != nil && (c.Adapter.targets(TargetLMHead) || c.Adapter.targets(TargetEmbed)):
+		return fmt.Errorf("lora on lm_head or the embeddings of a model whose lm_head is tied to them is not modelled")
+	case c.Loss.Kind != LossFull && c.Adapter != nil && c.Adapter.targets(TargetLMHead):
+		return fmt.Errorf("a chunked or fused loss with lora on lm_head is not modelled")
 	}
-	return nil
+	return c.Loss.validate()
 }
 
 // ropeInvFreq allocates the rotary embedding's inv_freq buffer: 1 / theta^(2i/head_dim) for i < head_dim/2,
@@ -277,13 +321,13 @@ func (n *RMSNorm) Forward(x *tensor.Tensor) *tensor.Tensor {
 // Parameters returns the model's parameters in HF's order: embeddings, each layer (attention, MLP, norms),
 // the final norm, and lm_head's weight unless tied.
 func (m *Llama) Parameters() []*Parameter {
-	ps := m.Embed.Parameters()
+	ps := m.Input.Parameters()
 	for _, l := range m.Layers {
 		ps = append(ps, l.Parameters()...)
 	}
 	ps = append(ps, m.Norm.Parameters()...)
 	if !m.Config.Tied {
-		ps = append(ps, m.LMHead.Parameters()...)
+		ps = append(ps, m.Head.Parameters()...)
 	}
 	return ps
 }
@@ -320,36 +364,11 @@ func (m *Llama) Loss(idx, labels *tensor.Tensor) *tensor.Tensor {
 }
 
 // ForwardLoss is LlamaForCausalLM.forward(input_ids, labels=labels): it returns the logits (batch, seq,
-// vocab) and the loss of ForCausalLMLoss (loss/loss_utils.py): the logits upcast to float32, the labels
-// shifted (padded with -100 and sliced), and cross_entropy with ignore_index -100. The caller owns both.
+// vocab; nil when the loss never makes them whole) and the loss (causalLMHead: the full loss of the
+// runtime's transformers release, or a chunked or fused one). The caller owns both.
 func (m *Llama) ForwardLoss(idx, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
 	h := m.forwardModel(idx)
-	leave := m.rt.Scope("lm_head")
-	sliced := h.Narrow(1, 0, h.Dim(1)) // hidden_states[:, slice(-0, None), :]
-	leave()
-	logits = m.LMHead.Forward(sliced)
-	sliced.Release()
-	loss = causalLMLoss(logits, labels)
-	h.Release() // outputs[0], alive until LlamaForCausalLM.forward returns
-	return logits, loss
-}
-
-// causalLMLoss is ForCausalLMLoss with num_items_in_batch unset (mean reduction).
-func causalLMLoss(logits, labels *tensor.Tensor) *tensor.Tensor {
-	lf := tensor.ToDType(logits, tensor.F32) // logits.float(): a copy unless already float32
-	padded := tensor.PadLast(labels, 1, -100)
-	shifted := padded.Narrow(-1, 1, labels.Dim(-1))
-	padded.Release()
-	shiftLabels := shifted.Contiguous()
-	shifted.Release()
-	flat := lf.View(-1, lf.Dim(-1))
-	lf.Release()
-	tflat := shiftLabels.View(-1)
-	shiftLabels.Release()
-	loss := tensor.CrossEntropy(flat, tflat)
-	flat.Release()
-	tflat.Release()
-	return loss
+	return causalLMHead(m.rt, m.Head, m.LMHead.Weight, h, labels, m.Config.Loss)
 }
 
 // forwardModel is LlamaModel.forward: the embeddings, the positions (cache_position and position_ids), the
@@ -359,7 +378,7 @@ func causalLMLoss(logits, labels *tensor.Tensor) *tensor.Tensor {
 func (m *Llama) forwardModel(idx *tensor.Tensor) *tensor.Tensor {
 	rt := m.rt
 	b, t := idx.Dim(0), idx.Dim(1)
-	embeds := m.Embed.Forward(idx)
+	embeds := m.Input.Forward(idx)
 	if m.InputRequiresGrad && !embeds.RequiresGrad() { // make_inputs_require_grad: output.requires_grad_(True)
 		embeds.SetRequiresGrad(true)
 	}

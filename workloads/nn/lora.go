@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/tensor"
 )
 
@@ -19,12 +20,22 @@ type LoRAConfig struct {
 	Alpha   float32
 	Dropout float32
 	// Targets are short names of LoRAProjections ("q", "k", "v", "o", "gate", "up", "down" of a Llama-family
-	// layer; "qkv" and "gate_up" of Phi-3's fused ones); each model says which it has.
+	// layer; "qkv" and "gate_up" of Phi-3's fused ones; a Llama's "lm_head" and "embed"); each model says
+	// which it has.
 	Targets []string
+	// DType is the adapters' dtype: float32 (peft since 0.12 upcasts 16-bit adapters, autocast_adapter_dtype;
+	// the zero value) or bf16 (torchtune's, and peft's before 0.12 on a bf16 base).
+	DType tensor.DType
 }
 
+// The targets beside a decoder layer's projections: lm_head and the input embeddings.
+const (
+	TargetLMHead = "lm_head"
+	TargetEmbed  = "embed"
+)
+
 // LoRAProjections are the short names LoRA targets go by across the families, Llama's first.
-var LoRAProjections = append(slices.Clone(LlamaProjections), "qkv", "gate_up")
+var LoRAProjections = append(slices.Clone(LlamaProjections), "qkv", "gate_up", TargetLMHead, TargetEmbed)
 
 // Validate checks the adapter's settings.
 func (c LoRAConfig) Validate() error {
@@ -79,16 +90,17 @@ type LoRALinear struct {
 func newLoRALinear(rt *tensor.Runtime, name string, baseLayer Projection, in, out int, cfg LoRAConfig, training *bool) *LoRALinear {
 	l := &LoRALinear{base: base{rt, name}, Base: baseLayer, Scaling: cfg.Scaling()}
 	_, l.bnb = baseLayer.(*Linear4bit)
-	l.A = NewLinear(rt, join(name, "lora_A.default"), in, cfg.Rank, false, tensor.F32) // kaiming_uniform(a=sqrt(5))
+	l.A = NewLinear(rt, join(name, "lora_A.default"), in, cfg.Rank, false, cfg.DType) // kaiming_uniform(a=sqrt(5))
 	l.B = &Linear{base: base{rt, join(name, "lora_B.default")},
-		Weight: constParameter(rt, join(name, "lora_B.default.weight"), tensor.F32, []int{out, cfg.Rank}, 0)}
+		Weight: constParameter(rt, join(name, "lora_B.default.weight"), cfg.DType, []int{out, cfg.Rank}, 0)}
 	l.Drop = NewDropout(rt, join(name, "lora_dropout.default"), cfg.Dropout, training)
 	return l
 }
 
 // isAdapter reports whether a parameter name is a LoRA adapter's.
 func isAdapter(name string) bool {
-	return strings.Contains(name, ".lora_A.") || strings.Contains(name, ".lora_B.")
+	return strings.Contains(name, ".lora_A.") || strings.Contains(name, ".lora_B.") ||
+		strings.Contains(name, ".lora_embedding_A.") || strings.Contains(name, ".lora_embedding_B.")
 }
 
 // Parameters returns the base layer's parameters, then lora_A's and lora_B's.
@@ -145,4 +157,53 @@ func (l *LoRALinear) Forward(x *tensor.Tensor) *tensor.Tensor {
 	}
 	xin.Release() // x, rebound to its cast, is a local until forward returns
 	return sum
+}
+
+// LoRAEmbedding is peft's lora.Embedding: the base embedding frozen, lora_embedding_A (r, num_embeddings,
+// zeros) and lora_embedding_B (embedding_dim, r, normal), and the output base(x) + F.embedding(x, A.T) @
+// B.T * scaling, converted to the base result's dtype.
+type LoRAEmbedding struct {
+	base
+	Base    *Embedding
+	A, B    *Parameter
+	Scaling float32
+}
+
+func newLoRAEmbedding(rt *tensor.Runtime, name string, baseLayer *Embedding, num, dim int, cfg LoRAConfig) *LoRAEmbedding {
+	l := &LoRAEmbedding{base: base{rt, name}, Base: baseLayer, Scaling: cfg.Scaling()}
+	l.A = constParameter(rt, join(name, "lora_embedding_A.default"), cfg.DType, []int{cfg.Rank, num}, 0)
+	bn := join(name, "lora_embedding_B.default")
+	leave := rt.Scope(owner(bn))
+	t := rt.Randn(cfg.DType, []int{dim, cfg.Rank}, 1, bn, snapshot.CategoryParameter)
+	leave()
+	l.B = &Parameter{Name: bn, Tensor: t.SetRequiresGrad(true).SetName(bn)}
+	return l
+}
+
+// Parameters returns the base table, then lora_embedding_A and lora_embedding_B.
+func (l *LoRAEmbedding) Parameters() []*Parameter {
+	return append(l.Base.Parameters(), l.A, l.B)
+}
+
+// Forward is peft's Embedding.forward: result = base(x); after_A = F.embedding(x, lora_embedding_A.T);
+// result + (after_A @ lora_embedding_B.T) * scaling, converted back to the result's dtype.
+func (l *LoRAEmbedding) Forward(idx *tensor.Tensor) *tensor.Tensor {
+	defer l.scope()()
+	result := l.Base.Forward(idx)
+	at := l.A.Tensor.T()
+	afterA := tensor.Embedding(idx, at)
+	at.Release()
+	bt := l.B.Tensor.T()
+	prod := tensor.Matmul(afterA, bt)
+	bt.Release()
+	afterA.Release()
+	scaled := tensor.Scale(prod, l.Scaling)
+	prod.Release()
+	sum := tensor.Add(result, scaled)
+	scaled.Release()
+	dtype := result.DType()
+	result.Release()
+	out := tensor.ToDType(sum, dtype)
+	sum.Release()
+	return out
 }

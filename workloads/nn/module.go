@@ -332,3 +332,26 @@ func (s *Sequential) Forward(x *tensor.Tensor) *tensor.Tensor {
 	}
 	return h
 }
+
+// PrepareForKbitTraining is the cast of peft's prepare_model_for_kbit_training: every float16 or bfloat16
+// parameter that is not a Params4bit (norms, embeddings, lm_head, biases) upcast to float32 in place,
+// param.data = param.data.to(torch.float32), in the model's parameter order: the float32 copy is made while
+// the 16-bit one still exists, then the 16-bit one is freed. Adapters are left as they are: peft casts
+// before get_peft_model adds them.
+func PrepareForKbitTraining(m Module) {
+	for _, p := range m.Parameters() {
+		t := p.Tensor
+		if p.Packed4Bit || isAdapter(p.Name) || (t.DType() != tensor.BF16 && t.DType() != tensor.F16) {
+			continue
+		}
+		rt := t.Runtime()
+		leave := rt.Scope(owner(p.Name))
+		prev := rt.SetCategory(snapshot.CategoryParameter)
+		f := tensor.ToDType(t, tensor.F32)
+		rt.SetCategory(prev)
+		leave()
+		f.SetRequiresGrad(t.RequiresGrad()).SetName(p.Name)
+		t.Release()
+		p.Tensor = f
+	}
+}

@@ -18,7 +18,10 @@ type Node struct {
 	next  []edge // one per input: where the input's gradient goes
 	saved []*Tensor
 	kept  []*Tensor // references the node holds that are not saved tensors (ctx attributes, a leaf)
-	outs  int       // number of outputs
+	// attrs are ctx attributes a custom Function sets that its backward does not clear: the engine releases
+	// saved tensors after a node runs, but an attribute goes only with the node, when the graph is freed.
+	attrs []*Tensor
+	outs  int // number of outputs
 	apply backwardFunc
 	leaf  *object // for AccumulateGrad: the leaf it accumulates into
 	freed bool    // the saved tensors were released by a backward without retain_graph
@@ -128,6 +131,8 @@ func (n *Node) unref() {
 		if !m.freed {
 			m.releaseSaved()
 		}
+		releaseAll(m.attrs)
+		m.attrs = nil
 		for _, e := range m.next {
 			if e.node != nil {
 				stack = append(stack, e.node)
@@ -185,6 +190,14 @@ func (n *Node) hold(slot string, t *Tensor) {
 	k := t.Ref()
 	k.owner = owner{node: n, slot: slot, kept: true}
 	n.kept = append(n.kept, k)
+}
+
+// keepAttr keeps t as a ctx attribute (ctx.tensors = (A, B) of a custom Function): not a saved tensor, and
+// not released after the node's backward either, but with the node, when nothing references it.
+func (n *Node) keepAttr(slot string, t *Tensor) {
+	k := t.Ref()
+	k.owner = owner{node: n, slot: slot, kept: true}
+	n.attrs = append(n.attrs, k)
 }
 
 // releaseSaved frees what the node saved and holds.

@@ -65,19 +65,39 @@ func dynamicMap(signed bool) [256]float32 {
 }
 
 // Quant4 is one weight stored in 4 bits (Params4bit with its QuantState): the packed NF4 indices, two per
-// byte, and the statistics to undo the quantization, compressed as bnb_4bit_use_double_quant does.
+// byte, and the statistics to undo the quantization, compressed when bnb_4bit_use_double_quant asks.
 type Quant4 struct {
-	Packed  *Tensor // uint8 ((n+1)/2, 1): the weight, two 4-bit indices a byte
-	Absmax  *Tensor // uint8 (blocks): each block's absmax, quantized with the dynamic code
-	Absmax2 *Tensor // float32 (ceil(blocks/256)): the absmax of each 256 absmax values
-	Code2   *Tensor // float32 (256): the dynamic code, a copy per weight (quantize_blockwise copies it)
+	// Packed is the weight, two 4-bit indices a byte, in Storage's dtype (bnb_4bit_quant_storage): uint8
+	// ((n+1)/2, 1), or the same bytes as (n+1)/4 bfloat16 or (n+1)/8 float32 elements.
+	Packed *Tensor
+	// Absmax is each block's absmax: uint8 codes of the nested quantization with double quantization, the
+	// float32 values without.
+	Absmax  *Tensor
+	Absmax2 *Tensor // float32 (ceil(blocks/256)): the absmax of each 256 absmax values (double quantization)
+	Code2   *Tensor // float32 (256): the dynamic code, a copy per weight (double quantization)
 	Code    *Tensor // float32 (16): the NF4 table, made per weight by get_4bit_type
 	Offset  *Tensor // float32 scalar: the mean absmax subtracted before the nested quantization
 	Shape   []int   // the weight's (out, in)
 	DType   DType   // quant_state.dtype: what dequantization produces
+	// indices holds the packed indices on a computing device when Storage is not uint8 (the device tensor
+	// has the bytes, a slice of this length does not fit its elements).
+	indices []float32
 }
 
-// Tensors returns the tensors of the stored weight, the packed weight first.
+// Quant4Options are the BitsAndBytesConfig settings that change what a 4-bit weight stores.
+type Quant4Options struct {
+	// DoubleQuant quantizes the absmax values again (bnb_4bit_use_double_quant, compress_statistics).
+	DoubleQuant bool
+	// Storage is the packed weight's dtype (bnb_4bit_quant_storage): U8 (bitsandbytes' default), BF16, F16 or
+	// F32.
+	Storage DType
+}
+
+// DefaultQuant4 is the QLoRA recipe's: NF4 with double quantization, stored in uint8.
+var DefaultQuant4 = Quant4Options{DoubleQuant: true, Storage: U8}
+
+// Tensors returns the tensors of the stored weight, the packed weight first (nil where the options keep
+// none).
 func (q *Quant4) Tensors() []*Tensor {
 	return []*Tensor{q.Packed, q.Absmax, q.Absmax2, q.Code2, q.Code, q.Offset}
 }
@@ -85,48 +105,98 @@ func (q *Quant4) Tensors() []*Tensor {
 // Release frees the stored weight.
 func (q *Quant4) Release() { releaseAll(q.Tensors()) }
 
-// Quantize4Bit stores w as bitsandbytes' quantize_4bit(w, blocksize=64, compress_statistics=True,
-// quant_type="nf4") does, allocating what it allocates in its order: the packed weight and the float32
-// absmax of every 64 values, the NF4 table, the absmax's mean (the offset), the absmax less the offset,
-// then its nested quantization (uint8 per value, a float32 absmax per 256, a copy of the dynamic code); the
-// float32 absmax values are freed. The new tensors are tagged category (parameter, for a model's weights).
+// Quantize4Bit stores w as quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4") does
+// (Quantize4BitWith with DefaultQuant4).
 func Quantize4Bit(w *Tensor, category snapshot.Category) *Quant4 {
+	return Quantize4BitWith(w, category, DefaultQuant4)
+}
+
+// Quantize4BitWith stores w as bitsandbytes' quantize_4bit(w, blocksize=64, compress_statistics,
+// quant_type="nf4", quant_storage) does, allocating what it allocates in its order: the packed weight (its
+// bytes in the storage dtype: ((n+1)//(2*itemsize), 1) elements) and the float32 absmax of every 64 values,
+// the NF4 table; with double quantization the absmax's mean (the offset), the absmax less the offset, then
+// its nested quantization (uint8 per value, a float32 absmax per 256, a copy of the dynamic code), the float32
+// absmax values freed; without it the float32 absmax is the state's. The new tensors are tagged category
+// (parameter, for a model's weights).
+func Quantize4BitWith(w *Tensor, category snapshot.Category, o Quant4Options) *Quant4 {
 	w.check()
-	rt := w.rt
 	if w.NDim() != 2 {
 		errShape("Quantize4Bit", "weight of shape %v is not 2-D", w.shape)
 	}
-	n := w.Numel()
+	var values []float32
+	if w.rt.dev.Computes() {
+		values = w.host()
+	}
+	return quantize4Bit(w.rt, values, w.shape, w.dtype, category, o)
+}
+
+// Quantize4BitValues stores a (out, in) weight of dtype whose values are on the host (nil on a device that
+// computes nothing) as Quantize4BitWith does, without the weight on the device first: a checkpoint already
+// quantized, loaded as it is stored.
+func Quantize4BitValues(rt *Runtime, values []float32, shape []int, dtype DType, category snapshot.Category, o Quant4Options) *Quant4 {
+	if len(shape) != 2 || rt.dev.Computes() && len(values) != numel(shape) {
+		errShape("Quantize4Bit", "weight of shape %v with %d values", shape, len(values))
+	}
+	return quantize4Bit(rt, values, shape, dtype, category, o)
+}
+
+func quantize4Bit(rt *Runtime, values []float32, shape []int, dtype DType, category snapshot.Category, o Quant4Options) *Quant4 {
+	n := numel(shape)
 	blocks := ceilDiv(n, Blocksize4Bit)
 	prev := rt.SetCategory(category)
 	defer rt.SetCategory(prev)
-	q := &Quant4{Shape: slices.Clone(w.shape), DType: w.dtype}
-	q.Packed = rt.Empty(U8, []int{(n + 1) / 2, 1}, "weight.4bit")
+	q := &Quant4{Shape: slices.Clone(shape), DType: dtype}
+	q.Packed = rt.Empty(o.Storage, []int{(n + 1) / (2 * o.Storage.Size()), 1}, "weight.4bit")
 	absmax := rt.Empty(F32, []int{blocks}, "quant.absmax_f32")
 	q.Code = rt.Empty(F32, []int{16}, "quant.code_nf4")
-	q.Offset = rt.Empty(F32, nil, "quant.offset")
-	centred := rt.Empty(F32, []int{blocks}, "quant.absmax_centred")
-	q.Absmax = rt.Empty(U8, []int{blocks}, "quant.absmax")
-	q.Absmax2 = rt.Empty(F32, []int{ceilDiv(blocks, BlocksizeNested)}, "quant.absmax2")
-	q.Code2 = rt.Empty(F32, []int{256}, "quant.code_dynamic")
+	var centred *Tensor
+	if o.DoubleQuant {
+		q.Offset = rt.Empty(F32, nil, "quant.offset")
+		centred = rt.Empty(F32, []int{blocks}, "quant.absmax_centred")
+		q.Absmax = rt.Empty(U8, []int{blocks}, "quant.absmax")
+		q.Absmax2 = rt.Empty(F32, []int{ceilDiv(blocks, BlocksizeNested)}, "quant.absmax2")
+		q.Code2 = rt.Empty(F32, []int{256}, "quant.code_dynamic")
+	} else {
+		q.Absmax = absmax.Ref()
+	}
 	if rt.dev.Computes() {
 		copy(q.Code.data(), nf4Code[:])
-		copy(q.Code2.data(), dynamicCode[:])
-		quantizeBlocks(w.host(), nf4Code[:], Blocksize4Bit, q.Packed.data(), absmax.data(), true)
-		var mean float64
-		for _, a := range absmax.data() {
-			mean += float64(a)
+		codes := q.Packed.data()
+		if o.Storage != U8 {
+			q.indices = make([]float32, (n+1)/2)
+			codes = q.indices
 		}
-		off := float32(mean / float64(blocks))
-		q.Offset.data()[0] = off
-		for i, a := range absmax.data() {
-			centred.data()[i] = a - off
+		quantizeBlocks(values, nf4Code[:], Blocksize4Bit, codes, absmax.data(), true)
+		if o.DoubleQuant {
+			copy(q.Code2.data(), dynamicCode[:])
+			var mean float64
+			for _, a := range absmax.data() {
+				mean += float64(a)
+			}
+			off := float32(mean / float64(blocks))
+			q.Offset.data()[0] = off
+			for i, a := range absmax.data() {
+				centred.data()[i] = a - off
+			}
+			quantizeBlocks(centred.data(), dynamicCode[:], BlocksizeNested, q.Absmax.data(), q.Absmax2.data(), false)
 		}
-		quantizeBlocks(centred.data(), dynamicCode[:], BlocksizeNested, q.Absmax.data(), q.Absmax2.data(), false)
 	}
 	absmax.Release()
-	centred.Release()
+	if centred != nil {
+		centred.Release()
+	}
 	return q
+}
+
+// nested reports whether the absmax values are quantized again.
+func (q *Quant4) nested() bool { return q.Absmax2 != nil }
+
+// codes returns the packed indices on a computing device.
+func (q *Quant4) codes() []float32 {
+	if q.indices != nil {
+		return q.indices
+	}
+	return q.Packed.data()
 }
 
 // quantizeBlocks maps each value, divided by its block's absmax, to the nearest entry of code, writing the
@@ -172,26 +242,33 @@ func nearest(code []float32, v float32) int {
 	return i
 }
 
-// dequantize is dequantize_4bit of a nested quant state: the absmax values dequantized into a float32
-// temporary (plus the offset), then the weight in q.DType. It returns both; the caller frees them.
+// dequantize is dequantize_4bit: with double quantization, the absmax values dequantized into a float32
+// temporary (and a second when extraAbsmax: absmax_dq + offset), then the weight in q.DType; without it, the
+// weight alone. It returns the temporaries and the weight; the caller frees them.
 func (q *Quant4) dequantize(extraAbsmax bool) (absmax []*Tensor, w *Tensor) {
 	rt := q.Packed.rt
 	blocks := q.Absmax.Numel()
-	a := rt.Empty(F32, []int{blocks}, "dequant.absmax")
-	absmax = []*Tensor{a}
-	if extraAbsmax { // absmax = absmax_dq + offset: a second float32 array
-		a2 := rt.Empty(F32, []int{blocks}, "dequant.absmax")
-		absmax = append(absmax, a2)
-		a = a2
+	a := q.Absmax
+	if q.nested() {
+		a = rt.Empty(F32, []int{blocks}, "dequant.absmax")
+		absmax = []*Tensor{a}
+		if extraAbsmax { // absmax = absmax_dq + offset: a second float32 array
+			a2 := rt.Empty(F32, []int{blocks}, "dequant.absmax")
+			absmax = append(absmax, a2)
+			a = a2
+		}
 	}
 	w = rt.Empty(q.DType, q.Shape, "dequant.weight")
 	if rt.dev.Computes() {
-		ad, codes, a2 := a.data(), q.Absmax.data(), q.Absmax2.data()
-		off := q.Offset.data()[0]
-		for i := range ad {
-			ad[i] = dynamicCode[int(codes[i])]*a2[i/BlocksizeNested] + off
+		ad := a.data()
+		if q.nested() {
+			codes, a2 := q.Absmax.data(), q.Absmax2.data()
+			off := q.Offset.data()[0]
+			for i := range ad {
+				ad[i] = dynamicCode[int(codes[i])]*a2[i/BlocksizeNested] + off
+			}
 		}
-		wd, p := w.data(), q.Packed.data()
+		wd, p := w.data(), q.codes()
 		for i := range wd {
 			b := int(p[i/2])
 			k := b >> 4
@@ -211,7 +288,8 @@ func (q *Quant4) dequantize(extraAbsmax bool) (absmax []*Tensor, w *Tensor) {
 // temporaries, runs F.linear (under autocast if it is on) and frees them; as a custom autograd Function it
 // saves no tensor (ctx.tensors keeps only the packed weight, a parameter). Its backward dequantizes the
 // weight again and multiplies: grad_x = grad @ W. The weight gets no gradient; the output requires grad only
-// when x does.
+// when x does. Before bitsandbytes 0.43.2 its forward also kept x in ctx.tensors = (A, B), unread, until the
+// graph goes (versions.MatMul4BitDropsInput).
 func MatMul4Bit(x *Tensor, q *Quant4, bias *Tensor) *Tensor {
 	x.check()
 	rt := x.rt
@@ -229,6 +307,9 @@ func MatMul4Bit(x *Tensor, q *Quant4, bias *Tensor) *Tensor {
 		}
 		node := rt.node("MatMul4BitBackward", []*Tensor{x, bias}, []*Tensor{out}, nil)
 		q := q.heldBy(node)
+		if x.requiresGrad && rt.versions.MatMul4BitKeepsInput() {
+			node.keepAttr("ctx.tensors", x) // ctx.tensors = (A, B): bitsandbytes before 0.43.2
+		}
 		node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 			grads := make([]*Tensor, 2)
 			if needs[1] { // grad_output.sum(0, dtype=bias.dtype)
@@ -254,6 +335,9 @@ func MatMul4Bit(x *Tensor, q *Quant4, bias *Tensor) *Tensor {
 func (q *Quant4) heldBy(n *Node) *Quant4 {
 	c := *q
 	for _, p := range []**Tensor{&c.Packed, &c.Absmax, &c.Absmax2, &c.Code2, &c.Code, &c.Offset} {
+		if *p == nil {
+			continue
+		}
 		n.hold("ctx.state", *p)
 		*p = n.kept[len(n.kept)-1]
 	}

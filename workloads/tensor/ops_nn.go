@@ -165,7 +165,13 @@ func Embedding(indices, weight *Tensor) *Tensor {
 // log-probabilities in the logits' dtype and nll_loss (fp32 policy) converts them to float32 and saves the
 // copy: 16-bit logits leave 2 + 4 bytes per logit saved for backward; float32 ones 4 (one tensor saved by
 // both). logits is (n, classes) or (..., classes) viewed as rows; target holds class indices.
-func CrossEntropy(logits, target *Tensor) *Tensor {
+func CrossEntropy(logits, target *Tensor) *Tensor { return crossEntropy(logits, target, false) }
+
+// CrossEntropySum is cross_entropy(logits, target, reduction="sum"): CrossEntropy's tensors, the sum of the
+// rows' losses instead of their mean.
+func CrossEntropySum(logits, target *Tensor) *Tensor { return crossEntropy(logits, target, true) }
+
+func crossEntropy(logits, target *Tensor, sum bool) *Tensor {
 	logits.check()
 	dtype := logits.dtype
 	logp := logSoftmax(logits, &dtype)
@@ -175,19 +181,22 @@ func CrossEntropy(logits, target *Tensor) *Tensor {
 		defer flat.Release()
 		tflat := target.Reshape(-1)
 		defer tflat.Release()
-		return NLLLoss(flat, tflat)
+		return nllLoss(flat, tflat, sum)
 	}
-	return NLLLoss(logp, target)
+	return nllLoss(logp, target, sum)
 }
 
 // NLLLoss is the mean of -logp[i, target[i]]. As ATen's nll_loss_forward, it allocates the scalar output and
 // the scalar total_weight, and saves the log-probabilities, the target and total_weight. Under autocast
 // (fp32 policy) 16-bit log-probabilities are converted to float32 first, and the copy is what it saves.
-func NLLLoss(logp, target *Tensor) *Tensor {
+func NLLLoss(logp, target *Tensor) *Tensor { return nllLoss(logp, target, false) }
+
+// nllLoss is nll_loss with reduction mean, or sum.
+func nllLoss(logp, target *Tensor, sum bool) *Tensor {
 	if in, ok := acNLLLoss.cast(logp.rt, logp); ok {
 		defer releaseAll(in)
 		defer logp.rt.withoutAutocast()()
-		return NLLLoss(in[0], target)
+		return nllLoss(in[0], target, sum)
 	}
 	logp.check()
 	target.check()
@@ -196,8 +205,12 @@ func NLLLoss(logp, target *Tensor) *Tensor {
 	out := rt.Empty(logp.dtype, nil, "nll_loss.out")
 	totalWeight := rt.Empty(logp.dtype, nil, "nll_loss.total_weight")
 	if rt.dev.Computes() {
+		count := float32(device.NLLCount(target.host()))
 		out.data()[0] = device.NLLLoss(logp.host(), target.host(), cols)
-		totalWeight.data()[0] = float32(device.NLLCount(target.host()))
+		if sum {
+			out.data()[0] *= count
+		}
+		totalWeight.data()[0] = count
 	}
 	if rt.needsGrad(logp) {
 		node := rt.node("NllLossBackward0", []*Tensor{logp}, []*Tensor{out}, nil)
@@ -207,7 +220,11 @@ func NLLLoss(logp, target *Tensor) *Tensor {
 		node.apply = func(n *Node, g []*Tensor, _ []bool) []*Tensor {
 			dx := n.rt.Zeros(self.dtype, self.shape, "nll_loss.grad", n.rt.category)
 			if n.rt.dev.Computes() {
-				device.NLLLossBackward(dx.data(), tgt.host(), cols, g[0].host()[0])
+				gv := g[0].host()[0]
+				if sum { // each counted row's gradient is -g, not -g/count
+					gv *= float32(device.NLLCount(tgt.host()))
+				}
+				device.NLLLossBackward(dx.data(), tgt.host(), cols, gv)
 			}
 			return []*Tensor{dx}
 		}

@@ -147,8 +147,9 @@ func trig(x *Tensor, role, name string, f, df func(float64) float64) *Tensor {
 }
 
 // MeanLast returns the mean over the last dimension, keeping it as a dimension of 1 (x.mean(-1,
-// keepdim=True)). It saves nothing (MeanBackward1 keeps the sizes); its backward allocates the gradient
-// expanded to x's shape and divided by the count.
+// keepdim=True)). It saves nothing (MeanBackward1 keeps the sizes) from torch 2.0; torch 1.13's keeps x
+// (versions.MeanSavesSizes). Its backward allocates the gradient expanded to x's shape and divided by the
+// count.
 func MeanLast(x *Tensor) *Tensor {
 	x.check()
 	rt := x.rt
@@ -169,7 +170,7 @@ func MeanLast(x *Tensor) *Tensor {
 	}
 	if rt.needsGrad(x) {
 		in := slices.Clone(x.shape)
-		rt.node("MeanBackward1", []*Tensor{x}, []*Tensor{out}, func(n *Node, g []*Tensor, _ []bool) []*Tensor {
+		n := rt.node("MeanBackward1", []*Tensor{x}, []*Tensor{out}, func(n *Node, g []*Tensor, _ []bool) []*Tensor {
 			dx := n.rt.Empty(g[0].dtype, in, "mean.grad")
 			if n.rt.dev.Computes() {
 				d, gv := dx.data(), g[0].host()
@@ -180,6 +181,9 @@ func MeanLast(x *Tensor) *Tensor {
 			}
 			return []*Tensor{dx}
 		})
+		if rt.versions.MeanKeepsInput() { // torch before 2.0: MeanBackward1 saves self
+			n.save("self", x)
+		}
 	}
 	return out
 }

@@ -168,3 +168,30 @@ func (rt *Runtime) SavedTensors() []SavedTensor {
 	}
 	return out
 }
+
+// HeldTensors lists the storages autograd nodes hold in the slot named slot and nowhere else a node saves
+// them (ctx attributes such as MatMul4Bit's "ctx.tensors": what holding them adds), once per storage,
+// parameters left out.
+func (rt *Runtime) HeldTensors(slot string) []SavedTensor {
+	saved := map[*storage]bool{}
+	for t := rt.handles; t != nil; t = t.next {
+		if t.owner.node != nil && !t.owner.kept {
+			saved[t.st] = true
+		}
+	}
+	index := map[*storage]int{}
+	var out []SavedTensor
+	for t := rt.handles; t != nil; t = t.next {
+		if t.owner.node == nil || !t.owner.kept || t.owner.slot != slot || t.st.category == snapshot.CategoryParameter || saved[t.st] {
+			continue
+		}
+		i, ok := index[t.st]
+		if !ok {
+			i = len(out)
+			index[t.st] = i
+			out = append(out, SavedTensor{Label: t.st.labelText(), Bytes: t.st.bytes, Category: t.st.category.String()})
+		}
+		out[i].Holders = append(out[i].Holders, t.holderName())
+	}
+	return out
+}

@@ -15,6 +15,7 @@ package tensor
 import (
 	"errors"
 	"fmt"
+	"github.com/oomdbg/oomdbg/versions"
 	"math/rand/v2"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -58,6 +59,8 @@ type Runtime struct {
 
 	scopeHook func(path string, enter bool) // SetScopeHook
 	pinned    bool                          // new allocations page-locked (Pinned)
+	// versions are the library releases whose behaviour the ops follow where it changed (versions.Behaviours).
+	versions versions.Set
 }
 
 // NewRuntime returns a runtime on dev. tr may be nil (nothing traced). seed makes dropout and initialisation
@@ -74,6 +77,12 @@ func NewRuntime(dev *device.Device, tr Tracer, seed uint64) *Runtime {
 		category:    snapshot.CategoryTemporary,
 	}
 }
+
+// SetVersions sets the library releases the ops follow (the zero Set: versions.Default).
+func (rt *Runtime) SetVersions(s versions.Set) { rt.versions = s }
+
+// Versions returns the library releases the ops follow.
+func (rt *Runtime) Versions() versions.Set { return rt.versions }
 
 // Device returns the runtime's device.
 func (rt *Runtime) Device() *device.Device { return rt.dev }

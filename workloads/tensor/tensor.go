@@ -384,3 +384,6 @@ func contiguousStrides(shape []int) []int {
 	}
 	return s
 }
+
+// Runtime returns the runtime the tensor belongs to.
+func (t *object) Runtime() *Runtime { return t.rt }

@@ -10,6 +10,7 @@ import (
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/tracer"
+	"github.com/oomdbg/oomdbg/versions"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 )
 
@@ -158,4 +159,37 @@ func BenchmarkMetaStepMoE(b *testing.B) {
 		b.Fatal(err)
 	}
 	benchmarkMetaStep(b, qwen, []benchFix{{"qwen3-30b-a3b/qlora all", qlora(AllLoRATargets)}})
+}
+
+// BenchmarkMetaStepLlama8BQLoRALoad measures a whole run of one step of Llama-3.1-8B under QLoRA as
+// transformers, peft and bitsandbytes run it: from_pretrained's load phase (each weight in bf16 on the device,
+// then quantized), peft's kbit preparation, then one step (rank 16 on every projection, bf16 autocast,
+// checkpointing, batch 4 of 2048 tokens, bitsandbytes 0.43.1's kept inputs, transformers 4.47's loss), every
+// event recorded. The target is 150 ms.
+func BenchmarkMetaStepLlama8BQLoRALoad(b *testing.B) {
+	cfg, err := PresetConfig("llama-3.1-8b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.LoRA, cfg.LoRATargets, cfg.QLoRA, cfg.AMP, cfg.Checkpoint = 16, AllLoRATargets, true, knob.AMPBF16, knob.CheckpointAll
+	cfg.Load, cfg.Steps, cfg.GPUMemory = LoadHF, 1, 1<<40
+	if cfg.Versions, err = versions.Parse("transformers=4.47.0,bitsandbytes=0.43.1"); err != nil {
+		b.Fatal(err)
+	}
+	cpu := cputime.Process()
+	var events uint64
+	for range b.N {
+		w, err := snapshot.NewWriter(io.Discard, Meta(cfg, "bench"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, _, err := Run(context.Background(), cfg, tracer.New(w))
+		if err != nil || res.OOM != nil || res.Steps != 1 {
+			b.Fatalf("%v, %+v", err, res)
+		}
+		events += w.Events()
+	}
+	b.ReportMetric(float64(events)/float64(b.N), "events/run")
+	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(b.N), "ms/run")
+	b.ReportMetric((cputime.Process()-cpu).Seconds()*1000/float64(b.N), "cpu-ms/run")
 }

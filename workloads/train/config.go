@@ -15,6 +15,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/knob"
+	"github.com/oomdbg/oomdbg/versions"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn"
@@ -69,6 +70,21 @@ type Config struct {
 	LoRADropout float32     `json:"lora_dropout,omitempty"`
 	LoRATargets LoRATargets `json:"lora_targets,omitzero"`
 	QLoRA       bool        `json:"qlora,omitempty"`
+	// QLoRA's BitsAndBytesConfig: double quantization (bnb_4bit_use_double_quant; on unless turned off) and
+	// the packed weights' dtype (bnb_4bit_quant_storage).
+	QLoRADoubleQuant Toggle       `json:"qlora_double_quant,omitzero"`
+	QLoRAStorage     QuantStorage `json:"qlora_storage,omitzero"`
+	// KbitPrep is peft's prepare_model_for_kbit_training: the 16-bit parameters that are not 4-bit upcast to
+	// float32 (on by default with QLoRA, as peft's and TRL's QLoRA recipes call it).
+	KbitPrep Toggle `json:"kbit_prep,omitzero"`
+	// LoRADType is the adapters' dtype: peft's (by its version), f32 or bf16.
+	LoRADType AdapterDType `json:"lora_dtype,omitzero"`
+	// Loss is how a causal LM's loss is computed: full, chunked:T or fused-linear-ce.
+	Loss LossSetting `json:"loss,omitzero"`
+	// Load is how the model reaches the device: none, or hf (from_pretrained, as a phase of its own).
+	Load Load `json:"load,omitzero"`
+	// Versions are the library releases the run assumes (versions.Default where not given).
+	Versions versions.Set `json:"versions,omitzero"`
 
 	// Sequence lengths (sequence models): each sample's length and how a batch is padded; Seq is the
 	// context, the longest a sample may be (lengths.go).
@@ -140,6 +156,9 @@ func (c *Config) validateAdapters() error {
 	if c.QLoRA && c.LoRA == 0 {
 		return fmt.Errorf("qlora trains LoRA adapters on the 4-bit base: give --lora R")
 	}
+	if err := c.validateStacks(); err != nil {
+		return err
+	}
 	if c.LoRA == 0 && (c.LoRATargets != 0 || c.LoRAAlpha != 0 || c.LoRADropout != 0) {
 		return fmt.Errorf("lora targets, alpha and dropout need --lora R")
 	}
@@ -151,8 +170,8 @@ func (c *Config) validateAdapters() error {
 			strings.Join(c.projections(), ","))
 	}
 	for _, t := range c.LoRATargets.list() {
-		if indexOf(c.projections(), t) < 0 {
-			return fmt.Errorf("lora target %q: the model's projections are %s", t, strings.Join(c.projections(), ","))
+		if t != allLinear && indexOf(c.loraTargetable(), t) < 0 {
+			return fmt.Errorf("lora target %q: the model's projections are %s", t, strings.Join(c.loraTargetable(), ","))
 		}
 	}
 	return c.loraConfig().Validate()
@@ -175,10 +194,13 @@ func (c *Config) loraConfig() nn.LoRAConfig {
 		alpha = DefaultLoRAAlpha
 	}
 	targets := c.LoRATargets.list()
-	if c.LoRATargets == 0 { // peft's default for the model
+	switch {
+	case c.LoRATargets == 0: // peft's default for the model
 		targets = c.defaultLoRATargets()
+	case c.LoRATargets&LoRAAllLinear != 0: // peft's all-linear: every linear layer but the output layer
+		targets = (c.LoRATargets&^LoRAAllLinear | c.EveryProjection()).list()
 	}
-	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: targets}
+	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: targets, DType: c.adapterDType()}
 }
 
 // llamaConfig returns the model configuration of a validated llama Config.
@@ -193,7 +215,11 @@ func (c *Config) llamaConfig() nn.LlamaConfig {
 	}
 	m := nn.LlamaConfig{Vocab: c.Vocab, DModel: c.DModel, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
 		HeadDim: c.HeadDim, FFN: c.FFN, Tied: c.Tied, QKVBias: c.QKVBias, NormEps: c.NormEps, RopeTheta: c.RopeTheta,
-		Attention: attention, Dropout: c.Dropout, DType: dtype, QLoRA: c.QLoRA}
+		Attention: attention, Dropout: c.Dropout, DType: dtype, QLoRA: c.QLoRA,
+		Loss: nn.Loss{Kind: c.Loss.Kind, Chunk: c.Loss.Chunk}, Prequantized: c.Load == LoadNone}
+	if c.QLoRA {
+		m.Quant = &tensor.Quant4Options{DoubleQuant: c.QLoRADoubleQuant.On(true), Storage: c.QLoRAStorage.dtype()}
+	}
 	if c.LoRA > 0 {
 		lc := c.loraConfig()
 		m.Adapter = &lc
@@ -278,6 +304,10 @@ func (c *Config) Validate() error {
 	}
 	if !c.HF() && (c.LoRA != 0 || c.QLoRA || c.Weights != WeightsF32 || c.LoRATargets != 0) {
 		return fmt.Errorf("lora, qlora and weights apply to the llama model and to bert")
+	}
+	if !c.HF() && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8 || c.KbitPrep != ToggleDefault ||
+		c.LoRADType != AdapterPEFT || !c.Loss.IsZero() || c.Load != LoadNone) {
+		return fmt.Errorf("qlora storage, kbit-prep, lora dtype, loss and load apply to the llama model (and load to bert)")
 	}
 	if !c.HF() && (c.Family != FamilyShape{} || !c.Routing.IsZero() || c.Task != TaskMLM) {
 		return fmt.Errorf("experts, routing and task apply to the llama and bert models")

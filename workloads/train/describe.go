@@ -7,7 +7,7 @@ import (
 
 // ModelName says what model the configuration trains, as reports name it: its preset or Hugging Face
 // architecture, else its kind, with its adapters and weights dtype ("llama-3.1-8b [QLoRA r=16, bf16
-// weights]").
+// weights]"), and the settings and library releases that differ from the defaults.
 func (c Config) ModelName() string {
 	name := c.Model
 	if c.Architecture != "" {
@@ -26,6 +26,22 @@ func (c Config) ModelName() string {
 	}
 	if c.Weights != WeightsF32 {
 		parts = append(parts, c.Weights.String()+" weights")
+	}
+	// What differs from the recipe's defaults: QLoRA's storage and preparation, the loss, the releases.
+	if c.QLoRA && !c.QLoRADoubleQuant.On(true) {
+		parts = append(parts, "no double quantization")
+	}
+	if c.QLoRA && c.QLoRAStorage != StorageUint8 {
+		parts = append(parts, "stored in "+c.QLoRAStorage.String())
+	}
+	if c.QLoRA && !c.kbitPrep() {
+		parts = append(parts, "no kbit preparation")
+	}
+	if !c.Loss.IsZero() {
+		parts = append(parts, c.Loss.String()+" loss")
+	}
+	if !c.Versions.IsZero() {
+		parts = append(parts, strings.ReplaceAll(c.Versions.String(), ",", " "))
 	}
 	if len(parts) > 0 {
 		name += " [" + strings.Join(parts, ", ") + "]"

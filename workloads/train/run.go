@@ -231,6 +231,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
 		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
 	r.rt.OnOOM(r.onOOM)
+	r.rt.SetVersions(cfg.Versions)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
 	}
@@ -367,10 +368,21 @@ func DistinctRanks(cfg Config) ([]int, error) {
 	return dist.DistinctRanks(p, numels), nil
 }
 
-// setup is the setup phase: the model on the device, the optimizer and, for fp16, the grad scaler.
+// setup is the setup phase: the model on the device (after the load phase, when the run loads it as
+// from_pretrained does), peft's preparation of a quantized model, the optimizer and, for fp16, the grad
+// scaler.
 func (r *run) setup() {
+	if r.cfg.Load == LoadHF {
+		r.setPhase(snapshot.PhaseLoad)
+		r.load()
+	}
 	r.setPhase(snapshot.PhaseSetup)
-	r.build()
+	if r.model == nil {
+		r.build()
+	}
+	if r.cfg.kbitPrep() {
+		nn.PrepareForKbitTraining(r.model)
+	}
 	if r.rank != nil {
 		r.rank.Wrap(r.model) // the strategy wraps the model and makes the optimizer
 	} else {
@@ -387,6 +399,11 @@ func (r *run) setup() {
 		r.scaler = optim.NewGradScaler(r.rt)
 	}
 }
+
+// load is from_pretrained: the model built on the device as transformers loads a checkpoint, each weight
+// put there in the checkpoint's dtype and a 4-bit one quantized there (nn.LlamaConfig.Prequantized false).
+// Its name is what the importer's frame rules read as the load phase.
+func (r *run) load() { r.build() }
 
 // build allocates the model and the dataset.
 func (r *run) build() {

@@ -66,9 +66,16 @@ func ParseLoRATargets(s string) (LoRATargets, error) {
 	var ts LoRATargets
 	for _, t := range strings.Split(s, ",") {
 		t = strings.TrimSpace(t)
+		if t == allLinear {
+			if ts&LoRAAllLinear != 0 {
+				return 0, fmt.Errorf("lora target %q given twice", t)
+			}
+			ts |= LoRAAllLinear
+			continue
+		}
 		i := slices.Index(nn.LoRAProjections, t)
 		if i < 0 {
-			return 0, fmt.Errorf("unknown lora target %q (want some of %s)", t, strings.Join(nn.LoRAProjections, ","))
+			return 0, fmt.Errorf("unknown lora target %q (want some of %s, or %s)", t, strings.Join(nn.LoRAProjections, ","), allLinear)
 		}
 		if ts&(1<<i) != 0 {
 			return 0, fmt.Errorf("lora target %q given twice", t)
@@ -82,7 +89,7 @@ func (l LoRATargets) String() string                   { return strings.Join(l.l
 func (l LoRATargets) MarshalText() ([]byte, error)     { return []byte(l.String()), nil }
 func (l *LoRATargets) UnmarshalText(text []byte) error { return parseInto(l, ParseLoRATargets, text) }
 
-// list returns the projections in the set, in nn.LoRAProjections' order.
+// list returns the projections in the set, in nn.LoRAProjections' order, then all-linear.
 func (l LoRATargets) list() []string {
 	var names []string
 	for i, p := range nn.LoRAProjections {
@@ -90,5 +97,14 @@ func (l LoRATargets) list() []string {
 			names = append(names, p)
 		}
 	}
+	if l&LoRAAllLinear != 0 {
+		names = append(names, allLinear)
+	}
 	return names
 }
+
+// LoRAAllLinear is peft's target_modules="all-linear": every linear layer of the model but its output layer
+// (lm_head), the model's projections.
+const LoRAAllLinear LoRATargets = 1 << 15
+
+const allLinear = "all-linear"

@@ -1,0 +1,195 @@
+package nn
+
+import (
+	"fmt"
+
+	"github.com/oomdbg/oomdbg/versions"
+	"github.com/oomdbg/oomdbg/workloads/tensor"
+)
+
+// The losses of a causal LM: HF's full loss in the generation of the run's transformers release, and the two
+// that trainers use to keep the logits from dominating long-context memory.
+
+// LossKind is how the loss is computed from the final hidden states.
+type LossKind uint8
+
+// The losses.
+const (
+	// LossFull is lm_head over every position, then the model's causal-LM loss (versions.LossGeneration).
+	LossFull LossKind = iota
+	// LossChunked is torchtune's CEWithChunkedOutputLoss (and LitGPT's chunked lm_head): lm_head over chunks
+	// of tokens, each chunk's logits upcast and put through cross-entropy (sum) on its own, the sum divided
+	// by the tokens counted.
+	LossChunked
+	// LossFusedLinearCE is Liger's LigerFusedLinearCrossEntropyLoss: lm_head and cross-entropy fused in chunks
+	// of rows, the logits never whole, the input's gradient computed in the forward and saved.
+	LossFusedLinearCE
+)
+
+// Loss is the loss a causal LM computes: the kind, and for LossChunked the tokens per chunk.
+type Loss struct {
+	Kind  LossKind
+	Chunk int // tokens per chunk (LossChunked)
+}
+
+func (l Loss) validate() error {
+	if l.Kind == LossChunked && l.Chunk <= 0 {
+		return fmt.Errorf("a chunked loss needs chunks of at least one token (got %d)", l.Chunk)
+	}
+	if l.Kind > LossFusedLinearCE {
+		return fmt.Errorf("unknown loss %d", l.Kind)
+	}
+	return nil
+}
+
+// causalLMHead runs lm_head and the loss on the final hidden states h (batch, seq, d) as loss says, and
+// returns the logits the model's output holds (nil where the loss never makes them whole) and the loss. It
+// takes h's reference.
+func causalLMHead(rt *tensor.Runtime, head Layer, weight *Parameter, h, labels *tensor.Tensor, loss Loss) (logits, l *tensor.Tensor) {
+	switch loss.Kind {
+	case LossChunked:
+		l = chunkedLoss(rt, head, h, labels, loss.Chunk)
+		h.Release()
+		return nil, l
+	case LossFusedLinearCE:
+		l = fusedLinearCELoss(rt, weight, h, labels)
+		h.Release()
+		return nil, l
+	}
+	leave := rt.Scope("lm_head")
+	sliced := h.Narrow(1, 0, h.Dim(1)) // hidden_states[:, slice(-0, None), :]
+	leave()
+	logits = head.Forward(sliced)
+	sliced.Release()
+	logits, l = causalLMLoss(logits, labels)
+	h.Release() // outputs[0], alive until the forward returns
+	return logits, l
+}
+
+// causalLMLoss is the causal-LM loss of the runtime's transformers release (versions.Set.CausalLMLoss) on
+// the logits lm_head returned; it returns the logits the model's output holds (float32 for the in-model loss,
+// which rebinds them, else the ones it was given) and the loss.
+func causalLMLoss(logits, labels *tensor.Tensor) (*tensor.Tensor, *tensor.Tensor) {
+	switch logits.Runtime().Versions().CausalLMLoss() {
+	case versions.LossInModel:
+		// LlamaForCausalLM.forward before 4.46: logits = logits.float(); shift_logits = logits[..., :-1,
+		// :].contiguous(); shift_labels = labels[..., 1:].contiguous(); CrossEntropyLoss()(...).
+		lf := tensor.ToDType(logits, tensor.F32)
+		logits.Release()
+		return lf, shiftedLogitsLoss(lf, labels)
+	case versions.LossShiftLogits:
+		// ForCausalLMLoss of 4.46 to 4.48: the same inside the loss, on its own float32 copy.
+		lf := tensor.ToDType(logits, tensor.F32)
+		loss := shiftedLogitsLoss(lf, labels)
+		lf.Release()
+		return logits, loss
+	}
+	return logits, shiftedLabelsLoss(logits, labels)
+}
+
+// shiftedLogitsLoss is cross_entropy(logits[..., :-1, :].contiguous().view(-1, V), labels[..., 1:]
+// .contiguous().view(-1)) of float32 logits.
+func shiftedLogitsLoss(lf, labels *tensor.Tensor) *tensor.Tensor {
+	t := lf.Dim(1)
+	sv := lf.Narrow(1, 0, t-1)
+	shifted := sv.Contiguous()
+	sv.Release()
+	lv := labels.Narrow(-1, 1, t-1)
+	shiftLabels := lv.Contiguous()
+	lv.Release()
+	flat := shifted.View(-1, lf.Dim(-1))
+	shifted.Release()
+	tflat := shiftLabels.View(-1)
+	shiftLabels.Release()
+	loss := tensor.CrossEntropy(flat, tflat)
+	flat.Release()
+	tflat.Release()
+	return loss
+}
+
+// shiftedLabelsLoss is ForCausalLMLoss from 4.49 with num_items_in_batch unset (mean reduction): the logits
+// upcast, the labels padded with -100 and shifted, and cross_entropy with ignore_index -100.
+func shiftedLabelsLoss(logits, labels *tensor.Tensor) *tensor.Tensor {
+	lf := tensor.ToDType(logits, tensor.F32) // logits.float(): a copy unless already float32
+	shiftLabels := shiftLabels(labels)
+	flat := lf.View(-1, lf.Dim(-1))
+	lf.Release()
+	tflat := shiftLabels.View(-1)
+	shiftLabels.Release()
+	loss := tensor.CrossEntropy(flat, tflat)
+	flat.Release()
+	tflat.Release()
+	return loss
+}
+
+// shiftLabels is nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous().
+func shiftLabels(labels *tensor.Tensor) *tensor.Tensor {
+	padded := tensor.PadLast(labels, 1, -100)
+	shifted := padded.Narrow(-1, 1, labels.Dim(-1))
+	padded.Release()
+	out := shifted.Contiguous()
+	shifted.Release()
+	return out
+}
+
+// chunkedLoss is torchtune's chunked output and CEWithChunkedOutputLoss: the labels shifted (the recipe's
+// hstack of labels[..., 1:] and an ignore column), lm_head over each chunk of chunk tokens of h (the
+// chunks' logits a list, all alive until the loss returns), and for each chunk cross_entropy(logits.float(),
+// labels, reduction="sum"), the float32 copy freed once its log-probabilities are saved; the sum divided by
+// the tokens counted.
+func chunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk int) *tensor.Tensor {
+	shifted := shiftLabels(labels)
+	defer shifted.Release()
+	t := h.Dim(1)
+	var chunks []*tensor.Tensor
+	leave := rt.Scope("lm_head")
+	for start := 0; start < t; start += chunk {
+		n := min(chunk, t-start)
+		hc := h.Narrow(1, start, n)
+		chunks = append(chunks, head.Forward(hc))
+		hc.Release()
+	}
+	leave()
+	var total *tensor.Tensor
+	for i, lc := range chunks {
+		n := lc.Dim(1)
+		flat := lc.Reshape(-1, lc.Dim(-1))
+		lf := tensor.ToDType(flat, tensor.F32)
+		flat.Release()
+		lv := shifted.Narrow(1, i*chunk, n)
+		tflat := lv.Reshape(-1)
+		lv.Release()
+		ce := tensor.CrossEntropySum(lf, tflat)
+		lf.Release()
+		tflat.Release()
+		if total == nil {
+			total = ce
+			continue
+		}
+		sum := tensor.Add(total, ce)
+		total.Release()
+		ce.Release()
+		total = sum
+	}
+	releaseAll(chunks)
+	count := float32(shifted.Numel() - shifted.Dim(0)) // the ignore column is not counted
+	loss := tensor.Scale(total, 1/count)
+	total.Release()
+	return loss
+}
+
+// fusedLinearCELoss is LigerFusedLinearCrossEntropyLoss on the flattened hidden states and the shifted
+// labels (Liger's causal-LM forward: shift_hidden_states = hidden_states[..., :-1, :].contiguous() and
+// shift_labels = labels[..., 1:].contiguous() in the generations that shift the logits, the padded labels
+// from 4.49).
+func fusedLinearCELoss(rt *tensor.Runtime, weight *Parameter, h, labels *tensor.Tensor) *tensor.Tensor {
+	defer rt.Scope("lm_head")()
+	shifted := shiftLabels(labels)
+	flat := h.View(-1, h.Dim(-1))
+	tflat := shifted.View(-1)
+	shifted.Release()
+	loss := tensor.FusedLinearCrossEntropy(flat, weight.Tensor, tflat)
+	flat.Release()
+	tflat.Release()
+	return loss
+}
