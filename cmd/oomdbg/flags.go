@@ -205,7 +205,7 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "router-aux-loss", func(c *cfg) *float32 { return &c.Family.RouterAuxLoss }, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
 	field(f, "task", func(c *cfg) *train.Task { return &c.Task }, "bert: mlm (BertForMaskedLM) or classify (BertForSequenceClassification)")
 	field(f, "amp", func(c *cfg) *knob.AMP { return &c.AMP }, "mixed precision: off, fp16 (with loss scaling) or bf16")
-	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N or attn (gpt only)")
+	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N, attn (gpt only) or selective:ops (every block, keeping the outputs of its matrix products and attention kernels and recomputing the rest, as torch's selective activation checkpointing)")
 	field(f, "attention", func(c *cfg) *knob.Attention { return &c.Attention }, "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
 	field(f, "accum", func(c *cfg) *int { return &c.Accum }, "micro-batches per optimizer step (gradient accumulation)")
 	field(f, "seq-dist", func(c *cfg) *train.SeqDist { return &c.SeqDist }, "gpt and llama sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")

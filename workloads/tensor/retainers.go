@@ -105,7 +105,9 @@ func (w *retainerWalk) visitNode(n *Node, parent uint64) {
 	w.out = append(w.out, Retainer{Holder: id, Parent: parent, Description: n.Describe()})
 	w.queue = append(w.queue, func() {
 		for _, s := range n.saved {
-			w.visitRef(s, id)
+			if s != nil { // taken back by a selective recompute
+				w.visitRef(s, id)
+			}
 		}
 		for _, k := range n.kept {
 			w.visitRef(k, id)

@@ -58,6 +58,9 @@ type Runtime struct {
 
 	scopeHook func(path string, enter bool) // SetScopeHook
 	pinned    bool                          // new allocations page-locked (Pinned)
+
+	policy *CheckpointPolicy // what checkpointed regions keep (SetCheckpointPolicy)
+	region *policyRegion     // the checkpointed region running under policy, if any
 }
 
 // NewRuntime returns a runtime on dev. tr may be nil (nothing traced). seed makes dropout and initialisation

@@ -78,7 +78,7 @@ type Config struct {
 
 	// Fixes.
 	AMP        knob.AMP        `json:"amp"`                  // off, fp16 (with dynamic loss scaling) or bf16
-	Checkpoint knob.Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block) or attn (attention only)
+	Checkpoint knob.Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block), attn (attention only) or selective:ops
 	Attention  knob.Attention  `json:"attention"`            // naive or flash
 	Accum      int             `json:"accum"`                // micro-batches per optimizer step (gradient accumulation)
 	EmptyCache EmptyCache      `json:"empty_cache,omitzero"` // when the loop calls torch.cuda.empty_cache()

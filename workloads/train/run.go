@@ -221,6 +221,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
 		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
 	r.rt.OnOOM(r.onOOM)
+	r.rt.SetCheckpointPolicy(planCheckpoint(cfg.Checkpoint).policy)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
 	}
