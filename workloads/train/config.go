@@ -99,9 +99,13 @@ type Config struct {
 	Optimizer knob.Optimizer `json:"optimizer"` // one of knob.Optimizers
 	// OptimizerImpl is how torch.optim runs Adam and AdamW: foreach ("" too), fused or for-loop.
 	OptimizerImpl knob.OptimizerImpl `json:"optimizer_impl,omitempty"`
-	LR            float32            `json:"lr"`
-	WeightDecay   float32            `json:"weight_decay,omitempty"`
-	ZeroGrad      knob.ZeroGrad      `json:"zero_grad"` // none (set_to_none, the default) or zero
+	// OptimizerInBackward steps each parameter in backward, the moment its gradient is accumulated, and
+	// frees the gradient right after (torchtune's optimizer_in_bwd: an optimizer per parameter, stepped by
+	// its post-accumulate-grad hook).
+	OptimizerInBackward bool          `json:"optimizer_in_backward,omitempty"`
+	LR                  float32       `json:"lr"`
+	WeightDecay         float32       `json:"weight_decay,omitempty"`
+	ZeroGrad            knob.ZeroGrad `json:"zero_grad"` // none (set_to_none, the default) or zero
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
@@ -325,10 +329,29 @@ func (c *Config) Validate() error {
 	if c.AMP == knob.AMPFP16 && c.Weights == WeightsFP16 {
 		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
+	if err := c.validateInBackward(); err != nil {
+		return err
+	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))
 	}
 	return c.validateParallel()
+}
+
+// validateInBackward checks what the optimizer step in backward combines with: each parameter is updated
+// as its gradient arrives, so nothing may need every gradient first.
+func (c *Config) validateInBackward() error {
+	switch {
+	case !c.OptimizerInBackward:
+		return nil
+	case c.Accum > 1:
+		return fmt.Errorf("optimizer in backward updates each parameter as its gradient arrives: it cannot accumulate gradients over --accum %d micro-batches (torchtune refuses the same)", c.Accum)
+	case c.AMP == knob.AMPFP16:
+		return fmt.Errorf("optimizer in backward with amp fp16: the grad scaler unscales and checks every gradient before any step (use bf16)")
+	case c.Parallel.Parallel():
+		return fmt.Errorf("optimizer in backward with data parallelism is not modelled")
+	}
+	return nil
 }
 
 // validateParallel checks how the data-parallel settings combine with the rest (validateNumbers has checked

@@ -364,8 +364,14 @@ func (r *run) setup() {
 	} else {
 		// The optimizer gets what requires grad, as Trainer.create_optimizer does (all parameters but a
 		// frozen base's).
-		opt, err := optim.New(r.rt, nn.Trainable(r.model), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR,
-			WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl})
+		oc := optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl}
+		newOptimizer := optim.New
+		if r.cfg.OptimizerInBackward {
+			newOptimizer = func(rt *tensor.Runtime, ps []*nn.Parameter, oc optim.Config) (optim.Optimizer, error) {
+				return optim.NewInBackward(rt, ps, oc, r.cfg.ZeroGrad == knob.ZeroGradNone)
+			}
+		}
+		opt, err := newOptimizer(r.rt, nn.Trainable(r.model), oc)
 		if err != nil {
 			panic(err) // Validate accepted the kind
 		}
