@@ -101,6 +101,28 @@ func (f optionalFlag[T]) Set(s string) error {
 
 func (f optionalFlag[T]) Type() string { return f.typ }
 
+// offloadFlag is --offload: train.ParseOffload's list, which sets two fields of a Config (the data-parallel
+// offload and the activations').
+type offloadFlag struct{ c *train.Config }
+
+func (f offloadFlag) String() string {
+	if f.c == nil {
+		return ""
+	}
+	return f.c.Offload().String()
+}
+
+func (f offloadFlag) Set(s string) error {
+	o, err := train.ParseOffload(s)
+	if err != nil {
+		return err
+	}
+	f.c.SetOffload(o)
+	return nil
+}
+
+func (offloadFlag) Type() string { return "string" }
+
 // elementsFlag is an element count, as DeepSpeed's config writes them (5e8 or 500000000).
 type elementsFlag struct{ v *int64 }
 
@@ -245,7 +267,10 @@ func addParallelFlags(f *configFlags) {
 	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
 	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
 	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
-	field(f, "offload", func(c *train.Config) *dist.Offload { return &p(c).Offload }, "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
+	f.fs.Var(offloadFlag{f.given}, "offload", "what goes to host memory, joined by +: optimizer (zero1-3) or optimizer+params (zero3, fsdp), "+
+		"and activations (gpt, llama: what the model's forward saves for backward, to pinned host memory through saved_tensors_hooks as torchtune's "+
+		"OffloadActivations does, with a copy stream; activations:sync without one); none")
+	f.copies["offload"] = func(to *train.Config) { to.SetOffload(f.given.Offload()) }
 	field(f, "offload-pageable", func(c *train.Config) *bool { return &p(c).OffloadPageable }, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
 	field(f, "bucket-cap-mb", func(c *train.Config) *float64 { return &p(c).BucketCapMB }, "ddp: gradient bucket size in MiB (0: 25, with a first bucket of 1 MiB)")
 	field(f, "gradient-as-bucket-view", func(c *train.Config) *bool { return &p(c).GradientAsBucketView }, "ddp: gradients are views of their buckets, not copies")

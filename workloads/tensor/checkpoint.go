@@ -72,7 +72,7 @@ func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tenso
 	if region != nil {
 		for _, k := range region.kept {
 			policySlots = append(policySlots, len(node.saved))
-			node.save("policy", k)
+			node.saveOnDevice("policy", k) // held by the checkpoint, not saved through the hooks
 			k.Release()
 		}
 	}

@@ -152,7 +152,8 @@ type SavedTensor struct {
 func (rt *Runtime) SavedTensors() []SavedTensor {
 	refs := make([]*Tensor, 0)
 	for t := rt.handles; t != nil; t = t.next {
-		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 {
+		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 &&
+			t.st.offload == nil { // an offloaded one is in host memory
 			refs = append(refs, t)
 		}
 	}

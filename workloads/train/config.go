@@ -110,6 +110,10 @@ type Config struct {
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
 
+	// ActivationOffload moves what the model's forward saves for backward to pinned host memory (--offload
+	// activations), as torchtune's OffloadActivations does.
+	ActivationOffload ActivationOffload `json:"activation_offload,omitzero"`
+
 	// Parallel is the data-parallel job the run is one rank of (the zero value: one GPU): the GPUs and
 	// nodes, the strategy (DDP, ZeRO-1/2/3, FSDP), the rank simulated, CPU offload and each strategy's knobs.
 	Parallel dist.Settings `json:"parallel,omitzero"`
@@ -330,6 +334,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
 	if err := c.validateInBackward(); err != nil {
+		return err
+	}
+	if err := c.validateActivationOffload(); err != nil {
 		return err
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {

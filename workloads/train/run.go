@@ -230,6 +230,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 			return nil, err
 		}
 	}
+	r.setActivationOffload()
 	return r, nil
 }
 
@@ -237,14 +238,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 func (r *run) newRank() error {
 	cfg := r.cfg
 	if cfg.Parallel.Offload != dist.OffloadNone {
-		h := allocator.NewHostAllocator()
-		var tr tensor.Tracer
-		if r.rec != nil {
-			ht := newHostTracker(r.rec)
-			h.SetObserver(ht.observe)
-			tr = ht
-		}
-		r.host = tensor.NewRuntime(device.NewHost(cfg.Device, h), tr, cfg.Seed)
+		r.hostRuntime()
 	}
 	var annotate func(string)
 	if r.rec != nil {
@@ -527,11 +521,13 @@ func (r *run) forward(x, y *tensor.Tensor) *tensor.Tensor {
 	keep := r.cfg.Logits == LogitsKeep
 	var logits, loss *tensor.Tensor
 	r.autocast(func() {
-		if keep {
-			logits, loss = r.model.ForwardLoss(x, y)
-		} else {
-			loss = r.model.Loss(x, y)
-		}
+		r.rt.OffloadForward(func() { // with OffloadActivations(): the model; its head and loss without
+			if keep {
+				logits, loss = r.model.ForwardLoss(x, y)
+			} else {
+				loss = r.model.Loss(x, y)
+			}
+		})
 		if r.cfg.Accum > 1 { // loss = loss / accum, so the accumulated gradient is the mean's
 			scaled := tensor.Scale(loss, 1/float32(r.cfg.Accum))
 			loss.Release()
