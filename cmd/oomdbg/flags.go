@@ -243,6 +243,7 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "alloc-conf", func(c *cfg) *train.AllocConf { return &c.AllocConf }, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
 	field(f, "optimizer", func(c *cfg) *knob.Optimizer { return &c.Optimizer }, "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
 	field(f, "optimizer-impl", func(c *cfg) *knob.OptimizerImpl { return &c.OptimizerImpl }, "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
+	field(f, "compile", func(c *cfg) *bool { return &c.Compile }, "torch.compile the model: refused, with the reason (what its partitioner saves is not modelled)")
 	field(f, "optimizer-in-backward", func(c *cfg) *bool { return &c.OptimizerInBackward }, "step each parameter in backward as soon as its gradient is accumulated and free the gradient right after (torchtune's optimizer_in_bwd: an optimizer per parameter, stepped by its post-accumulate-grad hook; no --accum, no fp16)")
 	field(f, "lr", func(c *cfg) *float32 { return &c.LR }, "learning rate")
 	field(f, "weight-decay", func(c *cfg) *float32 { return &c.WeightDecay }, "weight decay (adamw defaults to 0.01)")

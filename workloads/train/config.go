@@ -9,6 +9,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -109,6 +110,9 @@ type Config struct {
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
+
+	// Compile asks for the model under torch.compile, which is refused: its figures are not modelled.
+	Compile bool `json:"compile,omitempty"`
 
 	// ActivationOffload moves what the model's forward saves for backward to pinned host memory (--offload
 	// activations), as torchtune's OffloadActivations does.
@@ -333,6 +337,9 @@ func (c *Config) Validate() error {
 	if c.AMP == knob.AMPFP16 && c.Weights == WeightsFP16 {
 		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
+	if c.Compile {
+		return ErrCompile
+	}
 	if err := c.validateInBackward(); err != nil {
 		return err
 	}
@@ -344,6 +351,12 @@ func (c *Config) Validate() error {
 	}
 	return c.validateParallel()
 }
+
+// ErrCompile is why --compile is refused rather than ignored: what a compiled model keeps is not what eager
+// PyTorch keeps, and the runtime is eager PyTorch.
+var ErrCompile = errors.New("torch.compile is not modelled: its min-cut partitioner (functorch's " +
+	"min_cut_rematerialization_partition) chooses what the compiled graph saves and recomputes, and its fusions " +
+	"drop intermediates, so eager figures would not be its; run without --compile for eager PyTorch's")
 
 // validateInBackward checks what the optimizer step in backward combines with: each parameter is updated
 // as its gradient arrives, so nothing may need every gradient first.
