@@ -57,8 +57,10 @@ var layers = map[string][]string{
 	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
 	"workloads/dist":  {"knob", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
 	"workloads/train": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
-	"leaks/leakstest": {"knob", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
-	"tui":             {"knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
+	// The trainers' configuration files (torchtune, LitGPT, axolotl, TrainingArguments) read into a run.
+	"workloads/train/frameworks": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"leaks/leakstest":            {"knob", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
+	"tui":                        {"knob", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.
 	"fit": {"knob", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The runtime behind the TUI and the report: it serves the TUI's Backend and triage's Measurer and
