@@ -65,6 +65,7 @@ the run flags that reproduce it. Ctrl-C prints what was found so far.`,
 			if err != nil {
 				return err
 			}
+			flags.writeSource(cmd.ErrOrStderr())
 			req := fit.Request{FreeBatch: !keepBatch, Top: top, Margin: margin / 100, Explain: explain}
 			if req.GPU, err = fit.LookupGPU(gpu); err != nil {
 				return err

@@ -4,11 +4,13 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -17,6 +19,7 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
+	"github.com/oomdbg/oomdbg/workloads/train/frameworks"
 )
 
 // maxSize bounds the sizes flags take: 1 PiB of device memory is the most a run simulates, and more than any
@@ -162,6 +165,9 @@ type configFlags struct {
 	given            *train.Config
 	copies           map[string]func(to *train.Config) // by flag name: copies the flag's field from given
 	preset, hfConfig string
+	// configFile is --config, a framework's configuration file; mapping is what config read of it.
+	configFile string
+	mapping    *frameworks.Mapping
 }
 
 // field binds the flag name to the field of a Config that at returns: a flag of T's kind, or of value's
@@ -255,10 +261,21 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	return f
 }
 
-// addHFConfig adds --hf-config, the other flag that names a whole model.
+// addHFConfig adds --hf-config, the other flag that names a whole model, and --config, a trainer's
+// configuration file.
 func (f *configFlags) addHFConfig() *configFlags {
 	f.fs.StringVar(&f.hfConfig, "hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
+	f.fs.StringVar(&f.configFile, "config", "", "start from a trainer's configuration file: a torchtune recipe, a LitGPT finetune YAML, an axolotl YAML, "+
+		"or Hugging Face TrainingArguments JSON beside the model's config.json (and a peft adapter_config.json); the flags it comes to and "+
+		"the fields it ignores are printed on standard error, and flags given with it change it (--hf-config replaces its model)")
 	return f
+}
+
+// writeSource says on w what --config read: the equivalent flags and the fields ignored.
+func (f *configFlags) writeSource(w io.Writer) {
+	if f.mapping != nil {
+		f.mapping.Write(w, fit.JoinFlags)
+	}
 }
 
 // addParallelFlags puts the data-parallel settings on flags.
@@ -304,7 +321,7 @@ func presetDefault(cfg train.Config) string {
 // config returns the run configuration the command line describes: the configuration of the model's source
 // (app.BaseConfig), with every flag the user set. It is validated where it runs, once.
 func (f *configFlags) config() (train.Config, error) {
-	cfg, err := app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	cfg, err := f.baseConfig()
 	if err != nil {
 		return cfg, err
 	}
@@ -317,6 +334,31 @@ func (f *configFlags) config() (train.Config, error) {
 		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
 	}
 	return cfg, nil
+}
+
+// baseConfig is the configuration the flags start from: a preset's, a config.json's, or what --config's file
+// maps to (on --hf-config's model, when both are given).
+func (f *configFlags) baseConfig() (train.Config, error) {
+	if f.configFile == "" {
+		return app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	}
+	if f.preset != "" {
+		return train.Config{}, fmt.Errorf("--config and --preset both name a model: give one (--hf-config replaces the file's model)")
+	}
+	var model *train.Config
+	if f.hfConfig != "" {
+		m, err := app.BaseConfig("", f.hfConfig, "")
+		if err != nil {
+			return m, err
+		}
+		model = &m
+	}
+	m, err := frameworks.ReadFile(f.configFile, model)
+	if err != nil {
+		return train.Config{}, err
+	}
+	f.mapping = m
+	return m.Config, nil
 }
 
 // flagError names the flag of a configuration field that holds an impossible number: "--hidden 4611686018427387904:

@@ -55,6 +55,7 @@ meta device and refuses to start when that is more than --max-memory.`,
 			if err != nil {
 				return err
 			}
+			flags.writeSource(cmd.ErrOrStderr())
 			rec.Memory, rec.Version = &mem.Limit, toolVersion()
 			record := app.Record
 			if ranks == "uneven" {
