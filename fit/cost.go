@@ -80,7 +80,8 @@ func shapeOf(c train.Config) shape {
 }
 
 // checkpointed returns the share of blocks checkpointing recomputes whole, and whether it recomputes the
-// attention of every block instead.
+// attention of every block instead. selective:ops recomputes no matrix product (its policy keeps their
+// outputs): it adds no FLOPs, only the passes of naive attention's pointwise ops over the scores (Estimate).
 func checkpointed(c knob.Checkpoint, layers int) (share float64, attention bool) {
 	switch {
 	case c.Every() == 1:
@@ -151,9 +152,10 @@ func Estimate(c train.Config, g GPU) Cost {
 	var attnBytes float64
 	if s.attnWidth > 0 && c.Attention == knob.AttentionNaive {
 		passes := 12.0
-		if attnOnly {
+		switch {
+		case attnOnly, c.Checkpoint.Ops(): // selective:ops: the scores kept, their scale, mask and softmax run again
 			passes += 4
-		} else {
+		default:
 			passes += 4 * share
 		}
 		scoreElem := 2.0

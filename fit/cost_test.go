@@ -36,6 +36,15 @@ func TestEstimateFLOPs(t *testing.T) {
 	if wantExtra := 2*blocks*tokens + attn/3; math.Abs(extra/wantExtra-1) > 0.01 {
 		t.Errorf("checkpointing adds %.4g FLOPs, want one forward of the blocks, %.4g", extra, wantExtra)
 	}
+	// selective:ops keeps every matmul's output: its recompute runs no matrix product.
+	sel := cfg
+	sel.Checkpoint = knob.CheckpointOps
+	if extra := fit.Estimate(sel, g).FLOPs - got; extra != 0 {
+		t.Errorf("selective:ops adds %.4g FLOPs; its policy recomputes no matmul", extra)
+	}
+	if fit.Estimate(sel, g).Attention <= fit.Estimate(cfg, g).Attention {
+		t.Error("selective:ops with naive attention reads the kept scores again for their softmax: its attention time must grow")
+	}
 	// A LoRA fine-tune's backward skips the frozen weights' gradients: about 4 of the 6.
 	l := preset(t, "llama-3.2-1b", 24, loraBF16)
 	lall, trainable, err := train.ModelParameters(l)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -28,9 +27,9 @@ func Flags(c train.Config) []string {
 	}
 	if p := c.Parallel; p.Parallel() {
 		f = append(f, "--gpus", fmt.Sprint(p.World()), "--dp", p.Strategy.String())
-		if p.Offload != dist.OffloadNone {
-			f = append(f, "--offload", p.Offload.String())
-		}
+	}
+	if o := c.Offload(); o != (train.Offload{}) { // the optimizer's and the activations', in one list
+		f = append(f, "--offload", o.String())
 	}
 	return f
 }

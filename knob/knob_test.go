@@ -16,7 +16,7 @@ func TestWordsRoundTrip(t *testing.T) {
 			t.Errorf("amp %q: %v, %v", s, a, err)
 		}
 	}
-	for _, s := range []string{"off", "all", "attn", "every:1", "every:3"} {
+	for _, s := range []string{"off", "all", "attn", "every:1", "every:3", "selective:ops"} {
 		if c, err := knob.ParseCheckpoint(s); err != nil || c.String() != s {
 			t.Errorf("checkpoint %q: %v, %v", s, c, err)
 		}
@@ -44,7 +44,8 @@ func TestWordsRoundTrip(t *testing.T) {
 	for s, want := range map[string]string{
 		"every:0":       `checkpoint "every:0": N must be a positive integer`,
 		"every:2000000": `checkpoint "every:2000000": N must be a positive integer`,
-		"some":          `unknown checkpoint "some" (want off, all, every:N or attn)`,
+		"some":          `unknown checkpoint "some" (want off, all, every:N, attn or selective:ops)`,
+		"selective:mm":  `unknown checkpoint "selective:mm" (want off, all, every:N, attn or selective:ops)`,
 	} {
 		if _, err := knob.ParseCheckpoint(s); err == nil || err.Error() != want {
 			t.Errorf("checkpoint %q: %v, want %q", s, err, want)
@@ -62,14 +63,16 @@ func TestCheckpointBlocks(t *testing.T) {
 		layers  int
 		blocks  []int
 		attn    bool
+		ops     bool
 		periods int
 	}{
-		"off":     {layers: 5},
-		"attn":    {layers: 5, attn: true},
-		"all":     {layers: 5, blocks: []int{0, 1, 2, 3, 4}, periods: 1},
-		"every:2": {layers: 5, blocks: []int{0, 2, 4}, periods: 2},
-		"every:3": {layers: 7, blocks: []int{0, 3, 6}, periods: 3},
-		"every:9": {layers: 4, blocks: []int{0}, periods: 9},
+		"off":           {layers: 5},
+		"attn":          {layers: 5, attn: true},
+		"selective:ops": {layers: 5, ops: true}, // every block, under the policy: none recomputed whole
+		"all":           {layers: 5, blocks: []int{0, 1, 2, 3, 4}, periods: 1},
+		"every:2":       {layers: 5, blocks: []int{0, 2, 4}, periods: 2},
+		"every:3":       {layers: 7, blocks: []int{0, 3, 6}, periods: 3},
+		"every:9":       {layers: 4, blocks: []int{0}, periods: 9},
 	}
 	for s, tc := range tests {
 		c, err := knob.ParseCheckpoint(s)
@@ -91,8 +94,8 @@ func TestCheckpointBlocks(t *testing.T) {
 				break
 			}
 		}
-		if c.Attention() != tc.attn || c.Every() != tc.periods || c.Off() != (s == "off") {
-			t.Errorf("%s: attention %v every %d off %v", s, c.Attention(), c.Every(), c.Off())
+		if c.Attention() != tc.attn || c.Ops() != tc.ops || c.Every() != tc.periods || c.Off() != (s == "off") {
+			t.Errorf("%s: attention %v ops %v every %d off %v", s, c.Attention(), c.Ops(), c.Every(), c.Off())
 		}
 	}
 }

@@ -62,8 +62,10 @@ var layers = map[string][]string{
 	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
 	"workloads/dist":  {"knob", "versions", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
 	"workloads/train": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
-	"leaks/leakstest": {"knob", "versions", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
-	"tui":             {"knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
+	// The trainers' configuration files (torchtune, LitGPT, axolotl, TrainingArguments) read into a run.
+	"workloads/train/frameworks": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"leaks/leakstest":            {"knob", "versions", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
+	"tui":                        {"knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// Drives the TUI's model in tests, as a user types.
 	"tui/tuitest": {"tui", "knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.

@@ -71,12 +71,12 @@ func cost(base, f Fixes) []int {
 }
 
 // recomputed ranks a checkpointing choice by how much of the forward backward recomputes: none, the
-// attention, every N-th block, every block.
+// attention or every block's pointwise ops (selective:ops), every N-th block, every block.
 func recomputed(c knob.Checkpoint) int {
 	switch {
 	case c.Off():
 		return 0
-	case c.Attention():
+	case c.Attention(), c.Ops():
 		return 1
 	case c.Every() > 1:
 		return 2

@@ -64,6 +64,7 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			if err != nil {
 				return err
 			}
+			flags.writeSource(cmd.ErrOrStderr())
 			req := fit.Request{FreeBatch: !keepBatch, Top: top, Margin: margin / 100, Explain: explain}
 			if req.GPU, err = fit.LookupGPU(gpu); err != nil {
 				return err

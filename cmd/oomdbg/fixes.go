@@ -51,6 +51,7 @@ table, the rule "above 20% fragmentation, call empty_cache" is held against the 
 			if err != nil {
 				return err
 			}
+			flags.writeSource(cmd.ErrOrStderr())
 			rows, err := fixes.Measure(cmd.Context(), cfg, frag)
 			if err != nil {
 				return flags.explain(err)

@@ -4,6 +4,7 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/hostmem"
 	"github.com/oomdbg/oomdbg/internal/units"
@@ -21,6 +23,7 @@ import (
 	"github.com/oomdbg/oomdbg/workloads/dist"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
+	"github.com/oomdbg/oomdbg/workloads/train/frameworks"
 )
 
 // maxSize bounds the sizes flags take: 1 PiB of device memory is the most a run simulates, and more than any
@@ -121,6 +124,28 @@ func (f optionalFlag[T]) Set(s string) error {
 
 func (f optionalFlag[T]) Type() string { return f.typ }
 
+// offloadFlag is --offload: train.ParseOffload's list, which sets two fields of a Config (the data-parallel
+// offload and the activations').
+type offloadFlag struct{ c *train.Config }
+
+func (f offloadFlag) String() string {
+	if f.c == nil {
+		return ""
+	}
+	return f.c.Offload().String()
+}
+
+func (f offloadFlag) Set(s string) error {
+	o, err := train.ParseOffload(s)
+	if err != nil {
+		return err
+	}
+	f.c.SetOffload(o)
+	return nil
+}
+
+func (offloadFlag) Type() string { return "string" }
+
 // elementsFlag is an element count, as DeepSpeed's config writes them (5e8 or 500000000).
 type elementsFlag struct{ v *int64 }
 
@@ -167,6 +192,9 @@ type configFlags struct {
 	defaultPreset string
 	owned         map[string]bool
 	versionsFrom  *versions.Set // --versions-from's releases, when given
+	// configFile is --config, a framework's configuration file; mapping is what config read of it.
+	configFile string
+	mapping    *frameworks.Mapping
 }
 
 // presetValue is --preset: it belongs to the configFlags it sets, which is how a test finds them.
@@ -256,7 +284,7 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "router-aux-loss", func(c *cfg) *float32 { return &c.Family.RouterAuxLoss }, "mixture of experts: output the router logits and add this times the load-balancing loss (router_aux_loss_coef; 0: off)")
 	field(f, "task", func(c *cfg) *train.Task { return &c.Task }, "bert: mlm (BertForMaskedLM) or classify (BertForSequenceClassification)")
 	field(f, "amp", func(c *cfg) *knob.AMP { return &c.AMP }, "mixed precision: off, fp16 (with loss scaling) or bf16")
-	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N or attn (gpt only)")
+	field(f, "checkpoint", func(c *cfg) *knob.Checkpoint { return &c.Checkpoint }, "activation checkpointing: off, all, every:N, attn (gpt only) or selective:ops (every block, keeping the outputs of its matrix products and attention kernels and recomputing the rest, as torch's selective activation checkpointing)")
 	field(f, "attention", func(c *cfg) *knob.Attention { return &c.Attention }, "attention: naive (scores materialised; llama: HF's eager) or flash (llama: sdpa)")
 	field(f, "accum", func(c *cfg) *int { return &c.Accum }, "micro-batches per optimizer step (gradient accumulation)")
 	field(f, "seq-dist", func(c *cfg) *train.SeqDist { return &c.SeqDist }, "gpt and llama sample lengths: fixed (every sample --seq long), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, or file:PATH (one length per line, e.g. a dataset's token counts; longer ones cut to --seq)")
@@ -272,6 +300,8 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "alloc-conf", func(c *cfg) *train.AllocConf { return &c.AllocConf }, "caching allocator settings, as PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True)")
 	field(f, "optimizer", func(c *cfg) *knob.Optimizer { return &c.Optimizer }, "optimizer: sgd, momentum, adam, adamw, or bitsandbytes' adamw8bit, paged-adamw or paged-adamw8bit")
 	field(f, "optimizer-impl", func(c *cfg) *knob.OptimizerImpl { return &c.OptimizerImpl }, "how torch.optim runs adam and adamw: foreach (the default), fused or for-loop")
+	field(f, "compile", func(c *cfg) *bool { return &c.Compile }, "torch.compile the model: refused, with the reason (what its partitioner saves is not modelled)")
+	field(f, "optimizer-in-backward", func(c *cfg) *bool { return &c.OptimizerInBackward }, "step each parameter in backward as soon as its gradient is accumulated and free the gradient right after (torchtune's optimizer_in_bwd: an optimizer per parameter, stepped by its post-accumulate-grad hook; no --accum, no fp16)")
 	field(f, "lr", func(c *cfg) *float32 { return &c.LR }, "learning rate")
 	field(f, "weight-decay", func(c *cfg) *float32 { return &c.WeightDecay }, "weight decay (adamw defaults to 0.01)")
 	field(f, "zero-grad", func(c *cfg) *knob.ZeroGrad { return &c.ZeroGrad }, "zero_grad: none (set_to_none) or zero (in place)")
@@ -343,10 +373,21 @@ func (f *configFlags) own(names ...string) {
 	}
 }
 
-// addHFConfig adds --hf-config, the other flag that names a whole model.
+// addHFConfig adds --hf-config, the other flag that names a whole model, and --config, a trainer's
+// configuration file.
 func (f *configFlags) addHFConfig() *configFlags {
 	f.fs.StringVar(&f.hfConfig, "hf-config", "", "start from a Hugging Face config.json ("+strings.Join(hfconfig.Architectures, ", ")+")")
+	f.fs.StringVar(&f.configFile, "config", "", "start from a trainer's configuration file: a torchtune recipe, a LitGPT finetune YAML, an axolotl YAML, "+
+		"or Hugging Face TrainingArguments JSON beside the model's config.json (and a peft adapter_config.json); the flags it comes to and "+
+		"the fields it ignores are printed on standard error, and flags given with it change it (--hf-config replaces its model)")
 	return f
+}
+
+// writeSource says on w what --config read: the equivalent flags and the fields ignored.
+func (f *configFlags) writeSource(w io.Writer) {
+	if f.mapping != nil {
+		f.mapping.Write(w, fit.JoinFlags)
+	}
 }
 
 // addParallelFlags puts the data-parallel settings on flags.
@@ -356,7 +397,10 @@ func addParallelFlags(f *configFlags) {
 	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
 	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
 	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
-	field(f, "offload", func(c *train.Config) *dist.Offload { return &p(c).Offload }, "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
+	f.fs.Var(offloadFlag{f.given}, "offload", "what goes to host memory, joined by +: optimizer (zero1-3) or optimizer+params (zero3, fsdp), "+
+		"and activations (gpt, llama: what the model's forward saves for backward, to pinned host memory through saved_tensors_hooks as torchtune's "+
+		"OffloadActivations does, with a copy stream; activations:sync without one); none")
+	f.copies["offload"] = func(to *train.Config) { to.SetOffload(f.given.Offload()) }
 	field(f, "offload-pageable", func(c *train.Config) *bool { return &p(c).OffloadPageable }, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
 	field(f, "bucket-cap-mb", func(c *train.Config) *float64 { return &p(c).BucketCapMB }, "ddp: gradient bucket size in MiB (0: 25, with a first bucket of 1 MiB)")
 	field(f, "gradient-as-bucket-view", func(c *train.Config) *bool { return &p(c).GradientAsBucketView }, "ddp: gradients are views of their buckets, not copies")
@@ -381,10 +425,10 @@ func addParallelFlags(f *configFlags) {
 // config returns the run configuration the command line describes: the configuration of the model's source
 // (app.BaseConfig), with every flag the user set. It is validated where it runs, once.
 func (f *configFlags) config() (train.Config, error) {
-	if f.preset == "" && f.hfConfig == "" && !f.fs.Changed("model") {
+	if f.preset == "" && f.hfConfig == "" && f.configFile == "" && !f.fs.Changed("model") {
 		f.preset = f.defaultPreset
 	}
-	cfg, err := app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	cfg, err := f.baseConfig()
 	if err != nil {
 		return cfg, err
 	}
@@ -408,6 +452,31 @@ func (f *configFlags) config() (train.Config, error) {
 		p.Strategy = dist.DDP // --gpus N alone is data parallel, as torchrun with DDP
 	}
 	return cfg, nil
+}
+
+// baseConfig is the configuration the flags start from: a preset's, a config.json's, or what --config's file
+// maps to (on --hf-config's model, when both are given).
+func (f *configFlags) baseConfig() (train.Config, error) {
+	if f.configFile == "" {
+		return app.BaseConfig(f.preset, f.hfConfig, f.given.Model)
+	}
+	if f.preset != "" {
+		return train.Config{}, fmt.Errorf("--config and --preset both name a model: give one (--hf-config replaces the file's model)")
+	}
+	var model *train.Config
+	if f.hfConfig != "" {
+		m, err := app.BaseConfig("", f.hfConfig, "")
+		if err != nil {
+			return m, err
+		}
+		model = &m
+	}
+	m, err := frameworks.ReadFile(f.configFile, model)
+	if err != nil {
+		return train.Config{}, err
+	}
+	f.mapping = m
+	return m.Config, nil
 }
 
 // explain names what the user gave for a configuration field that holds an impossible number (a

@@ -61,6 +61,7 @@ meta device and refuses to start when that is more than --max-memory.`,
 			if err != nil {
 				return err
 			}
+			flags.writeSource(cmd.ErrOrStderr())
 			rec.Memory, rec.Version = &mem.Limit, toolVersion()
 			if outfile.IsTerminal(cmd.ErrOrStderr()) {
 				rec.Progress = cmd.ErrOrStderr()

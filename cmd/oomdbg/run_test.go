@@ -84,6 +84,13 @@ func TestRunCommand(t *testing.T) {
 		"bad kv heads":       {args: append(slices.Clone(llama), "--kv-heads", "3"), code: exitUsage, stderr: "--kv-heads 3: does not divide the 4 heads"},
 		"bad optimizer impl": {args: append(slices.Clone(llama), "--optimizer-impl", "magic"), code: exitUsage, stderr: `unknown optimizer implementation "magic"`},
 		"lora on the gpt":    {args: []string{"--preset", "tiny", "--lora", "4"}, code: exitUsage, stderr: "apply to the llama model"},
+		"compile":            {args: []string{"--preset", "tiny", "--compile"}, code: exitUsage, stderr: "torch.compile is not modelled"},
+		"selective checkpoint, offload, step in backward": {args: append(slices.Clone(llama), "--checkpoint", "selective:ops",
+			"--offload", "activations", "--optimizer-in-backward", "--amp", "bf16"), code: exitOK,
+			stdout: []string{"steps      2 of 2", "(offload activations)"}},
+		"bad offload": {args: append(slices.Clone(llama), "--offload", "activations+disk"), code: exitUsage, stderr: `unknown offload "activations+disk"`},
+		"step in backward, accumulating": {args: append(slices.Clone(llama), "--optimizer-in-backward", "--accum", "2"), code: exitUsage,
+			stderr: "cannot accumulate gradients over --accum 2"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

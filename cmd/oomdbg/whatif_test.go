@@ -33,6 +33,8 @@ func TestWhatIfCommand(t *testing.T) {
 		"not a file":    {[]string{"whatif", f("text.txt"), "--batch-scale", "0.5"}, 2, nil, "text.txt"},
 		"8-bit and for-loop": {[]string{"whatif", f("fixed.oomdbg"), "--optimizer", "adamw8bit", "--optimizer-impl", "for-loop"}, 0,
 			[]string{"optimizer adamw8bit: ", "8-bit state", "optimizer-impl for-loop: "}, ""},
+		"selective checkpoint": {[]string{"whatif", f("fixed.oomdbg"), "--checkpoint", "selective:ops"}, 2, nil,
+			"checkpoint selective:ops: a trace is checkpointed by whole blocks"},
 		"bad impl":     {[]string{"whatif", f("fixed.oomdbg"), "--optimizer-impl", "fast"}, 2, nil, "--optimizer-impl"},
 		"zero to none": {[]string{"whatif", f("fixed.oomdbg"), "--zero-grad", "none"}, 0, []string{"already does this"}, ""},
 		"cut short":    {[]string{"whatif", f("cut.oomdbg"), "--batch-scale", "0.5"}, 0, []string{"note: snapshot cut short at byte ", "the figures are for the "}, ""},

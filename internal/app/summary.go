@@ -36,6 +36,11 @@ func WriteRunSummary(w io.Writer, cfg train.Config, res *train.Result, path stri
 		fmt.Fprintf(w, "paged      %s of optimizer state in unified memory, outside the allocator; %s of it evicted to host over the run\n",
 			units.FormatSize(int64(res.Paged)), units.FormatSize(int64(res.PagedEvicted)))
 	}
+	if h := res.Host; h.PeakReserved > 0 {
+		fmt.Fprintf(w, "host       %s allocated at the peak, %s reserved, %s of it pinned (offload %s)\n",
+			units.FormatSize(int64(h.PeakAllocated)), units.FormatSize(int64(h.PeakReserved)), units.FormatSize(int64(h.Pinned)),
+			cfg.Offload())
+	}
 	if l := res.ExpertLoad; l.Routed > 0 {
 		fmt.Fprintf(w, "experts    routing %s: the busiest expert took %d of %d routed tokens (layer %d), %.2fx an even share of %d\n",
 			cfg.Routing, l.Tokens, l.Routed, l.Layer, l.Share(), l.Routed/l.Experts)

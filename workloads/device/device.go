@@ -148,6 +148,25 @@ func (d *Device) Malloc(bytes uint64) (uint64, error) {
 	return d.alloc.Malloc(bytes, 0)
 }
 
+// MallocOn allocates bytes on stream through the caching allocator, as an allocation made under
+// torch.cuda.stream(s) is: its block is cached for that stream's requests only. On a host device it is
+// Malloc.
+func (d *Device) MallocOn(bytes uint64, stream int64) (uint64, error) {
+	if d.host != nil {
+		return d.host.Malloc(bytes, false)
+	}
+	return d.alloc.Malloc(bytes, stream)
+}
+
+// RecordStream marks the block at addr as used on stream (Tensor.record_stream): freeing it waits for that
+// stream's work. It does nothing on a host device.
+func (d *Device) RecordStream(addr uint64, stream int64) error {
+	if d.host != nil {
+		return nil
+	}
+	return d.alloc.RecordStream(addr, stream)
+}
+
 // MallocPinned allocates page-locked memory on a host device (through the caching host allocator); on a GPU
 // it is Malloc.
 func (d *Device) MallocPinned(bytes uint64) (uint64, error) {

@@ -156,6 +156,16 @@ func (t *Tensor) gradEdge() edge {
 // save keeps a reference to t for backward, as the slot-th thing the node saved (e.g. "input"). A temporary
 // saved by autograd becomes an activation; that is recorded as it happens.
 func (n *Node) save(slot string, t *Tensor) *Tensor {
+	if o := n.rt.offload; o != nil && o.packing {
+		if s := o.pack(n, slot, t); s != nil {
+			return s
+		}
+	}
+	return n.saveOnDevice(slot, t)
+}
+
+// saveOnDevice is save without the saved-tensor hooks: the tensor stays where it is.
+func (n *Node) saveOnDevice(slot string, t *Tensor) *Tensor {
 	// An output saved by its own node is kept as a new tensor on the same storage, without the grad_fn, as
 	// SavedVariable does: the node must not keep itself alive.
 	var s *Tensor
@@ -252,6 +262,7 @@ func (rt *Runtime) runBackward(root edge, g *Tensor, retainGraph bool) {
 // torch.autograd.backward(outputs, grads) does: a root another root reaches runs once the gradients from
 // both have arrived.
 func (rt *Runtime) runBackwardFrom(roots []edge, gs []*Tensor, retainGraph bool) {
+	rt.backwardDepth++
 	deps := map[*Node]int{}
 	var stack []*Node
 	seen := map[*Node]bool{}
@@ -301,7 +312,13 @@ func (rt *Runtime) runBackwardFrom(roots []edge, gs []*Tensor, retainGraph bool)
 		for i, e := range n.next {
 			needs[i] = e.node != nil
 		}
+		if rt.offload != nil {
+			rt.offload.unpack(n)
+		}
 		inGrads := n.run(grads, needs)
+		if rt.offload != nil {
+			rt.offload.afterNode(n)
+		}
 		for _, gr := range grads {
 			gr.Release()
 		}
@@ -326,6 +343,9 @@ func (rt *Runtime) runBackwardFrom(roots []edge, gs []*Tensor, retainGraph bool)
 				}
 			}
 		}
+	}
+	if rt.backwardDepth--; rt.backwardDepth == 0 && rt.offload != nil {
+		rt.offload.endBackward() // the callback queued on the engine: what backward brought back goes
 	}
 }
 

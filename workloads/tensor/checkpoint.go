@@ -25,6 +25,12 @@ func CheckpointInputs(f func(inputs, kept []*Tensor) *Tensor, inputs []*Tensor, 
 // CheckpointOutputs is CheckpointInputs of a function with several outputs (a mixture-of-experts layer's
 // hidden states and router logits): each output that gets a gradient sends it into the recomputed graph, and
 // backward runs from all of them at once. A nil output stays nil.
+//
+// Under a CheckpointPolicy (SetCheckpointPolicy) it is selective activation checkpointing: the forward keeps
+// the outputs of the ops the policy saves as well as the inputs, and the recompute takes each of them back
+// where the op would run again, computing only the rest. torch runs a policy through the non-reentrant
+// checkpoint, whose forward builds a graph whose saved tensors are dropped as they are made; the bytes held
+// between forward and backward are the same as here (the inputs and the policy's outputs).
 func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tensor, keep ...*Tensor) []*Tensor {
 	rt := inputs[0].rt
 	for _, x := range inputs {
@@ -35,8 +41,15 @@ func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tenso
 	rngState, _ := rt.src.MarshalBinary() // preserve_rng_state
 	autocast := rt.autocast               // _get_autocast_kwargs
 	var outs []*Tensor
-	rt.NoGrad(func() { outs = f(inputs, keep) })
+	var region *policyRegion // selective checkpointing: the outputs the policy keeps
+	if rt.policy != nil {
+		region = &policyRegion{policy: rt.policy}
+	}
+	rt.inRegion(region, func() { rt.NoGrad(func() { outs = f(inputs, keep) }) })
 	if !rt.needsGrad(inputs...) {
+		if region != nil {
+			releaseAll(region.kept)
+		}
 		return outs
 	}
 	var live []*Tensor // the outputs that exist, in order: the node's
@@ -55,6 +68,14 @@ func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tenso
 	for _, k := range keep {
 		node.hold("ctx.inputs", k)
 	}
+	var policySlots []int // where in node.saved the outputs the policy kept are
+	if region != nil {
+		for _, k := range region.kept {
+			policySlots = append(policySlots, len(node.saved))
+			node.saveOnDevice("policy", k) // held by the checkpoint, not saved through the hooks
+			k.Release()
+		}
+	}
 	node.apply = func(n *Node, g []*Tensor, needs []bool) []*Tensor {
 		rt := n.rt
 		prevPhase := rt.SetPhase(snapshot.PhaseRecompute)
@@ -71,13 +92,19 @@ func CheckpointOutputs(f func(inputs, kept []*Tensor) []*Tensor, inputs []*Tenso
 		}
 		prevGrad := rt.SetGradEnabled(true)
 		var ys []*Tensor
-		if autocast != F32 { // with torch.enable_grad(), torch.amp.autocast(**ctx.device_autocast_kwargs)
-			rt.Autocast(autocast, func() { ys = f(in, n.kept) })
-		} else {
-			restore := rt.withoutAutocast()
-			ys = f(in, n.kept)
-			restore()
+		var replay *policyRegion // the recompute takes back what the policy kept
+		if region != nil {
+			replay = &policyRegion{policy: region.policy, node: n, slots: policySlots}
 		}
+		rt.inRegion(replay, func() {
+			if autocast != F32 { // with torch.enable_grad(), torch.amp.autocast(**ctx.device_autocast_kwargs)
+				rt.Autocast(autocast, func() { ys = f(in, n.kept) })
+			} else {
+				restore := rt.withoutAutocast()
+				ys = f(in, n.kept)
+				restore()
+			}
+		})
 		rt.SetGradEnabled(prevGrad)
 		_ = rt.src.UnmarshalBinary(forwardRNG)
 		rt.SetCategory(prevCat)

@@ -178,21 +178,38 @@ func sdpa(name string, q, k, v *Tensor, o AttentionOptions) *Tensor {
 		p = 0
 	}
 	dtype := resultType(q, k)
-	outBTHD := rt.Empty(dtype, []int{b, s, h, d}, "sdpa.out")
-	out := outBTHD.Transpose(1, 2)
-	outBTHD.Release()
-	lse := rt.Empty(F32, []int{b, h, s}, "sdpa.logsumexp")
+	op := opEfficientAttn
+	if name == flashAttnBackward {
+		op = opFlashAttention
+	}
 	var keep []float32 // the dropout draws: host scratch standing in for the kernel's seeded generator
 	shape := attnShape{b: b, h: h, kvh: kvh, s: s, d: d, scale: float64(o.Scale), softcap: float64(o.Softcap),
 		window: o.Window, keyLens: o.KeyLens}
 	if shape.scale == 0 {
 		shape.scale = 1 / math.Sqrt(float64(d))
 	}
-	if rt.dev.Computes() {
-		keep = dropoutDraws(rt, p, b*h*s*s)
-		vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), shape, causal, p, keep)
-		scatter(out.object, vals)
-		out.round()
+	// Under a selective checkpoint's recompute the kernel's outputs are the ones its forward kept; its
+	// dropout draws are drawn again, as the kernel draws from the same seed and offset.
+	out := rt.region.take(op, []int{b, h, s, d})
+	var lse *Tensor
+	if out != nil {
+		lse = rt.region.take(op, []int{b, h, s})
+		if rt.dev.Computes() {
+			keep = dropoutDraws(rt, p, b*h*s*s)
+		}
+	} else {
+		outBTHD := rt.Empty(dtype, []int{b, s, h, d}, "sdpa.out")
+		out = outBTHD.Transpose(1, 2)
+		outBTHD.Release()
+		lse = rt.Empty(F32, []int{b, h, s}, "sdpa.logsumexp")
+		if rt.dev.Computes() {
+			keep = dropoutDraws(rt, p, b*h*s*s)
+			vals := attentionForward(q.host(), k.host(), v.host(), lse.data(), shape, causal, p, keep)
+			scatter(out.object, vals)
+			out.round()
+		}
+		rt.region.keep(op, out)
+		rt.region.keep(op, lse)
 	}
 	if rt.needsGrad(q, k, v) {
 		node := rt.node(name, []*Tensor{q, k, v}, []*Tensor{out}, nil)

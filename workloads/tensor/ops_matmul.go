@@ -47,14 +47,18 @@ func addmm(bias, mat1, mat2 *Tensor) *Tensor {
 	rt := mat1.rt
 	n, k, m := mat1.Dim(0), mat1.Dim(1), mat2.Dim(1)
 	dtype := resultType(mat1, mat2)
-	out := rt.Empty(dtype, []int{n, m}, "linear.out")
-	if rt.dev.Computes() {
-		o, bv := out.data(), bias.host()
-		for r := range n { // the bias in every row, then the product accumulated onto it
-			copy(o[r*m:(r+1)*m], bv)
+	out := rt.region.take(opAddmm, []int{n, m})
+	if out == nil {
+		out = rt.Empty(dtype, []int{n, m}, "linear.out")
+		if rt.dev.Computes() {
+			o, bv := out.data(), bias.host()
+			for r := range n { // the bias in every row, then the product accumulated onto it
+				copy(o[r*m:(r+1)*m], bv)
+			}
+			device.Gemm(false, false, n, m, k, 1, mat1.host(), k, mat2.host(), m, 1, o, m)
+			out.round()
 		}
-		device.Gemm(false, false, n, m, k, 1, mat1.host(), k, mat2.host(), m, 1, o, m)
-		out.round()
+		rt.region.keep(opAddmm, out)
 	}
 	if rt.needsGrad(bias, mat1, mat2) {
 		node := rt.node("AddmmBackward0", []*Tensor{bias, mat1, mat2}, []*Tensor{out}, nil)
@@ -148,10 +152,14 @@ func mm(a, b *Tensor) *Tensor {
 	}
 	rt := a.rt
 	n, k, m := a.Dim(0), a.Dim(1), b.Dim(1)
-	out := rt.Empty(resultType(a, b), []int{n, m}, "mm.out")
-	if rt.dev.Computes() {
-		device.Gemm(false, false, n, m, k, 1, a.host(), k, b.host(), m, 0, out.data(), m)
-		out.round()
+	out := rt.region.take(opMM, []int{n, m})
+	if out == nil {
+		out = rt.Empty(resultType(a, b), []int{n, m}, "mm.out")
+		if rt.dev.Computes() {
+			device.Gemm(false, false, n, m, k, 1, a.host(), k, b.host(), m, 0, out.data(), m)
+			out.round()
+		}
+		rt.region.keep(opMM, out)
 	}
 	if rt.needsGrad(a, b) {
 		node := rt.node("MmBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)
@@ -176,10 +184,15 @@ func bmm(a, b *Tensor) *Tensor {
 		errShape("bmm", "shapes %v and %v cannot be multiplied", a.shape, b.shape)
 	}
 	rt := a.rt
-	out := rt.Empty(resultType(a, b), []int{a.Dim(0), a.Dim(1), b.Dim(2)}, "bmm.out")
-	if rt.dev.Computes() {
-		bmmKernel(out.data(), a.host(), b.host(), a.Dim(0), a.Dim(1), a.Dim(2), b.Dim(2), false, false)
-		out.round()
+	shape := []int{a.Dim(0), a.Dim(1), b.Dim(2)}
+	out := rt.region.take(opBmm, shape)
+	if out == nil {
+		out = rt.Empty(resultType(a, b), shape, "bmm.out")
+		if rt.dev.Computes() {
+			bmmKernel(out.data(), a.host(), b.host(), a.Dim(0), a.Dim(1), a.Dim(2), b.Dim(2), false, false)
+			out.round()
+		}
+		rt.region.keep(opBmm, out)
 	}
 	if rt.needsGrad(a, b) {
 		node := rt.node("BmmBackward0", []*Tensor{a, b}, []*Tensor{out}, nil)

@@ -105,7 +105,9 @@ func (w *retainerWalk) visitNode(n *Node, parent uint64) {
 	w.out = append(w.out, Retainer{Holder: id, Parent: parent, Description: n.Describe()})
 	w.queue = append(w.queue, func() {
 		for _, s := range n.saved {
-			w.visitRef(s, id)
+			if s != nil { // taken back by a selective recompute
+				w.visitRef(s, id)
+			}
 		}
 		for _, k := range n.kept {
 			w.visitRef(k, id)
@@ -150,7 +152,8 @@ type SavedTensor struct {
 func (rt *Runtime) SavedTensors() []SavedTensor {
 	refs := make([]*Tensor, 0)
 	for t := rt.handles; t != nil; t = t.next {
-		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 {
+		if t.owner.node != nil && !t.owner.kept && t.st.category != snapshot.CategoryParameter && t.st.bytes > 0 &&
+			t.st.offload == nil { // an offloaded one is in host memory
 			refs = append(refs, t)
 		}
 	}

@@ -61,6 +61,13 @@ type Runtime struct {
 	pinned    bool                          // new allocations page-locked (Pinned)
 	// versions are the library releases whose behaviour the ops follow where it changed (versions.Behaviours).
 	versions versions.Set
+	stream   int64 // the stream new allocations are made on (onStream)
+
+	policy *CheckpointPolicy // what checkpointed regions keep (SetCheckpointPolicy)
+	region *policyRegion     // the checkpointed region running under policy, if any
+
+	offload       *ActivationOffload // saved tensors moved to host memory (SetActivationOffload)
+	backwardDepth int                // backward runs under way: a reentrant checkpoint's runs inside another
 }
 
 // NewRuntime returns a runtime on dev. tr may be nil (nothing traced). seed makes dropout and initialisation
@@ -132,6 +139,9 @@ func (rt *Runtime) SetCategory(c snapshot.Category) (prev snapshot.Category) {
 // Call the returned function to leave it.
 func (rt *Runtime) Scope(path string) (leave func()) {
 	rt.scopes = append(rt.scopes, path)
+	if rt.offload != nil && rt.offload.packing {
+		rt.offload.enterScope(path)
+	}
 	if rt.tr != nil {
 		rt.tr.PushScope(path)
 	}

@@ -25,6 +25,8 @@ type storage struct {
 	label   string
 	managed bool // unified memory outside the caching allocator (EmptyManaged)
 	freed   bool // the memory was given back while the tensor lives on (FreeStorage)
+	// offload is set while the tensor is a saved tensor moved to host memory (ActivationOffload).
+	offload *offloaded
 }
 
 // newStorage allocates bytes of device memory for a tensor described by dtype, shape and role, tagged with
@@ -64,6 +66,9 @@ func (st *storage) release() {
 	st.refs--
 	if st.refs > 0 || st.bytes == 0 {
 		return
+	}
+	if st.offload != nil { // a saved tensor offloaded and never brought back: its host copy goes
+		st.offload.releaseHost()
 	}
 	if st.freed { // its memory went back already (FreeStorage)
 		st.data = nil

@@ -9,6 +9,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -94,7 +95,7 @@ type Config struct {
 
 	// Fixes.
 	AMP        knob.AMP        `json:"amp"`                  // off, fp16 (with dynamic loss scaling) or bf16
-	Checkpoint knob.Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block) or attn (attention only)
+	Checkpoint knob.Checkpoint `json:"checkpoint"`           // off, all, every:N (every N-th block), attn (attention only) or selective:ops
 	Attention  knob.Attention  `json:"attention"`            // naive or flash
 	Accum      int             `json:"accum"`                // micro-batches per optimizer step (gradient accumulation)
 	EmptyCache EmptyCache      `json:"empty_cache,omitzero"` // when the loop calls torch.cuda.empty_cache()
@@ -115,12 +116,23 @@ type Config struct {
 	Optimizer knob.Optimizer `json:"optimizer"` // one of knob.Optimizers
 	// OptimizerImpl is how torch.optim runs Adam and AdamW: foreach ("" too), fused or for-loop.
 	OptimizerImpl knob.OptimizerImpl `json:"optimizer_impl,omitempty"`
-	LR            float32            `json:"lr"`
-	WeightDecay   float32            `json:"weight_decay,omitempty"`
-	ZeroGrad      knob.ZeroGrad      `json:"zero_grad"` // none (set_to_none, the default) or zero
+	// OptimizerInBackward steps each parameter in backward, the moment its gradient is accumulated, and
+	// frees the gradient right after (torchtune's optimizer_in_bwd: an optimizer per parameter, stepped by
+	// its post-accumulate-grad hook).
+	OptimizerInBackward bool          `json:"optimizer_in_backward,omitempty"`
+	LR                  float32       `json:"lr"`
+	WeightDecay         float32       `json:"weight_decay,omitempty"`
+	ZeroGrad            knob.ZeroGrad `json:"zero_grad"` // none (set_to_none, the default) or zero
 
 	Seed uint64 `json:"seed"`
 	Bug  string `json:"bug,omitempty"` // one of Bugs, or "" for the fixed code path
+
+	// Compile asks for the model under torch.compile, which is refused: its figures are not modelled.
+	Compile bool `json:"compile,omitempty"`
+
+	// ActivationOffload moves what the model's forward saves for backward to pinned host memory (--offload
+	// activations), as torchtune's OffloadActivations does.
+	ActivationOffload ActivationOffload `json:"activation_offload,omitzero"`
 
 	// Parallel is the data-parallel job the run is one rank of (the zero value: one GPU): the GPUs and
 	// nodes, the strategy (DDP, ZeRO-1/2/3, FSDP), the rank simulated, CPU offload and each strategy's knobs.
@@ -355,10 +367,41 @@ func (c *Config) Validate() error {
 	if c.AMP == knob.AMPFP16 && c.Weights == WeightsFP16 {
 		return fmt.Errorf("amp fp16 with fp16 weights: the grad scaler cannot unscale fp16 gradients (PyTorch raises the same)")
 	}
+	if c.Compile {
+		return ErrCompile
+	}
+	if err := c.validateInBackward(); err != nil {
+		return err
+	}
+	if err := c.validateActivationOffload(); err != nil {
+		return err
+	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))
 	}
 	return c.validateParallel()
+}
+
+// ErrCompile is why --compile is refused rather than ignored: what a compiled model keeps is not what eager
+// PyTorch keeps, and the runtime is eager PyTorch.
+var ErrCompile = errors.New("torch.compile is not modelled: its min-cut partitioner (functorch's " +
+	"min_cut_rematerialization_partition) chooses what the compiled graph saves and recomputes, and its fusions " +
+	"drop intermediates, so eager figures would not be its; run without --compile for eager PyTorch's")
+
+// validateInBackward checks what the optimizer step in backward combines with: each parameter is updated
+// as its gradient arrives, so nothing may need every gradient first.
+func (c *Config) validateInBackward() error {
+	switch {
+	case !c.OptimizerInBackward:
+		return nil
+	case c.Accum > 1:
+		return fmt.Errorf("optimizer in backward updates each parameter as its gradient arrives: it cannot accumulate gradients over --accum %d micro-batches (torchtune refuses the same)", c.Accum)
+	case c.AMP == knob.AMPFP16:
+		return fmt.Errorf("optimizer in backward with amp fp16: the grad scaler unscales and checks every gradient before any step (use bf16)")
+	case c.Parallel.Parallel():
+		return fmt.Errorf("optimizer in backward with data parallelism is not modelled")
+	}
+	return nil
 }
 
 // validateParallel checks how the data-parallel settings combine with the rest (validateNumbers has checked

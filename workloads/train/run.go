@@ -232,6 +232,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
 	r.rt.OnOOM(r.onOOM)
 	r.rt.SetVersions(cfg.Versions)
+	r.rt.SetCheckpointPolicy(planCheckpoint(cfg.Checkpoint).policy)
 	if m, ok := dev.Managed(); ok && rec != nil {
 		m.SetManagedObserver(r.onManaged)
 	}
@@ -240,6 +241,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 			return nil, err
 		}
 	}
+	r.setActivationOffload()
 	return r, nil
 }
 
@@ -247,14 +249,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 func (r *run) newRank() error {
 	cfg := r.cfg
 	if cfg.Parallel.Offload != dist.OffloadNone {
-		h := allocator.NewHostAllocator()
-		var tr tensor.Tracer
-		if r.rec != nil {
-			ht := newHostTracker(r.rec)
-			h.SetObserver(ht.observe)
-			tr = ht
-		}
-		r.host = tensor.NewRuntime(device.NewHost(cfg.Device, h), tr, cfg.Seed)
+		r.hostRuntime()
 	}
 	var annotate func(string)
 	if r.rec != nil {
@@ -388,8 +383,14 @@ func (r *run) setup() {
 	} else {
 		// The optimizer gets what requires grad, as Trainer.create_optimizer does (all parameters but a
 		// frozen base's).
-		opt, err := optim.New(r.rt, nn.Trainable(r.model), optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR,
-			WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl})
+		oc := optim.Config{Kind: r.cfg.Optimizer, LR: r.cfg.LR, WeightDecay: r.cfg.WeightDecay, Impl: r.cfg.OptimizerImpl}
+		newOptimizer := optim.New
+		if r.cfg.OptimizerInBackward {
+			newOptimizer = func(rt *tensor.Runtime, ps []*nn.Parameter, oc optim.Config) (optim.Optimizer, error) {
+				return optim.NewInBackward(rt, ps, oc, r.cfg.ZeroGrad == knob.ZeroGradNone)
+			}
+		}
+		opt, err := newOptimizer(r.rt, nn.Trainable(r.model), oc)
 		if err != nil {
 			panic(err) // Validate accepted the kind
 		}
@@ -556,11 +557,13 @@ func (r *run) forward(x, y *tensor.Tensor) *tensor.Tensor {
 	keep := r.cfg.Logits == LogitsKeep
 	var logits, loss *tensor.Tensor
 	r.autocast(func() {
-		if keep {
-			logits, loss = r.model.ForwardLoss(x, y)
-		} else {
-			loss = r.model.Loss(x, y)
-		}
+		r.rt.OffloadForward(func() { // with OffloadActivations(): the model; its head and loss without
+			if keep {
+				logits, loss = r.model.ForwardLoss(x, y)
+			} else {
+				loss = r.model.Loss(x, y)
+			}
+		})
 		if r.cfg.Accum > 1 { // loss = loss / accum, so the accumulated gradient is the mean's
 			scaled := tensor.Scale(loss, 1/float32(r.cfg.Accum))
 			loss.Release()

@@ -24,17 +24,23 @@ func ampDType(a knob.AMP) tensor.DType {
 	return tensor.F32
 }
 
-// checkpointPlan says which blocks run under activation checkpointing.
+// checkpointPlan says which blocks run under activation checkpointing, and under which op-level policy.
 type checkpointPlan struct {
 	blocks    func(i int) bool // whole blocks
-	attention bool             // the attention of every block (selective)
+	attention bool             // the attention of every block
+	policy    *tensor.CheckpointPolicy
 }
 
-// planCheckpoint says which blocks c runs under checkpointing.
+// planCheckpoint says which blocks c runs under checkpointing: selective:ops checkpoints every block under
+// the policy that keeps knob.SavedOps' outputs.
 func planCheckpoint(c knob.Checkpoint) checkpointPlan {
 	p := checkpointPlan{attention: c.Attention()}
-	if c.Every() > 0 {
+	switch {
+	case c.Every() > 0:
 		p.blocks = c.Block
+	case c.Ops():
+		p.blocks = func(int) bool { return true }
+		p.policy = tensor.NewCheckpointPolicy(knob.SavedOps)
 	}
 	return p
 }

@@ -56,7 +56,7 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 	tests := map[string]string{
 		`{"amp":"fp8"}`:                             `unknown amp "fp8" (want off, fp16 or bf16)`,
 		`{"checkpoint":"every:0"}`:                  `checkpoint "every:0": N must be a positive integer`,
-		`{"checkpoint":"some"}`:                     `unknown checkpoint "some" (want off, all, every:N or attn)`,
+		`{"checkpoint":"some"}`:                     `unknown checkpoint "some" (want off, all, every:N, attn or selective:ops)`,
 		`{"attention":"sparse"}`:                    `unknown attention "sparse" (want naive or flash)`,
 		`{"zero_grad":"maybe"}`:                     `unknown zero_grad "maybe" (want none or zero)`,
 		`{"device":"tpu"}`:                          `unknown device "tpu" (want meta, cpu or cuda)`,

@@ -138,7 +138,8 @@ def saved_bytes(batch, seq, d, heads, layers, vocab):
     return sum(seen.values())
 
 
-if len(sys.argv) > 2 and sys.argv[2] == "bf16":
-    check_cpu_autocast()
-    CUDA_RULES = True
-print(json.dumps([saved_bytes(*shape) for shape in json.loads(sys.argv[1])]))
+if __name__ == "__main__":  # selective.py imports the modules above
+    if len(sys.argv) > 2 and sys.argv[2] == "bf16":
+        check_cpu_autocast()
+        CUDA_RULES = True
+    print(json.dumps([saved_bytes(*shape) for shape in json.loads(sys.argv[1])]))
