@@ -1,14 +1,16 @@
 package replay
 
 import (
+	"path/filepath"
 	"reflect"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/snapshot/torch"
 )
 
-// multiStreamTrace is a trace of two streams written entry by entry from what PyTorch's caching allocator
+// testdata/multistream.json is a trace of two streams written entry by entry from what PyTorch's caching allocator
 // records (c10/cuda/CUDACachingAllocator.cpp, pytorch/pytorch@001074d2): stream 0 computes, stream U
 // (94742130589440, a cudaStream_t) gathers, as FSDP's unshard stream does. Sizes are MiB (1048576 bytes).
 //
@@ -26,38 +28,19 @@ import (
 //  10. empty_cache: synchronize_and_free_events waits on both events (one free_completed for S3), then
 //     release_blocks frees the large pool's unsplit cached blocks, stream 0's (S2) before U's (S3).
 //  11. S4 is freed after record_stream on U: it is still active_pending_free when the snapshot is taken.
-const multiStreamTrace = `{"segments": [
-	{"device": 0, "address": 139637976727552, "total_size": 41943040, "stream": 94742130589440, "segment_type": "large",
-	 "blocks": [{"address": 139637976727552, "size": 41943040, "requested_size": 41943040, "state": "active_allocated"}]},
-	{"device": 0, "address": 139638178054144, "total_size": 41943040, "stream": 0, "segment_type": "large",
-	 "blocks": [{"address": 139638178054144, "size": 41943040, "requested_size": 41943040, "state": "active_pending_free"}]}],
-"device_traces": [[
-	{"action": "segment_alloc", "addr": 139637976727552, "size": 41943040, "stream": 94742130589440},
-	{"action": "alloc", "addr": 139637976727552, "size": 41943040, "stream": 94742130589440},
-	{"action": "segment_alloc", "addr": 139638043836416, "size": 20971520, "stream": 0},
-	{"action": "alloc", "addr": 139638043836416, "size": 4194304, "stream": 0},
-	{"action": "free_requested", "addr": 139637976727552, "size": 41943040, "stream": 94742130589440},
-	{"action": "segment_alloc", "addr": 139638110945280, "size": 41943040, "stream": 94742130589440},
-	{"action": "alloc", "addr": 139638110945280, "size": 41943040, "stream": 94742130589440},
-	{"action": "segment_alloc", "addr": 139638178054144, "size": 41943040, "stream": 0},
-	{"action": "alloc", "addr": 139638178054144, "size": 41943040, "stream": 0},
-	{"action": "free_completed", "addr": 139637976727552, "size": 41943040, "stream": 94742130589440},
-	{"action": "alloc", "addr": 139638048030720, "size": 2097152, "stream": 0},
-	{"action": "free_requested", "addr": 139638048030720, "size": 2097152, "stream": 0},
-	{"action": "free_completed", "addr": 139638048030720, "size": 2097152, "stream": 0},
-	{"action": "free_requested", "addr": 139638043836416, "size": 4194304, "stream": 0},
-	{"action": "free_completed", "addr": 139638043836416, "size": 4194304, "stream": 0},
-	{"action": "alloc", "addr": 139637976727552, "size": 41943040, "stream": 94742130589440},
-	{"action": "free_requested", "addr": 139638110945280, "size": 41943040, "stream": 94742130589440},
-	{"action": "free_completed", "addr": 139638110945280, "size": 41943040, "stream": 94742130589440},
-	{"action": "segment_free", "addr": 139638043836416, "size": 20971520, "stream": 0},
-	{"action": "segment_free", "addr": 139638110945280, "size": 41943040, "stream": 94742130589440},
-	{"action": "free_requested", "addr": 139638178054144, "size": 41943040, "stream": 0}]]}`
+func multiStreamTrace(t *testing.T) *snapshot.Snapshot {
+	t.Helper()
+	s, err := torch.ImportFile(filepath.Join("testdata", "multistream.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 // TestMultiStreamTraceReplaysExactly replays the two-stream trace: every new segment, every reuse, both
 // releases and the final state, whose last block is still waiting on another stream, are PyTorch's.
 func TestMultiStreamTraceReplaysExactly(t *testing.T) {
-	s := jsonSnapshot(t, multiStreamTrace)
+	s := multiStreamTrace(t)
 	got, _, err := CheckFidelity(s)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +63,7 @@ func TestMultiStreamTraceReplaysExactly(t *testing.T) {
 // free_completed. The recording's peak, by the trace's block sizes in MiB: 40, 44, 4 (S1 freed), 44, 84, 86,
 // 84, 80, 120 (S1 again), 80, 40: 120 MiB, reached with S1 reused while S3 and S4 are in use.
 func TestMultiStreamTraceAllocatedPeak(t *testing.T) {
-	s := jsonSnapshot(t, multiStreamTrace)
+	s := multiStreamTrace(t)
 	cfg, _ := RecordedSettings(s)
 	w, _, err := CompareSettings(s, cfg, 0)
 	if err != nil {
