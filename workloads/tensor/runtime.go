@@ -58,6 +58,7 @@ type Runtime struct {
 
 	scopeHook func(path string, enter bool) // SetScopeHook
 	pinned    bool                          // new allocations page-locked (Pinned)
+	stream    int64                         // the current stream (OnStream)
 }
 
 // NewRuntime returns a runtime on dev. tr may be nil (nothing traced). seed makes dropout and initialisation

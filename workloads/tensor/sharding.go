@@ -94,7 +94,7 @@ func (rt *Runtime) malloc(bytes uint64) (uint64, error) {
 	if rt.pinned {
 		return rt.dev.MallocPinned(bytes)
 	}
-	return rt.dev.Malloc(bytes)
+	return rt.dev.MallocOn(bytes, rt.stream)
 }
 
 // Copy_ copies src's values into dst (dst.copy_(src)), converting to dst's dtype: a bucket filled from a
