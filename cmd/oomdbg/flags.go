@@ -264,6 +264,7 @@ func addParallelFlags(f *configFlags) {
 		field(f, e.name, e.at, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")", elementsValue)
 	}
 	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
+	field(f, "one-stream", func(c *train.Config) *bool { return &p(c).OneStream }, "communicate on the default stream, as the model did before streams (to compare; by default each implementation's collectives run on its own streams)")
 }
 
 // presetDefault says where a model dimension comes from when the flag defaults are the MLP's, which has none.

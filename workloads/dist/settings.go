@@ -152,6 +152,11 @@ type Settings struct {
 
 	// FSDP.
 	Wrap Wrap `json:"fsdp_wrap,omitzero"`
+
+	// OneStream runs communication on the default stream, as oomdbg's model did before it had streams:
+	// every block is reusable at once, and FSDP's second unit in flight is gathered early instead. By
+	// default each implementation's collectives run on its own streams (docs/distributed.md, "Streams").
+	OneStream bool `json:"one_stream,omitempty"`
 }
 
 // World returns the number of GPUs (1 for the zero Settings).

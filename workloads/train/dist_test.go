@@ -255,68 +255,99 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 }
 
 // FSDP's docs and its rate limiter (_limiter_utils.py: two all-gathers in flight) say memory holds the unit
-// computing and the next one: at every point of forward and backward no more than two block units are
-// unsharded, and at the peak of each exactly two, with the root unit gathered from its forward to the end
-// of backward. SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
+// computing and the next one. With streams, the unit's padded buffer is allocated on the unshard stream and
+// freed after record_stream on the default stream, whose work runs only as far as the host waits for it;
+// before each all-gather the limiter waits for the oldest queued free event once two or more are queued,
+// one per all-gather. Worked through by hand for the 4 blocks here: the first forward holds the unit in use
+// and one freed whose memory is not yet reusable; backward reshards one unit more than it all-gathers (the
+// root), so the queue enters iteration 1 with a backlog and its limiter waits one free later: one unit in
+// use and two held in forward, two in use (BACKWARD_PRE prefetches the unit before) and one held in
+// backward; three held at most in both. The root unit stays gathered from its forward to the end of
+// backward. Without streams (OneStream) the second unit is gathered early instead: two in use, none held.
+// SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
 func TestFSDPHoldsTwoUnshardedUnits(t *testing.T) {
 	t.Parallel()
-	for _, ckpt := range []knob.Checkpoint{knob.CheckpointOff, knob.CheckpointAll} {
-		for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
-			t.Run(fmt.Sprintf("%s/checkpoint %s", strategy, ckpt), func(t *testing.T) {
-				t.Parallel()
-				cfg := distGPT()
-				cfg.Checkpoint = ckpt
-				cfg.Parallel = dist.Settings{GPUs: 4, Strategy: strategy}
-				_, s := record(t, cfg)
-				type peak struct {
-					bytes        int64
-					units        int
-					root         bool
-					maxUnitsSeen int
-				}
-				peaks := map[snapshot.Phase]*peak{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
-				var allocated int64
-				phase, iter := snapshot.PhaseNone, int32(-1)
-				replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
-					if e.Action == snapshot.ActionPhase {
-						phase, iter = e.Phase, e.Iteration
-					}
-					allocated = 0
-					units, root := 0, false
-					for _, b := range live {
-						allocated += b.requested
-						if strings.HasPrefix(b.label, "f32[") || strings.HasPrefix(b.label, "bf16[") {
-							if strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
-								units++
-							}
-							root = root || strings.Contains(b.label, "fsdp.unsharded[root]")
-						}
-					}
-					if phase == snapshot.PhaseRecompute {
-						phase = snapshot.PhaseBackward
-					}
-					p := peaks[phase]
-					if p == nil || iter != 1 {
-						return
-					}
-					p.maxUnitsSeen = max(p.maxUnitsSeen, units)
-					if allocated > p.bytes {
-						p.bytes, p.units, p.root = allocated, units, root
-					}
+	for _, oneStream := range []bool{false, true} {
+		for _, ckpt := range []knob.Checkpoint{knob.CheckpointOff, knob.CheckpointAll} {
+			for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
+				t.Run(fmt.Sprintf("%s/checkpoint %s/one stream %v", strategy, ckpt, oneStream), func(t *testing.T) {
+					t.Parallel()
+					cfg := distGPT()
+					cfg.Checkpoint = ckpt
+					cfg.Parallel = dist.Settings{GPUs: 4, Strategy: strategy, OneStream: oneStream}
+					_, s := record(t, cfg)
+					checkFSDPUnits(t, cfg, s, oneStream)
 				})
-				for ph, p := range peaks {
-					if strategy == dist.FSDPGradOp {
-						if ph == snapshot.PhaseBackward && p.maxUnitsSeen != cfg.Layers {
-							t.Errorf("%s: SHARD_GRAD_OP held at most %d units, want all %d", ph, p.maxUnitsSeen, cfg.Layers)
-						}
-						continue
-					}
-					if p.units != 2 || p.maxUnitsSeen != 2 || !p.root {
-						t.Errorf("%s: %d block units unsharded at the peak (root: %v), at most %d anywhere; want 2, 2 and the root",
-							ph, p.units, p.root, p.maxUnitsSeen)
-					}
+			}
+		}
+	}
+}
+
+// checkFSDPUnits counts the block units unsharded (in use) and held (in use or freed with their memory
+// not yet reusable) through iteration 1 of s.
+func checkFSDPUnits(t *testing.T, cfg Config, s *snapshot.Snapshot, oneStream bool) {
+	t.Helper()
+	type peak struct {
+		bytes             int64
+		units             int
+		root              bool
+		maxUnits, maxHeld int
+	}
+	peaks := map[snapshot.Phase]*peak{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
+	held := map[uint64]bool{} // unit buffers from their alloc to their free_completed
+	var allocated int64
+	phase, iter := snapshot.PhaseNone, int32(-1)
+	replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+		switch e.Action {
+		case snapshot.ActionPhase:
+			phase, iter = e.Phase, e.Iteration
+		case snapshot.ActionAlloc:
+			if b := live[e.Addr]; b != nil && strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
+				held[e.Addr] = true
+			}
+		case snapshot.ActionFreeCompleted:
+			delete(held, e.Addr)
+		}
+		allocated = 0
+		units, root := 0, false
+		for _, b := range live {
+			allocated += b.requested
+			if strings.HasPrefix(b.label, "f32[") || strings.HasPrefix(b.label, "bf16[") {
+				if strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
+					units++
 				}
-			})
+				root = root || strings.Contains(b.label, "fsdp.unsharded[root]")
+			}
+		}
+		if phase == snapshot.PhaseRecompute {
+			phase = snapshot.PhaseBackward
+		}
+		p := peaks[phase]
+		if p == nil || iter != 1 {
+			return
+		}
+		p.maxUnits, p.maxHeld = max(p.maxUnits, units), max(p.maxHeld, len(held))
+		if allocated > p.bytes {
+			p.bytes, p.units, p.root = allocated, units, root
+		}
+	})
+	for ph, p := range peaks {
+		if cfg.Parallel.Strategy == dist.FSDPGradOp {
+			if ph == snapshot.PhaseBackward && p.maxUnits != cfg.Layers {
+				t.Errorf("%s: SHARD_GRAD_OP held at most %d units, want all %d", ph, p.maxUnits, cfg.Layers)
+			}
+			continue
+		}
+		inUse, heldMax := 2, 2
+		if !oneStream {
+			heldMax = 3
+			if ph == snapshot.PhaseForward {
+				inUse = 1
+			}
+		}
+		if p.units != inUse || p.maxUnits != inUse || !p.root || p.maxHeld != heldMax {
+			t.Errorf("%s: %d block units unsharded at the peak (root: %v), at most %d in use and %d held anywhere; want %d, %d, the root and %d",
+				ph, p.units, p.root, p.maxUnits, p.maxHeld, inUse, inUse, heldMax)
 		}
 	}
 }
