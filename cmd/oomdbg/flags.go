@@ -242,7 +242,7 @@ func addParallelFlags(f *configFlags) {
 	p := func(c *train.Config) *dist.Settings { return &c.Parallel }
 	field(f, "gpus", func(c *train.Config) *int { return &p(c).GPUs }, "GPUs in the job, every node's together (the world size; more than 1 without --dp is ddp)")
 	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
-	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
+	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op, hsdp (FSDP) or fsdp2 (fully_shard)")
 	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
 	field(f, "offload", func(c *train.Config) *dist.Offload { return &p(c).Offload }, "what goes to host memory: none, optimizer (zero1-3) or optimizer+params (zero3, fsdp)")
 	field(f, "offload-pageable", func(c *train.Config) *bool { return &p(c).OffloadPageable }, "deepspeed: keep offloaded buffers in pageable memory (pin_memory false; pinned by default)")
@@ -264,6 +264,7 @@ func addParallelFlags(f *configFlags) {
 		field(f, e.name, e.at, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")", elementsValue)
 	}
 	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
+	field(f, "reshard-after-forward", func(c *train.Config) *dist.Reshard { return &p(c).ReshardAfterForward }, "fsdp2: free each module's gathered parameters after its forward (true) or keep them to its backward (false); the root module's are kept")
 	field(f, "one-stream", func(c *train.Config) *bool { return &p(c).OneStream }, "communicate on the default stream, as the model did before streams (to compare; by default each implementation's collectives run on its own streams)")
 }
 

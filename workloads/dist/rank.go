@@ -76,6 +76,8 @@ func New(s Settings, env Env) (Rank, error) {
 		return &zero3{base: b}, nil
 	case FSDPFull, FSDPGradOp, HSDP:
 		return &fsdp{base: b}, nil
+	case FSDP2:
+		return &fsdp2{base: b}, nil
 	}
 	return nil, fmt.Errorf("%s is not a data-parallel strategy", s.Strategy)
 }

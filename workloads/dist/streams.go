@@ -52,3 +52,10 @@ func (b *base) launch(stream int64) {
 
 // current is torch.cuda.current_stream().
 func (b *base) current() int64 { return b.rt.Stream() }
+
+// waitEvent is stream.wait_event(e).
+func (b *base) waitEvent(stream int64, e allocator.Event) {
+	if s := b.rt.Device().Streams(); s != nil {
+		s.WaitEvent(stream, e)
+	}
+}
