@@ -2,6 +2,7 @@ package dist
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/oomdbg/oomdbg/allocator"
 	"github.com/oomdbg/oomdbg/knob"
@@ -51,9 +52,13 @@ type fsdp struct {
 	n        int          // ranks sharing a unit: the world, or one node's for HYBRID_SHARD
 	dtype    tensor.DType // the unsharded parameters' dtype: the half dtype under mixed precision
 	units    []*fsdpUnit  // the block units in forward order
-	root     *fsdpUnit
-	prefixes []string
-	unitOf   map[string]*fsdpUnit
+	adapters []*fsdpUnit  // LoRA adapters' units, nested in their blocks'
+	// postOrder is the units in post-forward order, recorded in the first forward (_exec_order_data's
+	// handles_post_forward_order): backward prefetching gathers the unit before the current one in it.
+	postOrder []*fsdpUnit
+	root      *fsdpUnit
+	prefixes  []string
+	unitOf    map[string]*fsdpUnit
 	// scopeUnit caches the unit of every module scope seen (nil: the root's or none).
 	scopeUnit map[string]*fsdpUnit
 	shards    []*nn.Parameter // the FlatParameters' shards, as the optimizer sees them
@@ -71,7 +76,8 @@ const maxInflightAllGathers = 2
 // fsdpUnit is one FlatParamHandle.
 type fsdpUnit struct {
 	name      string // its module's path; "" for the root
-	index     int    // its place in forward order (-1: the root)
+	index     int    // its place in forward order among the block units (-1: the root or an adapter)
+	postIndex int    // its place in post-forward order (-1: not yet known)
 	params    []*nn.Parameter
 	numel     int
 	shard     int            // elements of each rank's shard
@@ -107,23 +113,57 @@ func (f *fsdp) init() {
 }
 
 // BuiltBlock makes the block a unit at once: FSDP's auto-wrap moves and shards one unit at a time.
+// With LoRA, peft's fsdp_auto_wrap_policy (what llama-recipes, Answer.AI's fsdp_qlora and accelerate use
+// with use_orig_params=False) also makes each adapter (lora_A, lora_B: a leaf module with a trainable
+// weight) a unit of its own, nested in its block's, so that every FlatParameter is all frozen or all
+// trained.
 func (f *fsdp) BuiltBlock(block nn.Module) {
 	f.init()
 	if f.s.Wrap != WrapBlock {
 		return
 	}
-	f.addUnit(block.Name(), block.Parameters())
+	f.addBlock(block.Name(), block.Parameters())
+}
+
+// addBlock makes a block's units: its adapters', then its own of the rest.
+func (f *fsdp) addBlock(name string, params []*nn.Parameter) {
+	f.quantStorage(params)
+	if !peftFrozen(params) {
+		f.addUnit(name, params)
+		return
+	}
+	var rest []*nn.Parameter
+	byModule := map[string][]*nn.Parameter{}
+	var modules []string
+	for _, p := range params {
+		if !nn.IsAdapter(p.Name) {
+			rest = append(rest, p)
+			continue
+		}
+		m := p.Name[:strings.LastIndexByte(p.Name, '.')]
+		if byModule[m] == nil {
+			modules = append(modules, m)
+		}
+		byModule[m] = append(byModule[m], p)
+	}
+	for _, m := range modules {
+		u := f.makeUnit(m, -1, byModule[m], true)
+		f.adapters = append(f.adapters, u)
+		f.prefixes = append(f.prefixes, m)
+		f.unitOf[m] = u
+	}
+	f.addUnit(name, rest, true)
 }
 
 func (f *fsdp) Wrap(model nn.Module) {
 	f.init()
 	if f.s.Wrap == WrapBlock && len(f.units) == 0 { // a model built without a hook (the MLP)
 		for _, b := range nn.RepeatedBlocks(model) {
-			f.addUnit(b.Name(), b.Parameters())
+			f.addBlock(b.Name(), b.Parameters())
 		}
 	}
 	inUnit := map[*nn.Parameter]bool{}
-	for _, u := range f.units {
+	for _, u := range f.blockUnits() {
 		for _, p := range u.params {
 			inUnit[p] = true
 		}
@@ -135,12 +175,11 @@ func (f *fsdp) Wrap(model nn.Module) {
 		}
 	}
 	if len(rest) > 0 {
-		f.root = f.makeUnit("", -1, rest)
+		f.quantStorage(rest)
+		f.root = f.makeUnit("", -1, rest, false)
+		f.unitOf[""] = f.root // modules in no block's unit are the root's
 	}
-	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
-		if u == nil {
-			continue
-		}
+	for _, u := range f.all() {
 		for _, p := range u.params {
 			if p.Tensor.RequiresGrad() {
 				p.Tensor.OnGradAccumulated(func() { f.gradReady(u) })
@@ -166,23 +205,37 @@ func (f *fsdp) Wrap(model nn.Module) {
 	f.rt.SetScopeHook(f.scope)
 }
 
-func (f *fsdp) addUnit(name string, params []*nn.Parameter) {
-	u := f.makeUnit(name, len(f.units), params)
+func (f *fsdp) addUnit(name string, params []*nn.Parameter, peft ...bool) {
+	u := f.makeUnit(name, len(f.units), params, len(peft) > 0 && peft[0])
 	f.units = append(f.units, u)
 	f.prefixes = append(f.prefixes, name)
 	f.unitOf[name] = u
 }
 
-// makeUnit is FlatParamHandle's construction, shard() and _init_flat_param_attributes for params.
-func (f *fsdp) makeUnit(name string, index int, params []*nn.Parameter) *fsdpUnit {
-	u := &fsdpUnit{name: name, index: index, params: params}
+// blockUnits returns the block units and the adapters'.
+func (f *fsdp) blockUnits() []*fsdpUnit {
+	return append(append([]*fsdpUnit(nil), f.units...), f.adapters...)
+}
+
+// all returns every unit: the root (if any), the blocks', the adapters'.
+func (f *fsdp) all() []*fsdpUnit {
+	if f.root == nil {
+		return f.blockUnits()
+	}
+	return append([]*fsdpUnit{f.root}, f.blockUnits()...)
+}
+
+// makeUnit is FlatParamHandle's construction, shard() and _init_flat_param_attributes for params; peft
+// says the block holds adapters, so that only they train.
+func (f *fsdp) makeUnit(name string, index int, params []*nn.Parameter, peft bool) *fsdpUnit {
+	u := &fsdpUnit{name: name, index: index, postIndex: -1, params: params}
 	label := name
 	if label == "" {
 		label = "root"
 	}
 	for _, p := range params {
 		u.numel += p.Tensor.Numel()
-		u.trainable = u.trainable || p.Tensor.RequiresGrad()
+		u.trainable = u.trainable || trainsUnder(p, peft)
 	}
 	u.shard = int(ceilDiv(int64(u.numel), int64(f.n)))
 	dtype := params[0].Tensor.DType()
@@ -295,25 +348,32 @@ func (u *fsdpUnit) label() string {
 	return u.name
 }
 
-// next returns the unit step places after u in forward order, or nil. The root's forward ends last, so
-// backward prefetching from the root gathers the last block unit.
+// next returns the block unit step places after u in forward order, or nil (the early all-gather of
+// --one-stream).
 func (f *fsdp) next(u *fsdpUnit, step int) *fsdpUnit {
 	i := u.index + step
-	if u.index < 0 {
-		i = len(f.units) + step + 1
-	}
-	if i < 0 || i >= len(f.units) {
+	if u.index < 0 || i < 0 || i >= len(f.units) {
 		return nil
 	}
 	return f.units[i]
 }
 
+// prefetchTarget is get_handle_to_backward_prefetch: the unit before u in post-forward order. The root's
+// forward ends last.
+func (f *fsdp) prefetchTarget(u *fsdpUnit) *fsdpUnit {
+	if u == f.root && u.postIndex < 0 {
+		u.postIndex = len(f.postOrder)
+		f.postOrder = append(f.postOrder, u)
+	}
+	if u.postIndex <= 0 {
+		return nil
+	}
+	return f.postOrder[u.postIndex-1]
+}
+
 func (f *fsdp) BeginForward(iteration int, sync bool) {
 	f.iteration, f.sync = iteration, sync
-	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
-		if u == nil {
-			continue
-		}
+	for _, u := range f.all() {
 		u.pre = false
 		u.pending = 0
 		for _, p := range u.params {
@@ -359,18 +419,31 @@ func (f *fsdp) scope(path string, enter bool) {
 			if f.s.OneStream { // the CPU one all-gather ahead, without streams to show it
 				f.unshard(f.next(u, 1))
 			}
-		} else if f.reshardAfterForward() {
+			return
+		}
+		if f.reshardAfterForward() {
 			f.reshard(u)
+		}
+		if u.postIndex < 0 { // _exec_order_data.record_post_forward, in the first iteration
+			u.postIndex = len(f.postOrder)
+			f.postOrder = append(f.postOrder, u)
 		}
 	}
 }
 
 // preBackward is _pre_backward_hook: the unit unsharded, and BACKWARD_PRE prefetching of the unit backward
-// reaches next.
+// reaches next. A frozen unit (a LoRA model's block) has no gradient to end its backward: its
+// reshard-only hook (_register_post_backward_reshard_only_hook, on its inputs' gradients) runs once backward
+// has left it, which the runtime sees as backward reaching a unit outside it.
 func (f *fsdp) preBackward(u *fsdpUnit) {
+	for _, o := range f.all() {
+		if o.pre && o.unsharded && !o.trainable && o != u && !strings.HasPrefix(u.name, o.name+".") {
+			f.reshard(o)
+		}
+	}
 	u.pre = true
 	f.unshardForCompute(u)
-	f.unshard(f.next(u, -1))
+	f.unshard(f.prefetchTarget(u))
 }
 
 // gradReady counts a unit's gradients in; the last one runs its post-backward.
@@ -475,10 +548,13 @@ func (f *fsdp) EndBackward() {
 	// _post_backward_final_callback: a unit whose gradients did not all come (a parameter unused) still
 	// reshards; the default stream waits for the reductions, and, with the gradients copied to the host,
 	// the host waits for the default stream.
-	for _, u := range append([]*fsdpUnit{f.root}, f.units...) {
-		if u != nil && u.pending > 0 && f.sync {
+	for _, u := range f.all() {
+		if u.pending > 0 && f.sync {
 			u.pending = 0
 			f.postBackward(u)
+		}
+		if f.reshardAfterForward() || f.sync { // _catch_all_reshard, _should_free_in_backward
+			f.reshard(u)
 		}
 	}
 	if f.sync {

@@ -128,6 +128,7 @@ func (f *fsdp2) Wrap(model nn.Module) {
 	if len(rest) > 0 {
 		f.root = f.makeGroup("", rest)
 		f.root.reshardFwd = false // the root is kept for backward
+		f.groupOf[""] = f.root    // modules in no block's group are the root's
 	}
 	for _, g := range f.all() {
 		for _, fp := range g.params {

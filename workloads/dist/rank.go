@@ -137,13 +137,14 @@ func halfOf(amp tensor.DType) tensor.DType {
 	return tensor.F32
 }
 
-// unitPrefix returns the unit a module path belongs to: the unit whose path is path or a prefix of it (units
-// do not nest), or "" (the root).
+// unitPrefix returns the unit a module path belongs to: the innermost unit whose path is path or a prefix
+// of it (a LoRA adapter's unit nests in its block's), or "" (the root).
 func unitPrefix(path string, prefixes []string) string {
+	best := ""
 	for _, p := range prefixes {
-		if path == p || strings.HasPrefix(path, p+".") {
-			return p
+		if (path == p || strings.HasPrefix(path, p+".")) && len(p) > len(best) {
+			best = p
 		}
 	}
-	return ""
+	return best
 }
