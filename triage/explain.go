@@ -41,7 +41,7 @@ func oom(tl *timeline.Timeline, top int) *OOM {
 		o.AllocSize = o.Requested
 	}
 	o.Message, o.Exact = oomMessage(s.Meta, &e, o.AllocSize, o.Allocated, o.Reserved)
-	oomFragmentation(tl, o, e.Device)
+	oomFragmentation(tl, o, e.Device, e.Stream)
 	o.Alive = alive(s, tl.LiveAt(seq, nil), top)
 	return o
 }
