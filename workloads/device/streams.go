@@ -32,6 +32,9 @@ type Streams struct {
 	names  map[int64]string
 	order  []int64 // streams by creation, default first
 	made   int64   // streams NewStream made
+
+	lastStream int64 // the stream queue last returned
+	lastQueue  *streamQueue
 }
 
 // streamQueue is one stream's issued work and waits, from the first not known to have run.
@@ -90,12 +93,16 @@ func (s *Streams) Names() map[int64]string {
 }
 
 func (s *Streams) queue(stream int64) *streamQueue {
+	if stream == s.lastStream && s.lastQueue != nil { // every allocation asks: keep the map off the hot path
+		return s.lastQueue
+	}
 	q, ok := s.queues[stream]
 	if !ok { // a handle the runtime did not make (a recorded stream): a side stream
 		q = &streamQueue{}
 		s.queues[stream] = q
 		s.order = append(s.order, stream)
 	}
+	s.lastStream, s.lastQueue = stream, q
 	return q
 }
 
