@@ -29,7 +29,8 @@ type Allocator struct {
 
 	small, large blockPool
 	live         map[uint64]*block // allocated blocks by address (NativeCachingAllocator's allocated_blocks)
-	events       []streamEvent     // outstanding cross-stream events, in the order they were recorded
+	events       []*streamEvents   // outstanding cross-stream events, a queue per stream, by stream
+	streams      Streams           // how far each stream's work has run
 	expandable   []*expandableSegment
 
 	// totalAllocated is total_allocated_memory: the bytes held from the device, which the memory
@@ -67,6 +68,7 @@ func New(dev Device, cfg Config) *Allocator {
 		idx:         dev.Index(),
 		totalMemory: dev.TotalMemory(),
 		live:        make(map[uint64]*block),
+		streams:     immediate{},
 	}
 	bySize := orderSizeAddress
 	if cfg.TieOrder == TieBySegment {
@@ -176,7 +178,6 @@ func (a *Allocator) Malloc(size uint64, stream int64) (uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.events) > 0 {
-		// Model: the work that used pending blocks on other streams has finished by the next request.
 		a.processEvents()
 	}
 	rounded := torchrules.RoundSize(size, a.divisions)

@@ -21,9 +21,13 @@
 // Segments come from a Device: SimDevice accounts memory against a capacity minus a CUDA-context reserve so
 // that OOMs happen where they would on a real card; a CUDA-backed Device lives behind a build tag elsewhere.
 //
-// Cross-stream events (record_stream) are modelled as completing by the next Malloc: the kernels that used
-// a block on another stream are assumed finished when the program asks for memory again. Synchronize and
-// EmptyCache complete them at once, as synchronize_and_free_events does.
+// Streams (record_stream) are modelled as PyTorch has them: a block freed after RecordStream marked it used
+// on other streams gets one event recorded on each (insert_events) and stays active_pending_free; each
+// request first walks every stream's events oldest first, stopping at the first that has not completed
+// (process_events), and caches a block when its last event completes; Synchronize and EmptyCache wait for
+// them all (synchronize_and_free_events). Whether an event has completed is asked of a Streams, which the
+// simulated runtime implements with its model of the streams' progress (workloads/device) and the replay
+// of a recorded trace with what the trace says. Without one, every event has completed by the next request.
 //
 // Out of scope: private memory pools (CUDA graph capture, torch.cuda.MemPool, use_on_oom pools), IPC
 // sharing, free-memory callbacks (trigger_free_memory_callbacks), the cudaMallocAsync backend, peer access,

@@ -1,6 +1,10 @@
 package allocator
 
-import "testing"
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
 
 // TestRecordStream checks a block used on other streams stays active_pending_free after Free until the
 // next Malloc completes its events: free_requested at Free, free_completed just before that Malloc's events.
@@ -152,4 +156,155 @@ func TestEventOrder(t *testing.T) {
 		{Action: "free_completed", Addr: x},
 		{Action: "free_completed", Addr: z},
 	})
+}
+
+// testStreams is a Streams whose events complete when the test says: it records every call, so that a test
+// can check when the allocator records, queries and waits on events.
+type testStreams struct {
+	next  uint64
+	done  map[Event]bool
+	calls []string
+}
+
+func newTestStreams() *testStreams { return &testStreams{done: map[Event]bool{}} }
+
+func (s *testStreams) RecordEvent(stream int64) Event {
+	s.next++
+	e := Event{Stream: stream, Seq: s.next}
+	s.calls = append(s.calls, fmt.Sprintf("record s%d #%d", stream, e.Seq))
+	return e
+}
+
+func (s *testStreams) EventDone(e Event) bool {
+	s.calls = append(s.calls, fmt.Sprintf("query #%d", e.Seq))
+	return s.done[e]
+}
+
+func (s *testStreams) SynchronizeEvent(e Event) {
+	s.calls = append(s.calls, fmt.Sprintf("wait #%d", e.Seq))
+	s.done[e] = true
+}
+
+// complete marks the n-th event recorded (from 1) as completed.
+func (s *testStreams) complete(stream int64, n uint64) { s.done[Event{Stream: stream, Seq: n}] = true }
+
+// TestEventsPerStreamQueues holds process_events to PyTorch's (c10/cuda/CUDACachingAllocator.cpp,
+// pytorch/pytorch@001074d2, DeviceCachingAllocator::process_events): each stream's events are queried
+// oldest first and the walk of a stream stops at its first event that has not completed, while other
+// streams go on ("a separate list of events per stream to avoid head-of-line delays").
+func TestEventsPerStreamQueues(t *testing.T) {
+	e := newEnv(t, 4*gib, 0, "")
+	st := newTestStreams()
+	e.a.SetStreams(st)
+	x := e.malloc(1000, 0)
+	y := e.malloc(1000, 0)
+	z := e.malloc(1000, 0)
+	for addr, s := range map[uint64]int64{x: 7, y: 3, z: 7} {
+		if err := e.a.RecordStream(addr, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.free(x) // event #1 on stream 7
+	e.free(z) // event #2 on stream 7
+	e.free(y) // event #3 on stream 3
+	if want := []string{"record s7 #1", "record s7 #2", "record s3 #3"}; !slices.Equal(st.calls, want) {
+		t.Fatalf("events recorded %v, want %v: insert_events records at the free, one per stream used", st.calls, want)
+	}
+	if n := e.a.PendingFrees(); n != 3 {
+		t.Fatalf("%d pending frees, want 3", n)
+	}
+	// z's event completed, but x's, ahead of it on stream 7, has not; y's on stream 3 has.
+	st.complete(7, 2)
+	st.complete(3, 3)
+	st.calls = nil
+	mark := len(e.rec.events)
+	e.a.ProcessEvents()
+	wantEvents(t, e.rec.since(mark), []traceEvent{{Action: "free_completed", Addr: y}})
+	if want := []string{"query #3", "query #1"}; !slices.Equal(st.calls, want) {
+		t.Fatalf("queries %v, want %v: stream 3 first (ascending), stream 7 stops at its first", st.calls, want)
+	}
+	checkInvariants(t, e)
+	// Once x's event completes, the next request caches x and then z, in queue order, before it looks for a
+	// block: the request of the same size is served from x.
+	st.complete(7, 1)
+	mark = len(e.rec.events)
+	got := e.malloc(1000, 0)
+	wantEvents(t, e.rec.since(mark), []traceEvent{
+		{Action: "free_completed", Addr: x},
+		{Action: "free_completed", Addr: z},
+		{Action: "alloc", Addr: x},
+	})
+	if got != x {
+		t.Fatalf("request served at %#x, want x %#x", got, x)
+	}
+	if e.a.PendingFrees() != 0 || len(e.a.events) != 0 {
+		t.Fatalf("%d pending, %d queues left", e.a.PendingFrees(), len(e.a.events))
+	}
+	checkInvariants(t, e)
+}
+
+// TestPendingBlockIsNotReused checks that a request on the block's own stream cannot take a block whose
+// events are outstanding: the allocator gets a new segment instead (reserved memory rises), and reuses the
+// block once the consumer stream's work has completed.
+func TestPendingBlockIsNotReused(t *testing.T) {
+	e := newEnv(t, 4*gib, 0, "")
+	st := newTestStreams()
+	e.a.SetStreams(st)
+	x := e.malloc(40*mib, 1) // a segment of its own (>= 10 MiB: rounded to 2 MiB)
+	if err := e.a.RecordStream(x, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.free(x)
+	y := e.malloc(40*mib, 1)
+	if y == x {
+		t.Fatal("a block waiting on stream 0's work was handed out again")
+	}
+	if r := e.a.Stats().ReservedBytes.All().Current; r != 80*mib {
+		t.Fatalf("reserved %d, want two 40 MiB segments", r)
+	}
+	e.free(y)
+	st.complete(0, 1)
+	z := e.malloc(40*mib, 1)
+	if z != x && z != y {
+		t.Fatalf("served at %#x, neither cached block", z)
+	}
+	if r := e.a.Stats().ReservedBytes.All().Current; r != 80*mib {
+		t.Fatalf("reserved %d after the event completed, want no new segment", r)
+	}
+	checkInvariants(t, e)
+}
+
+// TestSynchronizeWaitsOnEachEvent checks synchronize_and_free_events: it waits on every outstanding event
+// (cudaEventSynchronize), stream by stream and oldest first, and caches every waiting block, even those
+// whose events would not have completed yet.
+func TestSynchronizeWaitsOnEachEvent(t *testing.T) {
+	e := newEnv(t, 4*gib, 0, "")
+	st := newTestStreams()
+	e.a.SetStreams(st)
+	x := e.malloc(1000, 0)
+	y := e.malloc(1000, 0)
+	for _, u := range []struct {
+		addr   uint64
+		stream int64
+	}{{x, 5}, {x, 2}, {y, 5}} {
+		if err := e.a.RecordStream(u.addr, u.stream); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.free(x) // #1 on stream 2, #2 on stream 5 (streams in ascending order)
+	e.free(y) // #3 on stream 5
+	st.calls = nil
+	mark := len(e.rec.events)
+	if err := e.a.EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"wait #1", "wait #2", "wait #3"}; !slices.Equal(st.calls, want) {
+		t.Fatalf("calls %v, want %v", st.calls, want)
+	}
+	if got := e.rec.actions(mark); got != "free_completed,free_completed,segment_free" {
+		t.Fatalf("EmptyCache: %s", got)
+	}
+	if s := e.a.Stats(); s.NumSyncAllStreams != 1 || s.ReservedBytes.All().Current != 0 {
+		t.Fatalf("syncs %d, reserved %d", s.NumSyncAllStreams, s.ReservedBytes.All().Current)
+	}
 }

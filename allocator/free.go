@@ -1,20 +1,11 @@
 package allocator
 
-import (
-	"fmt"
-	"slices"
-)
-
-// streamEvent is a CUDA event recorded on stream when a block used there was freed.
-type streamEvent struct {
-	stream int64
-	block  *block
-}
+import "fmt"
 
 // Free returns the block at addr to the allocator, as freeing a tensor's storage does. The block is cached
-// at once (free_requested, then free_completed), unless RecordStream marked it used on other streams: it
-// then stays active_pending_free until those streams' events complete, at the next Malloc, Synchronize or
-// EmptyCache. Freeing address 0 does nothing; freeing anything else that is not an allocated block is an
+// at once (free_requested, then free_completed), unless RecordStream marked it used on other streams: an
+// event is then recorded on each of them, and the block stays active_pending_free until they complete
+// (seen by a later Malloc or ProcessEvents, or waited for by Synchronize or EmptyCache). Freeing address 0 does nothing; freeing anything else that is not an allocated block is an
 // error, as in PyTorch.
 func (a *Allocator) Free(addr uint64) error {
 	if addr == 0 {
@@ -43,67 +34,6 @@ func (a *Allocator) Free(addr uint64) error {
 		a.freeBlock(b)
 	}
 	return nil
-}
-
-// RecordStream marks the allocated block at addr as used on stream (Tensor.record_stream), so that freeing
-// it waits for that stream's work. Uses on the block's own stream are ignored.
-func (a *Allocator) RecordStream(addr uint64, stream int64) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	b, ok := a.live[addr]
-	if !ok {
-		return fmt.Errorf("record_stream: no allocated block at %#x", addr)
-	}
-	if stream == b.stream || slices.Contains(b.streamUses, stream) {
-		return nil
-	}
-	b.streamUses = append(b.streamUses, stream)
-	return nil
-}
-
-// Synchronize waits for every outstanding cross-stream event and caches the blocks that were waiting
-// (synchronize_and_free_events, which counts in num_sync_all_streams).
-func (a *Allocator) Synchronize() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.synchronizeAndFreeEvents()
-}
-
-// insertEvents records one event per stream that used b (insert_events); b stays active until they
-// complete. Streams are taken in ascending order so that runs are reproducible.
-func (a *Allocator) insertEvents(b *block) {
-	slices.SortFunc(b.streamUses, streamCmp)
-	for _, s := range b.streamUses {
-		b.eventCount++
-		a.events = append(a.events, streamEvent{stream: s, block: b})
-	}
-	b.streamUses = b.streamUses[:0]
-}
-
-// processEvents is process_events under this package's model, where the other streams' work is done by
-// the time the program asks for memory again: every outstanding event completes. PyTorch keeps one queue
-// per stream and walks the streams in hash order; here they are walked in ascending order, each queue
-// oldest first. A block is cached when its last event completes.
-func (a *Allocator) processEvents() {
-	if len(a.events) == 0 {
-		return
-	}
-	slices.SortStableFunc(a.events, func(x, y streamEvent) int { return streamCmp(x.stream, y.stream) })
-	for i := range a.events {
-		b := a.events[i].block
-		a.events[i] = streamEvent{}
-		b.eventCount--
-		if b.eventCount == 0 {
-			a.freeBlock(b)
-		}
-	}
-	a.events = a.events[:0]
-}
-
-// synchronizeAndFreeEvents waits on every outstanding event and frees the blocks waiting on them.
-func (a *Allocator) synchronizeAndFreeEvents() {
-	a.stats.NumSyncAllStreams++
-	a.processEvents()
 }
 
 // freeBlock is free_block: cache b, merging it with free neighbours of its segment, and update the stats.

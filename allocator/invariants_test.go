@@ -53,8 +53,16 @@ func invariantError(e *env) error {
 		blocks = append(blocks, b)
 	}
 	pendingEvents := map[*block]int32{}
-	for _, ev := range a.events {
-		pendingEvents[ev.block]++
+	for _, q := range a.events {
+		if len(q.queue) == q.head {
+			return fmt.Errorf("empty event queue of stream %d kept", q.stream)
+		}
+		for _, ev := range q.queue[q.head:] {
+			if ev.ev.Stream != q.stream {
+				return fmt.Errorf("event of stream %d queued on stream %d", ev.ev.Stream, q.stream)
+			}
+			pendingEvents[ev.block]++
+		}
 	}
 	for b, n := range pendingEvents {
 		if b.allocated || b.eventCount != n {
@@ -446,7 +454,8 @@ func TestInvariantCheckerCatchesCorruption(t *testing.T) {
 		"device leak": func(e *env) { e.dev.used += 512 },
 		"lost block":  func(e *env) { b := e.a.small.blocks.appendTo(nil)[0]; e.a.small.blocks.erase(b) },
 		"pending stale": func(e *env) {
-			e.a.events = append(e.a.events, streamEvent{stream: 1, block: e.a.small.blocks.appendTo(nil)[0]})
+			q := e.a.eventQueue(1)
+			q.queue = append(q.queue, pendingEvent{ev: Event{Stream: 1}, block: e.a.small.blocks.appendTo(nil)[0]})
 		},
 	}
 	for name, corrupt := range corruptions {

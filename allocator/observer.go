@@ -16,8 +16,9 @@ type Observer interface {
 	// FreeRequested: the program freed the block ("free_requested").
 	FreeRequested(device int, stream int64, addr, requested, block uint64)
 	// FreeCompleted: the block went back to the cache ("free_completed"): right after FreeRequested, or,
-	// for a block used on other streams, when their events complete (at the next Malloc, Synchronize or
-	// EmptyCache). block is the size before merging with free neighbours.
+	// for a block used on other streams, when their events complete (seen by a later Malloc or
+	// ProcessEvents, or waited for by Synchronize or EmptyCache). block is the size before merging with free
+	// neighbours.
 	FreeCompleted(device int, stream int64, addr, requested, block uint64)
 	// SegmentAlloc: a new segment was obtained from the device (cudaMalloc, "segment_alloc").
 	SegmentAlloc(device int, stream int64, addr, size uint64)

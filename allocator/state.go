@@ -118,12 +118,5 @@ func (a *Allocator) allBlocks() []*block {
 	for _, b := range a.live {
 		all = append(all, b)
 	}
-	seen := make(map[*block]bool)
-	for _, e := range a.events {
-		if !seen[e.block] {
-			seen[e.block] = true
-			all = append(all, e.block)
-		}
-	}
-	return all
+	return append(all, a.pendingBlocks()...)
 }

@@ -66,7 +66,7 @@ func oomOn(tl *timeline.Timeline, d *onDevice, top int) *OOM {
 		o.AllocSize = o.Requested
 	}
 	o.Message, o.Exact = oomMessage(s.Meta, &e, o.AllocSize, o.Allocated, o.Reserved)
-	oomFragmentation(dtl, o, e.Device)
+	oomFragmentation(dtl, o, e.Device, e.Stream)
 	o.Alive = alive(s, dtl.LiveAt(seq, nil), top)
 	o.Event = d.whole(seq)
 	return o

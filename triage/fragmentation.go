@@ -107,18 +107,66 @@ func DiagnoseOOM(tl *timeline.Timeline, seq int) (kind, diagnosis string) {
 	if o.AllocSize <= 0 {
 		o.AllocSize = o.Requested
 	}
-	oomFragmentation(d.tl, o, e.Device)
+	oomFragmentation(d.tl, o, e.Device, e.Stream)
 	return o.Kind, o.Diagnosis
 }
 
-// oomFragmentation fills in what o's request met: the free blocks inside the device's segments, the kind of
-// OOM, and its diagnosis.
-func oomFragmentation(tl *timeline.Timeline, o *OOM, device int16) {
+// oomFragmentation fills in what o's request, made on stream, met: the free blocks inside the device's
+// segments, the kind of OOM, and its diagnosis, which names the free memory cached on other streams.
+func oomFragmentation(tl *timeline.Timeline, o *OOM, device int16, stream int64) {
 	f := tl.FragmentationAt(o.Event, device, "")
 	o.Request = o.Requested
 	o.FreeInReserved, o.LargestFreeBlock, o.FreeBlocks = f.Free, f.Largest, f.FreeBlocks
 	o.Kind = OOMKind(o.Request, o.FreeInReserved, o.Free)
-	o.Diagnosis = diagnosis(o)
+	o.Diagnosis = diagnosis(o) + otherStreams(tl.SegmentsAt(o.Event), device, stream, o.Request)
+}
+
+// otherStreams says how much of the free memory is cached on streams other than the request's, which the
+// caching allocator never hands to it (get_free_block looks on the request's stream only): "" when none is.
+func otherStreams(segs []timeline.SegmentState, device int16, stream int64, request int64) string {
+	type cached struct{ free, largest int64 }
+	by := map[int64]*cached{}
+	var own int64
+	for i := range segs {
+		s := &segs[i]
+		if s.Device != device {
+			continue
+		}
+		if s.Stream == stream {
+			own = max(own, s.LargestGap())
+			continue
+		}
+		c := by[s.Stream]
+		if c == nil {
+			c = &cached{}
+			by[s.Stream] = c
+		}
+		c.free += s.FreeBytes()
+		c.largest = max(c.largest, s.LargestGap())
+	}
+	var streams []int64
+	var free, largest int64
+	for st, c := range by {
+		if c.free > 0 {
+			streams = append(streams, st)
+			free += c.free
+			largest = max(largest, c.largest)
+		}
+	}
+	if len(streams) == 0 {
+		return ""
+	}
+	slices.Sort(streams)
+	var parts []string
+	for _, st := range streams {
+		parts = append(parts, fmt.Sprintf("stream %d %s", st, units.FormatSize(by[st].free)))
+	}
+	out := fmt.Sprintf(". Of the free blocks, %s %s cached on streams other than the request's (stream %d), which the allocator never hands to it (%s)",
+		units.FormatSize(free), "is", stream, strings.Join(parts, ", "))
+	if largest >= request && own < request {
+		out += fmt.Sprintf("; one there would hold the request, the largest on its own stream is %s", units.FormatSize(own))
+	}
+	return out
 }
 
 // diagnosis says in a sentence what the request met.

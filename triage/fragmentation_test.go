@@ -219,3 +219,35 @@ func TestAdviceLeavesOutWhatIsAlreadySet(t *testing.T) {
 		}
 	}
 }
+
+// TestOOMNamesFreeMemoryOnOtherStreams: by PyTorch's rules, a 40 MiB block freed on stream 1 (without
+// record_stream, so at once) is cached on stream 1 and never serves stream 0; stream 0's 35 MiB request then
+// meets no free block of its own stream, and the device's 20 MiB cannot hold its 36 MiB segment. The
+// diagnosis names the 40 MiB cached on stream 1, which would hold it.
+func TestOOMNamesFreeMemoryOnOtherStreams(t *testing.T) {
+	const seg1, seg2 = 0x1000_0000, 0x2000_0000
+	evs := []snapshot.Event{
+		{Action: snapshot.ActionSegmentAlloc, Stream: 1, Addr: seg1, Size: 40 * mib},
+		{Action: snapshot.ActionAlloc, Stream: 1, Addr: seg1, Size: 40 * mib, BlockSize: 40 * mib},
+		{Action: snapshot.ActionSegmentAlloc, Addr: seg2, Size: 30 * mib},
+		{Action: snapshot.ActionAlloc, Addr: seg2, Size: 30 * mib, BlockSize: 30 * mib},
+		{Action: snapshot.ActionFreeRequested, Stream: 1, Addr: seg1, Size: 40 * mib, BlockSize: 40 * mib},
+		{Action: snapshot.ActionFreeCompleted, Stream: 1, Addr: seg1, Size: 40 * mib, BlockSize: 40 * mib},
+		{Action: snapshot.ActionOOM, Size: 35 * mib, BlockSize: 36 * mib, DeviceFree: 20 * mib},
+	}
+	for i := range evs {
+		evs[i].Seq = uint64(i)
+	}
+	s := &snapshot.Snapshot{Events: snapshot.EventsOf(evs...), Meta: snapshot.Meta{Source: "oomdbg",
+		Devices: []snapshot.DeviceInfo{{Index: 0, Kind: "meta", Capacity: 90 * mib}}}}
+	kind, diag := triage.DiagnoseOOM(timeline.New(s), len(evs)-1)
+	if kind != triage.OOMFragmentation {
+		t.Errorf("kind %q: 30 MiB allocated plus 35 is within 70 reserved and 20 free", kind)
+	}
+	for _, want := range []string{"40.00 MiB is cached on streams other than the request's (stream 0)", "(stream 1 40.00 MiB)",
+		"one there would hold the request, the largest on its own stream is 0 B"} {
+		if !strings.Contains(diag, want) {
+			t.Errorf("diagnosis %q lacks %q", diag, want)
+		}
+	}
+}

@@ -90,9 +90,18 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		}
 	}
 	lines = append(lines, s.Muted.Render(ansi.Truncate(head, w, "…")), s.Muted.Render(ansi.Truncate(frag, w, "…")))
+	// With several streams, each segment's stream, and what each stream holds: a stream's cached blocks
+	// serve only its own requests.
+	streams := segmentStreams(p.segs)
+	if len(streams) > 1 {
+		lines = append(lines, s.Muted.Render(ansi.Truncate(streamsLine(p.segs, streams), w, "…")))
+	}
 	// Each segment: address, size, share allocated, and a map of its blocks drawn to scale: the largest
 	// segment takes the whole width, the others their share of it (a cell at least).
 	mapW := max(w-37, 8)
+	if len(streams) > 1 {
+		mapW = max(mapW-4, 8)
+	}
 	var largest int64 = 1
 	for _, sg := range p.segs {
 		largest = max(largest, sg.Size)
@@ -107,6 +116,9 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 			mark = "▸"
 		}
 		line := fmt.Sprintf("%s%s %10s %3.0f%% ", mark, formatAddr(sg.Addr), units.FormatSize(sg.Size), 100*float64(sg.Allocated())/float64(max(sg.Size, 1)))
+		if len(streams) > 1 {
+			line += fmt.Sprintf("s%-2d ", sg.Stream)
+		}
 		if i == p.selected {
 			line = s.Selected.Render(line)
 		}
@@ -116,6 +128,36 @@ func (p *segmentsPane) view(s Styles, w, h int) string {
 		lines = append(lines, s.Muted.Render("no segment is reserved here"))
 	}
 	return strings.Join(lines, "\n")
+}
+
+// segmentStreams returns the streams segs belong to, in ascending order.
+func segmentStreams(segs []timeline.SegmentState) []int64 {
+	var out []int64
+	for _, sg := range segs {
+		if !slices.Contains(out, sg.Stream) {
+			out = append(out, sg.Stream)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// streamsLine says what each stream holds: its segments, reserved bytes and free bytes.
+func streamsLine(segs []timeline.SegmentState, streams []int64) string {
+	var parts []string
+	for _, st := range streams {
+		f := timeline.FragmentationOf(segs, func(sg *timeline.SegmentState) bool { return sg.Stream == st })
+		parts = append(parts, fmt.Sprintf("s%d: %d %s, %s, %s free", st, f.Segments, pluralWord(f.Segments, "segment"),
+			units.FormatSize(f.Reserved), units.FormatSize(f.Free)))
+	}
+	return "streams (a stream's free blocks serve only its own requests) · " + strings.Join(parts, " · ")
+}
+
+func pluralWord(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }
 
 // segmentCells maps a segment's blocks onto width cells: a cell shows a block in use if any part of one
@@ -168,7 +210,7 @@ func (p *segmentsPane) blocksView(s Styles, w, h int) string {
 	}
 	slices.SortFunc(pieces, func(a, b piece) int { return cmp.Compare(a.addr, b.addr) })
 	lines := []string{
-		s.Bold.Render(ansi.Truncate(fmt.Sprintf("segment %#x: %s, %d blocks in use or pending, %d free · esc back", sg.Addr, units.FormatSize(sg.Size), len(sg.Blocks), len(sg.Gaps)), w, "…")),
+		s.Bold.Render(ansi.Truncate(fmt.Sprintf("segment %#x on stream %d: %s, %d blocks in use or pending, %d free · esc back", sg.Addr, sg.Stream, units.FormatSize(sg.Size), len(sg.Blocks), len(sg.Gaps)), w, "…")),
 		s.Allocated.Render(string(segmentCells(sg, p.at, max(w-2, 8)))),
 		s.Header.Render(ansi.Truncate(fmt.Sprintf("  %-13s %10s  %-12s %-15s %s", "offset", "size", "state", "category", "tensor"), w, "")),
 	}

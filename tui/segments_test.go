@@ -73,3 +73,24 @@ func TestSegmentsAgreeWithTheReport(t *testing.T) {
 		})
 	}
 }
+
+// TestSegmentsShowTheirStreams: with segments on two streams (the two-stream trace the replay holds to
+// PyTorch's rules), the pane says what each stream holds and tags each segment with its stream. The view
+// opens at the trace's peak (its 16th entry): stream 0 holds its 20 MiB segment, whose two blocks were freed
+// and merged, and its 40 MiB one in use; the unshard-like stream 94742130589440 its two 40 MiB segments,
+// one reused.
+func TestSegmentsShowTheirStreams(t *testing.T) {
+	s, err := load.File("../allocator/replay/testdata/multistream.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newTestModel(t, s, 160, 30)
+	press(m, "3")
+	out := ansi.Strip(screen(m))
+	for _, want := range []string{"s0: 2 segments, 60.00 MiB, 20.00 MiB free", "s94742130589440: 2 segments, 80.00 MiB, 0 B free",
+		formatAddr(0x7f0004000000) + "  20.00 MiB   0% s0 ", formatAddr(0x7f0000000000) + "  40.00 MiB 100% s94742130589440 "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the pane lacks %q:\n%s", want, out)
+		}
+	}
+}

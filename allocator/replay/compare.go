@@ -240,8 +240,12 @@ func (t *deviceTrace) simulate(cfg allocator.Config, capacity uint64) (Outcome, 
 		obs.step()
 	}
 	inRelease := false
+	deferred := newDeferredFrees(a)
 	for seq, req := range t.requests() {
 		e := &req
+		if err := deferred.next(a, e.Action, e.Addr, live); err != nil {
+			return o, fmt.Errorf("replay: event %d: %w", seq, err)
+		}
 		if e.Action != snapshot.ActionSegmentFree {
 			inRelease = false
 		}
@@ -253,6 +257,9 @@ func (t *deviceTrace) simulate(cfg allocator.Config, capacity uint64) (Outcome, 
 			}
 			live[e.Addr] = addr
 		case snapshot.ActionFreeCompleted:
+			if deferred.completed(a, e.Addr) {
+				break
+			}
 			if addr, ok := live[e.Addr]; ok {
 				delete(live, e.Addr)
 				if err := a.Free(addr); err != nil {
@@ -285,6 +292,9 @@ func (t *deviceTrace) simulate(cfg allocator.Config, capacity uint64) (Outcome, 
 			o.RecordedOOMs = append(o.RecordedOOMs, r)
 		}
 		obs.step()
+	}
+	if err := deferred.end(a, live); err != nil {
+		return o, fmt.Errorf("replay: %w", err)
 	}
 	return o, o.finish(a, obs, nil)
 }

@@ -220,8 +220,12 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 	// them the recording has not released yet.
 	var released []uint64
 	unmatched := map[uint64]bool{}
+	deferred := newDeferredFrees(a)
 	for _, ev := range t.events() {
 		e := &ev
+		if err := deferred.next(a, e.Action, e.Addr, live); err != nil {
+			return f, fmt.Errorf("replay: event %d: %w", e.Seq, err)
+		}
 		if e.Action != snapshot.ActionSegmentFree && released != nil {
 			for _, addr := range released {
 				if unmatched[addr] {
@@ -243,6 +247,9 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 			f.alloc(a, e, pending, obs, &m, &model, live, inUnknown)
 		case snapshot.ActionFreeCompleted:
 			// A block the replay did not make (in memory it does not follow) has nothing to free.
+			if deferred.completed(a, e.Addr) {
+				break
+			}
 			if addr, ok := live[e.Addr]; ok {
 				delete(live, e.Addr)
 				if err := a.Free(addr); err != nil {
@@ -280,6 +287,9 @@ func (t *deviceTrace) fidelity(cfg allocator.Config) (Fidelity, error) {
 		}
 		pending = nil
 		dev.hint = 0
+	}
+	if err := deferred.end(a, live); err != nil {
+		return f, fmt.Errorf("replay: %w", err)
 	}
 	for _, addr := range released {
 		if unmatched[addr] {

@@ -71,10 +71,11 @@ const (
 
 // Device is one device of a workload: its caching allocator, and whether it computes.
 type Device struct {
-	kind  Kind
-	mem   allocator.Device
-	alloc *allocator.Allocator
-	host  *allocator.HostAllocator // a host device's memory (NewHost); nil on a GPU
+	kind    Kind
+	mem     allocator.Device
+	alloc   *allocator.Allocator
+	streams *Streams                 // nil for host memory
+	host    *allocator.HostAllocator // a host device's memory (NewHost); nil on a GPU
 }
 
 // HostIndex is the device index of host memory: PyTorch's CPU device has no ordinal. It is the index
@@ -94,7 +95,9 @@ func (d *Device) Host() *allocator.HostAllocator { return d.host }
 // New returns a device of kind whose segments come from mem, allocated through a caching allocator with
 // settings cfg.
 func New(kind Kind, mem allocator.Device, cfg allocator.Config) *Device {
-	return &Device{kind: kind, mem: mem, alloc: allocator.New(mem, cfg)}
+	d := &Device{kind: kind, mem: mem, alloc: allocator.New(mem, cfg), streams: NewStreams()}
+	d.alloc.SetStreams(d.streams)
+	return d
 }
 
 // NewSimulated returns a meta or cpu device with a simulated GPU memory of capacity bytes, contextReserve of
@@ -141,21 +144,19 @@ func (d *Device) Managed() (allocator.ManagedMemory, bool) {
 
 // Malloc allocates bytes on the default stream through the caching allocator. The error of a failed
 // allocation is the allocator's *allocator.OutOfMemoryError, whose text is PyTorch's OOM message.
-func (d *Device) Malloc(bytes uint64) (uint64, error) {
-	if d.host != nil {
-		return d.host.Malloc(bytes, false)
-	}
-	return d.alloc.Malloc(bytes, 0)
-}
+func (d *Device) Malloc(bytes uint64) (uint64, error) { return d.MallocOn(bytes, DefaultStream) }
 
-// MallocOn allocates bytes on stream through the caching allocator, as an allocation made under
-// torch.cuda.stream(s) is: its block is cached for that stream's requests only. On a host device it is
-// Malloc.
+// MallocOn allocates bytes for use on stream, as an op running under torch.cuda.stream(stream) does: the
+// block belongs to that stream's pools, and the op's kernel is queued there. Host memory has no streams.
 func (d *Device) MallocOn(bytes uint64, stream int64) (uint64, error) {
 	if d.host != nil {
 		return d.host.Malloc(bytes, false)
 	}
-	return d.alloc.Malloc(bytes, stream)
+	addr, err := d.alloc.Malloc(bytes, stream)
+	if err == nil {
+		d.streams.Launch(stream)
+	}
+	return addr, err
 }
 
 // RecordStream marks the block at addr as used on stream (Tensor.record_stream): freeing it waits for that
@@ -166,6 +167,9 @@ func (d *Device) RecordStream(addr uint64, stream int64) error {
 	}
 	return d.alloc.RecordStream(addr, stream)
 }
+
+// Streams returns the progress model of the device's streams (nil for host memory).
+func (d *Device) Streams() *Streams { return d.streams }
 
 // MallocPinned allocates page-locked memory on a host device (through the caching host allocator); on a GPU
 // it is Malloc.

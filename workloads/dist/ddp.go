@@ -23,8 +23,12 @@ import (
 //   - as autograd accumulates each gradient, the reducer copies it into its bucket
 //     (mark_variable_ready_dense); with gradient_as_bucket_view the gradient then becomes the bucket's
 //     view, and the gradient autograd made is freed; without, both stay: the gradients and the buckets;
-//   - a bucket whose gradients are all in is all-reduced in place; gradients are reduced on the last
-//     micro-batch of a step only (no_sync for the others, as accelerate and HF Trainer do).
+//   - a bucket whose gradients are all in is all-reduced in place on ProcessGroupNCCL's stream, which
+//     waits for the default stream and records the bucket on itself (so an old bucket freed when they are
+//     rebuilt waits for its all-reduce); the default stream waits for the reductions at the end of
+//     backward; gradients are reduced on the last micro-batch of a step only (no_sync for the others, as
+//     accelerate and HF Trainer do). The constructor's broadcast runs before training, when the host and
+//     not the GPU sets the pace, outside the streams model: it is modelled on the default stream.
 type ddp struct {
 	base
 	params     []*nn.Parameter // trainable, in registration order
@@ -34,6 +38,7 @@ type ddp struct {
 	bucketOf   []int // each parameter's bucket
 	readyOrder []int // parameters in the order their gradients became ready, in the first iteration
 	rebuilt    bool
+	nccl       int64 // ProcessGroupNCCL's stream
 }
 
 // ddpBucket is one bucket: a flat gradient buffer and the parameters whose gradients it holds.
@@ -49,6 +54,7 @@ func (d *ddp) Autocast() bool                                 { return true }
 func (d *ddp) BuiltBlock(nn.Module)                           {}
 
 func (d *ddp) Wrap(model nn.Module) {
+	d.nccl = d.newStream("nccl")
 	d.params = trainable(model)
 	d.index = map[*nn.Parameter]int{}
 	for i, p := range d.params {
@@ -192,12 +198,23 @@ func (d *ddp) ready(p int) {
 	}
 	b := d.buckets[d.bucketOf[p]]
 	if b.pending--; b.pending == 0 {
+		// ProcessGroupNCCL::collective: its stream waits for the current one, runs the all-reduce and
+		// records the bucket on itself (recordStream of the inputs).
+		d.waitStream(d.nccl, d.current())
+		d.launch(d.nccl)
+		b.grads.RecordStream(d.nccl)
 		bytes := int64(b.grads.Numel()) * int64(b.grads.DType().Size())
 		d.comm.record(AllReduce, bytes, d.world(), fmt.Sprintf("ddp bucket %d of %d", d.bucketOf[p], len(d.buckets)))
 	}
 }
 
-func (d *ddp) EndBackward() {}
+// EndBackward is the reducer's finalize_backward: the default stream waits for the all-reduces
+// (Work::wait).
+func (d *ddp) EndBackward() {
+	if d.sync {
+		d.waitStream(d.current(), d.nccl)
+	}
+}
 
 func (d *ddp) Step(scaler *optim.GradScaler) {
 	if scaler != nil {

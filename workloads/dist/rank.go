@@ -81,6 +81,8 @@ func New(s Settings, env Env) (Rank, error) {
 		return &zero3{base: b}, nil
 	case FSDPFull, FSDPGradOp, HSDP:
 		return &fsdp{base: b}, nil
+	case FSDP2:
+		return &fsdp2{base: b}, nil
 	}
 	return nil, fmt.Errorf("%s is not a data-parallel strategy", s.Strategy)
 }
@@ -153,13 +155,14 @@ func halfOf(amp tensor.DType) tensor.DType {
 	return tensor.F32
 }
 
-// unitPrefix returns the unit a module path belongs to: the unit whose path is path or a prefix of it (units
-// do not nest), or "" (the root).
+// unitPrefix returns the unit a module path belongs to: the innermost unit whose path is path or a prefix
+// of it (a LoRA adapter's unit nests in its block's), or "" (the root).
 func unitPrefix(path string, prefixes []string) string {
+	best := ""
 	for _, p := range prefixes {
-		if path == p || strings.HasPrefix(path, p+".") {
-			return p
+		if (path == p || strings.HasPrefix(path, p+".")) && len(p) > len(best) {
+			best = p
 		}
 	}
-	return ""
+	return best
 }

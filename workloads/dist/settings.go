@@ -22,14 +22,16 @@ const (
 	FSDPFull            // FullyShardedDataParallel, ShardingStrategy.FULL_SHARD
 	FSDPGradOp          // FSDP SHARD_GRAD_OP: parameters stay gathered from forward to backward
 	HSDP                // FSDP HYBRID_SHARD: FULL_SHARD within a node, replicated across nodes
+	FSDP2               // fully_shard (FSDP2): each parameter sharded on dim 0 (DTensor Shard(0))
 )
 
-var strategyNames = []string{"none", "ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp"}
+var strategyNames = []string{"none", "ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "hsdp", "fsdp2"}
 
 // Strategies lists every data-parallel strategy (all but Single), for a planner to choose among.
-var Strategies = []Strategy{DDP, ZeRO1, ZeRO2, ZeRO3, FSDPFull, FSDPGradOp, HSDP}
+var Strategies = []Strategy{DDP, ZeRO1, ZeRO2, ZeRO3, FSDPFull, FSDPGradOp, HSDP, FSDP2}
 
-// ParseStrategy reads a strategy: none, ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op or hsdp ("" is none).
+// ParseStrategy reads a strategy: none, ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp or fsdp2 ("" is
+// none).
 func ParseStrategy(s string) (Strategy, error) {
 	i, err := words.Parse(strategyNames, "data-parallel strategy", s)
 	return Strategy(i), err
@@ -42,8 +44,31 @@ func (s *Strategy) UnmarshalText(text []byte) error { return words.Into(s, Parse
 // ZeRO reports whether s is one of DeepSpeed's stages.
 func (s Strategy) ZeRO() bool { return s == ZeRO1 || s == ZeRO2 || s == ZeRO3 }
 
-// FSDP reports whether s is one of FSDP's sharding strategies.
-func (s Strategy) FSDP() bool { return s == FSDPFull || s == FSDPGradOp || s == HSDP }
+// FSDP reports whether s is one of FSDP's sharding strategies, FSDP2's included.
+func (s Strategy) FSDP() bool { return s == FSDPFull || s == FSDPGradOp || s == HSDP || s == FSDP2 }
+
+// Reshard is FSDP2's reshard_after_forward (--reshard-after-forward): whether a module's parameters are
+// freed after its forward and gathered again in backward. The zero value is fully_shard's default, true
+// (the root module's excepted: fully_shard keeps the root's gathered for backward).
+type Reshard uint8
+
+// The settings of reshard_after_forward.
+const (
+	ReshardTrue Reshard = iota
+	ReshardFalse
+)
+
+var reshardNames = []string{"true", "false"}
+
+// ParseReshard reads reshard_after_forward: true or false ("" is true).
+func ParseReshard(s string) (Reshard, error) {
+	i, err := words.Parse(reshardNames, "reshard_after_forward", s)
+	return Reshard(i), err
+}
+
+func (r Reshard) String() string                   { return words.Name(reshardNames, int(r), "reshard") }
+func (r Reshard) MarshalText() ([]byte, error)     { return []byte(r.String()), nil }
+func (r *Reshard) UnmarshalText(text []byte) error { return words.Into(r, ParseReshard, text) }
 
 // Offload is what moves to host memory (--offload).
 type Offload uint8
@@ -152,6 +177,13 @@ type Settings struct {
 
 	// FSDP.
 	Wrap Wrap `json:"fsdp_wrap,omitzero"`
+	// ReshardAfterForward is FSDP2's reshard_after_forward.
+	ReshardAfterForward Reshard `json:"reshard_after_forward,omitzero"`
+
+	// OneStream runs communication on the default stream, as oomdbg's model did before it had streams:
+	// every block is reusable at once, and FSDP's second unit in flight is gathered early instead. By
+	// default each implementation's collectives run on its own streams (docs/distributed.md, "Streams").
+	OneStream bool `json:"one_stream,omitempty"`
 }
 
 // World returns the number of GPUs (1 for the zero Settings).
@@ -227,8 +259,10 @@ func (s Settings) Validate() error {
 	switch {
 	case math.IsNaN(s.BucketCapMB) || s.BucketCapMB < 0 || s.BucketCapMB > 1<<30:
 		return &SettingError{"bucket_cap_mb", s.BucketCapMB, "must be a number of MiB in [0, 2^30] (0: 25)"}
-	case s.Strategy > HSDP || s.Offload > OffloadOptimizerParams || s.Wrap > WrapModel:
-		return fmt.Errorf("invalid data-parallel settings: %s, %s, %s", s.Strategy, s.Offload, s.Wrap)
+	case s.Strategy > FSDP2 || s.Offload > OffloadOptimizerParams || s.Wrap > WrapModel || s.ReshardAfterForward > ReshardFalse:
+		return fmt.Errorf("invalid data-parallel settings: %s, %s, %s, %s", s.Strategy, s.Offload, s.Wrap, s.ReshardAfterForward)
+	case s.ReshardAfterForward != ReshardTrue && s.Strategy != FSDP2:
+		return fmt.Errorf("reshard_after_forward false is fully_shard's (--dp fsdp2); FSDP1 keeps parameters gathered with --dp fsdp-grad-op")
 	case s.World()%s.NodeCount() != 0:
 		return &SettingError{"nodes", s.Nodes, fmt.Sprintf("do not divide the %d GPUs", s.World())}
 	case s.Rank < 0 || s.Rank >= s.World():
@@ -240,6 +274,8 @@ func (s Settings) Validate() error {
 	case s.Offload == OffloadNone:
 	case s.Strategy == DDP:
 		return fmt.Errorf("ddp offloads nothing: offload the optimizer with zero1, zero2 or zero3, or parameters with zero3 or fsdp")
+	case s.Strategy == FSDP2:
+		return fmt.Errorf("fsdp2's CPUOffloadPolicy is not modelled: offload with fsdp-full (CPUOffload) or zero3")
 	case s.Strategy.FSDP() && s.Offload == OffloadOptimizer:
 		return fmt.Errorf("fsdp offloads parameters, gradients and the step together (CPUOffload(offload_params=True)): use --offload optimizer+params")
 	case (s.Strategy == ZeRO1 || s.Strategy == ZeRO2) && s.Offload == OffloadOptimizerParams:

@@ -122,6 +122,7 @@ func (z *zero3) partition(p *nn.Parameter) {
 	if z.byParam[p] != nil {
 		return
 	}
+	z.quantStorage([]*nn.Parameter{p})
 	t := p.Tensor
 	zp := &z3param{p: p, numel: t.Numel(), shape: t.Shape(), sub: -1}
 	zp.part = int(ceilDiv(int64(zp.numel), int64(z.world())))

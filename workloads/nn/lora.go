@@ -97,6 +97,9 @@ func newLoRALinear(rt *tensor.Runtime, name string, baseLayer Projection, in, ou
 	return l
 }
 
+// IsAdapter reports whether a parameter name is a LoRA adapter's (peft trains these and freezes the rest).
+func IsAdapter(name string) bool { return isAdapter(name) }
+
 // isAdapter reports whether a parameter name is a LoRA adapter's.
 func isAdapter(name string) bool {
 	return strings.Contains(name, ".lora_A.") || strings.Contains(name, ".lora_B.") ||

@@ -175,7 +175,7 @@ func (o *ActivationOffload) unpack(n *Node) {
 // bringBack allocates s's device memory on stream and copies the host copy into it.
 func (o *ActivationOffload) bringBack(s *Tensor, stream int64) {
 	st, rec := s.st, s.st.offload
-	o.rt.onStream(stream, func() { st.addr = o.rt.allocate(st) })
+	o.rt.OnStream(stream, func() { st.addr = o.rt.allocate(st) })
 	st.freed = false
 	if o.rt.dev.Computes() {
 		st.data = make([]float32, st.bytes/uint64(s.dtype.Size()))

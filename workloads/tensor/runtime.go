@@ -61,7 +61,7 @@ type Runtime struct {
 	pinned    bool                          // new allocations page-locked (Pinned)
 	// versions are the library releases whose behaviour the ops follow where it changed (versions.Behaviours).
 	versions versions.Set
-	stream   int64 // the stream new allocations are made on (onStream)
+	stream   int64 // the current stream (OnStream): where new allocations and kernels go
 
 	policy *CheckpointPolicy // what checkpointed regions keep (SetCheckpointPolicy)
 	region *policyRegion     // the checkpointed region running under policy, if any

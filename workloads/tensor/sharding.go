@@ -91,21 +91,10 @@ func (rt *Runtime) Pinned(f func()) {
 
 // malloc allocates bytes on the runtime's device: page-locked when a host device is asked for pinned memory.
 func (rt *Runtime) malloc(bytes uint64) (uint64, error) {
-	switch {
-	case rt.pinned:
+	if rt.pinned {
 		return rt.dev.MallocPinned(bytes)
-	case rt.stream != 0:
-		return rt.dev.MallocOn(bytes, rt.stream)
 	}
-	return rt.dev.Malloc(bytes)
-}
-
-// onStream runs f with the runtime's new allocations on stream (with torch.cuda.stream(s)).
-func (rt *Runtime) onStream(stream int64, f func()) {
-	prev := rt.stream
-	rt.stream = stream
-	defer func() { rt.stream = prev }()
-	f()
+	return rt.dev.MallocOn(bytes, rt.stream)
 }
 
 // Copy_ copies src's values into dst (dst.copy_(src)), converting to dst's dtype: a bucket filled from a

@@ -315,6 +315,9 @@ func (t *Tensor) Item() float32 {
 	if t.Numel() != 1 {
 		errShape("Item", "tensor of shape %v has %d elements", t.shape, t.Numel())
 	}
+	if s := t.rt.dev.Streams(); s != nil { // the copy to the host waits for the stream
+		s.SynchronizeStream(t.rt.stream)
+	}
 	if t.st.data == nil {
 		return 0
 	}

@@ -419,12 +419,8 @@ func (c *Config) validateParallel() error {
 		return fmt.Errorf("%s steps with DeepSpeed's Adam on its fp32 partition: choose --optimizer adam or adamw, not %s", s, c.Optimizer)
 	case s != dist.DDP && (c.Optimizer == knob.PagedAdamW || c.Optimizer == knob.PagedAdamW8bit || c.Optimizer == knob.AdamW8bit):
 		return fmt.Errorf("%s with bitsandbytes' optimizers is not modelled (--dp ddp is)", s)
-	case c.QLoRA && s != dist.DDP:
-		return fmt.Errorf("qlora with %s is not modelled: its 4-bit base is not sharded here (--dp ddp is)", s)
 	case s == dist.HSDP && p.NodeCount() < 2:
 		return fmt.Errorf("hsdp shards within a node and replicates across nodes: give --nodes 2 or more (on one node it is fsdp-full)")
-	case c.LoRA > 0 && s.FSDP():
-		return fmt.Errorf("fsdp with lora needs use_orig_params=True (frozen and trained parameters in one unit), which is not modelled")
 	}
 	return nil
 }

@@ -39,6 +39,17 @@ func gptParams(c Config) []int64 {
 	return append(ps, d, d)
 }
 
+// gptParamRows are the first dimensions of distGPT's parameters, in gptParams' order (PyTorch's shapes:
+// an nn.Linear weight is (out, in), so c_attn's is (3d, d) and the MLP's c_proj's (d, 4d)).
+func gptParamRows(c Config) []int64 {
+	d, v, t := int64(c.DModel), int64(c.Vocab), int64(c.Seq)
+	rows := []int64{v, t}
+	for range c.Layers {
+		rows = append(rows, d, d, 3*d, 3*d, d, d, d, d, 4*d, 4*d, d, d)
+	}
+	return append(rows, d, d)
+}
+
 func sum(xs []int64) int64 {
 	var s int64
 	for _, x := range xs {
@@ -153,12 +164,17 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 			}
 		}
 		fsdpShards := ceil(root, int64(n)) + int64(base.Layers)*ceil(perBlock, int64(n))
+		var fsdp2Shards int64 // FSDP2: each parameter's rows padded to ceil(rows/N), its other dimensions whole
+		for i, rows := range gptParamRows(base) {
+			fsdp2Shards += ceil(rows, int64(n)) * (ps[i] / rows)
+		}
 		paper := map[dist.Strategy]float64{ // bytes per rank
 			dist.DDP:      16 * float64(psi),
 			dist.ZeRO1:    4*float64(psi) + 12*float64(psi)/float64(n),
 			dist.ZeRO2:    2*float64(psi) + 14*float64(psi)/float64(n),
 			dist.ZeRO3:    16 * float64(psi) / float64(n),
 			dist.FSDPFull: 16 * float64(psi) / float64(n),
+			dist.FSDP2:    16 * float64(psi) / float64(n),
 		}
 		cases := []struct {
 			name string
@@ -180,6 +196,8 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 			{"zero3", dist.Settings{GPUs: n, Strategy: dist.ZeRO3}, 16*z3parts + 2*persisted, 16*(z3parts-ceil(psi, int64(n))) + 2*persisted},
 			// Each unit's shard padded to ceil(numel/N).
 			{"fsdp-full", dist.Settings{GPUs: n, Strategy: dist.FSDPFull}, 16 * fsdpShards, 16 * (fsdpShards - ceil(psi, int64(n)))},
+			// Each parameter's shard padded on dim 0 (DTensor Shard(0)); nothing flattened.
+			{"fsdp2", dist.Settings{GPUs: n, Strategy: dist.FSDP2}, 16 * fsdp2Shards, 16 * (fsdp2Shards - ceil(psi, int64(n)))},
 		}
 		for _, c := range cases {
 			t.Run(fmt.Sprintf("%s/N=%d", c.name, n), func(t *testing.T) {
@@ -255,69 +273,155 @@ func TestModelStatesPerRankFollowTheZeROFormulas(t *testing.T) {
 }
 
 // FSDP's docs and its rate limiter (_limiter_utils.py: two all-gathers in flight) say memory holds the unit
-// computing and the next one: at every point of forward and backward no more than two block units are
-// unsharded, and at the peak of each exactly two, with the root unit gathered from its forward to the end
-// of backward. SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
+// computing and the next one. With streams, the unit's padded buffer is allocated on the unshard stream and
+// freed after record_stream on the default stream, whose work runs only as far as the host waits for it;
+// before each all-gather the limiter waits for the oldest queued free event once two or more are queued,
+// one per all-gather. Worked through by hand for the 4 blocks here: the first forward holds the unit in use
+// and one freed whose memory is not yet reusable; backward reshards one unit more than it all-gathers (the
+// root), so the queue enters iteration 1 with a backlog and its limiter waits one free later: one unit in
+// use and two held in forward, two in use (BACKWARD_PRE prefetches the unit before) and one held in
+// backward; three held at most in both. The root unit stays gathered from its forward to the end of
+// backward. Without streams (OneStream) the second unit is gathered early instead: two in use, none held.
+// SHARD_GRAD_OP keeps every unit gathered from its forward to its backward.
 func TestFSDPHoldsTwoUnshardedUnits(t *testing.T) {
 	t.Parallel()
-	for _, ckpt := range []knob.Checkpoint{knob.CheckpointOff, knob.CheckpointAll} {
-		for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
-			t.Run(fmt.Sprintf("%s/checkpoint %s", strategy, ckpt), func(t *testing.T) {
-				t.Parallel()
-				cfg := distGPT()
-				cfg.Checkpoint = ckpt
-				cfg.Parallel = dist.Settings{GPUs: 4, Strategy: strategy}
-				_, s := record(t, cfg)
-				type peak struct {
-					bytes        int64
-					units        int
-					root         bool
-					maxUnitsSeen int
-				}
-				peaks := map[snapshot.Phase]*peak{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
-				var allocated int64
-				phase, iter := snapshot.PhaseNone, int32(-1)
-				replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
-					if e.Action == snapshot.ActionPhase {
-						phase, iter = e.Phase, e.Iteration
-					}
-					allocated = 0
-					units, root := 0, false
-					for _, b := range live {
-						allocated += b.requested
-						if strings.HasPrefix(b.label, "f32[") || strings.HasPrefix(b.label, "bf16[") {
-							if strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
-								units++
-							}
-							root = root || strings.Contains(b.label, "fsdp.unsharded[root]")
-						}
-					}
-					if phase == snapshot.PhaseRecompute {
-						phase = snapshot.PhaseBackward
-					}
-					p := peaks[phase]
-					if p == nil || iter != 1 {
-						return
-					}
-					p.maxUnitsSeen = max(p.maxUnitsSeen, units)
-					if allocated > p.bytes {
-						p.bytes, p.units, p.root = allocated, units, root
-					}
+	for _, oneStream := range []bool{false, true} {
+		for _, ckpt := range []knob.Checkpoint{knob.CheckpointOff, knob.CheckpointAll} {
+			for _, strategy := range []dist.Strategy{dist.FSDPFull, dist.FSDPGradOp} {
+				t.Run(fmt.Sprintf("%s/checkpoint %s/one stream %v", strategy, ckpt, oneStream), func(t *testing.T) {
+					t.Parallel()
+					cfg := distGPT()
+					cfg.Checkpoint = ckpt
+					cfg.Parallel = dist.Settings{GPUs: 4, Strategy: strategy, OneStream: oneStream}
+					_, s := record(t, cfg)
+					checkFSDPUnits(t, cfg, s, oneStream)
 				})
-				for ph, p := range peaks {
-					if strategy == dist.FSDPGradOp {
-						if ph == snapshot.PhaseBackward && p.maxUnitsSeen != cfg.Layers {
-							t.Errorf("%s: SHARD_GRAD_OP held at most %d units, want all %d", ph, p.maxUnitsSeen, cfg.Layers)
-						}
-						continue
+			}
+		}
+	}
+}
+
+// checkFSDPUnits counts the block units unsharded (in use) and held (in use or freed with their memory
+// not yet reusable) through iteration 1 of s.
+func checkFSDPUnits(t *testing.T, cfg Config, s *snapshot.Snapshot, oneStream bool) {
+	t.Helper()
+	type peak struct {
+		bytes             int64
+		units             int
+		root              bool
+		maxUnits, maxHeld int
+	}
+	peaks := map[snapshot.Phase]*peak{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
+	held := map[uint64]bool{} // unit buffers from their alloc to their free_completed
+	var allocated int64
+	phase, iter := snapshot.PhaseNone, int32(-1)
+	replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+		switch e.Action {
+		case snapshot.ActionPhase:
+			phase, iter = e.Phase, e.Iteration
+		case snapshot.ActionAlloc:
+			if b := live[e.Addr]; b != nil && strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
+				held[e.Addr] = true
+			}
+		case snapshot.ActionFreeCompleted:
+			delete(held, e.Addr)
+		}
+		allocated = 0
+		units, root := 0, false
+		for _, b := range live {
+			allocated += b.requested
+			if strings.HasPrefix(b.label, "f32[") || strings.HasPrefix(b.label, "bf16[") {
+				if strings.Contains(b.label, "fsdp.unsharded[transformer.h.") {
+					units++
+				}
+				root = root || strings.Contains(b.label, "fsdp.unsharded[root]")
+			}
+		}
+		if phase == snapshot.PhaseRecompute {
+			phase = snapshot.PhaseBackward
+		}
+		p := peaks[phase]
+		if p == nil || iter != 1 {
+			return
+		}
+		p.maxUnits, p.maxHeld = max(p.maxUnits, units), max(p.maxHeld, len(held))
+		if allocated > p.bytes {
+			p.bytes, p.units, p.root = allocated, units, root
+		}
+	})
+	for ph, p := range peaks {
+		if cfg.Parallel.Strategy == dist.FSDPGradOp {
+			if ph == snapshot.PhaseBackward && p.maxUnits != cfg.Layers {
+				t.Errorf("%s: SHARD_GRAD_OP held at most %d units, want all %d", ph, p.maxUnits, cfg.Layers)
+			}
+			continue
+		}
+		inUse, heldMax := 2, 2
+		if !oneStream {
+			heldMax = 3
+			if ph == snapshot.PhaseForward {
+				inUse = 1
+			}
+		}
+		if p.units != inUse || p.maxUnits != inUse || !p.root || p.maxHeld != heldMax {
+			t.Errorf("%s: %d block units unsharded at the peak (root: %v), at most %d in use and %d held anywhere; want %d, %d, the root and %d",
+				ph, p.units, p.root, p.maxUnits, p.maxHeld, inUse, inUse, heldMax)
+		}
+	}
+}
+
+// fully_shard's FSDPParamGroup (_fsdp_param_group.py), worked through by hand: a group's pre-forward
+// allocates its all-gather output on the copy-in stream while the previous group's is still kept
+// (AllGatherState), then frees that one and copies out into its own unsharded parameters; its post-forward
+// frees them. So forward holds one block group unsharded and at most two all-gather outputs. In backward
+// each group's output is freed right after its copy-out and the group before it is prefetched: one group
+// unsharded, one output. With reshard_after_forward false every block group stays unsharded from its
+// forward through backward until its post-backward, and the only output in backward is the last forward
+// group's, kept until the root's post-forward (which the runtime sees when backward first reaches a group).
+func TestFSDP2GathersOneGroupAtATime(t *testing.T) {
+	t.Parallel()
+	for _, reshard := range []dist.Reshard{dist.ReshardTrue, dist.ReshardFalse} {
+		t.Run("reshard_after_forward "+reshard.String(), func(t *testing.T) {
+			t.Parallel()
+			cfg := distGPT()
+			cfg.Checkpoint = knob.CheckpointAll
+			cfg.Parallel = dist.Settings{GPUs: 4, Strategy: dist.FSDP2, ReshardAfterForward: reshard}
+			_, s := record(t, cfg)
+			type most struct{ groups, outputs int }
+			seen := map[snapshot.Phase]*most{snapshot.PhaseForward: {}, snapshot.PhaseBackward: {}}
+			phase, iter := snapshot.PhaseNone, int32(-1)
+			replay(s, func(_ int, e *snapshot.Event, live map[uint64]*liveBlock) {
+				if e.Action == snapshot.ActionPhase {
+					phase, iter = e.Phase, e.Iteration
+				}
+				groups, outputs := map[string]bool{}, 0
+				for _, b := range live {
+					if _, rest, ok := strings.Cut(b.label, "fsdp2.unsharded_param[transformer.h."); ok {
+						groups[rest[:strings.IndexByte(rest, '.')]] = true
 					}
-					if p.units != 2 || p.maxUnitsSeen != 2 || !p.root {
-						t.Errorf("%s: %d block units unsharded at the peak (root: %v), at most %d anywhere; want 2, 2 and the root",
-							ph, p.units, p.root, p.maxUnitsSeen)
+					if strings.Contains(b.label, "fsdp2.all_gather_output[transformer.h.") {
+						outputs++
 					}
+				}
+				ph := phase
+				if ph == snapshot.PhaseRecompute {
+					ph = snapshot.PhaseBackward
+				}
+				if m := seen[ph]; m != nil && iter == 1 {
+					m.groups, m.outputs = max(m.groups, len(groups)), max(m.outputs, outputs)
 				}
 			})
-		}
+			want := map[snapshot.Phase]most{snapshot.PhaseForward: {1, 2}, snapshot.PhaseBackward: {1, 1}}
+			if reshard == dist.ReshardFalse {
+				want = map[snapshot.Phase]most{snapshot.PhaseForward: {cfg.Layers, 2}, snapshot.PhaseBackward: {cfg.Layers, 1}}
+			}
+			for ph, w := range want {
+				if got := *seen[ph]; got != w {
+					t.Errorf("%s: at most %d block groups unsharded and %d all-gather outputs alive; want %d and %d",
+						ph, got.groups, got.outputs, w.groups, w.outputs)
+				}
+			}
+		})
 	}
 }
 
@@ -428,7 +532,7 @@ func TestActivationsPerRankAreTheSingleGPUs(t *testing.T) {
 		s    dist.Strategy
 		like string
 	}{{dist.DDP, "fp32 weights, autocast"}, {dist.FSDPFull, "bf16 weights, autocast"}, {dist.FSDPGradOp, "bf16 weights, autocast"},
-		{dist.HSDP, "bf16 weights, autocast"}, {dist.ZeRO1, "bf16 weights"}, {dist.ZeRO2, "bf16 weights"}, {dist.ZeRO3, "bf16 weights"}} {
+		{dist.HSDP, "bf16 weights, autocast"}, {dist.FSDP2, "bf16 weights, autocast"}, {dist.ZeRO1, "bf16 weights"}, {dist.ZeRO2, "bf16 weights"}, {dist.ZeRO3, "bf16 weights"}} {
 		t.Run(c.s.String(), func(t *testing.T) {
 			t.Parallel()
 			cfg := autocast
@@ -569,6 +673,15 @@ func TestTrafficPerStep(t *testing.T) {
 	perBlock := sum(ps[2:14])
 	root := ps[0] + ps[1] + ps[len(ps)-2] + ps[len(ps)-1]
 	blocks := int64(base.Layers) * ceil(perBlock, n) * n
+	var blocks2, root2 int64 // FSDP2: each parameter's rows padded to a multiple of N
+	for i, rows := range gptParamRows(base) {
+		padded := ceil(rows, n) * n * (ps[i] / rows)
+		if i < 2 || i >= len(ps)-2 {
+			root2 += padded
+		} else {
+			blocks2 += padded
+		}
+	}
 	cases := []struct {
 		s     dist.Settings
 		sent  int64 // bytes on the wire, from the layout
@@ -587,6 +700,8 @@ func TestTrafficPerStep(t *testing.T) {
 		{dist.Settings{GPUs: n, Strategy: dist.ZeRO3, MaxReuseDistance: 1}, 2*wire(2*gathered) + wire(2*ceil(ps[0], n)*n) + wire(2*psi), 3 * psi, 2},
 		// Each block unit gathered in forward and in backward, the root once; every unit reduce-scattered.
 		{dist.Settings{GPUs: n, Strategy: dist.FSDPFull}, 2*wire(2*blocks) + wire(2*ceil(root, n)*n) + wire(2*(blocks+ceil(root, n)*n)), 3 * psi, 2},
+		// The same for fully_shard's groups, each parameter padded on its own.
+		{dist.Settings{GPUs: n, Strategy: dist.FSDP2}, 2*wire(2*blocks2) + wire(2*root2) + wire(2*(blocks2+root2)), 3 * psi, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.s.Strategy.String(), func(t *testing.T) {

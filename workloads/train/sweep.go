@@ -98,6 +98,7 @@ var DistFixes = []Fix{
 	{"fsdp full shard", parallel(dist.FSDPFull, dist.OffloadNone)},
 	{"fsdp shard grad op", parallel(dist.FSDPGradOp, dist.OffloadNone)},
 	{"hsdp", parallel(dist.HSDP, dist.OffloadNone)},
+	{"fsdp2", parallel(dist.FSDP2, dist.OffloadNone)},
 	{"zero2, offload optimizer", parallel(dist.ZeRO2, dist.OffloadOptimizer)},
 	{"zero3, offload optimizer", parallel(dist.ZeRO3, dist.OffloadOptimizer)},
 	{"zero3, offload optimizer+params", parallel(dist.ZeRO3, dist.OffloadOptimizerParams)},
