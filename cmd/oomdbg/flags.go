@@ -271,7 +271,7 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
 	field(f, "qlora-double-quant", func(c *cfg) *train.Toggle { return &c.QLoRADoubleQuant }, "llama: quantize QLoRA's absmax values again (bnb_4bit_use_double_quant; default true)")
 	field(f, "qlora-storage", func(c *cfg) *train.QuantStorage { return &c.QLoRAStorage }, "llama: the dtype QLoRA's packed weights are stored in (bnb_4bit_quant_storage): uint8, bf16 or f32")
-	field(f, "kbit-prep", func(c *cfg) *train.Toggle { return &c.KbitPrep }, "llama: peft's prepare_model_for_kbit_training, which upcasts the 16-bit parameters that are not 4-bit (norms, embeddings, lm_head) to float32 (default: true with --qlora)")
+	field(f, "kbit-prep", func(c *cfg) *train.Toggle { return &c.KbitPrep }, "llama: peft's prepare_model_for_kbit_training, which upcasts the 16-bit parameters that are not 4-bit (norms, embeddings, lm_head) to float32 (default: true with --qlora, but under FSDP and ZeRO, as TRL and DeepSpeed leave it)")
 	field(f, "lora-dtype", func(c *cfg) *train.AdapterDType { return &c.LoRADType }, "llama: the LoRA weights' dtype: peft (float32 from peft 0.12, the base's dtype before), f32 or bf16 (torchtune's)")
 	field(f, "loss", func(c *cfg) *train.LossSetting { return &c.Loss }, "llama: the loss: full (lm_head over every position, the causal-LM loss of --versions' transformers), chunked:T (torchtune's chunked output and cross-entropy, T tokens a chunk) or fused-linear-ce (Liger's, the logits never whole)")
 	field(f, "load", func(c *cfg) *train.Load { return &c.Load }, "llama, bert: how the model reaches the device: none (made there in its final form) or hf (from_pretrained as its own phase: each weight in the checkpoint's dtype, 4-bit ones quantized on the device)")
@@ -395,7 +395,7 @@ func addParallelFlags(f *configFlags) {
 	p := func(c *train.Config) *dist.Settings { return &c.Parallel }
 	field(f, "gpus", func(c *train.Config) *int { return &p(c).GPUs }, "GPUs in the job, every node's together (the world size; more than 1 without --dp is ddp)")
 	field(f, "nodes", func(c *train.Config) *int { return &p(c).Nodes }, "nodes the GPUs are on (hsdp shards within a node, replicates across)")
-	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op or hsdp (FSDP)")
+	field(f, "dp", func(c *train.Config) *dist.Strategy { return &p(c).Strategy }, "data-parallel strategy: none, ddp, zero1, zero2, zero3 (DeepSpeed), fsdp-full, fsdp-grad-op, hsdp (FSDP) or fsdp2 (fully_shard)")
 	field(f, "rank", func(c *train.Config) *int { return &p(c).Rank }, "the rank simulated (zero1 and zero2 ranks differ where their partitions cut parameters)")
 	f.fs.Var(offloadFlag{f.given}, "offload", "what goes to host memory, joined by +: optimizer (zero1-3) or optimizer+params (zero3, fsdp), "+
 		"and activations (gpt, llama: what the model's forward saves for backward, to pinned host memory through saved_tensors_hooks as torchtune's "+
@@ -420,6 +420,8 @@ func addParallelFlags(f *configFlags) {
 		field(f, e.name, e.at, e.doc+" (0: "+strconv.FormatInt(e.def, 10)+")", elementsValue)
 	}
 	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
+	field(f, "reshard-after-forward", func(c *train.Config) *dist.Reshard { return &p(c).ReshardAfterForward }, "fsdp2: free each module's gathered parameters after its forward (true) or keep them to its backward (false); the root module's are kept")
+	field(f, "one-stream", func(c *train.Config) *bool { return &p(c).OneStream }, "communicate on the default stream, as the model did before streams (to compare; by default each implementation's collectives run on its own streams)")
 }
 
 // config returns the run configuration the command line describes: the configuration of the model's source

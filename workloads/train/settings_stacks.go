@@ -213,8 +213,15 @@ func (c *Config) loraTargetable() []string {
 	return ps
 }
 
-// kbitPrep reports whether the run calls prepare_model_for_kbit_training.
-func (c *Config) kbitPrep() bool { return c.QLoRA && c.KbitPrep.On(true) }
+// kbitPrep reports whether the run's parameters are as prepare_model_for_kbit_training leaves them. By
+// default it is called as TRL's SFTTrainer calls it, but for a sharded QLoRA: under FSDP TRL skips it (the
+// 4-bit weights are loaded on the CPU or the meta device, and FSDP1 flattens a unit's parameters into one
+// dtype), and under ZeRO DeepSpeed's bf16 mode casts the whole module back to bf16, undoing its float32
+// upcast.
+func (c *Config) kbitPrep() bool {
+	sharded := c.Parallel.Strategy.FSDP() || c.Parallel.Strategy.ZeRO()
+	return c.QLoRA && c.KbitPrep.On(!sharded)
+}
 
 // adapterDType is the adapters' dtype: as asked, else peft's: float32 from 0.12 (autocast_adapter_dtype);
 // before, the base layer's dtype when it is a float: the weights' (a 4-bit base stored in uint8 is not, so its
