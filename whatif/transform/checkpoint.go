@@ -397,7 +397,9 @@ func (k *checkpointer) recompute(fs, bspan span, bwdMarker int, output uint64, s
 }
 
 // build writes one end: the events with the additions (before, shared, and after, the end's own) in place
-// and the saved blocks' events redirected (from their fromHeld at the late end).
+// and the saved blocks' events redirected (from their fromHeld at the late end). What is added after an event
+// is written whether or not the event itself is kept: a release placed at the end of a block's backward
+// still happens where that end is a dropped release of another block's saved tensor.
 func (k *checkpointer) build(after additions, isHeld bool) *trace {
 	t := k.t
 	before := k.before // each end consumes its own view of the shared additions
@@ -405,26 +407,35 @@ func (k *checkpointer) build(after additions, isHeld bool) *trace {
 	out := k.fresh.derive(len(t.events) + before.len() + after.len())
 	for i := range t.events {
 		out.events = before.appendAt(out.events, i)
-		after.skipBefore(i) // what follows a dropped event goes with it
-		e := t.events[i]
-		switch e.Action {
-		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if r, ok := k.redirects[e.Addr]; ok {
-				if isHeld {
-					r.from = r.fromHeld
-				}
-				switch {
-				case r.at >= 0 && i >= r.at:
-					e.Addr = r.to
-				case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
-					continue
-				}
-			}
+		if e, keep := k.rewrite(i, isHeld); keep {
+			out.events = append(out.events, e)
 		}
-		out.events = append(out.events, e)
 		out.events = after.appendAt(out.events, i)
 	}
 	return out
+}
+
+// rewrite returns event i as the end (held or early) writes it, and false where that end drops it: a
+// release or category change of a saved block between its release in the forward and its recompute.
+func (k *checkpointer) rewrite(i int, isHeld bool) (snapshot.Event, bool) {
+	e := k.t.events[i]
+	switch e.Action {
+	case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+		r, ok := k.redirects[e.Addr]
+		if !ok {
+			break
+		}
+		if isHeld {
+			r.from = r.fromHeld
+		}
+		switch {
+		case r.at >= 0 && i >= r.at:
+			e.Addr = r.to
+		case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
+			return e, false
+		}
+	}
+	return e, true
 }
 
 // line says what the checkpoint did and assumed.
