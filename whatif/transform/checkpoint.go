@@ -142,6 +142,10 @@ type checkpointer struct {
 	before, after, afterHeld additions
 	redirects                map[uint64]redirect
 
+	// released is, inferred, what each block of the last forward pass saved: the sorted indices of its
+	// releases, by which its backward's span is aligned.
+	released [][]int
+
 	passes, recomputed int
 	backwards          int   // the forward passes a backward pass follows
 	maxSaved           int64 // the most bytes one pass saved for backward
@@ -198,6 +202,10 @@ func (k *checkpointer) forward(start int) (map[int]span, int, int) {
 		k.count = max(k.count, len(all))
 		k.periods = append(k.periods, period)
 	}
+	k.released = k.released[:0]
+	for _, s := range all {
+		k.released = append(k.released, k.releases(s))
+	}
 	return spans, end, len(all)
 }
 
@@ -214,13 +222,41 @@ func (k *checkpointer) backward(start, n int) (map[int]span, error) {
 			"in its backward by the repetition of their allocations; scopes such as transformer.h.<i> "+
 			"would name them)", n, len(all))}
 	}
+	released := make([][]int, n) // backward runs the blocks last to first
+	for j := range released {
+		released[j] = k.released[n-1-j]
+	}
+	all = k.t.alignBackward(start, all, released)
 	spans := map[int]span{}
-	for j, s := range all { // backward runs the blocks last to first
+	for j, s := range all {
 		if n := len(all) - 1 - j; k.chosen(n) {
 			spans[n] = s
 		}
 	}
 	return spans, nil
+}
+
+// releases returns the sorted indices of the releases of what the block whose forward is fs saved for
+// backward: its allocations alive at its end but the last, its output.
+func (k *checkpointer) releases(fs span) []int {
+	var out []int
+	var last uint64
+	for j := fs.first; j <= fs.last; j++ {
+		f := &k.t.events[j]
+		if f.Action != snapshot.ActionAlloc || !k.member(f) {
+			continue
+		}
+		if b := k.bs[f.Addr]; b.free < 0 || b.free > fs.last {
+			if last != 0 {
+				if lb := k.bs[last]; lb.free >= 0 {
+					out = append(out, lb.free)
+				}
+			}
+			last = f.Addr
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // backwardOf finds the backward pass that follows the forward pass at marker fwd, ending at end, in the same
