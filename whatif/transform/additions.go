@@ -43,12 +43,5 @@ func (a *additions) appendAt(dst []snapshot.Event, i int) []snapshot.Event {
 	return dst
 }
 
-// skipBefore drops the sorted additions before index i.
-func (a *additions) skipBefore(i int) {
-	for len(a.places) > 0 && a.places[0].at < i {
-		a.places = a.places[1:]
-	}
-}
-
 // len returns the number of additions not consumed.
 func (a *additions) len() int { return len(a.places) }

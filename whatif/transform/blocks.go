@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -147,4 +148,84 @@ func (t *trace) repeatedBlocks(start int, last bool, want int) ([]span, int, int
 		blocks = append(blocks, span{seqs[rest], end - 1})
 	}
 	return blocks, end, period
+}
+
+// alignBackward moves the boundaries of a backward pass's repeated blocks, found by repeatedBlocks from the
+// pass's marker start, to where the blocks' own releases put them. The repetition fixes a block's length,
+// not where it begins: the first block's backward whose start looks like the blocks' (a frozen model's
+// first block, whose input needs no gradient, runs its later ops only) lets the latest repeating stretch
+// begin part way into each block, so that each span ends with the next block's first ops, and a
+// recompute placed at a span's start comes after the ops it was for. Each block's backward releases what
+// its forward saved for it (released[j]: the sorted indices of those releases, for the pass's block j): of
+// the shifts by less than a period, in allocations, that keep the spans in the pass, the one whose spans
+// hold most of their own releases wins, and of those the earliest, which begins a block's backward right
+// after the block before it last released what it saved. Without releases to go by, the spans are kept.
+func (t *trace) alignBackward(start int, blocks []span, released [][]int) []span {
+	if len(blocks) < 2 || len(released) != len(blocks) {
+		return blocks
+	}
+	total := 0
+	for _, r := range released {
+		total += len(r)
+	}
+	if total == 0 {
+		return blocks
+	}
+	var seqs []int // the pass's allocations, as repeatedBlocks counts them
+	end := start + 1
+	for ; end < len(t.events); end++ {
+		e := &t.events[end]
+		if e.Action == snapshot.ActionPhase || e.Action == snapshot.ActionIteration {
+			break
+		}
+		if e.Action == snapshot.ActionAlloc && (t.pre == 0 || e.Label != t.pre) {
+			seqs = append(seqs, end)
+		}
+	}
+	// The blocks' first allocations and the allocation after the last block (len(seqs): the pass's end,
+	// which stays where it is).
+	bounds := make([]int, len(blocks)+1)
+	for j, b := range blocks {
+		i, ok := slices.BinarySearch(seqs, b.first)
+		if !ok {
+			return blocks
+		}
+		bounds[j] = i
+	}
+	last := blocks[len(blocks)-1].last
+	bounds[len(blocks)], _ = slices.BinarySearch(seqs, last+1)
+	keepEnd := last >= end-1
+	period := bounds[1] - bounds[0]
+	at := func(b, d int) int { // the event index of shifted bound b
+		if b == len(blocks) && keepEnd {
+			return end
+		}
+		if i := bounds[b] + d; i < len(seqs) {
+			return seqs[i]
+		}
+		return end
+	}
+	best, bestScore := 0, -1
+	for d := -(period - 1); d < period; d++ {
+		if bounds[0]+d < 0 || !keepEnd && bounds[len(blocks)]+d > len(seqs) || bounds[len(blocks)-1]+d >= len(seqs) {
+			continue
+		}
+		score := 0
+		for j, r := range released {
+			lo, _ := slices.BinarySearch(r, at(j, d))
+			hi, _ := slices.BinarySearch(r, at(j+1, d))
+			score += hi - lo
+		}
+		if score > bestScore {
+			best, bestScore = d, score
+		}
+	}
+	if best == 0 {
+		return blocks
+	}
+	out := make([]span, len(blocks))
+	for j := range blocks {
+		out[j] = span{at(j, best), at(j+1, best) - 1}
+	}
+	return out
 }

@@ -142,6 +142,10 @@ type checkpointer struct {
 	before, after, afterHeld additions
 	redirects                map[uint64]redirect
 
+	// released is, inferred, what each block of the last forward pass saved: the sorted indices of its
+	// releases, by which its backward's span is aligned.
+	released [][]int
+
 	passes, recomputed int
 	backwards          int   // the forward passes a backward pass follows
 	maxSaved           int64 // the most bytes one pass saved for backward
@@ -198,6 +202,10 @@ func (k *checkpointer) forward(start int) (map[int]span, int, int) {
 		k.count = max(k.count, len(all))
 		k.periods = append(k.periods, period)
 	}
+	k.released = k.released[:0]
+	for _, s := range all {
+		k.released = append(k.released, k.releases(s))
+	}
 	return spans, end, len(all)
 }
 
@@ -214,13 +222,41 @@ func (k *checkpointer) backward(start, n int) (map[int]span, error) {
 			"in its backward by the repetition of their allocations; scopes such as transformer.h.<i> "+
 			"would name them)", n, len(all))}
 	}
+	released := make([][]int, n) // backward runs the blocks last to first
+	for j := range released {
+		released[j] = k.released[n-1-j]
+	}
+	all = k.t.alignBackward(start, all, released)
 	spans := map[int]span{}
-	for j, s := range all { // backward runs the blocks last to first
+	for j, s := range all {
 		if n := len(all) - 1 - j; k.chosen(n) {
 			spans[n] = s
 		}
 	}
 	return spans, nil
+}
+
+// releases returns the sorted indices of the releases of what the block whose forward is fs saved for
+// backward: its allocations alive at its end but the last, its output.
+func (k *checkpointer) releases(fs span) []int {
+	var out []int
+	var last uint64
+	for j := fs.first; j <= fs.last; j++ {
+		f := &k.t.events[j]
+		if f.Action != snapshot.ActionAlloc || !k.member(f) {
+			continue
+		}
+		if b := k.bs[f.Addr]; b.free < 0 || b.free > fs.last {
+			if last != 0 {
+				if lb := k.bs[last]; lb.free >= 0 {
+					out = append(out, lb.free)
+				}
+			}
+			last = f.Addr
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // backwardOf finds the backward pass that follows the forward pass at marker fwd, ending at end, in the same
@@ -397,7 +433,9 @@ func (k *checkpointer) recompute(fs, bspan span, bwdMarker int, output uint64, s
 }
 
 // build writes one end: the events with the additions (before, shared, and after, the end's own) in place
-// and the saved blocks' events redirected (from their fromHeld at the late end).
+// and the saved blocks' events redirected (from their fromHeld at the late end). What is added after an event
+// is written whether or not the event itself is kept: a release placed at the end of a block's backward
+// still happens where that end is a dropped release of another block's saved tensor.
 func (k *checkpointer) build(after additions, isHeld bool) *trace {
 	t := k.t
 	before := k.before // each end consumes its own view of the shared additions
@@ -405,26 +443,35 @@ func (k *checkpointer) build(after additions, isHeld bool) *trace {
 	out := k.fresh.derive(len(t.events) + before.len() + after.len())
 	for i := range t.events {
 		out.events = before.appendAt(out.events, i)
-		after.skipBefore(i) // what follows a dropped event goes with it
-		e := t.events[i]
-		switch e.Action {
-		case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
-			if r, ok := k.redirects[e.Addr]; ok {
-				if isHeld {
-					r.from = r.fromHeld
-				}
-				switch {
-				case r.at >= 0 && i >= r.at:
-					e.Addr = r.to
-				case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
-					continue
-				}
-			}
+		if e, keep := k.rewrite(i, isHeld); keep {
+			out.events = append(out.events, e)
 		}
-		out.events = append(out.events, e)
 		out.events = after.appendAt(out.events, i)
 	}
 	return out
+}
+
+// rewrite returns event i as the end (held or early) writes it, and false where that end drops it: a
+// release or category change of a saved block between its release in the forward and its recompute.
+func (k *checkpointer) rewrite(i int, isHeld bool) (snapshot.Event, bool) {
+	e := k.t.events[i]
+	switch e.Action {
+	case snapshot.ActionFreeRequested, snapshot.ActionFreeCompleted, snapshot.ActionCategory:
+		r, ok := k.redirects[e.Addr]
+		if !ok {
+			break
+		}
+		if isHeld {
+			r.from = r.fromHeld
+		}
+		switch {
+		case r.at >= 0 && i >= r.at:
+			e.Addr = r.to
+		case i >= r.from && i < r.until, r.at < 0 && i >= r.from:
+			return e, false
+		}
+	}
+	return e, true
 }
 
 // line says what the checkpoint did and assumed.

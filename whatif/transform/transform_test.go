@@ -474,6 +474,152 @@ func TestCheckpointFindsRepeatedBlocks(t *testing.T) {
 	}
 }
 
+// lateReleaseTrace is one iteration of three identical blocks that nothing names, each saving S (8000 B) for
+// backward and returning O (2000 B), where each block's S is released at the end of the backward before its
+// own (the block after it in the forward; the last block's at the start of backward): every S is released
+// before its block's backward begins, and each block's backward ends with the release of the next one's S.
+func lateReleaseTrace() *snapshot.Snapshot {
+	c := newCraft()
+	add := func(addr uint64, size int64, stack snapshot.StackID) {
+		c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: addr, Size: size, BlockSize: (size + 511) / 512 * 512,
+			Category: snapshot.CategoryTemporary, Stack: stack})
+	}
+	c.begin(snapshot.PhaseSetup, -1)
+	c.begin(snapshot.PhaseForward, 0)
+	add(0x100, 1000, 1) // the input
+	for i := range 3 {
+		a := uint64(0x1000 * (i + 1))
+		add(a, 8000, 2)       // S
+		add(a+0x100, 2000, 3) // O
+	}
+	add(0x200, 500, 4) // the loss
+	c.begin(snapshot.PhaseBackward, 0)
+	c.free(0x3000, 8000) // the last block's S
+	for i := 2; i >= 0; i-- {
+		a := uint64(0x1000 * (i + 1))
+		add(a+0x200, 2000, 5) // the gradient
+		c.free(a+0x100, 2000)
+		c.free(a+0x200, 2000)
+		add(a+0x300, 600, 6) // a temporary
+		c.free(a+0x300, 600)
+		if i > 0 {
+			c.free(a-0x1000, 8000) // the S of the block before
+		}
+	}
+	c.free(0x200, 500)
+	c.free(0x100, 1000)
+	return c.s
+}
+
+// TestCheckpointReleasesWhatItRecomputes: a block's recomputed S and O are released at the end of its
+// backward even where that end is a release the checkpoint drops (the next block's S, released in the
+// forward now): nothing the recompute makes outlives the pass, and the peak is the first block's backward.
+func TestCheckpointReleasesWhatItRecomputes(t *testing.T) {
+	in := lateReleaseTrace()
+	out, lines, err := transform.Apply(in, transform.Checkpoint(knob.CheckpointAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Recorded: the input, three S and O and the loss, 1024 + 3*(8192+2048) + 512. Checkpointed, each S is
+	// released in the forward once O is made, which leaves the input, the three O and the loss (7680);
+	// the last block's backward makes S and O again and its gradient (8192 + 2048 + 2048): 19968. After it
+	// only the input, two O and the loss are left, and each block's backward peaks lower than the one before.
+	if got, want := peak(in), int64(1024+3*(8192+2048)+512); got != want {
+		t.Fatalf("the crafted trace peaks at %d, want %d", got, want)
+	}
+	live := livePerPhase(out)
+	if got, want := peak(out), int64(1024+3*2048+512+8192+2048+2048); got != want {
+		t.Errorf("peak %d, want %d\n%s", got, want, lines[0])
+	}
+	if end := live[len(live)-1]; end != 0 {
+		t.Errorf("%d bytes alive at the end, want 0: a recomputed block outlives its backward", end)
+	}
+}
+
+// frozenFirstBlockTrace is one iteration of three identical blocks, each saving A (8000 B) and B (4000 B)
+// for backward and returning O (2000 B). A block's backward makes a gradient G (2000 B) and releases B,
+// then a gradient H (3000 B) and releases A; the first block's input needs no gradient (a frozen model's
+// embeddings), so its backward makes G and, instead of H, a gradient of its own (1000 B). Its backward
+// repeats the start of the others', so the latest stretch of repeating allocations begins at the last
+// block's H. scoped names the blocks h.0 to h.2; else nothing names them.
+func frozenFirstBlockTrace(scoped bool) *snapshot.Snapshot {
+	c := newCraft()
+	add := func(addr uint64, size int64, stack snapshot.StackID, sc string) {
+		if !scoped {
+			sc = ""
+		}
+		c.add(snapshot.Event{Action: snapshot.ActionAlloc, Addr: addr, Size: size, BlockSize: (size + 511) / 512 * 512,
+			Category: snapshot.CategoryTemporary, Scope: c.str(sc), Stack: stack})
+	}
+	blk := func(i int) string { return "h." + string(rune('0'+i)) }
+	c.begin(snapshot.PhaseSetup, -1)
+	c.begin(snapshot.PhaseForward, 0)
+	add(0x100, 1000, 1, "") // the input
+	for i := range 3 {
+		a := uint64(0x1000 * (i + 1))
+		add(a, 8000, 2, blk(i)+".attn")      // A
+		add(a+0x100, 4000, 3, blk(i)+".mlp") // B
+		add(a+0x200, 2000, 4, blk(i))        // O
+	}
+	add(0x200, 500, 5, "") // the loss
+	c.begin(snapshot.PhaseBackward, 0)
+	for i := 2; i >= 0; i-- {
+		a := uint64(0x1000 * (i + 1))
+		add(a+0x300, 2000, 6, blk(i)+".mlp") // G
+		c.free(a+0x100, 4000)
+		c.free(a+0x300, 2000)
+		size, stack := int64(3000), snapshot.StackID(7) // H
+		if i == 0 {
+			size, stack = 1000, 8
+		}
+		add(a+0x400, size, stack, blk(i)+".attn")
+		c.free(a, 8000)
+		c.free(a+0x200, 2000)
+		c.free(a+0x400, size)
+	}
+	c.free(0x200, 500)
+	c.free(0x100, 1000)
+	return c.s
+}
+
+// TestCheckpointAlignsBackwardBlocks: where nothing names the blocks and the first block's backward repeats
+// the start of the others', each block's backward is still found where it releases what its forward saved,
+// and checkpointing gives what it gives on the same trace with module scopes: each block's recompute comes
+// before its backward makes G and releases B, not after.
+func TestCheckpointAlignsBackwardBlocks(t *testing.T) {
+	cp := transform.Checkpoint(knob.CheckpointAll)
+	scoped, _, err := transform.Apply(frozenFirstBlockTrace(true), cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inferred, lines, err := transform.Apply(frozenFirstBlockTrace(false), cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last block's backward with its recompute: the input, the three O and the loss (1024 + 3*2048 +
+	// 512), A, B and O again (8192 + 4096 + 2048) and G (2048).
+	if got, want := peak(scoped), int64(1024+3*2048+512+8192+4096+2048+2048); got != want {
+		t.Fatalf("with scopes: peak %d, want %d", got, want)
+	}
+	if got, want := livePerPhase(inferred), livePerPhase(scoped); !reflect.DeepEqual(got, want) || peak(inferred) != peak(scoped) {
+		t.Errorf("live at each phase %v, peak %d; with scopes %v, %d\n%s", got, peak(inferred), want, peak(scoped), lines[0])
+	}
+	recomputedBefore := func(s *snapshot.Snapshot) (n int) { // recomputed allocations before the first G
+		for _, e := range s.Events.All() {
+			if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseBackward && e.Size == 2000 {
+				return n
+			}
+			if e.Action == snapshot.ActionAlloc && e.Phase == snapshot.PhaseRecompute {
+				n++
+			}
+		}
+		return n
+	}
+	if got := recomputedBefore(inferred); got != 3 {
+		t.Errorf("%d allocations recomputed before the last block's backward makes G, want its 3", got)
+	}
+}
+
 // TestCheckpointRefusesAnInferenceTrace: a trace that ran to its end with forward passes no backward follows
 // (inference, as a model's generate loop records it) has nothing checkpointing could free, with module
 // scopes or without: the fix is refused, saying so, rather than reported as a fix that saves nothing. A
