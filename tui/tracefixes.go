@@ -161,9 +161,7 @@ func (p *traceFixes) view(s Styles, w, h int) string {
 		}
 	}
 	if p.selected < len(p.results) && p.results[p.selected].Err != nil { // the reason in full, not cut to the row
-		for _, l := range wrapWords("refused: "+refusal(p.results[p.selected]), w) {
-			lines = append(lines, l)
-		}
+		lines = append(lines, wrapWords("refused: "+refusal(p.results[p.selected]), w)...)
 	}
 	if sel := p.chosen(); sel != nil && sel.Verdict == whatif.VerdictEdge {
 		lines = append(lines, cut("at the edge: fits if what a checkpointed block saved is released once its first reader returns, "+

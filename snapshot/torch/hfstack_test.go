@@ -112,8 +112,7 @@ func bnbMatmul(dequantize bool) []pyFrame {
 // at its start.
 type traceBuilder struct {
 	entries []map[string]any
-	pre     []int64 // the blocks alive before the trace: sizes
-	blocks  []tb    // every block, in address order
+	blocks  []tb // every block, in address order
 	next    int64
 	time    int64
 }
