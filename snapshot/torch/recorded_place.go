@@ -11,6 +11,8 @@ import (
 // The placement of what oomdbg record wrote (recorded.go reads it): each tag and mark put on the trace entry
 // it names, by counts or by time, and applied as the events are emitted.
 
+// deviceIndex is what placement reads of one device's trace: where its n-th alloc and n-th free request are,
+// and its times (held at their running maximum, as the merge holds them).
 type deviceIndex struct {
 	entries []entry
 	allocs  []int // entry index of each alloc, in order
