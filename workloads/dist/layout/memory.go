@@ -102,8 +102,9 @@ func StageParams(m Model, l Layout, i int) int64 {
 // kept whole on every TP rank without SP are the two norms' inputs, the QKV and first MLP linears' inputs
 // (4 elements of h) and two one-byte dropout masks; split over TP are Q, K and V (K and V g/a as wide
 // under grouped-query attention), the output projection's input, and the MLP's activation input and
-// output (three of ffn when gated: gate, up and their product); the attention core keeps the softmax, its
-// dropout mask and output (2d+1 bytes per score, a*s*s scores, split over TP). Context parallelism runs
+// output (three of ffn when gated: Megatron's fused SwiGLU keeps its 2*ffn input, the second linear its
+// ffn input); the attention core keeps the softmax, its dropout mask and output (2d+1 bytes per score,
+// a*s*s scores, split over TP), and K and V repeated to all a heads. Context parallelism runs
 // attention on fused kernels that save no scores (Megatron requires Transformer Engine's), so with CP > 1
 // the score term is dropped whatever the recompute.
 func LayerActivations(m Model, tp int, sp bool, cp int, r Recompute) float64 {
@@ -119,7 +120,15 @@ func LayerActivations(m Model, tp int, sp bool, cp int, r Recompute) float64 {
 		return input
 	}
 	replicated := float64((4*d + 2) * sbh)
-	attention := d * s * m.MicroBatch * 2 * m.kvChannels() * (m.Heads + m.queryGroups())
+	// The unfused attention core, the one that saves scores, repeats K and V to every head before using
+	// them (repeat_interleave in megatron/core/transformer/dot_product_attention.py) and so saves them
+	// that wide; flash attention and selective recompute's checkpoint save them at g heads.
+	unfused := r == RecomputeNone && cp == 1
+	kvHeads := m.queryGroups()
+	if unfused {
+		kvHeads = m.Heads
+	}
+	attention := d * s * m.MicroBatch * 2 * m.kvChannels() * (m.Heads + kvHeads)
 	mlpTensors := int64(2)
 	if m.GatedMLP {
 		mlpTensors = 3
@@ -127,7 +136,7 @@ func LayerActivations(m Model, tp int, sp bool, cp int, r Recompute) float64 {
 	mlp := d * mlpTensors * s * m.MicroBatch * m.FFN
 	split := float64(attention + mlp)
 	var scores float64
-	if r == RecomputeNone && cp == 1 {
+	if unfused {
 		scores = float64((2*d + 1) * m.Heads * s * s * m.MicroBatch)
 	}
 	if sp {
