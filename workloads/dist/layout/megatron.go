@@ -23,7 +23,8 @@ type MegatronFigures struct {
 //   - activations otherwise (compute_activation_memory_without_sp, used for full recompute and for no
 //     recompute too): sbh(10 + 24/t), whatever the MLP width, and no attention scores; the output layer's
 //     logits counted in bf16 without the final norm's input; and 5% added for temporaries;
-//   - the output layer's activations are counted only when PP is 1.
+//   - the output layer's activations are counted only when PP is 1;
+//   - there is no GPipe schedule: a GPipe layout is counted as 1F1B.
 func Megatron(m Model, l Layout) (MegatronFigures, error) {
 	if err := l.Validate(m); err != nil {
 		return MegatronFigures{}, err

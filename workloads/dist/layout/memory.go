@@ -22,7 +22,7 @@ type Stage struct {
 	Layer      float64 // the transformer layers' saved activations, all in-flight micro-batches
 	Embedding  float64 // the embedding's saved activations (first stage)
 	Output     float64 // the final norm, output layer and cross-entropy's saved activations (last stage)
-	Workspace  float64 // one layer's activations rebuilt in the backward pass under full recompute
+	Workspace  float64 // one layer's activations rebuilt in the backward pass under full recompute (selective's rebuilt scores are not counted)
 	Activation float64 // Layer + Embedding + Output + Workspace
 }
 
