@@ -121,7 +121,8 @@ func TestMegatronMatchesItsSource(t *testing.T) {
 	}
 	const mb = 1 << 20
 	var table strings.Builder
-	fmt.Fprintf(&table, "%-36s %14s %14s %12s %12s %12s\n", "configuration (first stage)", "weights+opt MB", "Megatron", "activ. MB", "Megatron", "Estimate MB")
+	fmt.Fprintf(&table, "%-46s %10s %10s %10s %10s %10s %10s\n", "first stage", "w+opt Go", "Megatron", "act. Go", "Megatron",
+		"total", "Estimate")
 	for i, c := range cases {
 		got, err := Megatron(c.model, c.l)
 		if err != nil {
@@ -135,7 +136,9 @@ func TestMegatronMatchesItsSource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		fmt.Fprintf(&table, "%-36s %14.2f %14.2f %12.2f %12.2f %12.2f\n", c.name, w, want[i][0], a, want[i][1], stages[0].Total()/mb)
+		fmt.Fprintf(&table, "%-46s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", c.name, w, want[i][0], a, want[i][1], want[i][2],
+			stages[0].Total()/mb)
 	}
-	t.Logf("Go's Megatron against Megatron-LM's report_theoretical_memory, and Estimate's first stage:\n%s", table.String())
+	t.Logf("Go's Megatron against Megatron-LM's report_theoretical_memory (MiB, its \"MB\"), and Estimate's first stage:\n%s",
+		table.String())
 }
