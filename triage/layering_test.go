@@ -60,8 +60,10 @@ var layers = map[string][]string{
 	"workloads/nn":     {"versions", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/torchrules"},
 	"workloads/optim":  {"knob", "versions", "workloads/nn", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
 	// A data-parallel rank wraps a model's parameters, gradients and optimizer.
-	"workloads/dist":  {"knob", "versions", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
-	"workloads/train": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	"workloads/dist": {"knob", "versions", "workloads/nn", "workloads/optim", "workloads/tensor", "workloads/device", "allocator", "snapshot", "internal/"},
+	// Model-parallel layouts (TP, SP, PP, CP) as formulas on shapes: nothing of the runtime.
+	"workloads/dist/layout": nil,
+	"workloads/train":       {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The trainers' configuration files (torchtune, LitGPT, axolotl, TrainingArguments) read into a run.
 	"workloads/train/frameworks": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	"leaks/leakstest":            {"knob", "versions", "leaks", "workloads/", "allocator", "tracer", "snapshot", "snapshot/timeline", "internal/"},
