@@ -72,6 +72,9 @@ var layers = map[string][]string{
 	"tui/tuitest": {"tui", "knob", "versions", "snapshot/", "snapshot", "triage", "leaks", "tracer", "tracer/nvml", "internal/", "workloads/", "allocator/", "allocator", "whatif/", "whatif"},
 	// The planner drives the training workload on the meta device.
 	"fit": {"knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
+	// The search of a job's model-parallel layouts: layout's formulas judged by the headroom rule and
+	// ranked with the planner's GPU peaks.
+	"fit/layouts": {"fit", "knob", "versions", "workloads/", "allocator", "tracer", "snapshot", "internal/"},
 	// The runtime behind the TUI and the report: it serves the TUI's Backend and triage's Measurer and
 	// Replayer with the workloads, the planner and the allocator's replay.
 	"internal/backend": {"tui", "fit", "triage", "leaks", "knob", "versions", "snapshot", "snapshot/", "tracer", "tracer/", "workloads/",

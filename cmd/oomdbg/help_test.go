@@ -84,7 +84,7 @@ func TestHelpShowsTheRealDefaults(t *testing.T) {
 	invocations := map[string][]string{
 		"report": {f("attribute.oomdbg")}, "check": {f("attribute.oomdbg")}, "diff": {f("fixed.oomdbg"), f("leak.oomdbg")},
 		"replay": {"../../snapshot/torch/testdata/snapshots/g3.pickle"}, "whatif": {f("fixed.oomdbg"), "--checkpoint", "all"},
-		"export": {f("fixed.oomdbg"), "--format", "svg", "-o", tmp + "/x.svg"}, "fit": nil, "bugs": {"--steps", "4"},
+		"export": {f("fixed.oomdbg"), "--format", "svg", "-o", tmp + "/x.svg"}, "fit": nil, "layouts": nil, "bugs": {"--steps", "4"},
 		"run": {"--steps", "2"}, "fixes": {"--preset", "tiny"}, "record": {"--", "true"},
 	}
 	// The size of a recording varies with its times by a few bytes: not what a default decides.

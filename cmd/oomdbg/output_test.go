@@ -304,6 +304,7 @@ func TestUnwritableOutput(t *testing.T) {
 		{"fit", "--preset", "tiny"}, {"fit", "--preset", "tiny", "--markdown"}, {"fit", "--preset", "tiny", "--json"},
 		{"fixes", "--preset", "tiny"}, {"fixes", "--preset", "tiny", "--markdown"},
 		{"bugs", "--steps", "4"}, {"bugs", "--steps", "4", "--markdown"},
+		{"layouts"}, {"layouts", "--json"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			var stderr bytes.Buffer

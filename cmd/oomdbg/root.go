@@ -73,7 +73,7 @@ command that reads one also reads PyTorch's (torch.cuda.memory._dump_snapshot).`
 		msg := strconvPrefix.ReplaceAllString(err.Error(), "")
 		return fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath())
 	})
-	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newWhatIfCmd(), newExportCmd(), newFixesCmd(), newFitCmd(), newBugsCmd(), newDevicesCmd(), newVersionCmd(), newRecordCmd())
+	root.AddCommand(newRunCmd(), newViewCmd(), newReportCmd(), newCheckCmd(), newDiffCmd(), newReplayCmd(), newWhatIfCmd(), newExportCmd(), newFixesCmd(), newFitCmd(), newLayoutsCmd(), newBugsCmd(), newDevicesCmd(), newVersionCmd(), newRecordCmd())
 	return root
 }
 
