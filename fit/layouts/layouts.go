@@ -92,7 +92,8 @@ type Candidate struct {
 // Enumerate lists every layout of j that layout.Validate accepts: TP dividing the GPUs of a node (its
 // collectives run on every layer and need the node's link), PP, CP and DP the rest, sequence parallelism
 // whenever TP > 1 (Megatron's recommendation; it holds less and moves the same bytes); under PP > 1 the 1F1B
-// schedule and interleaved:V for every V >= 2 that divides the layers of a stage; every micro-batch size
+// schedule and interleaved:V for every V >= 2 that divides the layers of a stage (when PP divides the
+// micro-batches, as Megatron requires); every micro-batch size
 // that divides a replica's share of the global batch, M = GlobalBatch / (DP x b) micro-batches; each
 // recompute; the distributed optimizer on and off (only off when DP x CP is 1: it shards over no one).
 func Enumerate(j Job) []Candidate {
@@ -130,6 +131,12 @@ func Enumerate(j Job) []Candidate {
 					}
 					m.MicroBatch = int64(b)
 					for _, s := range schedules {
+						// Megatron's interleaved schedule runs micro-batches in groups of PP (schedules.py,
+						// forward_backward_pipelining_with_interleaving: "number of microbatches is not
+						// divisible by pipeline-model-parallel-size when using interleaved schedule").
+						if s.Kind == layout.Interleaved && (j.GlobalBatch/(dp*b))%pp != 0 {
+							continue
+						}
 						for _, r := range []layout.Recompute{layout.RecomputeNone, layout.RecomputeSelective, layout.RecomputeFull} {
 							for _, do := range optimizers {
 								l := base

@@ -1,10 +1,13 @@
 package layouts
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"slices"
 	"testing"
+
+	"github.com/charmbracelet/x/exp/golden"
 
 	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/workloads/dist/layout"
@@ -27,9 +30,9 @@ func gpu(t testing.TB, name string) fit.GPU {
 
 // TestEnumerateCounts counts the layouts of the 4-layer model on 8 GPUs of one node by hand: the ordered
 // factorizations 8 = TP x PP x CP x DP with PP dividing the 4 layers (PP = 8 cannot), each with its
-// schedules (PP 1: none to choose; PP 2: 1F1B and interleaved:2, the 2 layers of a stage in 2 chunks;
-// PP 4: a layer a stage, 1F1B only), 3 recomputes, and the distributed optimizer on and off unless
-// DP x CP is 1.
+// micro-batch sizes b dividing 8/DP, its schedules (PP 1: none to choose; PP 2: 1F1B, and interleaved:2,
+// the 2 layers of a stage in 2 chunks, when 2 divides the 8/(DP b) micro-batches; PP 4: a layer a stage,
+// 1F1B only), 3 recomputes, and the distributed optimizer on and off unless DP x CP is 1.
 func TestEnumerateCounts(t *testing.T) {
 	type dims struct{ tp, pp, cp, dp int }
 	want := []dims{
@@ -41,7 +44,6 @@ func TestEnumerateCounts(t *testing.T) {
 		// PP 4: TP x CP x DP = 2, 3 ways.
 		{1, 4, 1, 2}, {1, 4, 2, 1}, {2, 4, 1, 1},
 	}
-	schedules := map[int]int{1: 1, 2: 2, 4: 1}
 	for _, micro := range []int{1, 0} {
 		t.Run(fmt.Sprintf("micro-batch %d", micro), func(t *testing.T) {
 			j := Job{Model: tiny, GPUs: 8, Nodes: 1, GlobalBatch: 8, MicroBatch: micro}
@@ -51,12 +53,20 @@ func TestEnumerateCounts(t *testing.T) {
 				if d.dp*d.cp == 1 {
 					optimizers = 1
 				}
-				sizes := 1 // micro-batch 1: M = 8/DP
+				sizes := []int{1}
 				if micro == 0 {
-					// 1, 2, 4 and 8 sequences, where they divide a replica's 8/DP.
-					sizes = map[int]int{1: 4, 2: 3, 4: 2, 8: 1}[d.dp]
+					sizes = []int{1, 2, 4, 8}
 				}
-				count += schedules[d.pp] * 3 * optimizers * sizes
+				for _, b := range sizes {
+					if 8%(d.dp*b) != 0 {
+						continue // b does not divide a replica's 8/DP sequences
+					}
+					schedules := 1
+					if m := 8 / (d.dp * b); d.pp == 2 && m%2 == 0 {
+						schedules = 2 // interleaved:2 too, where PP divides the M micro-batches
+					}
+					count += schedules * 3 * optimizers
+				}
 			}
 			got := Enumerate(j)
 			if len(got) != count {
@@ -278,4 +288,18 @@ func BenchmarkSearch70BOn64GPUs(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestWriteTextGolden pins the table's form for the 4-layer model on 8 GPUs of an H100 node.
+func TestWriteTextGolden(t *testing.T) {
+	r, err := Search(Job{Name: "tiny", Model: tiny, GPUs: 8, Nodes: 1, GlobalBatch: 8, MicroBatch: 1, GPU: gpu(t, "h100"),
+		Usable: 1 << 30, Margin: 0.05, Top: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := r.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	golden.RequireEqual(t, b.Bytes())
 }

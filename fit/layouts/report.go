@@ -14,7 +14,11 @@ import (
 // WriteText writes the report for a terminal: the job, the rule, and the fastest plans that fit, one a row.
 func (r *Report) WriteText(w io.Writer) error {
 	j := r.Job
-	fmt.Fprintf(w, "%s on %d GPUs (%d nodes of %d), %s, global batch %d of %d tokens\n", j.Name, j.GPUs, j.Nodes,
+	nodes := "1 node"
+	if j.Nodes > 1 {
+		nodes = strconv.Itoa(j.Nodes) + " nodes"
+	}
+	fmt.Fprintf(w, "%s on %d GPUs (%s of %d), %s, global batch %d sequences of %d tokens\n", j.Name, j.GPUs, nodes,
 		j.GPUsPerNode(), j.GPU.Name, j.GlobalBatch, j.Model.Seq)
 	fmt.Fprintln(w, headroom.Rule(j.Usable, j.Margin))
 	fmt.Fprintf(w, "%d layouts searched, %d fit; the fastest by modelled step time (docs/distributed.md):\n\n", r.Searched, r.Fitting)
@@ -52,7 +56,18 @@ func (r *Report) WriteText(w io.Writer) error {
 
 func size(b float64) string { return units.FormatSize(int64(b)) }
 
-func secs(s float64) string { return strconv.FormatFloat(s, 'f', 3, 64) }
+// secs prints a time in the unit that keeps three or four figures: "94.60s", "63.2ms", "12.3us", "0".
+func secs(s float64) string {
+	switch {
+	case s == 0:
+		return "0"
+	case s >= 1:
+		return strconv.FormatFloat(s, 'f', 2, 64) + "s"
+	case s >= 1e-3:
+		return strconv.FormatFloat(s*1e3, 'f', 1, 64) + "ms"
+	}
+	return strconv.FormatFloat(s*1e6, 'f', 1, 64) + "us"
+}
 
 // jsonReport is the report's JSON: the job and the plans, sizes in bytes and times in seconds.
 type jsonReport struct {
