@@ -46,3 +46,15 @@ func TestLayoutsJSON(t *testing.T) {
 		t.Errorf("exit %d, stderr %q, stdout %q: want 3 plans", code, stderr, stdout)
 	}
 }
+
+// TestLayoutsHFConfig: a config.json gives the same search as the preset made from it.
+func TestLayoutsHFConfig(t *testing.T) {
+	args := []string{"layouts", "--gpus", "16", "--nodes", "2", "--gpu", "h100", "--batch", "64", "--json"}
+	code1, out1, err1 := runCmd(append(args, "--preset", "llama-2-7b")...)
+	code2, out2, err2 := runCmd(append(args, "--hf-config", "../../workloads/nn/hfconfig/models/llama-2-7b.json")...)
+	out1 = strings.Replace(out1, `"model": "llama-2-7b"`, "", 1)
+	out2 = strings.Replace(out2, `"model": "../../workloads/nn/hfconfig/models/llama-2-7b.json"`, "", 1)
+	if code1 != exitOK || code2 != exitOK || err1 != "" || err2 != "" || out1 != out2 {
+		t.Errorf("--preset: exit %d %q; --hf-config: exit %d %q; outputs equal: %v", code1, err1, code2, err2, out1 == out2)
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/fit"
 	"github.com/oomdbg/oomdbg/workloads/dist/layout"
+	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 )
 
 // tiny is a 4-layer model every size up to 8 divides: 8 heads, seq 64.
@@ -302,4 +303,38 @@ func TestWriteTextGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden.RequireEqual(t, b.Bytes())
+}
+
+// TestModelFromHF: the published configs read into the shapes their config.json files give (Llama-2-70B's
+// as Megatron's test writes it; GPT-2's 4h MLP, tied); experts and BERT are refused.
+func TestModelFromHF(t *testing.T) {
+	for name, want := range map[string]layout.Model{
+		"llama-2-70b": llama70b,
+		"llama-3.1-8b": {Layers: 32, Hidden: 4096, Heads: 32, QueryGroups: 8, KVChannels: 128, FFN: 14336, Vocab: 128256, Seq: 4096,
+			MicroBatch: 1, GatedMLP: true, RMSNorm: true, UntiedEmbeddings: true},
+	} {
+		hf, err := hfconfig.Published(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ModelFromHF(hf, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want.KVChannels == 0 {
+			want.KVChannels = want.Hidden / want.Heads // config.json's head_dim, implied
+		}
+		if got != want {
+			t.Errorf("%s: %+v, want %+v", name, got, want)
+		}
+	}
+	for _, name := range []string{"mixtral-8x7b", "bert-base"} {
+		hf, err := hfconfig.Published(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ModelFromHF(hf, 0); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
 }

@@ -103,6 +103,7 @@ type jsonPlan struct {
 	Peak                 int64   `json:"peak"`
 	Verdict              string  `json:"verdict"`
 	Limit                int64   `json:"limit"`
+	Headroom             int64   `json:"headroom"` // Limit less Peak
 	StepSeconds          float64 `json:"step_s"`
 	ComputeSeconds       float64 `json:"compute_s"`
 	BubbleSeconds        float64 `json:"bubble_s"`
@@ -124,7 +125,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 			Schedule: l.Schedule.String(), MicroBatch: p.MicroBatch, MicroBatches: l.MicroBatches, Recompute: l.Recompute.String(),
 			DistributedOptimizer: l.DistributedOptimizer, WorstStage: s.Index, Weights: int64(s.Weights), Gradients: int64(s.Gradients),
 			Optimizer: int64(s.Optimizer), Activations: int64(s.Activation), Peak: int64(s.Total()), Verdict: p.Verdict.Word,
-			Limit: p.Verdict.Limit, StepSeconds: t.Total(), ComputeSeconds: t.Compute, BubbleSeconds: t.Bubble, TPSeconds: t.TP,
+			Limit: p.Verdict.Limit, Headroom: p.Verdict.Limit - p.Verdict.PeakReserved, StepSeconds: t.Total(), ComputeSeconds: t.Compute, BubbleSeconds: t.Bubble, TPSeconds: t.TP,
 			CPSeconds: t.CP, DPSeconds: t.DP, OptimizerSeconds: t.Optimizer, FLOPs: t.FLOPs})
 	}
 	enc := json.NewEncoder(w)
