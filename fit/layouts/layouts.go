@@ -66,6 +66,12 @@ func (j Job) Check() error {
 	}
 	m := j.Model
 	m.MicroBatch = 1
+	// layout counts in int64: the attention scores of one micro-batch, (2d + 1) a s^2 b bytes, are the
+	// largest figure, and must not overflow for the largest micro-batch tried.
+	b := float64(max(j.MicroBatch, microBatchSizes[len(microBatchSizes)-1]))
+	if s := float64(m.Seq); 5*float64(m.Heads)*s*s*b > 1<<62 {
+		return fail("%d tokens a sequence, %d heads and micro-batches of %.0f are too large to estimate; give a shorter --seq or --micro-batch", m.Seq, m.Heads, b)
+	}
 	if err := (layout.Layout{GPUs: 1, DP: 1, TP: 1, PP: 1, CP: 1, MicroBatches: 1}).Validate(m); err != nil {
 		return &InputError{Reason: err.(*layout.LayoutError).Reason}
 	}

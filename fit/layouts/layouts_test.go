@@ -190,6 +190,16 @@ func TestCollectiveTimes(t *testing.T) {
 	if st.CP != 0 {
 		t.Errorf("CP %g s without context parallelism", st.CP)
 	}
+
+	// CP 4 with TP 2: 8 GPUs, a node; K and V of the 1024 tokens a rank holds, 8 query groups of 128 split
+	// over TP, passed 3 times each of CP - 1 = 3 steps (forward K, V; backward K, V and their gradients).
+	l = layout.Layout{GPUs: 64, DP: 2, TP: 2, PP: 4, CP: 4, SequenceParallel: true, Schedule: layout.Schedule{Kind: layout.OneFOneB},
+		MicroBatches: 32, Recompute: layout.RecomputeSelective}
+	st = Time(j, Candidate{Model: llama70b, Layout: l})
+	wantCP := M * 3 * 3 * (2 * 1024 * 8 * 128 / 2 * 2) * layers / 450e9
+	if math.Abs(st.CP/wantCP-1) > 1e-12 {
+		t.Errorf("CP %g s, want %g", st.CP, wantCP)
+	}
 }
 
 // TestFitsByTheHeadroomRule: every layout the search judges fits exactly when layout.Estimate's worst stage
@@ -268,6 +278,7 @@ func TestCheck(t *testing.T) {
 		"no memory":                   func(j *Job) { j.Usable = 0 },
 		"margin of all":               func(j *Job) { j.Margin = 1 },
 		"a model without layers":      func(j *Job) { j.Model.Layers = 0 },
+		"scores past int64":           func(j *Job) { j.Model.Seq, j.MicroBatch, j.GlobalBatch = 1<<24, 1<<10, 1<<10 },
 	} {
 		j := ok
 		change(&j)
