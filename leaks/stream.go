@@ -1,6 +1,7 @@
 package leaks
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/oomdbg/oomdbg/snapshot"
@@ -119,6 +120,11 @@ func (st *Stream) head() int { return st.cfg.warmup + maxMeasured + 2 }
 func (st *Stream) end(page *timeline.Timeline, seq int) {
 	e := iterationEnd{seq: seq, allocated: page.Allocated(seq), reserved: page.Reserved(seq),
 		groups: sumGroups(page.LiveAt(seq, nil)), page: page}
+	// A training loop ends its iterations with the same live set, group for group: the end shares the one
+	// before's groups, which are only read, so that hundreds of ends kept take one map, not hundreds.
+	if n := len(st.ends); n > 0 && st.ends[n-1].groups != nil && maps.Equal(st.ends[n-1].groups, e.groups) {
+		e.groups = st.ends[n-1].groups
+	}
 	st.ends = append(st.ends, e)
 	n := len(st.ends)
 	if k := n - 3; k >= 0 { // only the last two ends say which page is theirs

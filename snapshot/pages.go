@@ -54,7 +54,11 @@ func (ev *Events) Page(from, to int) []byte {
 	}
 	enc := pageEncoder()
 	defer pageEncoders.Put(enc)
-	return enc.EncodeAll(b, make([]byte, 0, len(b)/4))
+	out := enc.EncodeAll(b, make([]byte, 0, len(b)/4))
+	if cap(out)-len(out) > len(out)/8 {
+		out = slices.Clone(out) // a page is kept for the run's life: not with a quarter of it empty
+	}
+	return out
 }
 
 // errPage is what LoadPage returns for bytes Page did not make.
@@ -180,7 +184,10 @@ func pageEncoder() *zstd.Encoder {
 	if e, ok := pageEncoders.Get().(*zstd.Encoder); ok {
 		return e
 	}
-	e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	// A window of 256 KiB, not the default 8 MiB: the encoder's history buffers grow with its window and stay
+	// with it in the pool, which a TUI paging a run within --max-memory 16MiB cannot spare; pages of a
+	// training loop compress as well (its events repeat within an iteration, a few thousand events).
+	e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(1<<18))
 	if err != nil {
 		panic(err) // only invalid options fail
 	}

@@ -40,8 +40,10 @@ type Options struct {
 	// window of it around the cursor, and an overview of the whole (0: DefaultMemoryBudget). A fix's re-run,
 	// held whole, stops at it.
 	MemoryBudget int64
-	// pageEvents sets the events per page of a paged run (tests); 0 means pageEvents.
+	// pageEvents sets the events per page of a paged run (tests); 0 means pageEventsFor(MemoryBudget).
 	pageEvents int
+	// stateBudget sets what the pages' States may take (tests); 0 means an eighth of MemoryBudget.
+	stateBudget int64
 	// Profile is the terminal's colour profile (NO_COLOR gives Ascii).
 	Profile colorprofile.Profile
 	// Devices reads the GPUs for the device pane; nil shows that no reader is configured.

@@ -119,7 +119,8 @@ func openFile(ctx context.Context, opts Options) tea.Cmd {
 		s := &stream{r: r, snap: &snapshot.Snapshot{}, close: closeIn, size: size}
 		switch {
 		case paged:
-			s.pager = &pager{s: &snapshot.Snapshot{}, leaks: leaks.NewStream(), pageEvents: cmp.Or(opts.pageEvents, pageEvents)}
+			s.pager = &pager{s: &snapshot.Snapshot{}, leaks: leaks.NewStream(), pageEvents: cmp.Or(opts.pageEvents, pageEventsFor(budget)),
+				expected: events, stateBudget: cmp.Or(opts.stateBudget, budget/8)}
 			s.pager.s.Events.Forget(0) // read page by page
 		case events > 0:
 			s.snap.Events.Grow(int(events + events/32)) // room for all, so that the columns are not copied

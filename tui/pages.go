@@ -28,18 +28,36 @@ const (
 	// residentPerEvent is what an event of a training loop and its index take when held whole, with room for
 	// the garbage collector.
 	residentPerEvent = load.CostView
-	pageEvents       = 1 << 20 // events per page, unless Options say otherwise
+	pageEvents       = 1 << 20 // events per page at most, unless Options say otherwise
+	minPageEvents    = 1 << 12 // events per page at least: the overview keeps a summary of each
 	windowPages      = 3       // pages held around the cursor
 	bucketEvents     = 1 << 10 // events per column of the overview's memory series
 )
 
-// page is a run of events kept compressed, and the State the indexing pass was in before its first.
+// pageEventsFor returns the events per page of a run paged within budget: the window and the one the cursor
+// leaves, held together while the new one is indexed, take at most half of it, so that the overview, the
+// compressed pages and the reading have the rest. A window of a million-event page each side would hold
+// 3M events, some 200 MB, whatever --max-memory says.
+func pageEventsFor(budget int64) int {
+	n := budget / residentPerEvent / (2 * 2 * windowPages)
+	return int(min(max(n, minPageEvents), pageEvents))
+}
+
+// page is a run of events kept compressed, and the State the indexing pass was in before its first when the
+// page keeps it. A State is the live set, some 100 KB in a training loop: kept for every small page of a
+// long run it would outweigh the pages, so a page keeps one only while the States kept stay within their
+// share of the budget, and a window that starts on a page without one indexes the pages before it again,
+// one at a time, from the last page that keeps one.
 type page struct {
 	from, to int
 	data     []byte
 	state    timeline.State
+	kept     bool // state is the page's
 	first    bool // the run's first page, which no State comes before
 }
+
+// resumable reports whether the page's events can be indexed on their own: it is the first, or keeps its State.
+func (p *page) resumable() bool { return p.first || p.kept }
 
 // overview is what stays in memory of a paged run: its shape, its memory in buckets, its peaks, and its pages.
 type overview struct {
@@ -96,6 +114,22 @@ type pager struct {
 	state      *timeline.State
 	leaks      *leaks.Stream
 	pageEvents int
+	// The States the pages keep take at most stateBudget over the expected events, pro rata: those of the
+	// first half of the run at most half of it.
+	expected    int64
+	stateBudget int64
+	stateBytes  int64
+}
+
+// keepState reports whether the page that ends at event to keeps st, the State it starts from, and counts
+// it when it does.
+func (p *pager) keepState(st *timeline.State, to int) bool {
+	share := p.stateBudget * int64(to) / max(p.expected, int64(to), 1)
+	if p.stateBytes+st.Bytes() > share {
+		return false
+	}
+	p.stateBytes += st.Bytes()
+	return true
 }
 
 // nextPages returns the pages the stream has read and indexed since the last call, waiting for one if need
@@ -129,6 +163,9 @@ func (s *stream) readPages() (tea.Msg, bool) {
 				msg.err = err
 			}
 			msg.leaks = p.leaks.Result(p.s)
+			// What reading held, the last pages the leak analysis kept and the page being filled, is
+			// garbage once the run is read: the overview and the window are what stay.
+			p.leaks, p.state = nil, nil
 		}
 		if err != nil || len(msg.pages) > 0 && time.Since(start) >= readBudget {
 			msg.tables, msg.bytes = p.s.View(), s.r.Offset()
@@ -145,7 +182,10 @@ func (p *pager) index() pageSummary {
 	if p.state == nil {
 		tl, pg.first = timeline.New(view), true
 	} else {
-		tl, pg.state = timeline.Resume(view, *p.state), *p.state
+		tl = timeline.Resume(view, *p.state)
+		if p.keepState(p.state, pg.to) {
+			pg.state, pg.kept = *p.state, true
+		}
 	}
 	pg.data = view.Events.Page(pg.from, pg.to)
 	p.leaks.Observe(tl)
@@ -259,29 +299,52 @@ type windowMsg struct {
 }
 
 // loadWindow indexes pages [lo, hi) of the overview again, in a command: the events come back from the
-// pages, and the Timeline resumes from the State the first page starts from.
+// pages, and the Timeline resumes from the State the first page starts from, found by indexing the pages
+// before it again, one at a time, from the last that keeps its State.
 func loadWindow(ov *overview, lo, hi int) tea.Cmd {
-	pages := slices.Clone(ov.pages[lo:hi])
+	from := lo
+	for from > 0 && !ov.pages[from].resumable() {
+		from--
+	}
+	pages := slices.Clone(ov.pages[from:hi])
 	tables := ov.tables
 	return func() tea.Msg {
-		data := make([][]byte, len(pages))
-		for i, p := range pages {
-			data[i] = p.data
+		var st *timeline.State
+		if !pages[0].first {
+			st = &pages[0].state
 		}
-		evs, err := tables.Events.LoadPage(data...)
+		for _, p := range pages[:lo-from] {
+			tl, err := indexPages(tables, st, p)
+			if err != nil {
+				return windowMsg{err: err}
+			}
+			next := tl.State()
+			st = &next
+		}
+		tl, err := indexPages(tables, st, pages[lo-from:]...)
 		if err != nil {
 			return windowMsg{err: err}
 		}
-		s := *tables
-		s.Events = evs
-		var tl *timeline.Timeline
-		if pages[0].first {
-			tl = timeline.New(&s)
-		} else {
-			tl = timeline.Resume(&s, pages[0].state)
-		}
 		return windowMsg{w: &window{lo: lo, hi: hi, tl: tl}}
 	}
+}
+
+// indexPages reads pages back and indexes them, resumed from st (nil: from the run's start).
+func indexPages(tables *snapshot.Snapshot, st *timeline.State, pages ...page) (*timeline.Timeline, error) {
+	data := make([][]byte, len(pages))
+	for i, p := range pages {
+		data[i] = p.data
+	}
+	evs, err := tables.Events.LoadPage(data...)
+	if err != nil {
+		return nil, err
+	}
+	s := *tables
+	s.Events = evs
+	if st == nil {
+		return timeline.New(&s), nil
+	}
+	return timeline.Resume(&s, *st), nil
 }
 
 // windowFor returns the pages a window around event seq holds.

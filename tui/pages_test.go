@@ -22,14 +22,15 @@ import (
 // TestPagedRunAgreesWithTheWholeRun opens the same recording held whole and paged (a budget of one byte,
 // pages of 300 events), and checks that the paged TUI lands where the whole one does, has the same spans,
 // iterations, peak, OOM and leak verdict, and, wherever the cursor goes, shows the same memory, live set,
-// categories and segments once it has read the pages around it back.
+// categories and segments once it has read the pages around it back: whether no page keeps the State it
+// starts from (every window is indexed from the run's start), some do, or all.
 func TestPagedRunAgreesWithTheWholeRun(t *testing.T) {
 	if _, err := fixtureData("tiny-oom"); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join("testdata", "fixtures", "tiny-oom.oomdbg")
-	open := func(budget int64) *Model {
-		m := New(context.Background(), Options{File: path, Profile: colorprofile.Ascii, MemoryBudget: budget, pageEvents: 300})
+	open := func(t *testing.T, budget, states int64) *Model {
+		m := New(context.Background(), Options{File: path, Profile: colorprofile.Ascii, MemoryBudget: budget, pageEvents: 300, stateBudget: states})
 		m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
 		drive(m, m.Init(), nil)
 		if !m.load.done || m.load.err != nil {
@@ -37,10 +38,38 @@ func TestPagedRunAgreesWithTheWholeRun(t *testing.T) {
 		}
 		return m
 	}
-	whole, paged := open(0), open(1)
-	if whole.ix.ov != nil || paged.ix.ov == nil || len(paged.ix.ov.pages) < 5 {
-		t.Fatalf("whole run paged: %v; paged run: %v (%d events)", whole.ix.ov != nil, paged.ix.ov != nil, whole.ix.len())
+	kept := func(m *Model) (n int) {
+		for _, p := range m.ix.ov.pages {
+			if p.kept {
+				n++
+			}
+		}
+		return n
 	}
+	for name, tc := range map[string]struct {
+		states int64 // what the pages' States may take
+		kept   func(n, pages int) bool
+	}{
+		"no State kept":    {1, func(n, _ int) bool { return n == 0 }},
+		"some States kept": {64 << 10, func(n, pages int) bool { return n > 0 && n < pages-1 }},
+		"every State kept": {1 << 30, func(n, pages int) bool { return n == pages-1 }}, // the first page starts from none
+	} {
+		t.Run(name, func(t *testing.T) {
+			whole, paged := open(t, 0, 0), open(t, 1, tc.states)
+			if whole.ix.ov != nil || paged.ix.ov == nil || len(paged.ix.ov.pages) < 5 {
+				t.Fatalf("whole run paged: %v; paged run: %v (%d events)", whole.ix.ov != nil, paged.ix.ov != nil, whole.ix.len())
+			}
+			if n := kept(paged); !tc.kept(n, len(paged.ix.ov.pages)) {
+				t.Fatalf("%d of %d pages keep their State", n, len(paged.ix.ov.pages))
+			}
+			agree(t, whole, paged)
+		})
+	}
+}
+
+// agree checks that a paged run agrees with the run held whole, wherever the cursor goes.
+func agree(t *testing.T, whole, paged *Model) {
+	t.Helper()
 	if paged.ix.len() != whole.ix.len() || paged.ix.peak != whole.ix.peak || paged.ix.oom != whole.ix.oom ||
 		!slices.Equal(paged.ix.iters, whole.ix.iters) || !slices.Equal(paged.ix.spans(), whole.ix.spans()) {
 		t.Fatalf("paged: %d events, peak %d, OOM %d, %d spans; whole: %d, %d, %d, %d", paged.ix.len(), paged.ix.peak,
