@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -42,15 +43,24 @@ func TestRankTableMemoryDoesNotGrowWithTheRanks(t *testing.T) {
 	if err := lim.Set("64MiB"); err != nil {
 		t.Fatal(err)
 	}
+	// gc collects twice: what sync.Pools (the decompressors') drop survives the first collection as their
+	// victims, a megabyte or two that some runs hold and others do not.
+	gc := func() { runtime.GC(); runtime.GC() }
+	// held is the least heap a table of files holds over three tries: a try that a buffer outlives by chance
+	// measures that buffer too, never less than the table.
 	held := func(files []string) int64 {
-		runtime.GC()
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		tab, _ := ReportRanks(context.Background(), files, &lim, 0, leaks.DefaultWarmup)
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(tab)
-		return int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		least := int64(math.MaxInt64)
+		for range 3 {
+			gc()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			tab, _ := ReportRanks(context.Background(), files, &lim, 0, leaks.DefaultWarmup)
+			gc()
+			runtime.ReadMemStats(&after)
+			runtime.KeepAlive(tab)
+			least = min(least, int64(after.HeapAlloc)-int64(before.HeapAlloc))
+		}
+		return least
 	}
 	few, many := rankFiles(t, 20), rankFiles(t, 220)
 	held(few) // the first analysis allocates what every later one shares
