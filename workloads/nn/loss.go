@@ -24,19 +24,28 @@ const (
 	// LossFusedLinearCE is Liger's LigerFusedLinearCrossEntropyLoss: lm_head and cross-entropy fused in chunks
 	// of rows, the logits never whole, the input's gradient computed in the forward and saved.
 	LossFusedLinearCE
+	// LossLinearCE is torchtune's LinearCrossEntropyLoss: the final hidden states split into chunks along the
+	// sequence, and for each the positions whose label counts picked out (a copy), lm_head over them, and
+	// cross-entropy (sum) of the float32 logits, each chunk's logits freed once its log-probabilities are
+	// saved; the sum divided by the tokens counted.
+	LossLinearCE
 )
 
-// Loss is the loss a causal LM computes: the kind, and for LossChunked the tokens per chunk.
+// Loss is the loss a causal LM computes: the kind, and for LossChunked the tokens per chunk, for
+// LossLinearCE the chunks.
 type Loss struct {
 	Kind  LossKind
-	Chunk int // tokens per chunk (LossChunked)
+	Chunk int // tokens per chunk (LossChunked); chunks of the sequence (LossLinearCE: num_output_chunks)
 }
 
 func (l Loss) validate() error {
 	if l.Kind == LossChunked && l.Chunk <= 0 {
 		return fmt.Errorf("a chunked loss needs chunks of at least one token (got %d)", l.Chunk)
 	}
-	if l.Kind > LossFusedLinearCE {
+	if l.Kind == LossLinearCE && l.Chunk <= 0 {
+		return fmt.Errorf("a linear cross-entropy loss needs at least one chunk (got %d)", l.Chunk)
+	}
+	if l.Kind > LossLinearCE {
 		return fmt.Errorf("unknown loss %d", l.Kind)
 	}
 	return nil
@@ -53,6 +62,10 @@ func causalLMHead(rt *tensor.Runtime, head Layer, weight *Parameter, h, labels *
 		return nil, l
 	case LossFusedLinearCE:
 		l = fusedLinearCELoss(rt, weight, h, labels)
+		h.Release()
+		return nil, l
+	case LossLinearCE:
+		l = linearCELoss(rt, head, h, labels, loss.Chunk)
 		h.Release()
 		return nil, l
 	}
@@ -174,6 +187,73 @@ func chunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk
 	releaseAll(chunks)
 	count := float32(shifted.Numel() - shifted.Dim(0)) // the ignore column is not counted
 	loss := tensor.Scale(total, 1/count)
+	total.Release()
+	return loss
+}
+
+// linearCELoss is torchtune's LinearCrossEntropyLoss on the final hidden states, the output layer skipped:
+// the labels shifted as the recipe shifts them (an ignore column last), mask = labels != -100 and its sum,
+// then for each of tensor_split(chunks) along the sequence: the chunk's mask, its labels and hidden states
+// where the mask is true (copies; the hidden states' index saves the mask), lm_head over those rows,
+// cross_entropy(logits.float(), labels, reduction="sum") (the 16-bit logits and their float32 copy freed
+// once the log-probabilities are saved), summed; the sum divided by the count (DivBackward0 saves it).
+func linearCELoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunks int) *tensor.Tensor {
+	shifted := shiftLabels(labels)
+	defer shifted.Release()
+	b, t := h.Dim(0), h.Dim(1)
+	// The meta device knows which labels count from their layout: every position but the ignore column.
+	validIn := func(start, n int) int {
+		if n > 0 && start+n == t {
+			return b * (n - 1)
+		}
+		return b * n
+	}
+	mask := tensor.NotEqualScalar(shifted, -100)
+	count := tensor.CountTrue(mask, validIn(0, t))
+	mask.Release()
+	defer count.Release()
+	leave := rt.Scope("lm_head")
+	defer leave()
+	var total *tensor.Tensor
+	start := 0
+	for i := range chunks { // tensor_split: the first t%chunks chunks one longer
+		n := t / chunks
+		if i < t%chunks {
+			n++
+		}
+		hc := h.Narrow(1, start, n)
+		tc := shifted.Narrow(1, start, n)
+		valid := validIn(start, n)
+		start += n
+		mc := tensor.NotEqualScalar(tc, -100)
+		nz := tensor.CountTrue(mc, valid) // mask_chunk.sum() == 0
+		nz.Release()
+		if valid == 0 && n > 0 { // a chunk of ignore columns: mask_chunk[0] = True
+			tensor.MarkFirst_(mc)
+			valid = n
+		}
+		targets := tensor.MaskRows(tc, mc, valid)
+		tc.Release()
+		rows := tensor.MaskRows(hc, mc, valid)
+		hc.Release()
+		mc.Release()
+		logits := head.Forward(rows)
+		rows.Release()
+		lf := tensor.ToDType(logits, tensor.F32)
+		logits.Release()
+		ce := tensor.CrossEntropySum(lf, targets)
+		lf.Release()
+		targets.Release()
+		if total == nil { // 0.0 + the first chunk's: a new scalar
+			total = tensor.AddScalar(ce, 0)
+		} else { // total_loss += ...: in place
+			sum := tensor.Add_(total, ce)
+			total.Release()
+			total = sum
+		}
+		ce.Release()
+	}
+	loss := tensor.Div_(total, count) // total_loss / total_elements: the in-place form saves the same
 	total.Release()
 	return loss
 }

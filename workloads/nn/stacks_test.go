@@ -15,7 +15,7 @@ import (
 // stacksCase is a case of testdata/stacks.py: a llamaCase and how the libraries compute it.
 type stacksCase struct {
 	llamaCase
-	Loss      string     `json:"loss,omitempty"` // in-model, shift-logits, shift-labels, chunked:T, fused
+	Loss      string     `json:"loss,omitempty"` // in-model, shift-logits, shift-labels, chunked:T, linear-ce:N, fused
 	NumItems  bool       `json:"num_items,omitempty"`
 	QLoRA     *caseQLoRA `json:"qlora,omitempty"`
 	LoRADType string     `json:"lora_dtype,omitempty"`
@@ -61,6 +61,11 @@ func (c stacksCase) build(t *testing.T, rt *tensor.Runtime) *Llama {
 		if err := json.Unmarshal([]byte(strings.TrimPrefix(c.Loss, "chunked:")), &cfg.Loss.Chunk); err != nil {
 			t.Fatal(err)
 		}
+	case strings.HasPrefix(c.Loss, "linear-ce:"):
+		cfg.Loss = Loss{Kind: LossLinearCE}
+		if err := json.Unmarshal([]byte(strings.TrimPrefix(c.Loss, "linear-ce:")), &cfg.Loss.Chunk); err != nil {
+			t.Fatal(err)
+		}
 	case c.Loss == "fused":
 		cfg.Loss = Loss{Kind: LossFusedLinearCE}
 	}
@@ -99,11 +104,17 @@ func stacksCases() []stacksCase {
 		c.name = name
 		cases = append(cases, c)
 	}
-	for _, loss := range []string{"in-model", "shift-logits", "shift-labels", "chunked:3", "fused"} {
+	for _, loss := range []string{"in-model", "shift-logits", "shift-labels", "chunked:3", "linear-ce:3", "fused"} {
 		add(loss, stacksCase{llamaCase: gqa, Loss: loss})
 		add(loss+"/bf16", stacksCase{llamaCase: bf16(gqa), Loss: loss})
 		add(loss+"/batch 1", stacksCase{llamaCase: mha, Loss: loss})
 	}
+	// linear-ce's chunks: one per position, the last only the ignore column (mask_chunk[0] = True), and more
+	// chunks than positions (empty ones).
+	for _, loss := range []string{"linear-ce:8", "linear-ce:11"} {
+		add(loss+"/bf16", stacksCase{llamaCase: bf16(gqa), Loss: loss})
+	}
+	add("linear-ce:3/bf16, checkpoint", stacksCase{llamaCase: func() llamaCase { c := bf16(gqa); c.Checkpoint = true; return c }(), Loss: "linear-ce:3"})
 	add("shift-logits/num_items", stacksCase{llamaCase: bf16(gqa), Loss: "shift-logits", NumItems: true})
 	add("shift-labels/num_items, checkpoint", stacksCase{llamaCase: func() llamaCase { c := bf16(gqa); c.Checkpoint = true; return c }(),
 		Loss: "shift-labels", NumItems: true})
@@ -248,8 +259,9 @@ func TestQuantStateBytesAreBitsandbytes(t *testing.T) {
 	}
 }
 
-// TestChunkedAndFusedLossesMatchFull checks on the cpu device that torchtune's chunked loss and Liger's fused
-// linear cross-entropy give the full loss's value and the same gradients to every trained parameter.
+// TestChunkedAndFusedLossesMatchFull checks on the cpu device that torchtune's chunked and linear losses and
+// Liger's fused linear cross-entropy give the full loss's value and the same gradients to every trained
+// parameter.
 func TestChunkedAndFusedLossesMatchFull(t *testing.T) {
 	c := llamaCases()[0]
 	run := func(loss Loss) (float32, map[string][]float32) {
@@ -279,7 +291,8 @@ func TestChunkedAndFusedLossesMatchFull(t *testing.T) {
 		return v, grads
 	}
 	full, fg := run(Loss{})
-	for _, loss := range []Loss{{Kind: LossChunked, Chunk: 3}, {Kind: LossChunked, Chunk: 100}, {Kind: LossFusedLinearCE}} {
+	for _, loss := range []Loss{{Kind: LossChunked, Chunk: 3}, {Kind: LossChunked, Chunk: 100}, {Kind: LossFusedLinearCE},
+		{Kind: LossLinearCE, Chunk: 3}, {Kind: LossLinearCE, Chunk: 100}} {
 		got, gg := run(loss)
 		if d := math.Abs(float64(got - full)); d > 1e-5 {
 			t.Errorf("%v: loss %v, full %v", loss, got, full)

@@ -1,6 +1,7 @@
 # What the libraries a fine-tune runs on keep for backward, as their sources write it, on the Llama of
 # llama.py: transformers' three generations of the causal-LM loss (the in-model loss before 4.46, ForCausalLMLoss
-# as first written in 4.46, the label shift of 4.49), torchtune's chunked output and CEWithChunkedOutputLoss,
+# as first written in 4.46, the label shift of 4.49), torchtune's chunked output and CEWithChunkedOutputLoss and
+# its LinearCrossEntropyLoss (modules/loss/cross_entropy_loss.py),
 # Liger's fused linear cross-entropy, bitsandbytes' Linear4bit and MatMul4Bit (autograd/_functions.py, before
 # and after 0.43.2's #1270: ctx.tensors = (A, B) or (None, B); nn/modules.py Linear4bit.forward), with the
 # QuantState sizes of functional.py quantize_4bit (double quantization, quant_storage), peft's bnb LoRA
@@ -18,7 +19,7 @@
 #
 # A case is llama.py's (batch, seq, d, heads, kv_heads, layers, vocab, ffn, tied, amp, dtype, checkpoint, lora
 # with targets that may include lm_head and embed), plus: loss ("in-model", "shift-logits", "shift-labels",
-# "chunked:T", "fused"), num_items (bool: reduction="sum" divided by the labels counted), qlora (null or
+# "chunked:T", "linear-ce:N", "fused"), num_items (bool: reduction="sum" divided by the labels counted), qlora (null or
 # {bnb: "0.43.1" or "0.43.2", double_quant, storage: "uint8", "bf16" or "f32", kbit_prep}), lora_dtype ("f32",
 # "bf16"), torch113 (count MeanBackward1's storages).
 import json
@@ -29,6 +30,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import llama
+
+# The 0-dim integer tensors the losses compute on the device (torchtune's mask.sum()), which saved-tensor
+# packing must not take for Python numbers; kept alive, so that no other tensor reuses their storage.
+DEVICE_SCALARS = []
 
 STORAGE = {"uint8": torch.uint8, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -209,6 +214,21 @@ def loss_of(model, c, hidden, labels):
             total = total + F.cross_entropy(lc.reshape(-1, v).float(), tc.reshape(-1), ignore_index=-100,
                                             reduction="sum")
         return total / int((shifted != -100).sum()), None
+    if kind.startswith("linear-ce:"):  # torchtune: LinearCrossEntropyLoss, the output layer skipped
+        chunks = int(kind.split(":")[1])
+        targets = shift_labels(labels)
+        mask = targets != -100
+        total_elements = mask.sum()
+        DEVICE_SCALARS.append(total_elements)
+        total_loss = 0.0
+        for hc, tc in zip(hidden.tensor_split(chunks, dim=1), targets.tensor_split(chunks, dim=1)):
+            mask_chunk = tc != -100
+            if mask_chunk.sum() == 0:
+                mask_chunk[0] = True
+            tc = tc[mask_chunk]
+            logits = head(hc[mask_chunk])
+            total_loss += F.cross_entropy(logits.float(), tc, reduction="sum", ignore_index=-100)
+        return total_loss / total_elements, None
     if kind == "fused":
         return fused_linear_ce(hidden.reshape(-1, hidden.shape[-1]), head.weight, shift_labels(labels).view(-1)), None
     raise SystemExit(f"unknown loss {kind}")
@@ -281,8 +301,10 @@ def saved(c):
     def pack(t):
         st = t.storage()
         # a Python number wrapped as a 0-dim float64 or int64 tensor (loss / num_items_in_batch) lives on the
-        # host, not the device
-        if st.data_ptr() not in state and not (t.dim() == 0 and t.dtype in (torch.float64, torch.int64)):
+        # host, not the device; a 0-dim tensor a loss computed (DEVICE_SCALARS) lives on the device
+        wrapped = t.dim() == 0 and t.dtype in (torch.float64, torch.int64) and \
+            all(st.data_ptr() != d.data_ptr() for d in DEVICE_SCALARS)
+        if st.data_ptr() not in state and not wrapped:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
