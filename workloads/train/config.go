@@ -80,7 +80,7 @@ type Config struct {
 	KbitPrep Toggle `json:"kbit_prep,omitzero"`
 	// LoRADType is the adapters' dtype: peft's (by its version), f32 or bf16.
 	LoRADType AdapterDType `json:"lora_dtype,omitzero"`
-	// Loss is how a causal LM's loss is computed: full, chunked:T or fused-linear-ce.
+	// Loss is how a causal LM's loss is computed: full, chunked:T, linear-ce:N or fused-linear-ce.
 	Loss LossSetting `json:"loss,omitzero"`
 	// Load is how the model reaches the device: none, or hf (from_pretrained, as a phase of its own).
 	Load Load `json:"load,omitzero"`

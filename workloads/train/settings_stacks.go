@@ -104,7 +104,8 @@ func (a *AdapterDType) UnmarshalText(text []byte) error { return parseInto(a, Pa
 
 // LossSetting is how the loss is computed (--loss): full (the zero value: lm_head over every position and
 // the causal-LM loss of the run's transformers release), chunked:T (torchtune's chunked output and
-// CEWithChunkedOutputLoss, T tokens a chunk) or fused-linear-ce (Liger's fused linear cross-entropy).
+// CEWithChunkedOutputLoss, T tokens a chunk), linear-ce:N (torchtune's LinearCrossEntropyLoss, the sequence
+// in N chunks) or fused-linear-ce (Liger's fused linear cross-entropy).
 type LossSetting struct {
 	Kind  nn.LossKind
 	Chunk int
@@ -113,7 +114,7 @@ type LossSetting struct {
 // maxChunk bounds chunked:T: no context is longer.
 const maxChunk = 1 << 24
 
-// ParseLoss reads full, chunked:T or fused-linear-ce.
+// ParseLoss reads full, chunked:T, linear-ce:N or fused-linear-ce.
 func ParseLoss(s string) (LossSetting, error) {
 	switch {
 	case s == "" || s == "full":
@@ -126,14 +127,22 @@ func ParseLoss(s string) (LossSetting, error) {
 			return LossSetting{}, fmt.Errorf("loss %q: chunked:T takes T, the tokens a chunk, from 1 to %d", s, maxChunk)
 		}
 		return LossSetting{Kind: nn.LossChunked, Chunk: n}, nil
+	case strings.HasPrefix(s, "linear-ce:"):
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "linear-ce:"))
+		if err != nil || n <= 0 || n > maxChunk {
+			return LossSetting{}, fmt.Errorf("loss %q: linear-ce:N takes N, the chunks of the sequence, from 1 to %d", s, maxChunk)
+		}
+		return LossSetting{Kind: nn.LossLinearCE, Chunk: n}, nil
 	}
-	return LossSetting{}, fmt.Errorf("unknown loss %q (want full, chunked:T or fused-linear-ce)", s)
+	return LossSetting{}, fmt.Errorf("unknown loss %q (want full, chunked:T, linear-ce:N or fused-linear-ce)", s)
 }
 
 func (l LossSetting) String() string {
 	switch l.Kind {
 	case nn.LossChunked:
 		return "chunked:" + strconv.Itoa(l.Chunk)
+	case nn.LossLinearCE:
+		return "linear-ce:" + strconv.Itoa(l.Chunk)
 	case nn.LossFusedLinearCE:
 		return "fused-linear-ce"
 	}

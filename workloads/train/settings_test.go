@@ -65,7 +65,7 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 		`{"weights":"fp8"}`:                         `unknown weights "fp8" (want f32, bf16 or fp16)`,
 		`{"lora_targets":"q,embeddings"}`:           `unknown lora target "embeddings" (want some of q,k,v,o,gate,up,down,qkv,gate_up,lm_head,embed, or all-linear)`,
 		`{"loss":"chunked:0"}`:                      `loss "chunked:0": chunked:T takes T, the tokens a chunk, from 1 to 16777216`,
-		`{"loss":"fused"}`:                          `unknown loss "fused" (want full, chunked:T or fused-linear-ce)`,
+		`{"loss":"fused"}`:                          `unknown loss "fused" (want full, chunked:T, linear-ce:N or fused-linear-ce)`,
 		`{"qlora_storage":"int4"}`:                  `unknown qlora storage "int4" (want uint8, bf16 or f32)`,
 		`{"kbit_prep":"maybe"}`:                     `"maybe" is not true or false`,
 		`{"load":"disk"}`:                           `unknown load "disk" (want none or hf)`,
