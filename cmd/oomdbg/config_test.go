@@ -60,12 +60,12 @@ func TestRunWithConfigFile(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	for _, want := range []string{"axolotl config ", "oomdbg run --preset llama-3.2-1b --lora 32", "ignored:", "adapter (QLoRA loading)"} {
+	for _, want := range []string{"axolotl config ", "oomdbg run --preset llama-3.2-1b --lora 32", "ignored:", "--qlora-storage bf16"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 		}
 	}
-	if !strings.Contains(stdout.String(), "llama-3.2-1b [QLoRA r=32, bf16 weights]") {
+	if !strings.Contains(stdout.String(), "llama-3.2-1b [QLoRA r=32, bf16 weights, stored in bf16]") {
 		t.Errorf("stdout:\n%s", stdout.String())
 	}
 	stderr.Reset()

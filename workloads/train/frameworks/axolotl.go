@@ -52,13 +52,18 @@ func (b *builder) axolotl() error {
 	if err := b.axolotlPrecision(); err != nil {
 		return err
 	}
+	if err := b.axolotlQuantStorage(); err != nil {
+		return err
+	}
 	if err := b.trainerCommon("gradient_checkpointing", "gradient_checkpointing_kwargs", "torch_compile", "max_grad_norm"); err != nil {
 		return err
 	}
 	if err := b.axolotlAttention(); err != nil {
 		return err
 	}
-	b.axolotlKernels()
+	if err := b.axolotlKernels(); err != nil {
+		return err
+	}
 	b.rest()
 	return nil
 }
@@ -121,10 +126,17 @@ func (b *builder) axolotlAdapter() error {
 		if err := b.set("adapter", "qlora", "true"); err != nil {
 			return err
 		}
-		b.ignore("adapter (QLoRA loading)", "axolotl loads the 4-bit base with bnb_4bit_quant_storage in the model's dtype "+
-			"and runs prepare_model_for_kbit_training: --qlora-storage and --kbit-prep are "+notModelled)
 	}
 	return nil
+}
+
+// axolotlQuantStorage: axolotl loads a 4-bit base with bnb_4bit_quant_storage in the model's dtype (its
+// peft preparation is --kbit-prep's default: on, but under FSDP and ZeRO).
+func (b *builder) axolotlQuantStorage() error {
+	if !b.cfg.QLoRA {
+		return nil
+	}
+	return b.set("adapter", "qlora-storage", map[string]string{"bf16": "bf16", "f32": "f32", "fp16": "bf16"}[b.cfg.Weights.String()])
 }
 
 // axolotlPrecision: bf16 (true or auto) loads the model in bfloat16 and autocasts to it; fp16 autocasts to
@@ -177,13 +189,17 @@ func (b *builder) axolotlAttention() error {
 	return nil
 }
 
-// axolotlKernels records Liger's kernels: the fused linear cross-entropy never makes the logits, the others
-// save less than HF's modules; none is modelled yet.
-func (b *builder) axolotlKernels() {
-	for _, f := range []string{"liger_fused_linear_cross_entropy", "liger_cross_entropy"} {
-		if on, _, _ := b.boolean(f); on {
-			b.ignore(f, "Liger's fused linear cross-entropy: --loss fused-linear-ce is "+notModelled+"; the full logits are taken")
+// axolotlKernels reads Liger's kernels: the fused linear cross-entropy never makes the logits (--loss
+// fused-linear-ce); the others save less than HF's modules, not modelled yet.
+func (b *builder) axolotlKernels() error {
+	if on, _, _ := b.boolean("liger_fused_linear_cross_entropy"); on {
+		if err := b.ligerLoss("liger_fused_linear_cross_entropy"); err != nil {
+			return err
 		}
+	}
+	if on, _, _ := b.boolean("liger_cross_entropy"); on {
+		b.ignore("liger_cross_entropy", "Liger's cross-entropy over the whole logits, its gradient written over them, is "+
+			notModelled+"; HF's loss is taken")
 	}
 	for _, f := range []string{"liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_swiglu"} {
 		if on, _, _ := b.boolean(f); on {
@@ -195,4 +211,5 @@ func (b *builder) axolotlKernels() {
 			b.ignore(f, "sharding is not read from the file: give --gpus and --dp")
 		}
 	}
+	return nil
 }

@@ -15,14 +15,14 @@ var loraModules = map[string]string{
 	"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
 	"output_proj": "o", "w1": "gate", "w3": "up", "w2": "down", // torchtune's names
 	"qkv_proj": "qkv", "gate_up_proj": "gate_up", // Phi-3's fused ones
+	"lm_head": "lm_head", "output": "lm_head", "embed_tokens": "embed", // the ends: peft's Linear and Embedding
 }
 
 // allLinear is peft's all-linear (and axolotl's lora_target_linear) on a Llama-family model: every linear
 // layer of the blocks, lm_head excluded.
 const allLinear = "q,k,v,o,gate,up,down"
 
-// loraTargets sets --lora-targets from module names; a name oomdbg does not adapt (lm_head, embed_tokens)
-// is ignored with why.
+// loraTargets sets --lora-targets from module names; a name oomdbg does not adapt is ignored with why.
 func (b *builder) loraTargets(field string, names []string) error {
 	var targets []string
 	for _, n := range names {
@@ -117,6 +117,27 @@ func (b *builder) count(field, flag string) error {
 		return err
 	}
 	return b.set(field, flag, itoa(n))
+}
+
+// adapterDType sets --lora-dtype to the weights' dtype, for a trainer that makes LoRA's parameters in the
+// model's dtype (torchtune, LitGPT) where peft makes them float32.
+func (b *builder) adapterDType(field string) error {
+	if b.cfg.LoRA == 0 {
+		return nil
+	}
+	switch w := b.cfg.Weights.String(); w {
+	case "bf16", "f32":
+		return b.set(field, "lora-dtype", w)
+	default:
+		b.ignore(field, "LoRA's parameters in the model's "+w+": --lora-dtype takes f32 or bf16; they are float32 here")
+		return nil
+	}
+}
+
+// hasLoRAHead reports whether the mapped configuration adapts lm_head, which no chunked or fused loss
+// runs with here.
+func (b *builder) hasLoRAHead() bool {
+	return b.cfg.LoRA > 0 && strings.Contains(","+b.cfg.LoRATargets.String()+",", ",lm_head,")
 }
 
 // clipping records a gradient-norm clipping setting: its temporaries (a norm a parameter) are not

@@ -13,7 +13,6 @@ import (
 // then each setting that changes memory; and to the fields left out for a reason other than not changing
 // memory. Each mapped configuration must be one oomdbg runs.
 func TestFrozenConfigsMapToTheirFlags(t *testing.T) {
-	const qloraLoading = "adapter (QLoRA loading)"
 	tests := map[string]struct {
 		framework Framework
 		flags     string
@@ -21,35 +20,37 @@ func TestFrozenConfigsMapToTheirFlags(t *testing.T) {
 	}{
 		"torchtune/llama3_1_8B_qlora_single_device.yaml": {Torchtune,
 			"--preset llama-3.1-8b --attention flash --lora 8 --lora-alpha 16 --lora-dropout 0 --lora-targets q,v,o,gate,up,down " +
-				"--qlora=true --batch 2 --accum 8 --optimizer adamw --optimizer-impl fused --lr 0.0003 --weight-decay 0.01 " +
-				"--weights bf16 --amp off --checkpoint all",
-			[]string{"model._component_ (LoRA parameters)", "tokenizer.max_seq_len", "dataset.packed", "loss._component_"}},
+				"--qlora=true --kbit-prep=false --batch 2 --accum 8 --optimizer adamw --optimizer-impl fused --lr 0.0003 --weight-decay 0.01 " +
+				"--weights bf16 --amp off --lora-dtype bf16 --checkpoint all --loss linear-ce:8",
+			[]string{"tokenizer.max_seq_len", "dataset.packed"}},
 		"torchtune/llama3_1_8B_lora_single_device.yaml": {Torchtune,
 			"--preset llama-3.1-8b --attention flash --lora 8 --lora-alpha 16 --lora-dropout 0 --lora-targets q,v,o,gate,up,down " +
 				"--batch 2 --accum 8 --optimizer adamw --optimizer-impl fused --lr 0.0003 --weight-decay 0.01 " +
-				"--weights bf16 --amp off --checkpoint all",
-			[]string{"model._component_ (LoRA parameters)", "tokenizer.max_seq_len", "dataset.packed", "loss._component_"}},
+				"--weights bf16 --amp off --lora-dtype bf16 --checkpoint all --loss linear-ce:8",
+			[]string{"tokenizer.max_seq_len", "dataset.packed"}},
 		"torchtune/llama3_2_1B_full_single_device.yaml": {Torchtune,
 			"--preset llama-3.2-1b --attention flash --batch 4 --accum 1 --optimizer paged-adamw8bit --lr 2e-05 " +
-				"--optimizer-in-backward=true --weights bf16 --amp off --checkpoint off",
-			[]string{"tokenizer.max_seq_len", "dataset.packed", "loss._component_"}},
+				"--optimizer-in-backward=true --weights bf16 --amp off --checkpoint off --loss linear-ce:8",
+			[]string{"tokenizer.max_seq_len", "dataset.packed"}},
 		"litgpt/llama-3.1-8b_qlora.yaml": {LitGPT,
 			"--preset llama-3.1-8b --attention flash --weights bf16 --amp off --lora 32 --lora-alpha 16 --lora-dropout 0.05 " +
-				"--lora-targets q,v --qlora=true --batch 2 --accum 4 --seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0",
-			[]string{"checkpoint_dir (LitGPT's model)", "precision (LoRA parameters)", "quantize", "data", "(LitGPT's finetune loop)"}},
+				"--lora-targets q,v --lora-dtype bf16 --qlora=true --qlora-double-quant=false --kbit-prep=false --batch 2 --accum 4 " +
+				"--seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 --loss chunked:128",
+			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"litgpt/llama-3.1-8b_lora.yaml": {LitGPT,
 			"--preset llama-3.1-8b --attention flash --weights bf16 --amp off --lora 32 --lora-alpha 16 --lora-dropout 0.05 " +
-				"--lora-targets q,v --batch 1 --accum 8 --seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0",
-			[]string{"checkpoint_dir (LitGPT's model)", "precision (LoRA parameters)", "data", "(LitGPT's finetune loop)"}},
+				"--lora-targets q,v --lora-dtype bf16 --batch 1 --accum 8 --seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 " +
+				"--loss chunked:128",
+			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"litgpt/llama-3.2-1B_full.yaml": {LitGPT,
 			"--preset llama-3.2-1b --attention flash --weights bf16 --amp off --batch 4 --accum 16 --seq 512 --optimizer adamw " +
-				"--lr 0.0002 --weight-decay 0.1",
+				"--lr 0.0002 --weight-decay 0.1 --loss chunked:128",
 			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"axolotl/llama-3_qlora-1b.yml": {Axolotl,
 			"--preset llama-3.2-1b --lora 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q,k,v,o,gate,up,down --qlora=true " +
 				"--seq 2048 --batch 2 --accum 4 --optimizer adamw8bit --lr 0.0002 --weight-decay 0 --weights bf16 --amp bf16 " +
-				"--checkpoint all --attention flash",
-			[]string{qloraLoading}},
+				"--qlora-storage bf16 --checkpoint all --attention flash",
+			nil},
 		"axolotl/llama-3_lora-8b.yml": {Axolotl,
 			"--preset llama-3.1-8b --lora 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q,k,v,o,gate,up,down " +
 				"--seq 4096 --batch 2 --accum 4 --optimizer adamw8bit --lr 0.0002 --weight-decay 0 --weights bf16 --amp bf16 " +

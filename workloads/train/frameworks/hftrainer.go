@@ -74,7 +74,9 @@ func (b *builder) hfTrainer() error {
 	if err := b.trainerCommon("gradient_checkpointing", "gradient_checkpointing_kwargs", "torch_compile", "max_grad_norm"); err != nil {
 		return err
 	}
-	b.hfExtras()
+	if err := b.hfExtras(); err != nil {
+		return err
+	}
 	b.rest()
 	return nil
 }
@@ -108,10 +110,13 @@ var trlFields = []string{"num_generations", "max_completion_length", "max_prompt
 	"ds3_gather_for_generation", "reward_weights", "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
 	"temperature", "log_completions", "model_init_kwargs"}
 
-// hfExtras records the arguments that change memory in ways not modelled.
-func (b *builder) hfExtras() {
+// hfExtras reads Liger's kernels and records the arguments that change memory in ways not modelled.
+func (b *builder) hfExtras() error {
 	if on, _, _ := b.boolean("use_liger_kernel"); on {
-		b.ignore("use_liger_kernel", "Liger's kernels (a fused linear cross-entropy among them): --loss fused-linear-ce is "+notModelled)
+		if err := b.ligerLoss("use_liger_kernel"); err != nil {
+			return err
+		}
+		b.ignore("use_liger_kernel (RoPE, RMSNorm, SwiGLU)", "Liger's other kernels save less than HF's modules: "+notModelled)
 	} else {
 		b.used["use_liger_kernel"] = true
 	}
@@ -148,6 +153,16 @@ func (b *builder) hfExtras() {
 		b.ignored = append(b.ignored, Ignored{strings.Join(trl, ", "), "TRL's generation and reference model are " +
 			notModelled + ": the figures are one supervised step's"})
 	}
+	return nil
+}
+
+// ligerLoss sets Liger's fused linear cross-entropy, unless LoRA adapts lm_head (not modelled with it).
+func (b *builder) ligerLoss(field string) error {
+	if b.hasLoRAHead() {
+		b.ignore(field, "Liger's fused linear cross-entropy with LoRA on lm_head is "+notModelled+"; the full logits are taken")
+		return nil
+	}
+	return b.set(field, "loss", "fused-linear-ce")
 }
 
 // hfModel takes the model from config.json beside the arguments (or the one given), with its quantization,
@@ -192,12 +207,32 @@ func (b *builder) hfModel() error {
 		if fromName && q == nil {
 			b.ignore("adapter_config.json: base_model_name_or_path", adapter.Base+" is a bitsandbytes 4-bit checkpoint (its name says so): its default quantization is taken")
 		}
-		if q != nil && (q.DoubleQuant != nil && !*q.DoubleQuant || q.Storage != "" && q.Storage != "uint8") {
-			b.ignore("quantization_config", "bnb_4bit_use_double_quant false or bnb_4bit_quant_storage "+q.Storage+": "+
-				"--qlora-double-quant and --qlora-storage are "+notModelled)
+		if q != nil {
+			return b.bnbConfig(q.DoubleQuant, q.Storage)
 		}
 	}
 	return nil
+}
+
+// bnbConfig maps a BitsAndBytesConfig's bnb_4bit_use_double_quant and bnb_4bit_quant_storage (a torch
+// dtype's name). The storage changes no byte (the packed weights are the same bytes in any dtype): float16 is
+// taken as bf16.
+func (b *builder) bnbConfig(doubleQuant *bool, storage string) error {
+	const field = "quantization_config"
+	if doubleQuant != nil {
+		if err := b.set(field, "qlora-double-quant", fmt.Sprint(*doubleQuant)); err != nil {
+			return err
+		}
+	}
+	switch strings.TrimPrefix(storage, "torch.") {
+	case "", "uint8":
+		return nil
+	case "bfloat16", "float16":
+		return b.set(field, "qlora-storage", "bf16")
+	case "float32":
+		return b.set(field, "qlora-storage", "f32")
+	}
+	return fmt.Errorf("%s: bnb_4bit_quant_storage %q: want uint8, bfloat16, float16 or float32", field, storage)
 }
 
 // peftAdapter is what a peft adapter_config.json says of a LoRA adapter.

@@ -69,8 +69,16 @@ func (b *builder) litgpt() error {
 	if err := b.litgptOptimizer(); err != nil {
 		return err
 	}
-	b.ignore("(LitGPT's finetune loop)", "the logits are made and the loss computed 128 tokens at a time "+
-		"(lm_head_chunk_size=128, chunked_cross_entropy): --loss chunked is "+notModelled+"; the full logits are taken")
+	// the finetune loop makes the logits and the loss 128 tokens at a time (lm_head_chunk_size=128,
+	// chunked_cross_entropy)
+	if b.hasLoRAHead() {
+		b.ignore("(LitGPT's finetune loop)", "--loss chunked:128 with LoRA on lm_head is "+notModelled+"; the full logits are taken")
+	} else if err := b.set("(LitGPT's finetune loop)", "loss", "chunked:128"); err != nil {
+		return err
+	} else {
+		b.ignore("(LitGPT's finetune loop)", "chunked_cross_entropy takes each chunk's logits in the model's dtype; "+
+			"chunked:128 upcasts them to float32 as torchtune does, and counts those copies")
+	}
 	b.rest()
 	return nil
 }
@@ -130,22 +138,25 @@ func (b *builder) litgptLoRA() error {
 	if err := b.loraTargets("lora_*", modules); err != nil {
 		return err
 	}
-	b.ignore("precision (LoRA parameters)", "LitGPT keeps LoRA's parameters in the model's dtype: --lora-dtype is "+
-		notModelled+"; they are float32 here, as peft keeps them")
+	if err := b.adapterDType("precision"); err != nil { // LitGPT makes LoRA's parameters in the model's dtype
+		return err
+	}
 	q, err := b.str("quantize")
 	if err != nil || q == "" {
 		return err
 	}
 	switch q {
-	case "bnb.nf4-dq", "bnb.fp4-dq":
-		return b.set("quantize", "qlora", "true")
-	case "bnb.nf4", "bnb.fp4":
+	case "bnb.nf4-dq", "bnb.fp4-dq", "bnb.nf4", "bnb.fp4":
 		if err := b.set("quantize", "qlora", "true"); err != nil {
 			return err
 		}
-		b.ignore("quantize", q+" keeps a float32 absmax per 64 values (no double quantization): "+
-			"--qlora-double-quant=false is "+notModelled+"; the base is stored double-quantized, 0.37 bits a parameter less")
-		return nil
+		// bnb.nf4 keeps a float32 absmax per 64 values; -dq quantizes them again
+		if err := b.set("quantize", "qlora-double-quant", fmt.Sprint(strings.HasSuffix(q, "-dq"))); err != nil {
+			return err
+		}
+		// LitGPT quantizes the blocks' linear layers and leaves the rest in the precision's dtype: no peft
+		// preparation
+		return b.set("quantize", "kbit-prep", "false")
 	}
 	b.ignore("quantize", q+" is "+notModelled+": the base is taken in the precision's dtype")
 	return nil

@@ -31,6 +31,11 @@ var setters = map[string]func(c *train.Config, v string) error{
 	"optimizer":             textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.Optimizer }),
 	"optimizer-impl":        textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.OptimizerImpl }),
 	"zero-grad":             textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.ZeroGrad }),
+	"lora-dtype":            textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.LoRADType }),
+	"loss":                  textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.Loss }),
+	"qlora-double-quant":    textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.QLoRADoubleQuant }),
+	"qlora-storage":         textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.QLoRAStorage }),
+	"kbit-prep":             textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.KbitPrep }),
 	"offload": func(c *train.Config, v string) error {
 		o, err := train.ParseOffload(v)
 		if err == nil {
@@ -40,8 +45,10 @@ var setters = map[string]func(c *train.Config, v string) error{
 	},
 }
 
-// boolFlags are the setters of boolean flags, which print as --name=value.
-var boolFlags = map[string]bool{"qlora": true, "optimizer-in-backward": true, "sort-by-length": true}
+// boolFlags are the setters of boolean flags (and of toggles, which take no value alone), which print as
+// --name=value.
+var boolFlags = map[string]bool{"qlora": true, "optimizer-in-backward": true, "sort-by-length": true,
+	"qlora-double-quant": true, "kbit-prep": true}
 
 // The knobs' types are the Config fields' own: check it once.
 var _ = []encoding.TextUnmarshaler{new(knob.AMP), new(knob.Checkpoint), new(knob.Attention), new(knob.Optimizer)}

@@ -101,24 +101,26 @@ func (b *builder) torchtuneLoRA(qlora bool) error {
 	if mlp {
 		modules = append(modules, "w1", "w2", "w3")
 	}
+	out, _, err := b.boolean("model.apply_lora_to_output")
+	if err != nil {
+		return err
+	}
+	if out {
+		modules = append(modules, "output")
+	}
 	if err := b.loraTargets("model.lora_attn_modules", modules); err != nil {
 		return err
 	}
-	b.used["model.apply_lora_to_mlp"] = true
-	if out, _, err := b.boolean("model.apply_lora_to_output"); err != nil {
-		return err
-	} else if out {
-		b.ignore("model.apply_lora_to_output", "LoRA on the output projection (lm_head) is "+notModelled)
-	} else {
-		b.used["model.apply_lora_to_output"] = true
-	}
+	b.used["model.apply_lora_to_mlp"], b.used["model.apply_lora_to_output"] = true, true
 	if qlora {
 		if err := b.set("model._component_", "qlora", "true"); err != nil {
 			return err
 		}
+		// torchao's NF4 base beside norms and embeddings left in the model's dtype: no peft preparation
+		if err := b.set("model._component_", "kbit-prep", "false"); err != nil {
+			return err
+		}
 	}
-	b.ignore("model._component_ (LoRA parameters)", "torchtune keeps LoRA's parameters in the model's dtype: "+
-		"--lora-dtype is "+notModelled+"; they are float32 here, as peft keeps them")
 	return nil
 }
 
@@ -188,7 +190,10 @@ func (b *builder) torchtunePrecision() error {
 	if err := b.set("dtype", "weights", weights); err != nil {
 		return err
 	}
-	return b.set("dtype", "amp", "off")
+	if err := b.set("dtype", "amp", "off"); err != nil {
+		return err
+	}
+	return b.adapterDType("dtype") // LoRA's parameters are made in the model's dtype
 }
 
 // torchtuneActivations reads enable_activation_checkpointing (every layer, non-reentrant; ac_mode and
@@ -241,19 +246,47 @@ func (b *builder) torchtuneActivations() error {
 	return nil
 }
 
-// torchtuneLoss: CEWithChunkedOutputLoss and LinearCrossEntropyLoss never hold the whole logits in float32.
+// torchtuneLoss: CEWithChunkedOutputLoss and LinearCrossEntropyLoss never hold the whole logits in float32
+// (num_output_chunks, 8 by default), Liger's fused loss never makes them.
 func (b *builder) torchtuneLoss() error {
 	component, err := b.str("loss._component_")
 	if err != nil {
 		return err
 	}
-	switch component {
-	case "", "torch.nn.CrossEntropyLoss":
-		b.used["loss._component_"] = true
-	default:
-		b.ignore("loss._component_", "the loss "+component+" (chunked through the output layer): --loss is "+
-			notModelled+"; the full logits and HF's loss are taken")
-		b.used["loss.num_output_chunks"] = true
+	chunks, ok, err := b.integer("loss.num_output_chunks")
+	if err != nil {
+		return err
 	}
-	return nil
+	if !ok {
+		chunks = 8
+	} else if chunks < 1 {
+		return fmt.Errorf("loss.num_output_chunks: want a positive integer, not %d", chunks)
+	}
+	b.used["loss.num_output_chunks"] = true
+	name := component[strings.LastIndex(component, ".")+1:]
+	var loss string
+	switch name {
+	case "", "CrossEntropyLoss":
+		b.used["loss._component_"] = true
+		return nil
+	case "CEWithChunkedOutputLoss":
+		// the output layer makes num_output_chunks chunks of the sequence; chunked:T takes T tokens a chunk
+		t := (b.cfg.Seq + chunks - 1) / chunks
+		loss = "chunked:" + itoa(t)
+		b.ignore("loss.num_output_chunks", itoa(chunks)+" chunks of --seq "+itoa(b.cfg.Seq)+" are chunked:"+itoa(t)+
+			": another --seq keeps "+itoa(t)+" tokens a chunk, not "+itoa(chunks)+" chunks")
+	case "LinearCrossEntropyLoss":
+		loss = "linear-ce:" + itoa(chunks)
+	case "LigerLinearCrossEntropyLoss", "LigerFusedCrossEntropyLoss":
+		loss = "fused-linear-ce"
+	default:
+		b.ignore("loss._component_", "the loss "+component+" is "+notModelled+"; the full logits and HF's loss are taken")
+		return nil
+	}
+	if b.hasLoRAHead() {
+		b.ignore("loss._component_", "--loss "+loss+" with LoRA on the output projection is "+notModelled+
+			"; the full logits and HF's loss are taken")
+		return nil
+	}
+	return b.set("loss._component_", "loss", loss)
 }
