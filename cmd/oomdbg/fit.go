@@ -9,9 +9,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/oomdbg/oomdbg/fit"
+	"github.com/oomdbg/oomdbg/fit/layouts"
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -46,7 +48,9 @@ second carries the optimizer state), --steps when --seq-dist varies the lengths.
 Plans are tried cheapest first by estimated step time on --gpu's published peaks (docs/fit.md states the
 cost model); a plan that saves at least as much memory on every axis as one that fits, and so costs at
 least as much, is skipped, as is one that saves no more than a plan that does not fit. Each plan prints
-the run flags that reproduce it. Ctrl-C prints what was found so far.
+the run flags that reproduce it. Ctrl-C prints what was found so far. With --gpus 2 or more, a dense
+decoder trained whole is also laid out as Megatron-LM would lay it out: the text ends with the fastest
+model-parallel layouts that fit by the memory formulas (oomdbg layouts), which run cannot simulate.
 
 Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usage, 130 interrupted.`,
 		Example: `  oomdbg fit                                          # gpt2-medium on 24 GiB
@@ -102,15 +106,31 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			if err := write(out); err != nil {
 				return err
 			}
+			sig := caught()
+			var mp *layouts.Report
+			if sig == nil && !asJSON && !markdown {
+				if mp = modelParallel(flags, cfg, req); mp != nil {
+					fmt.Fprintf(out, "\nModel-parallel layouts of the %d GPUs as Megatron-LM trains the model (bf16 mixed\n"+
+						"precision, Adam), from its memory formulas: oomdbg run does not simulate TP, PP or CP;\n"+
+						"oomdbg layouts searches them with more options.\n", cfg.Parallel.World())
+					if err := mp.WriteText(out); err != nil {
+						return err
+					}
+				}
+			}
 			if err := out.Err(); err != nil {
 				return err
 			}
-			if sig := caught(); sig != nil {
+			if sig != nil {
 				return &app.SignalError{Sig: sig, Then: "what is printed is what was found until then"}
 			}
 			if len(rep.Plans.Fitting) == 0 {
-				return &app.ProblemError{Msg: fmt.Sprintf("no plan fits %s within %s of its %s", cfg.ModelName(),
-					units.FormatSize(fit.Limit(cfg, req.Margin)), units.FormatSize(int64(cfg.GPUMemory)))}
+				msg := fmt.Sprintf("no plan fits %s within %s of its %s", cfg.ModelName(),
+					units.FormatSize(fit.Limit(cfg, req.Margin)), units.FormatSize(int64(cfg.GPUMemory)))
+				if mp != nil && mp.Fitting > 0 {
+					msg += fmt.Sprintf(" (%d model-parallel layouts fit by the formulas: above)", mp.Fitting)
+				}
+				return &app.ProblemError{Msg: msg}
 			}
 			return nil
 		},
@@ -132,6 +152,31 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "print the plans as a markdown table")
 	cmd.Flags().BoolVar(&explain, "explain", false, "also compare with halving and doubling finders, and measure what each fix saves")
 	return cmd
+}
+
+// modelParallelPlans is how many layouts fit prints.
+const modelParallelPlans = 5
+
+// modelParallel searches the Megatron layouts (DP x TP x PP x CP) of a job of more than one GPU whose model
+// the layouts' formulas describe: a dense decoder (--preset or --hf-config), trained whole. It returns nil
+// where that does not apply: one GPU, adapters, another model, or a job the search refuses.
+func modelParallel(flags *configFlags, cfg train.Config, req fit.Request) *layouts.Report {
+	world := cfg.Parallel.World()
+	if world < 2 || cfg.LoRA > 0 || cfg.QLoRA || flags.configFile != "" || flags.preset == "" && flags.hfConfig == "" {
+		return nil
+	}
+	model, name, err := layoutsModel(flags.preset, flags.hfConfig, cfg.Seq)
+	if err != nil {
+		return nil
+	}
+	job := layouts.Job{Name: name, Model: model, GPUs: world, Nodes: cfg.Parallel.NodeCount(),
+		GlobalBatch: max(cfg.Batch, 1) * max(cfg.Accum, 1) * world, GPU: req.GPU,
+		Usable: int64(cfg.GPUMemory) - device.DefaultContextReserve, Margin: req.Margin, Top: modelParallelPlans}
+	rep, err := layouts.Search(job)
+	if err != nil {
+		return nil
+	}
+	return rep
 }
 
 func gpuNames() []string {

@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
 
+	"github.com/oomdbg/oomdbg/internal/units"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
@@ -145,5 +148,54 @@ func TestREADMEFit(t *testing.T) {
 	}
 	if !strings.Contains(string(readme), stdout) {
 		t.Errorf("the README lacks the table of oomdbg %s (regenerate it):\n%s", strings.Join(args, " "), stdout)
+	}
+}
+
+// TestFitListsModelParallelLayouts: fit of a dense decoder on many GPUs lists, after its simulated plans,
+// the fastest Megatron layouts that fit, each a factorisation of the GPUs whose worst rank is within the
+// headroom rule; not for one GPU, nor for adapters, which the layouts' formulas do not describe.
+func TestFitListsModelParallelLayouts(t *testing.T) {
+	const intro = "Model-parallel layouts of the 64 GPUs"
+	code, stdout, stderr := runCmd("fit", "--preset", "llama-2-70b", "--gpus", "64", "--nodes", "8", "--gpu-mem", "80GiB")
+	if code != exitProblem || !strings.Contains(stderr, "model-parallel layouts fit by the formulas") {
+		t.Fatalf("exit %d, want %d with the layouts named: %s", code, exitProblem, stderr)
+	}
+	_, section, ok := strings.Cut(stdout, intro)
+	if !ok {
+		t.Fatalf("no layouts section:\n%s", stdout)
+	}
+	limit := 0.95 * float64(80<<30-device.DefaultContextReserve) // docs/fit.md's rule on the card
+	rows := 0
+	for _, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "dp=") {
+			continue
+		}
+		rows++
+		cols := regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(line), -1)
+		var dp, tp, pp, cp int
+		if _, err := fmt.Sscanf(cols[0], "dp=%d tp=%d pp=%d cp=%d", &dp, &tp, &pp, &cp); err != nil {
+			t.Fatalf("%q: %v", cols[0], err)
+		}
+		if dp*tp*pp*cp != 64 || tp > 8 {
+			t.Errorf("%s is not a layout of 64 GPUs in nodes of 8", cols[0])
+		}
+		peak, err := units.ParseSize(strings.ReplaceAll(cols[10], " ", ""))
+		if err != nil {
+			t.Fatalf("peak %q: %v", cols[10], err)
+		}
+		if float64(peak) > limit {
+			t.Errorf("%s: peak %s beyond the rule's %.0f bytes", cols[0], cols[10], limit)
+		}
+	}
+	if rows == 0 || rows > modelParallelPlans {
+		t.Errorf("%d layouts listed, want 1 to %d:\n%s", rows, modelParallelPlans, section)
+	}
+	for _, args := range [][]string{
+		{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB"},
+		{"--preset", "llama-3.2-1b", "--gpus", "4", "--lora", "16", "--gpu-mem", "16GiB"},
+	} {
+		if _, stdout, _ := runCmd(append([]string{"fit"}, args...)...); strings.Contains(stdout, "Model-parallel layouts") {
+			t.Errorf("fit %s lists layouts", strings.Join(args, " "))
+		}
 	}
 }
