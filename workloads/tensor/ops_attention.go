@@ -29,19 +29,7 @@ func (t *Tensor) Narrow(dim, start, length int) *Tensor {
 
 // EqualScalar returns the bool tensor x == v (a new allocation; no gradient).
 func EqualScalar(x *Tensor, v float32) *Tensor {
-	x.check()
-	out := x.rt.Empty(Bool, x.shape, "eq.out")
-	if x.rt.dev.Computes() {
-		d, s := out.data(), x.host()
-		for i := range d {
-			if s[i] == v {
-				d[i] = 1
-			} else {
-				d[i] = 0
-			}
-		}
-	}
-	return out
+	return scalarMask(x, "eq.out", func(a float32) bool { return a == v })
 }
 
 // MaskedFill returns x with v where mask is true; mask broadcasts over x's leading dimensions (its shape a

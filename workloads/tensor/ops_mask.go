@@ -7,13 +7,18 @@ import (
 
 // NotEqualScalar returns x != v as a new bool tensor of x's shape (a mask; no history).
 func NotEqualScalar(x *Tensor, v float32) *Tensor {
+	return scalarMask(x, "ne.out", func(a float32) bool { return a != v })
+}
+
+// scalarMask returns the bool tensor of where test holds on x's values, a new allocation named role.
+func scalarMask(x *Tensor, role string, test func(float32) bool) *Tensor {
 	x.check()
-	out := x.rt.Empty(Bool, x.shape, "ne.out")
+	out := x.rt.Empty(Bool, x.shape, role)
 	if x.rt.dev.Computes() {
 		d, s := out.data(), x.host()
 		for i := range d {
 			d[i] = 0
-			if s[i] != v {
+			if test(s[i]) {
 				d[i] = 1
 			}
 		}
