@@ -69,6 +69,11 @@ type megatronCase struct {
 func megatronCases() []megatronCase {
 	onef := Schedule{Kind: OneFOneB}
 	cases := []megatronCase{
+		// The layout of the seeds: 64 nodes of 8, DP 64 x TP 8, ZeRO-1 (the distributed optimizer), no PP.
+		{"gpt3-175b tp8 dp64 zero1", gpt3, Layout{GPUs: 512, DP: 64, TP: 8, PP: 1, CP: 1, SequenceParallel: true,
+			MicroBatches: 2, DistributedOptimizer: true, Recompute: RecomputeSelective}},
+		{"gpt3-175b tp8 dp64 zero1 full", gpt3, Layout{GPUs: 512, DP: 64, TP: 8, PP: 1, CP: 1, SequenceParallel: true,
+			MicroBatches: 2, DistributedOptimizer: true, Recompute: RecomputeFull}},
 		{"gpt3-175b tp8 pp8 dp8", gpt3, Layout{GPUs: 512, DP: 8, TP: 8, PP: 8, CP: 1, SequenceParallel: true, Schedule: onef,
 			MicroBatches: 64, DistributedOptimizer: true, Recompute: RecomputeSelective}},
 		{"gpt3-175b tp8 pp16 dp4", gpt3, Layout{GPUs: 512, DP: 4, TP: 8, PP: 16, CP: 1, SequenceParallel: true, Schedule: onef,
