@@ -18,7 +18,7 @@ import (
 
 func newLayoutsCmd() *cobra.Command {
 	var preset, hfConfig, gpu string
-	var seq, gpus, nodes, batch, micro, top int
+	var seq, gpus, nodes, batch, micro, top, tp, pp, cp int
 	var gpuMem uint64
 	var margin float64
 	var asJSON bool
@@ -36,6 +36,7 @@ the pipeline bubble, TP's, CP's and DP's collectives and the optimizer step (doc
 
 Exit codes: 0 a layout fits, 1 none fits, 2 bad usage.`,
 		Example: `  oomdbg layouts --preset llama-2-70b --gpus 64 --nodes 8 --gpu-mem 80GiB
+  oomdbg layouts --preset llama-2-70b --gpus 64 --nodes 8 --tp 8 --pp 1   # judge the layouts of TP 8 alone
   oomdbg layouts --preset llama-3.1-8b --gpus 8 --gpu h100 --batch 128 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,7 +58,7 @@ Exit codes: 0 a layout fits, 1 none fits, 2 bad usage.`,
 				return fmt.Errorf("--plans %d: want 1 to 1000", top)
 			}
 			job := layouts.Job{Name: name, Model: model, GPUs: gpus, Nodes: nodes, GlobalBatch: batch, MicroBatch: micro,
-				GPU: g, Usable: int64(gpuMem) - device.DefaultContextReserve, Margin: margin / 100, Top: top}
+				GPU: g, Usable: int64(gpuMem) - device.DefaultContextReserve, Margin: margin / 100, Top: top, TP: tp, PP: pp, CP: cp}
 			rep, err := layouts.Search(job)
 			if err != nil {
 				return err
@@ -88,6 +89,9 @@ Exit codes: 0 a layout fits, 1 none fits, 2 bad usage.`,
 	f.IntVar(&nodes, "nodes", 1, "nodes the GPUs are spread evenly over")
 	f.IntVar(&batch, "batch", 1024, "global batch: sequences of one optimizer step over all data-parallel replicas")
 	f.IntVar(&micro, "micro-batch", 0, "sequences a micro-batch (default: try 1, 2, 4 and 8)")
+	f.IntVar(&tp, "tp", 0, "only layouts of this many tensor-parallel ranks (default: every size)")
+	f.IntVar(&pp, "pp", 0, "only layouts of this many pipeline stages (default: every size)")
+	f.IntVar(&cp, "cp", 0, "only layouts of this many context-parallel ranks (default: every size)")
 	f.Var(sizeFlag{&gpuMem}, "gpu-mem", "each GPU's memory, e.g. 80GiB (binary units) (default: --gpu's)")
 	f.Lookup("gpu-mem").DefValue = ""
 	f.StringVar(&gpu, "gpu", fit.DefaultGPU, "the card whose published peaks the step times use: "+strings.Join(gpuNames(), ", "))

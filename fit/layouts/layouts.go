@@ -35,6 +35,9 @@ type Job struct {
 	Usable int64
 	Margin float64
 	Top    int // how many fitting plans to report (0: DefaultTop)
+	// TP, PP and CP pin the search to layouts of those sizes (0: every size), so that a layout someone
+	// has in mind can be judged; DP is the GPUs they leave.
+	TP, PP, CP int
 }
 
 // InputError is a job that cannot be searched; Error is one line that says what to change.
@@ -57,6 +60,12 @@ func (j Job) Check() error {
 		return fail("%d GPUs do not spread evenly over %d nodes; give a multiple of the nodes", j.GPUs, j.Nodes)
 	case j.GlobalBatch < 1 || j.GlobalBatch > 1<<24:
 		return fail("--batch %d: want a global batch of 1 to %d sequences", j.GlobalBatch, 1<<24)
+	case j.TP < 0 || j.PP < 0 || j.CP < 0:
+		return fail("--tp %d, --pp %d, --cp %d: want a size, or 0 to search every size", j.TP, j.PP, j.CP)
+	case j.TP > 0 && j.GPUsPerNode()%j.TP != 0:
+		return fail("--tp %d does not divide the %d GPUs of a node (TP stays within one)", j.TP, j.GPUsPerNode())
+	case max(j.TP, 1)*max(j.PP, 1)*max(j.CP, 1) > j.GPUs || j.GPUs%(max(j.TP, 1)*max(j.PP, 1)*max(j.CP, 1)) != 0:
+		return fail("--tp %d x --pp %d x --cp %d does not divide the %d GPUs", max(j.TP, 1), max(j.PP, 1), max(j.CP, 1), j.GPUs)
 	case j.MicroBatch < 0 || j.MicroBatch > j.GlobalBatch:
 		return fail("--micro-batch %d: want 1 to the global batch (%d), or 0 to try 1, 2, 4 and 8", j.MicroBatch, j.GlobalBatch)
 	case j.Usable <= 0:
@@ -101,16 +110,27 @@ type Candidate struct {
 // schedule and interleaved:V for every V >= 2 that divides the layers of a stage (when PP divides the
 // micro-batches, as Megatron requires); every micro-batch size
 // that divides a replica's share of the global batch, M = GlobalBatch / (DP x b) micro-batches; each
-// recompute; the distributed optimizer on and off (only off when DP x CP is 1: it shards over no one).
+// recompute; the distributed optimizer on and off (only off when DP x CP is 1: it shards over no one). The
+// job's TP, PP and CP, where set, keep only the layouts of those sizes.
 func Enumerate(j Job) []Candidate {
 	var out []Candidate
 	sizes := microBatchSizes
 	if j.MicroBatch > 0 {
 		sizes = []int{j.MicroBatch}
 	}
+	pinned := func(pin, n int) bool { return pin == 0 || pin == n }
 	for _, tp := range divisors(j.GPUsPerNode()) {
+		if !pinned(j.TP, tp) {
+			continue
+		}
 		for _, pp := range divisors(j.GPUs / tp) {
+			if !pinned(j.PP, pp) {
+				continue
+			}
 			for _, cp := range divisors(j.GPUs / tp / pp) {
+				if !pinned(j.CP, cp) {
+					continue
+				}
 				dp := j.GPUs / tp / pp / cp
 				base := layout.Layout{GPUs: j.GPUs, DP: dp, TP: tp, PP: pp, CP: cp, SequenceParallel: tp > 1, MicroBatches: 1}
 				m := j.Model

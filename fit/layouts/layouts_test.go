@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -279,6 +280,9 @@ func TestCheck(t *testing.T) {
 		"margin of all":               func(j *Job) { j.Margin = 1 },
 		"a model without layers":      func(j *Job) { j.Model.Layers = 0 },
 		"scores past int64":           func(j *Job) { j.Model.Seq, j.MicroBatch, j.GlobalBatch = 1<<24, 1<<10, 1<<10 },
+		"negative tp":                 func(j *Job) { j.TP = -1 },
+		"tp beyond a node":            func(j *Job) { j.GPUs, j.Nodes, j.TP = 16, 2, 16 },
+		"tp x pp not dividing":        func(j *Job) { j.TP, j.PP = 2, 3 },
 	} {
 		j := ok
 		change(&j)
@@ -289,6 +293,42 @@ func TestCheck(t *testing.T) {
 	}
 	if err := ok.Check(); err != nil {
 		t.Errorf("a valid job: %v", err)
+	}
+}
+
+// TestPinnedSearchIsTheFullOnesSubset: pinning TP, PP or CP enumerates exactly the full search's layouts of
+// those sizes, and judges them alike.
+func TestPinnedSearchIsTheFullOnesSubset(t *testing.T) {
+	full := Job{Model: llama70b, GPUs: 64, Nodes: 8, GlobalBatch: 256, GPU: gpu(t, "h100"), Usable: 80<<30 - 512<<20,
+		Margin: 0.05, Top: 1 << 20}
+	all := Enumerate(full)
+	for _, pin := range []struct{ tp, pp, cp int }{{8, 1, 0}, {0, 4, 0}, {2, 0, 2}, {8, 8, 1}} {
+		j := full
+		j.TP, j.PP, j.CP = pin.tp, pin.pp, pin.cp
+		var want []Candidate
+		for _, c := range all {
+			l := c.Layout
+			if (pin.tp == 0 || l.TP == pin.tp) && (pin.pp == 0 || l.PP == pin.pp) && (pin.cp == 0 || l.CP == pin.cp) {
+				want = append(want, c)
+			}
+		}
+		got := Enumerate(j)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("pinned %+v: %d layouts, the full search has %d of those sizes", pin, len(got), len(want))
+		}
+		rep, err := Search(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fitting := 0
+		for _, c := range want {
+			if p, err := Evaluate(full, c); err == nil && p.Fits() {
+				fitting++
+			}
+		}
+		if rep.Searched != len(want) || rep.Fitting != fitting {
+			t.Errorf("pinned %+v: %d searched, %d fit; the full search's %d, %d", pin, rep.Searched, rep.Fitting, len(want), fitting)
+		}
 	}
 }
 
