@@ -192,6 +192,8 @@ func (c *Config) validateStacks() error {
 		return fmt.Errorf("loss %s is modelled for the Llama family (llama, mistral, qwen2), not %s", c.Loss, c.describeModel())
 	case !llama && c.QLoRA && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8):
 		return fmt.Errorf("qlora double quantization and storage are modelled for the Llama family, not %s", c.describeModel())
+	case c.Loss.Kind == nn.LossLinearCE && c.Loss.Chunk > c.Seq:
+		return fmt.Errorf("loss %s splits the %d-token sequence into empty chunks: want at most %d chunks", c.Loss, c.Seq, c.Seq)
 	case c.Loss.Kind != 0 && c.Logits == LogitsKeep:
 		return fmt.Errorf("loss %s never makes the whole logits: the loop cannot keep them (--logits drop)", c.Loss)
 	case c.Load == LoadHF && !c.HF():
