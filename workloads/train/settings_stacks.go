@@ -178,6 +178,9 @@ func (l Load) String() string                   { return nameOf(loadNames, int(l
 func (l Load) MarshalText() ([]byte, error)     { return []byte(l.String()), nil }
 func (l *Load) UnmarshalText(text []byte) error { return parseInto(l, ParseLoad, text) }
 
+// AdaptsLMHead reports whether LoRA adapts lm_head, which no chunked or fused loss runs with.
+func (c *Config) AdaptsLMHead() bool { return c.LoRA > 0 && c.LoRATargets&target(nn.TargetLMHead) != 0 }
+
 // validateStacks checks how the settings of this file combine with the model and the rest.
 func (c *Config) validateStacks() error {
 	llama := c.Model == "llama" && c.family() == ""
@@ -200,7 +203,7 @@ func (c *Config) validateStacks() error {
 		return fmt.Errorf("load hf loads a Hugging Face model (llama, bert)")
 	case c.Tied && c.LoRA > 0 && c.LoRATargets&(target(nn.TargetLMHead)|target(nn.TargetEmbed)) != 0:
 		return fmt.Errorf("lora on lm_head or the embeddings of a model whose lm_head is tied to them is not modelled")
-	case c.Loss.Kind != 0 && c.LoRA > 0 && c.LoRATargets&target(nn.TargetLMHead) != 0:
+	case c.Loss.Kind != 0 && c.AdaptsLMHead():
 		return fmt.Errorf("loss %s with lora on lm_head is not modelled", c.Loss)
 	}
 	return nil

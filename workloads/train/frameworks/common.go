@@ -134,12 +134,6 @@ func (b *builder) adapterDType(field string) error {
 	}
 }
 
-// hasLoRAHead reports whether the mapped configuration adapts lm_head, which no chunked or fused loss
-// runs with here.
-func (b *builder) hasLoRAHead() bool {
-	return b.cfg.LoRA > 0 && strings.Contains(","+b.cfg.LoRATargets.String()+",", ",lm_head,")
-}
-
 // clipping records a gradient-norm clipping setting: its temporaries (a norm a parameter) are not
 // modelled.
 func (b *builder) clipping(field string) error {

@@ -158,7 +158,7 @@ func (b *builder) hfExtras() error {
 
 // ligerLoss sets Liger's fused linear cross-entropy, unless LoRA adapts lm_head (not modelled with it).
 func (b *builder) ligerLoss(field string) error {
-	if b.hasLoRAHead() {
+	if b.cfg.AdaptsLMHead() {
 		b.ignore(field, "Liger's fused linear cross-entropy with LoRA on lm_head is "+notModelled+"; the full logits are taken")
 		return nil
 	}

@@ -71,7 +71,7 @@ func (b *builder) litgpt() error {
 	}
 	// the finetune loop makes the logits and the loss 128 tokens at a time (lm_head_chunk_size=128,
 	// chunked_cross_entropy)
-	if b.hasLoRAHead() {
+	if b.cfg.AdaptsLMHead() {
 		b.ignore("(LitGPT's finetune loop)", "--loss chunked:128 with LoRA on lm_head is "+notModelled+"; the full logits are taken")
 	} else if err := b.set("(LitGPT's finetune loop)", "loss", "chunked:128"); err != nil {
 		return err

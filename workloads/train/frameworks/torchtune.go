@@ -283,7 +283,7 @@ func (b *builder) torchtuneLoss() error {
 		b.ignore("loss._component_", "the loss "+component+" is "+notModelled+"; the full logits and HF's loss are taken")
 		return nil
 	}
-	if b.hasLoRAHead() {
+	if b.cfg.AdaptsLMHead() {
 		b.ignore("loss._component_", "--loss "+loss+" with LoRA on the output projection is "+notModelled+
 			"; the full logits and HF's loss are taken")
 		return nil
