@@ -209,7 +209,7 @@ func linearCELoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chun
 		return b * n
 	}
 	mask := tensor.NotEqualScalar(shifted, -100)
-	count := tensor.CountTrue(mask, validIn(0, t))
+	count := tensor.CountTrue(mask)
 	mask.Release()
 	defer count.Release()
 	leave := rt.Scope("lm_head")
@@ -226,7 +226,7 @@ func linearCELoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chun
 		valid := validIn(start, n)
 		start += n
 		mc := tensor.NotEqualScalar(tc, -100)
-		nz := tensor.CountTrue(mc, valid) // mask_chunk.sum() == 0
+		nz := tensor.CountTrue(mc) // mask_chunk.sum() == 0
 		nz.Release()
 		if valid == 0 && n > 0 { // a chunk of ignore columns: mask_chunk[0] = True
 			tensor.MarkFirst_(mc)

@@ -26,9 +26,8 @@ func scalarMask(x *Tensor, role string, test func(float32) bool) *Tensor {
 	return out
 }
 
-// CountTrue returns mask.sum(): the trues of a bool mask as a new int64 scalar (no history). n is the count
-// where the device computes nothing (the meta device), which knows the mask's trues from their layout.
-func CountTrue(mask *Tensor, n int) *Tensor {
+// CountTrue returns mask.sum(): the trues of a bool mask as a new int64 scalar (no history).
+func CountTrue(mask *Tensor) *Tensor {
 	mask.check()
 	out := mask.rt.Empty(I64, nil, "sum.out")
 	if mask.rt.dev.Computes() {
