@@ -13,7 +13,6 @@ import (
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
-	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -110,9 +109,9 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			var mp *layouts.Report
 			if sig == nil && !asJSON && !markdown {
 				if mp = modelParallel(flags, cfg, req); mp != nil {
-					fmt.Fprintf(out, "\nModel-parallel layouts of the %d GPUs as Megatron-LM trains the model (bf16 mixed\n"+
-						"precision, Adam), from its memory formulas: oomdbg run does not simulate TP, PP or CP;\n"+
-						"oomdbg layouts searches them with more options.\n", cfg.Parallel.World())
+					fmt.Fprintf(out, "\nModel-parallel layouts of the %d GPUs as Megatron-LM trains the model\n"+
+						"(bf16 mixed precision, Adam), from its memory formulas: oomdbg run does not\n"+
+						"simulate TP, PP or CP; oomdbg layouts searches them with more options.\n", cfg.Parallel.World())
 					if err := mp.WriteText(out); err != nil {
 						return err
 					}
@@ -171,7 +170,7 @@ func modelParallel(flags *configFlags, cfg train.Config, req fit.Request) *layou
 	}
 	job := layouts.Job{Name: name, Model: model, GPUs: world, Nodes: cfg.Parallel.NodeCount(),
 		GlobalBatch: max(cfg.Batch, 1) * max(cfg.Accum, 1) * world, GPU: req.GPU,
-		Usable: int64(cfg.GPUMemory) - device.DefaultContextReserve, Margin: req.Margin, Top: modelParallelPlans}
+		Usable: int64(cfg.GPUMemory) - int64(cfg.ContextReserve), Margin: req.Margin, Top: modelParallelPlans}
 	rep, err := layouts.Search(job)
 	if err != nil {
 		return nil
