@@ -164,3 +164,15 @@ func (l Layout) Validate(m Model) error {
 	}
 	return nil
 }
+
+// MarshalText writes the schedule as ParseSchedule reads it.
+func (s Schedule) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a schedule as ParseSchedule does.
+func (s *Schedule) UnmarshalText(text []byte) error {
+	v, err := ParseSchedule(string(text))
+	if err == nil {
+		*s = v
+	}
+	return err
+}

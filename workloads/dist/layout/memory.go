@@ -176,7 +176,9 @@ func OutputActivations(m Model, tp int, sp bool, cp int) float64 {
 // step has. GPipe holds all M; 1F1B holds min(PP - i, M), so the first stage holds PP (Narayanan et al.
 // 2021, §2.2). Interleaved counts model chunks, each 1/V of the stage's layers: 2(PP - i - 1) + (V - 1)PP
 // + 1, capped at MV, divided by V; for the first stage that is PP(1 + (PP - 1)/(PP V)), the factor of
-// Megatron's report_theoretical_memory.
+// Megatron's report_theoretical_memory. With as many micro-batches as stages the interleaved schedule runs
+// every forward first (all_warmup_microbatches), so each stage holds all M, which that factor misses
+// (Ops runs the schedules; its test holds the two together).
 func InFlight(l Layout, i int) float64 {
 	if l.PP == 1 {
 		return 1
@@ -186,6 +188,9 @@ func InFlight(l Layout, i int) float64 {
 		return float64(l.MicroBatches)
 	case Interleaved:
 		v := l.Schedule.Virtual
+		if l.MicroBatches == l.PP { // Megatron runs every forward first then (all_warmup_microbatches)
+			return float64(l.MicroBatches)
+		}
 		chunks := min(2*(l.PP-i-1)+(v-1)*l.PP+1, l.MicroBatches*v)
 		return float64(chunks) / float64(v)
 	}
