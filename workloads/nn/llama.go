@@ -50,7 +50,33 @@ type LlamaConfig struct {
 	// Built, when set, is called with each decoder layer as soon as its parameters exist (a data-parallel
 	// strategy shards it at once, so the whole model is never on the device).
 	Built func(l Module)
+	// Split, when set, makes the model one rank of a tensor-, sequence-, context- or pipeline-parallel job.
+	Split Split
 }
+
+// Split is one rank of a model split past data parallelism, as Megatron-LM splits it. The configuration's
+// heads, key-value heads, FFN width and vocabulary are already the rank's shares: a tensor-parallel rank of a
+// Llama computes what a Llama of 1/TP the heads, FFN and vocabulary (the same hidden size and head_dim)
+// computes, its column-parallel projections' outputs and its row-parallel projections' inputs being the
+// rank's slices; Split holds what else differs. The zero value is the whole model.
+type Split struct {
+	// SP, above 1, is sequence parallelism over SP tensor-parallel ranks: the residual stream, the norms and
+	// the embeddings' output hold seq/SP tokens; the column-parallel projections gather their input
+	// (tensor.GatherLinear, which saves the shard) and the row-parallel ones reduce-scatter their output.
+	SP int
+	// CP, above 1, is context parallelism over CP ranks: the rank's tokens are its 1/CP of each sequence,
+	// and its attention receives the other ranks' keys and values around a ring, into two buffers of the
+	// rank's own keys' and values' size (Transformer Engine's p2p_comm_buffers) while it computes.
+	CP int
+	// FirstLayer is the index of the stage's first layer (it names model.layers.FirstLayer); NoEmbed leaves
+	// out the embeddings (a pipeline stage after the first), NoHead the final norm, lm_head and loss (a
+	// stage before the last). A stage that has lm_head but not the embeddings holds its own copy of tied
+	// embeddings, as Megatron's last stage does.
+	FirstLayer      int
+	NoEmbed, NoHead bool
+}
+
+func (s Split) sp() int { return max(s.SP, 1) }
 
 // LlamaProjections names the linear layers of a decoder layer, in the order peft's target_modules uses.
 var LlamaProjections = []string{"q", "k", "v", "o", "gate", "up", "down"}
@@ -101,12 +127,14 @@ type LlamaAttention struct {
 	dropout    float32
 	training   *bool
 	scaling    float32
+	sp, cp     int // Split.SP and Split.CP, at least 1
 }
 
 // LlamaMLP is SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)).
 type LlamaMLP struct {
 	base
 	Gate, Up, Down Projection
+	sp             int // Split.SP, at least 1
 }
 
 // Projection is a linear layer of a decoder: a Linear, a LoRALinear or a Linear4bit.
@@ -137,8 +165,12 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	if err := cfg.Adapter.onlyOf("llama", append(slices.Clone(LlamaProjections), TargetLMHead, TargetEmbed)); err != nil {
 		return nil, err
 	}
+	if cfg.Split.NoEmbed || cfg.Split.NoHead {
+		cfg.Tied = false // the stage with lm_head holds its own copy of the embeddings
+	}
 	m := &Llama{base: base{rt, ""}, Config: cfg, Training: true}
 	d, hd := cfg.DModel, cfg.HeadDim
+	sp, cp := cfg.Split.sp(), max(cfg.Split.CP, 1)
 	const std = 0.02
 	normal := func(name string, shape []int) *Parameter {
 		defer rt.Scope(owner(name))()
@@ -171,15 +203,17 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		}
 		return l
 	}
-	m.Embed = &Embedding{base: base{rt, "model.embed_tokens"}, Weight: normal("model.embed_tokens.weight", []int{cfg.Vocab, d})}
-	m.Input = m.Embed
+	if !cfg.Split.NoEmbed {
+		m.Embed = &Embedding{base: base{rt, "model.embed_tokens"}, Weight: normal("model.embed_tokens.weight", []int{cfg.Vocab, d})}
+		m.Input = m.Embed
+	}
 	for i := range cfg.Layers {
-		name := fmt.Sprintf("model.layers.%d", i)
+		name := fmt.Sprintf("model.layers.%d", cfg.Split.FirstLayer+i)
 		l := &LlamaDecoderLayer{base: base{rt, name}}
 		an := join(name, "self_attn")
 		a := &LlamaAttention{base: base{rt, an}, heads: cfg.Heads, kvh: cfg.KVHeads, headDim: hd,
 			flash: cfg.Attention == "flash", dropout: cfg.Dropout, training: &m.Training,
-			scaling: float32(1 / math.Sqrt(float64(hd)))}
+			scaling: float32(1 / math.Sqrt(float64(hd))), sp: sp, cp: cp}
 		qkvBias := cfg.QKVBias || cfg.AttentionBias
 		a.Q = linear(join(an, "q_proj"), "q", d, cfg.Heads*hd, qkvBias)
 		a.K = linear(join(an, "k_proj"), "k", d, cfg.KVHeads*hd, qkvBias)
@@ -187,7 +221,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		a.O = linear(join(an, "o_proj"), "o", cfg.Heads*hd, d, cfg.AttentionBias)
 		l.Attn = a
 		mn := join(name, "mlp")
-		l.MLP = &LlamaMLP{base: base{rt, mn}}
+		l.MLP = &LlamaMLP{base: base{rt, mn}, sp: sp}
 		l.MLP.Gate = linear(join(mn, "gate_proj"), "gate", d, cfg.FFN, cfg.MLPBias)
 		l.MLP.Up = linear(join(mn, "up_proj"), "up", d, cfg.FFN, cfg.MLPBias)
 		l.MLP.Down = linear(join(mn, "down_proj"), "down", cfg.FFN, d, cfg.MLPBias)
@@ -198,14 +232,16 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 			cfg.Built(l)
 		}
 	}
-	m.Norm = newRMSNorm(rt, "model.norm", d, cfg.NormEps, cfg.DType)
 	m.InvFreq = ropeInvFreq(rt, hd, cfg.RopeTheta)
-	if cfg.Tied {
-		m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: m.Embed.Weight}
-	} else {
-		m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: normal("lm_head.weight", []int{cfg.Vocab, d})}
+	if !cfg.Split.NoHead {
+		m.Norm = newRMSNorm(rt, "model.norm", d, cfg.NormEps, cfg.DType)
+		if cfg.Tied {
+			m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: m.Embed.Weight}
+		} else {
+			m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: normal("lm_head.weight", []int{cfg.Vocab, d})}
+		}
+		m.Head = m.LMHead
 	}
-	m.Head = m.LMHead
 	m.adaptEnds(cfg)
 	if cfg.Adapter != nil { // peft: everything but the adapters frozen (embeddings and lm_head included)
 		for _, p := range m.Parameters() {
@@ -221,7 +257,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 // lora.Linear; the base layers renamed base_layer).
 func (m *Llama) adaptEnds(cfg LlamaConfig) {
 	rt, a := m.rt, cfg.Adapter
-	if a == nil {
+	if a == nil || m.Embed == nil || m.LMHead == nil { // a pipeline stage takes no adapters
 		return
 	}
 	if a.targets(TargetLMHead) {
@@ -321,12 +357,17 @@ func (n *RMSNorm) Forward(x *tensor.Tensor) *tensor.Tensor {
 // Parameters returns the model's parameters in HF's order: embeddings, each layer (attention, MLP, norms),
 // the final norm, and lm_head's weight unless tied.
 func (m *Llama) Parameters() []*Parameter {
-	ps := m.Input.Parameters()
+	var ps []*Parameter
+	if m.Input != nil {
+		ps = m.Input.Parameters()
+	}
 	for _, l := range m.Layers {
 		ps = append(ps, l.Parameters()...)
 	}
-	ps = append(ps, m.Norm.Parameters()...)
-	if !m.Config.Tied {
+	if m.Norm != nil {
+		ps = append(ps, m.Norm.Parameters()...)
+	}
+	if m.Head != nil && !m.Config.Tied {
 		ps = append(ps, m.Head.Parameters()...)
 	}
 	return ps
@@ -367,29 +408,66 @@ func (m *Llama) Loss(idx, labels *tensor.Tensor) *tensor.Tensor {
 // vocab; nil when the loss never makes them whole) and the loss (causalLMHead: the full loss of the
 // runtime's transformers release, or a chunked or fused one). The caller owns both.
 func (m *Llama) ForwardLoss(idx, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
-	h := m.forwardModel(idx)
+	return m.head(m.forwardModel(idx), labels)
+}
+
+// head is lm_head and the loss on the final hidden states h (it takes h's reference); under sequence
+// parallelism h is all-gathered first, and lm_head saves the gathered states.
+func (m *Llama) head(h, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
+	if sp := m.Config.Split.sp(); sp > 1 {
+		full := tensor.GatherSeq(h, sp)
+		h.Release()
+		h = full
+	}
 	return causalLMHead(m.rt, m.Head, m.LMHead.Weight, h, labels, m.Config.Loss)
+}
+
+// StageForward is one pipeline stage's share of the forward: the embeddings of idx on the first stage, else
+// from the hidden states in received from the stage before; the stage's layers; then on the last stage the
+// final norm, lm_head and the loss of labels, which it returns (the logits freed), and on any other the
+// hidden states it sends on.
+func (m *Llama) StageForward(idx, in, labels *tensor.Tensor) *tensor.Tensor {
+	h := m.forwardFrom(idx, in)
+	if m.Config.Split.NoHead {
+		return h
+	}
+	logits, loss := m.head(h, labels)
+	logits.Release()
+	return loss
 }
 
 // forwardModel is LlamaModel.forward: the embeddings, the positions (cache_position and position_ids), the
 // causal mask (eager attention only: sdpa and flash attention need none when nothing is padded), the
 // rotary cos and sin shared by every layer, the layers and the final norm. The embeddings, mask, positions
 // and cos/sin are locals of the forward, alive until it returns.
-func (m *Llama) forwardModel(idx *tensor.Tensor) *tensor.Tensor {
+func (m *Llama) forwardModel(idx *tensor.Tensor) *tensor.Tensor { return m.forwardFrom(idx, nil) }
+
+// forwardFrom is forwardModel from the token ids idx or, on a pipeline stage after the first, from the
+// hidden states in; a stage before the last returns its last layer's output, without the final norm.
+// Under sequence parallelism the embeddings are reduce-scattered over the sequence.
+func (m *Llama) forwardFrom(idx, in *tensor.Tensor) *tensor.Tensor {
 	rt := m.rt
-	b, t := idx.Dim(0), idx.Dim(1)
-	embeds := m.Input.Forward(idx)
-	if m.InputRequiresGrad && !embeds.RequiresGrad() { // make_inputs_require_grad: output.requires_grad_(True)
-		embeds.SetRequiresGrad(true)
+	sp := m.Config.Split.sp()
+	var embeds, x *tensor.Tensor
+	var b, t int
+	if in == nil {
+		b, t = idx.Dim(0), idx.Dim(1)
+		embeds = m.Input.Forward(idx)
+		if m.InputRequiresGrad && !embeds.RequiresGrad() { // make_inputs_require_grad: output.requires_grad_(True)
+			embeds.SetRequiresGrad(true)
+		}
+		x = tensor.ScatterSeq(embeds, sp)
+	} else {
+		b, t = in.Dim(0), in.Dim(1)*sp
+		x = in.Ref()
 	}
 	cachePos := rt.Arange(t, "cache_position")
 	posIDs := cachePos.Unsqueeze(0)
 	var mask *tensor.Tensor
 	if m.Config.Attention != "flash" {
-		mask = causalMask(rt, cachePos, b, t, embeds.DType())
+		mask = causalMask(rt, cachePos, b, t, x.DType())
 	}
-	cos, sin := m.rotary(embeds, posIDs)
-	x := embeds.Ref()
+	cos, sin := m.rotary(x, posIDs)
 	for i, l := range m.Layers {
 		var y *tensor.Tensor
 		if m.Checkpoint != nil && m.Checkpoint(i) && m.Training {
@@ -416,11 +494,14 @@ func (m *Llama) forwardModel(idx *tensor.Tensor) *tensor.Tensor {
 			m.AfterLayer(l, x)
 		}
 	}
-	h := m.Norm.Forward(x)
-	x.Release()
 	for _, r := range []*tensor.Tensor{embeds, cachePos, posIDs, mask, cos, sin} {
 		r.Release()
 	}
+	if m.Config.Split.NoHead {
+		return x
+	}
+	h := m.Norm.Forward(x)
+	x.Release()
 	return h
 }
 
@@ -511,9 +592,9 @@ func (l *LlamaDecoderLayer) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Te
 // rotary embeddings applied to q and k, attention (eager or sdpa), the heads merged and o_proj.
 func (a *LlamaAttention) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tensor {
 	defer a.scope()()
-	b, t := x.Dim(0), x.Dim(1)
+	b, t := x.Dim(0), x.Dim(1)*a.sp
 	heads := func(p Projection) *tensor.Tensor { // proj(x).view(b, t, -1, head_dim).transpose(1, 2)
-		y := p.Forward(x)
+		y := columnParallel(p, x, a.sp)
 		v := y.View(b, t, -1, a.headDim)
 		y.Release()
 		tr := v.Transpose(1, 2)
@@ -529,6 +610,7 @@ func (a *LlamaAttention) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tenso
 		p = 0
 	}
 	var out *tensor.Tensor // (b, t, heads, head_dim), contiguous
+	ring := a.ringBuffers(ke, v)
 	if a.flash {
 		// sdpa_attention_forward: attn_output.transpose(1, 2).contiguous(), no copy: the kernel's output is
 		// laid out (b, t, heads, head_dim).
@@ -540,6 +622,7 @@ func (a *LlamaAttention) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tenso
 	} else {
 		out = a.eager(qe, ke, v, mask, p)
 	}
+	releaseAll(ring)
 	qe.Release()
 	ke.Release()
 	v.Release()
@@ -547,7 +630,42 @@ func (a *LlamaAttention) forward(x, mask, cos, sin *tensor.Tensor) *tensor.Tenso
 	out.Release()
 	o := a.O.Forward(merged)
 	merged.Release()
-	return o
+	return rowParallel(o, a.sp)
+}
+
+// ringBuffers are context parallelism's receive buffers: two of the rank's keys' and values' size, which the
+// ring fills with the next rank's while attention runs on the current one (nil without CP).
+func (a *LlamaAttention) ringBuffers(k, v *tensor.Tensor) []*tensor.Tensor {
+	if a.cp < 2 {
+		return nil
+	}
+	var bufs []*tensor.Tensor
+	for range 2 {
+		bufs = append(bufs, a.rt.Empty(k.DType(), k.Shape(), "cp.recv_k"), a.rt.Empty(v.DType(), v.Shape(), "cp.recv_v"))
+	}
+	return bufs
+}
+
+// columnParallel is a column-parallel projection of x: p.Forward(x), or under sequence parallelism over sp
+// ranks the input shard gathered as Megatron's linear does (tensor.GatherLinear).
+func columnParallel(p Projection, x *tensor.Tensor, sp int) *tensor.Tensor {
+	if sp < 2 {
+		return p.Forward(x)
+	}
+	l := p.(*Linear) // Validate refuses adapters, 4-bit weights and biases under sequence parallelism
+	defer l.scope()()
+	return tensor.GatherLinear(x, l.Weight.Tensor, sp)
+}
+
+// rowParallel is what follows a row-parallel projection's output o: the all-reduce, in place (nothing
+// allocated), or under sequence parallelism the reduce-scatter to the rank's tokens. It takes o's reference.
+func rowParallel(o *tensor.Tensor, sp int) *tensor.Tensor {
+	if sp < 2 {
+		return o
+	}
+	s := tensor.ScatterSeq(o, sp)
+	o.Release()
+	return s
 }
 
 // eager is eager_attention_forward (eagerAttention) with the layer's heads, scaling and dropout.
@@ -662,16 +780,16 @@ func rotateHalf(x *tensor.Tensor) *tensor.Tensor {
 // Forward applies the MLP.
 func (m *LlamaMLP) Forward(x *tensor.Tensor) *tensor.Tensor {
 	defer m.scope()()
-	g := m.Gate.Forward(x)
+	g := columnParallel(m.Gate, x, m.sp)
 	act := tensor.SiLU(g)
 	g.Release()
-	u := m.Up.Forward(x)
+	u := columnParallel(m.Up, x, m.sp)
 	p := tensor.Mul(act, u)
 	act.Release()
 	u.Release()
 	out := m.Down.Forward(p)
 	p.Release()
-	return out
+	return rowParallel(out, m.sp)
 }
 
 // Parameters returns the MLP's parameters.
