@@ -21,6 +21,7 @@ import (
 	"github.com/oomdbg/oomdbg/versions"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
+	"github.com/oomdbg/oomdbg/workloads/dist/layout"
 	"github.com/oomdbg/oomdbg/workloads/nn/hfconfig"
 	"github.com/oomdbg/oomdbg/workloads/train"
 	"github.com/oomdbg/oomdbg/workloads/train/frameworks"
@@ -421,6 +422,12 @@ func addParallelFlags(f *configFlags) {
 	}
 	field(f, "fsdp-wrap", func(c *train.Config) *dist.Wrap { return &p(c).Wrap }, "fsdp: units: block (each transformer block, decoder layer or linear layer; the rest is the root) or model (one unit)")
 	field(f, "reshard-after-forward", func(c *train.Config) *dist.Reshard { return &p(c).ReshardAfterForward }, "fsdp2: free each module's gathered parameters after its forward (true) or keep them to its backward (false); the root module's are kept")
+	sp := func(c *train.Config) *train.Split { return &c.Split }
+	field(f, "tp", func(c *train.Config) *int { return &sp(c).TP }, "tensor-parallel ranks (Megatron's column- and row-parallel linears; a llama model): heads, FFN and vocabulary split over them")
+	field(f, "sp", func(c *train.Config) *bool { return &sp(c).SP }, "sequence parallelism over the tensor-parallel ranks: norms and residuals hold 1/TP of the tokens")
+	field(f, "pp", func(c *train.Config) *int { return &sp(c).PP }, "pipeline stages; --accum is the micro-batches per step, and --rank picks the stage simulated (ranks: TP innermost, then CP, DP, PP)")
+	field(f, "pp-schedule", func(c *train.Config) *layout.Schedule { return &sp(c).Schedule }, "pipeline schedule: 1f1b (default), gpipe or interleaved:V (V model chunks per stage)")
+	field(f, "cp", func(c *train.Config) *int { return &sp(c).CP }, "context-parallel ranks, each holding 1/CP of every sequence (ring attention; flash attention)")
 	field(f, "one-stream", func(c *train.Config) *bool { return &p(c).OneStream }, "communicate on the default stream, as the model did before streams (to compare; by default each implementation's collectives run on its own streams)")
 }
 

@@ -137,6 +137,8 @@ type Config struct {
 	// Parallel is the data-parallel job the run is one rank of (the zero value: one GPU): the GPUs and
 	// nodes, the strategy (DDP, ZeRO-1/2/3, FSDP), the rank simulated, CPU offload and each strategy's knobs.
 	Parallel dist.Settings `json:"parallel,omitzero"`
+	// Split splits the model past data parallelism: tensor, sequence, context and pipeline parallel.
+	Split Split `json:"split,omitzero"`
 }
 
 // validateLlama checks how the Llama-family shape (and BERT's) and the adapters combine (validateNumbers has
@@ -378,6 +380,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Bug != "" && !slices.Contains(Bugs, c.Bug) {
 		return fmt.Errorf("unknown bug %q (want one of %s)", c.Bug, strings.Join(Bugs, ", "))
+	}
+	if err := c.validateSplit(); err != nil {
+		return err
 	}
 	return c.validateParallel()
 }

@@ -98,6 +98,7 @@ type run struct {
 	mlp     *nn.MLP // the model, when it is the MLP
 	opt     optim.Optimizer
 	rank    dist.Rank         // the data-parallel strategy, when the run is one rank of a job
+	stage   *stage            // the rank's place in a split job (Config.Split), or nil
 	host    *tensor.Runtime   // host memory, when a rank offloads
 	scaler  *optim.GradScaler // fp16 only
 	amp     tensor.DType
@@ -217,6 +218,7 @@ func runValidWith(ctx context.Context, cfg Config, rec *tracer.Recorder, limit i
 
 // newRun sets up the device and runtime of a validated configuration.
 func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error) {
+	cfg, st := cfg.ofRank()
 	dev, err := device.Open(cfg.Device, 0, cfg.GPUMemory, cfg.ContextReserve, cfg.AllocConf.Config)
 	if err != nil {
 		return nil, err
@@ -229,7 +231,7 @@ func newRun(ctx context.Context, cfg Config, rec *tracer.Recorder) (*run, error)
 	}
 	dev.Allocator().SetObserver(mem)
 	r := &run{cfg: cfg, ctx: ctx, rec: rec, dev: dev, rt: tensor.NewRuntime(dev, tr, cfg.Seed), res: &Result{},
-		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem}
+		amp: ampDType(cfg.AMP), iteration: -1, lengths: newLengthSampler(&cfg), mem: mem, stage: st}
 	r.rt.OnOOM(r.onOOM)
 	r.rt.SetVersions(cfg.Versions)
 	r.rt.SetCheckpointPolicy(planCheckpoint(cfg.Checkpoint).policy)
@@ -326,7 +328,7 @@ func ModelParameters(cfg Config) (all, trainable int, err error) {
 		return 0, 0, err
 	}
 	cfg.Device, cfg.GPUMemory, cfg.ContextReserve = device.Meta, MaxGPUMemory, 0
-	cfg.Parallel = dist.Settings{} // the whole model, not a rank's share of it
+	cfg.Parallel, cfg.Split = dist.Settings{}, Split{} // the whole model, not a rank's share of it
 	r, err := newRun(context.Background(), cfg, nil)
 	if err != nil {
 		return 0, 0, err
@@ -343,7 +345,17 @@ func DistinctRanks(cfg Config) ([]int, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if !cfg.Parallel.Parallel() {
+	if _, pp, _ := cfg.Split.Sizes(); pp > 1 {
+		// Each stage holds its own layers and its own micro-batches in flight (the first stage the most, the
+		// last the head): the first rank of every stage. Within a stage the data-parallel ranks are taken to
+		// hold alike.
+		ranks := make([]int, pp)
+		for s := range ranks {
+			ranks[s] = s * (cfg.Parallel.World() / pp)
+		}
+		return ranks, nil
+	}
+	if !cfg.Parallel.Parallel() || cfg.Split.On() {
 		return []int{0}, nil
 	}
 	cfg.Device, cfg.GPUMemory, cfg.ContextReserve = device.Meta, MaxGPUMemory, 0
@@ -438,7 +450,9 @@ func (r *run) build() {
 		r.model = g
 		r.data = newTokens(cfg.Vocab, cfg.Seed)
 	case "llama":
-		if cfg.family() != "" {
+		if r.stage != nil {
+			r.model = r.buildStage()
+		} else if cfg.family() != "" {
 			r.model = r.buildDecoder()
 		} else {
 			r.model = r.buildLlama()
@@ -457,7 +471,9 @@ func (r *run) build() {
 	}
 	r.res.Parameters = nn.CountParameters(r.model)
 	r.res.Trainable = nn.CountTrainable(r.model)
-	if r.rank != nil { // the strategy sharded the model as it was built: count the whole model
+	if r.stage != nil { // a split job's rank: count the whole model
+		r.res.Parameters, r.res.Trainable, _ = ModelParameters(r.stage.whole)
+	} else if r.rank != nil { // the strategy sharded the model as it was built: count the whole model
 		r.res.Parameters, r.res.Trainable, _ = ModelParameters(cfg)
 	}
 }
@@ -483,7 +499,10 @@ func (r *run) builtBlock() func(nn.Module) {
 func (r *run) step() {
 	var lossSum float32
 	cycles := r.newCycleFinder()
-	for micro := 0; micro < r.cfg.Accum; micro++ {
+	if r.stage != nil {
+		lossSum, cycles = r.pipelineStep(), nil
+	}
+	for micro := 0; micro < r.cfg.Accum && r.stage == nil; micro++ {
 		if cycles != nil && micro > 0 && micro < r.cfg.Accum-1 {
 			if n, loss := cycles.skip(r, micro, r.cfg.Accum, lossSum); n > 0 {
 				micro, lossSum, cycles = micro+n, lossSum+loss, nil
