@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,6 +16,8 @@ import (
 	"github.com/oomdbg/oomdbg/internal/app"
 	"github.com/oomdbg/oomdbg/internal/outfile"
 	"github.com/oomdbg/oomdbg/internal/units"
+	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/dist/layout"
 	"github.com/oomdbg/oomdbg/workloads/train"
 )
 
@@ -108,13 +113,15 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			sig := caught()
 			var mp *layouts.Report
 			if sig == nil && !asJSON && !markdown {
-				if mp = modelParallel(flags, cfg, req); mp != nil {
+				var runs []layoutRun
+				if mp, runs = modelParallel(cmd.Context(), flags, cfg, req); mp != nil {
 					fmt.Fprintf(out, "\nModel-parallel layouts of the %d GPUs as Megatron-LM trains the model\n"+
-						"(bf16 mixed precision, Adam), from its memory formulas: oomdbg run does not\n"+
-						"simulate TP, PP or CP; oomdbg layouts searches them with more options.\n", cfg.Parallel.World())
+						"(bf16 mixed precision, Adam): searched with its memory formulas, then each\n"+
+						"layout's ranks simulated (oomdbg layouts searches with more options).\n", cfg.Parallel.World())
 					if err := mp.WriteText(out); err != nil {
 						return err
 					}
+					writeLayoutRuns(out, runs, mp.Job.Usable)
 				}
 			}
 			if err := out.Err(); err != nil {
@@ -159,23 +166,141 @@ const modelParallelPlans = 5
 // modelParallel searches the Megatron layouts (DP x TP x PP x CP) of a job of more than one GPU whose model
 // the layouts' formulas describe: a dense decoder (--preset or --hf-config), trained whole. It returns nil
 // where that does not apply: one GPU, adapters, another model, or a job the search refuses.
-func modelParallel(flags *configFlags, cfg train.Config, req fit.Request) *layouts.Report {
+func modelParallel(ctx context.Context, flags *configFlags, cfg train.Config, req fit.Request) (*layouts.Report, []layoutRun) {
 	world := cfg.Parallel.World()
 	if world < 2 || cfg.LoRA > 0 || cfg.QLoRA || flags.configFile != "" || flags.preset == "" && flags.hfConfig == "" {
-		return nil
+		return nil, nil
 	}
 	model, name, err := layoutsModel(flags.preset, flags.hfConfig, cfg.Seq)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	job := layouts.Job{Name: name, Model: model, GPUs: world, Nodes: cfg.Parallel.NodeCount(),
 		GlobalBatch: max(cfg.Batch, 1) * max(cfg.Accum, 1) * world, GPU: req.GPU,
-		Usable: int64(cfg.GPUMemory) - int64(cfg.ContextReserve), Margin: req.Margin, Top: modelParallelPlans}
+		Usable: int64(cfg.GPUMemory) - int64(cfg.ContextReserve), Margin: req.Margin, Top: layoutCandidates}
 	rep, err := layouts.Search(job)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	return rep
+	// The formulas pruned; each candidate, fastest first, now runs through run's own flags on the meta
+	// device, every rank that differs, until modelParallelPlans fit.
+	var base []string
+	for _, f := range flags.runFlags(cfg) {
+		if !strings.HasPrefix(f, "--gpus=") && !strings.HasPrefix(f, "--nodes=") { // the layout's flags give them
+			base = append(base, f)
+		}
+	}
+	limit := fit.Limit(cfg, req.Margin)
+	var kept []layouts.Plan
+	var runs []layoutRun
+	for _, p := range rep.Plans {
+		if len(kept) == modelParallelPlans || ctx.Err() != nil {
+			break
+		}
+		lr := layoutRun{flags: append(slices.Clone(base), layoutFlags(p, world, cfg.Parallel.NodeCount(), cfg.Seq)...)}
+		if err := lr.simulate(ctx, limit); err != nil || !lr.fits {
+			continue
+		}
+		kept = append(kept, p)
+		runs = append(runs, lr)
+	}
+	rep.Plans = kept
+	return rep, runs
+}
+
+// layoutCandidates is how many of the formulas' fastest layouts fit may simulate to find modelParallelPlans.
+const layoutCandidates = 40 * modelParallelPlans
+
+// layoutRun is a layout as run's flags, and what simulating its ranks found.
+type layoutRun struct {
+	flags    []string
+	peak     int64 // the highest peak reserved of its ranks
+	peakRank int
+	fits     bool
+}
+
+// layoutFlags are the run flags of plan p on a job of world GPUs on nodes, Megatron's mixed precision as the
+// runtime has it: with the distributed optimizer DeepSpeed's bf16 ZeRO-1 (bf16 weights, fp32 master weights
+// and Adam sharded over the data-parallel ranks), else autocast to bf16 over fp32 weights; selective
+// recompute is flash attention (the scores are never stored), full recompute checkpoints every layer.
+func layoutFlags(p layouts.Plan, world, nodes, seq int) []string {
+	l := p.Layout
+	f := []string{"--gpus", strconv.Itoa(world), "--nodes", strconv.Itoa(nodes), "--tp", strconv.Itoa(l.TP),
+		"--pp", strconv.Itoa(l.PP), "--cp", strconv.Itoa(l.CP), "--batch", strconv.Itoa(p.MicroBatch),
+		"--accum", strconv.Itoa(l.MicroBatches), "--seq", strconv.Itoa(seq), "--attention", "flash", "--optimizer", "adamw"}
+	if l.SequenceParallel {
+		f = append(f, "--sp")
+	}
+	if l.PP > 1 {
+		f = append(f, "--pp-schedule", l.Schedule.String())
+	}
+	checkpoint := "off"
+	if l.Recompute == layout.RecomputeFull {
+		checkpoint = "all"
+	}
+	f = append(f, "--checkpoint", checkpoint)
+	if l.DistributedOptimizer && l.DP*l.CP > 1 {
+		return append(f, "--dp", "zero1", "--weights", "bf16", "--amp", "off")
+	}
+	return append(f, "--dp", "ddp", "--weights", "f32", "--amp", "bf16")
+}
+
+// simulate parses the flags as run does and runs each rank that differs for two steps on the meta device.
+func (lr *layoutRun) simulate(ctx context.Context, limit int64) error {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	flags := addConfigFlags(fs, train.DefaultMLP()).addHFConfig()
+	if err := fs.Parse(lr.flags); err != nil {
+		return err
+	}
+	cfg, err := flags.config()
+	if err != nil {
+		return err
+	}
+	cfg.Device, cfg.Steps = device.Meta, 2
+	cfg.Accum = peakMicroBatches(cfg)
+	ranks, err := train.DistinctRanks(cfg)
+	if err != nil {
+		return err
+	}
+	lr.fits = true
+	for _, r := range ranks {
+		cfg.Parallel.Rank = r
+		res, err := train.RunWithin(ctx, cfg, limit)
+		if err != nil {
+			return err
+		}
+		if res.PeakReserved > lr.peak {
+			lr.peak, lr.peakRank = res.PeakReserved, r
+		}
+		if res.OOM != nil || res.OverLimit || res.PeakReserved > limit {
+			lr.fits = false
+			return nil
+		}
+	}
+	return nil
+}
+
+// peakMicroBatches is how many of a pipelined step's micro-batches fit simulates: every stage reaches its
+// peak within the first 2*PP (1F1B and interleaved, whose steady state then repeats one forward and one
+// backward), so more add only what the allocator caches of repeated passes; GPipe holds every one.
+func peakMicroBatches(cfg train.Config) int {
+	_, pp, _ := cfg.Split.Sizes()
+	if pp == 1 || cfg.Split.Schedule.Kind == layout.GPipe || cfg.Accum <= 2*pp {
+		return cfg.Accum
+	}
+	return 2 * pp
+}
+
+// writeLayoutRuns prints each listed layout's run command with what its simulation found.
+func writeLayoutRuns(w io.Writer, runs []layoutRun, usable int64) {
+	if len(runs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nTo run a layout (simulated: the peak reserved of its fullest rank, of %s usable; a pipeline's\n"+
+		"first 2 x PP micro-batches, where each stage peaks):\n", units.FormatSize(usable))
+	for i, lr := range runs {
+		fmt.Fprintf(w, "  %d  oomdbg run %s   (rank %d: %s)\n", i+1, strings.Join(lr.flags, " "), lr.peakRank, units.FormatSize(lr.peak))
+	}
 }
 
 func gpuNames() []string {

@@ -190,6 +190,24 @@ func TestFitListsModelParallelLayouts(t *testing.T) {
 	if rows == 0 || rows > modelParallelPlans {
 		t.Errorf("%d layouts listed, want 1 to %d:\n%s", rows, modelParallelPlans, section)
 	}
+	// On one node of eight, every listed layout's command runs, whole, and fits.
+	_, stdout, _ = runCmd("fit", "--preset", "llama-3.1-8b", "--gpus", "8", "--gpu-mem", "80GiB")
+	_, section, _ = strings.Cut(stdout, "To run a layout")
+	commands := 0
+	for _, line := range strings.Split(section, "\n") {
+		_, cmdline, ok := strings.Cut(line, "oomdbg run ")
+		if !ok {
+			continue
+		}
+		commands++
+		args, _, _ := strings.Cut(cmdline, "   (rank")
+		if !runFlagsFit(t, append(strings.Fields(args), "--steps", "2")) {
+			t.Errorf("oomdbg run %s: does not fit", args)
+		}
+	}
+	if commands == 0 {
+		t.Errorf("no layout to run:\n%s", stdout)
+	}
 	for _, args := range [][]string{
 		{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB"},
 		{"--preset", "llama-3.2-1b", "--gpus", "4", "--lora", "16", "--gpu-mem", "16GiB"},
