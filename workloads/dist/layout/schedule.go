@@ -26,7 +26,9 @@ func Ops(s Schedule, pp, i, m int) []Op {
 	total := m * v
 	warmup := min(pp-i-1, total)
 	switch {
-	case pp == 1 || s.Kind == GPipe:
+	case pp == 1: // forward_backward_no_pipelining: each micro-batch's forward, then its backward
+		warmup = 0
+	case s.Kind == GPipe:
 		warmup = total
 	case s.Kind == Interleaved && m == pp:
 		warmup = total
