@@ -239,16 +239,21 @@ func (t *Tensor) Backward(retainGraph bool) {
 		errShape("Backward", "element 0 of tensors does not require grad and does not have a grad_fn")
 	}
 	rt := t.rt
-	// Backward runs with grad mode off (no create_graph), so the gradient math records no graph.
-	prevCat := rt.SetCategory(snapshot.CategoryAutogradDetail)
-	prevGrad := rt.SetGradEnabled(false)
-	prevBackward := rt.inBackward
-	rt.inBackward = true
-	defer func() { rt.SetCategory(prevCat); rt.SetGradEnabled(prevGrad); rt.inBackward = prevBackward }()
+	defer rt.enterBackward()()
 
 	// torch.ones_like(loss): the seed gradient is a real allocation.
 	seed := rt.Full(t.dtype, t.shape, 1, "grad.seed", snapshot.CategoryAutogradDetail)
 	rt.runBackward(t.gradEdge(), seed, retainGraph)
+}
+
+// enterBackward puts rt in the backward pass, which runs with grad mode off (no create_graph: the gradient
+// math records no graph) and names its allocations autograd_detail; the returned function leaves it.
+func (rt *Runtime) enterBackward() (leave func()) {
+	prevCat := rt.SetCategory(snapshot.CategoryAutogradDetail)
+	prevGrad := rt.SetGradEnabled(false)
+	prevBackward := rt.inBackward
+	rt.inBackward = true
+	return func() { rt.SetCategory(prevCat); rt.SetGradEnabled(prevGrad); rt.inBackward = prevBackward }
 }
 
 // runBackward runs the graph from root with gradient g, in PyTorch's engine order: a node runs once every

@@ -1,10 +1,6 @@
 package tensor
 
-import (
-	"fmt"
-
-	"github.com/oomdbg/oomdbg/snapshot"
-)
+import "fmt"
 
 // The collectives of tensor and sequence parallelism as one rank runs them. The simulated rank stands for
 // every rank of its group: what the others contribute is taken to be its own (they run alike), so the
@@ -134,11 +130,7 @@ func (t *Tensor) DetachRoot() *Root {
 // reference), as torch.autograd.backward(output_tensor, grad_tensors=output_tensor_grad) does.
 func (r *Root) Backward(g *Tensor) {
 	rt := g.rt
-	prevCat := rt.SetCategory(snapshot.CategoryAutogradDetail)
-	prevGrad := rt.SetGradEnabled(false)
-	prevBackward := rt.inBackward
-	rt.inBackward = true
-	defer func() { rt.SetCategory(prevCat); rt.SetGradEnabled(prevGrad); rt.inBackward = prevBackward }()
+	defer rt.enterBackward()()
 	rt.runBackward(r.e, g, false)
 	r.e.node.unref()
 }
