@@ -3,12 +3,23 @@ package nn
 // What data-parallel strategies need to know of a model's structure: its repeated blocks (FSDP's units) and
 // which module's forward uses which parameters (ZeRO-3 gathers a module's parameters as it enters it).
 
+// Composite is a model made of models, each with its own modules: a pipeline stage's model chunks. Its
+// blocks and scopes are its parts'.
+type Composite interface {
+	Module
+	Parts() []Module
+}
+
 // RepeatedBlocks returns the model's repeated blocks, the modules FSDP's transformer auto-wrap policy makes
 // units of: a GPT's transformer blocks, a Llama's or another decoder's layers, a BERT's encoder layers, an
 // MLP's linear layers. Other modules return nil.
 func RepeatedBlocks(m Module) []Module {
 	var out []Module
 	switch m := m.(type) {
+	case Composite:
+		for _, p := range m.Parts() {
+			out = append(out, RepeatedBlocks(p)...)
+		}
 	case *GPT:
 		for _, b := range m.Blocks {
 			out = append(out, b)
@@ -40,6 +51,14 @@ func RepeatedBlocks(m Module) []Module {
 // head uses the embedding's weight under its own scope (BERT's MLM decoder, with the head's bias).
 func ParameterScopes(m Module) map[string][]*Parameter {
 	out := map[string][]*Parameter{}
+	if c, ok := m.(Composite); ok {
+		for _, p := range c.Parts() {
+			for scope, ps := range ParameterScopes(p) {
+				out[scope] = append(out[scope], ps...)
+			}
+		}
+		return out
+	}
 	for _, p := range m.Parameters() {
 		o := owner(p.Name)
 		out[o] = append(out[o], p)

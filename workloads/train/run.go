@@ -497,20 +497,11 @@ func (r *run) builtBlock() func(nn.Module) {
 // step is one training iteration: for each micro-batch data, forward and backward; then the optimizer and
 // zero_grad.
 func (r *run) step() {
-	var lossSum float32
-	cycles := r.newCycleFinder()
 	if r.stage != nil {
-		lossSum, cycles = r.pipelineStep(), nil
+		r.res.Losses = append(r.res.Losses, r.pipelineStep())
+	} else {
+		r.res.Losses = append(r.res.Losses, r.accumulate())
 	}
-	for micro := 0; micro < r.cfg.Accum && r.stage == nil; micro++ {
-		if cycles != nil && micro > 0 && micro < r.cfg.Accum-1 {
-			if n, loss := cycles.skip(r, micro, r.cfg.Accum, lossSum); n > 0 {
-				micro, lossSum, cycles = micro+n, lossSum+loss, nil
-			}
-		}
-		lossSum += r.microStep(micro == r.cfg.Accum-1)
-	}
-	r.res.Losses = append(r.res.Losses, lossSum)
 
 	r.checkInterrupt()
 	r.setPhase(snapshot.PhaseOptimizer)
@@ -533,6 +524,22 @@ func (r *run) step() {
 	} else {
 		r.opt.ZeroGrad(r.cfg.ZeroGrad == knob.ZeroGradNone)
 	}
+}
+
+// accumulate runs the step's micro-batches one after the other, each forward then backward, skipping the
+// repeated cycles where the run may, and returns the step's loss.
+func (r *run) accumulate() float32 {
+	var lossSum float32
+	cycles := r.newCycleFinder()
+	for micro := 0; micro < r.cfg.Accum; micro++ {
+		if cycles != nil && micro > 0 && micro < r.cfg.Accum-1 {
+			if n, loss := cycles.skip(r, micro, r.cfg.Accum, lossSum); n > 0 {
+				micro, lossSum, cycles = micro+n, lossSum+loss, nil
+			}
+		}
+		lossSum += r.microStep(micro == r.cfg.Accum-1)
+	}
+	return lossSum
 }
 
 // microStep loads one micro-batch, runs forward (under autocast when mixed precision is on) and backward,

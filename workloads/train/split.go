@@ -74,16 +74,18 @@ func (c *Config) validateSplit() error {
 		return fmt.Errorf("sequence parallelism shards over the tensor-parallel ranks: give --tp 2 or more with --sp")
 	case s.SP && (c.Seq/cp)%tp != 0:
 		return fmt.Errorf("sequence parallelism needs the sequence per CP rank (%d) to split over %d TP ranks", c.Seq/cp, tp)
-	case s.SP && (c.QKVBias || c.AMP != knob.AMPOff && c.AMP != knob.AMPBF16):
-		return fmt.Errorf("sequence parallelism is modelled without biases and with bf16 or no autocast")
-	case c.Layers%(pp*s.chunks()) != 0:
+	case s.SP && c.QKVBias:
+		return fmt.Errorf("sequence parallelism is modelled without biases (Megatron's Llama has none)")
+	case s.chunks() > c.Layers || c.Layers%(pp*s.chunks()) != 0:
 		return fmt.Errorf("%d layers do not split into %d pipeline stages of %d model chunks", c.Layers, pp, s.chunks())
 	case s.Schedule.Kind == layout.Interleaved && c.Accum%pp != 0:
 		return fmt.Errorf("the interleaved schedule runs micro-batches in groups of the %d stages: give --accum a multiple of %d", pp, pp)
 	case pp > 1 && c.Parallel.Strategy != dist.Single && c.Parallel.Strategy != dist.DDP && c.Parallel.Strategy != dist.ZeRO1:
 		return fmt.Errorf("pipeline stages combine with ddp or zero1 (Megatron's distributed optimizer), not %s", c.Parallel.Strategy)
-	case pp > 1 && (c.EvalEvery > 0 || c.Bug != "" || c.ActivationOffload != ActivationOffloadOff || c.OptimizerInBackward || c.Load != LoadNone):
-		return fmt.Errorf("a pipeline stage runs training steps only: no evaluation, leak bugs, activation offload, optimizer in backward or loading")
+	case pp > 1 && c.AMP == knob.AMPFP16:
+		return fmt.Errorf("fp16's grad scaler is modelled on a whole model's loss, not across pipeline stages: use --amp bf16")
+	case c.EvalEvery > 0 || c.Bug != "" || c.ActivationOffload != ActivationOffloadOff || c.OptimizerInBackward || c.Load != LoadNone:
+		return fmt.Errorf("a split model's rank runs training steps only: no evaluation, leak bugs, activation offload, optimizer in backward or loading")
 	}
 	return nil
 }
@@ -100,6 +102,8 @@ type stage struct {
 	index    int // the pipeline stage, 0 the first
 	pp       int
 	schedule layout.Schedule
+	chunks   int // the model chunks the stage holds (the interleaved schedule's V, else 1)
+	layers   int // the layers of each chunk
 	sp, cp   int
 	whole    Config // the configuration of the whole job
 }
@@ -116,7 +120,8 @@ func (c Config) ofRank() (Config, *stage) {
 	world := c.Parallel.World()
 	dp := world / (tp * pp * cp)
 	rank := c.Parallel.Rank
-	st := &stage{index: rank / (world / pp), pp: pp, schedule: s.Schedule, cp: cp, whole: c}
+	st := &stage{index: rank / (world / pp), pp: pp, schedule: s.Schedule, chunks: s.chunks(), cp: cp, whole: c}
+	st.layers = c.Layers / (pp * st.chunks)
 	if s.SP {
 		st.sp = tp
 	}
@@ -137,30 +142,21 @@ func (c Config) ofRank() (Config, *stage) {
 		perNode := max(p.PerNode()/tp, 1)
 		p.GPUs, p.Rank = group, rank/tp%group
 		p.Nodes = max(group/perNode, 1)
+		for group%p.Nodes != 0 { // a group whose ranks do not fill whole nodes: the nodes that divide it
+			p.Nodes--
+		}
 	}
 	r.Parallel = p
 	return r, st
 }
 
-// chunkSplit is the nn split of model chunk k of the stage (k from 0; one chunk unless interleaved): its
-// layers, whether it has the embeddings or the head.
-func (st *stage) chunkSplit(layers, k int) nn.Split {
-	v := st.schedule.Virtual
-	if st.schedule.Kind != layout.Interleaved || st.pp == 1 {
-		v = 1
-	}
-	per := layers / (st.pp * v)
-	global := k*st.pp + st.index // the chunk's place in the model
-	return nn.Split{SP: st.sp, CP: st.cp, FirstLayer: global * per,
-		NoEmbed: global != 0, NoHead: global != st.pp*v-1}
-}
-
-// chunkCount is the model chunks the stage holds.
-func (st *stage) chunkCount() int {
-	if st.schedule.Kind == layout.Interleaved && st.pp > 1 {
-		return st.schedule.Virtual
-	}
-	return 1
+// chunkSplit is the nn split of model chunk k of the stage (k from 0): its first layer, whether it has the
+// embeddings (the model's first chunk) or the head (its last). Chunk k of stage i is the model's chunk
+// k*PP + i, as Megatron interleaves them.
+func (st *stage) chunkSplit(k int) nn.Split {
+	global := k*st.pp + st.index
+	return nn.Split{SP: st.sp, CP: st.cp, FirstLayer: global * st.layers,
+		NoEmbed: global != 0, NoHead: global != st.pp*st.chunks-1}
 }
 
 // stageModel is a pipeline stage's model: its chunks, each a Llama of its layers (the first with the
@@ -170,6 +166,15 @@ type stageModel struct {
 }
 
 func (m *stageModel) Name() string { return "" }
+
+// Parts makes the stage an nn.Composite: a data-parallel strategy finds the blocks and scopes of each chunk.
+func (m *stageModel) Parts() []nn.Module {
+	parts := make([]nn.Module, len(m.chunks))
+	for i, c := range m.chunks {
+		parts[i] = c
+	}
+	return parts
+}
 
 func (m *stageModel) Parameters() []*nn.Parameter {
 	var ps []*nn.Parameter
@@ -190,12 +195,10 @@ func (m *stageModel) ForwardLoss(x, y *tensor.Tensor) (logits, loss *tensor.Tens
 // buildStage builds the stage's model chunks.
 func (r *run) buildStage() *stageModel {
 	m := &stageModel{}
-	layers := r.cfg.Layers // the whole model's, ofRank kept them
-	per := layers / (r.stage.pp * r.stage.chunkCount())
-	for k := range r.stage.chunkCount() {
+	for k := range r.stage.chunks {
 		lc := r.cfg.llamaConfig()
-		lc.Layers = per
-		lc.Split = r.stage.chunkSplit(layers, k)
+		lc.Layers = r.stage.layers
+		lc.Split = r.stage.chunkSplit(k)
 		lc.DType, lc.Built = r.paramDType(lc.DType), r.builtBlock()
 		c, err := nn.NewLlama(r.rt, lc)
 		if err != nil {
@@ -208,11 +211,11 @@ func (r *run) buildStage() *stageModel {
 	return m
 }
 
-// pass is a forward pass a stage has run and not yet run backward: the batch it read, the input it
-// received (a stage after the first) and the root of its graph (the loss on the last stage, else the graph
-// behind the output it sent on).
+// pass is a forward pass a stage has run and not yet run backward: what it read of the batch (the tokens on
+// the model's first chunk, the labels on its last), the input it received (a chunk after the first) and
+// the root of its graph (the loss on the last chunk, else the graph behind the output it sent on).
 type pass struct {
-	n, t     int // the batch's shape
+	shape    batchShape
 	x, y, in *tensor.Tensor
 	loss     *tensor.Tensor
 	root     *tensor.Root
@@ -222,24 +225,40 @@ type pass struct {
 // model chunk from the batch (the first chunk of the model) or from a received activation, which requires
 // grad; each output sent on keeps only its graph, as Megatron's deallocate_output_tensor does; each backward
 // from the loss, or from the gradient received for the output; the input's gradient sent back and freed.
-// It returns the step's loss, summed over the micro-batches the last stage ran.
+// Each micro-batch's shape is drawn once, at its first pass on the stage. It returns the step's loss, summed
+// over the micro-batches the last stage ran.
 func (r *run) pipelineStep() float32 {
 	m := r.model.(*stageModel)
 	st := r.stage
 	live := map[layout.Op]*pass{}
+	shapes := map[int]batchShape{}
 	var lossSum float32
 	ops := layout.Ops(st.schedule, st.pp, st.index, r.cfg.Accum)
 	for i, op := range ops {
 		key := layout.Op{MicroBatch: op.MicroBatch, Chunk: op.Chunk}
 		c := m.chunks[op.Chunk]
+		split := c.Config.Split
 		if !op.Backward {
-			r.setPhase(snapshot.PhaseData)
-			shape := r.nextBatch()
-			p := &pass{n: shape.n, t: shape.t}
-			p.x, p.y = r.data.batch(r.rt, shape, "batch")
-			if c.Config.Split.NoEmbed {
-				t := shape.t / max(st.sp, 1)
-				p.in = r.rt.Zeros(c.Config.DType, []int{shape.n, t, r.cfg.DModel}, "pp.recv_forward", snapshot.CategoryActivation)
+			shape, ok := shapes[op.MicroBatch]
+			if !ok {
+				shape = r.nextBatch()
+				shapes[op.MicroBatch] = shape
+			}
+			p := &pass{shape: shape}
+			if !split.NoEmbed || !split.NoHead { // Megatron's get_batch: tokens to the first stage, labels to the last
+				r.setPhase(snapshot.PhaseData)
+				p.x, p.y = r.data.batch(r.rt, shape, "batch")
+				if split.NoEmbed {
+					p.x.Release()
+					p.x = nil
+				}
+				if split.NoHead {
+					p.y.Release()
+					p.y = nil
+				}
+			}
+			if split.NoEmbed {
+				p.in = r.rt.Zeros(c.Config.DType, r.sentShape(shape), "pp.recv_forward", snapshot.CategoryActivation)
 				p.in.SetRequiresGrad(true)
 			}
 			if r.rank != nil {
@@ -248,7 +267,7 @@ func (r *run) pipelineStep() float32 {
 			r.setPhase(snapshot.PhaseForward)
 			var out *tensor.Tensor
 			r.autocast(func() { out = c.StageForward(p.x, p.in, p.y) })
-			if c.Config.Split.NoHead {
+			if split.NoHead {
 				p.root = out.DetachRoot()
 			} else {
 				p.loss = out
@@ -259,12 +278,19 @@ func (r *run) pipelineStep() float32 {
 		p := live[key]
 		delete(live, key)
 		r.setPhase(snapshot.PhaseBackward)
-		if p.loss != nil {
+		switch {
+		case p.loss != nil && r.scaler != nil: // fp16: scaler.scale(loss).backward()
+			scaled := r.scaler.Scale(p.loss)
+			scaled.Backward(false)
+			scaled.Release()
+			lossSum += p.loss.Item()
+			p.loss.Release()
+		case p.loss != nil:
 			p.loss.Backward(false)
 			lossSum += p.loss.Item()
 			p.loss.Release()
-		} else {
-			g := r.rt.Zeros(c.Config.DType, []int{p.n, p.t / max(st.sp, 1), r.cfg.DModel}, "pp.recv_backward", snapshot.CategoryActivation)
+		default:
+			g := r.rt.Zeros(c.Config.DType, r.sentShape(p.shape), "pp.recv_backward", snapshot.CategoryActivation)
 			p.root.Backward(g)
 		}
 		if p.in != nil {
@@ -278,6 +304,12 @@ func (r *run) pipelineStep() float32 {
 		}
 	}
 	return lossSum
+}
+
+// sentShape is the shape of the hidden states stages pass each other for a batch: the rank's tokens of
+// each sequence (1/TP of them under sequence parallelism) by the hidden size.
+func (r *run) sentShape(b batchShape) []int {
+	return []int{b.n, b.t / max(r.stage.sp, 1), r.cfg.DModel}
 }
 
 // lastForward reports whether ops[i] is the step's last forward: the data-parallel gradients of what

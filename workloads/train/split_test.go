@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/snapshot"
 	"github.com/oomdbg/oomdbg/workloads/device"
 	"github.com/oomdbg/oomdbg/workloads/dist"
@@ -20,8 +21,7 @@ func splitBase(t *testing.T) Config {
 		t.Fatal(err)
 	}
 	c.Device, c.Steps, c.Batch, c.Accum, c.Seq = device.Meta, 1, 2, 1, 512
-	c.Weights, c.AMP = WeightsBF16, 0
-	c.Attention = 1 // flash
+	c.Weights, c.AMP, c.Attention = WeightsBF16, knob.AMPOff, knob.AttentionFlash
 	c.Parallel = dist.Settings{GPUs: 8, Strategy: dist.DDP}
 	return c
 }
@@ -150,12 +150,14 @@ func TestSplitRefusals(t *testing.T) {
 	}{
 		{Split{TP: 3}, nil, "does not divide the 8 GPUs"},
 		{Split{TP: 16}, func(c *Config) { c.Parallel.GPUs = 16 }, "key-value heads do not both split"},
-		{Split{CP: 2}, func(c *Config) { c.Attention = 0 }, "give --attention flash"},
+		{Split{CP: 2}, func(c *Config) { c.Attention = knob.AttentionNaive }, "give --attention flash"},
+		{Split{PP: 2, Schedule: layout.Schedule{Kind: layout.Interleaved, Virtual: 1 << 62}}, func(c *Config) { c.Accum = 2 }, "layers do not split"},
 		{Split{SP: true}, nil, "give --tp 2 or more"},
 		{Split{PP: 3}, func(c *Config) { c.Parallel.GPUs = 6 }, "layers do not split"},
 		{Split{PP: 2, Schedule: layout.Schedule{Kind: layout.Interleaved, Virtual: 2}}, func(c *Config) { c.Accum = 3 }, "multiple of 2"},
 		{Split{PP: 2}, func(c *Config) { c.Parallel.Strategy = dist.ZeRO3 }, "ddp or zero1"},
 		{Split{TP: 2}, func(c *Config) { c.LoRA = 8 }, "adapters"},
+		{Split{PP: 2}, func(c *Config) { c.AMP = knob.AMPFP16 }, "--amp bf16"},
 		{Split{TP: 2}, func(c *Config) { c.Model, c.Weights = "gpt", WeightsF32 }, "Llama-architecture"},
 	} {
 		c := splitBase(t)
@@ -166,6 +168,31 @@ func TestSplitRefusals(t *testing.T) {
 		err := c.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%+v: %v, want one line with %q", tc.s, err, tc.want)
+		}
+	}
+}
+
+// TestPipelinePeaksWithinTwiceItsStages holds what fit relies on when it simulates a pipeline's first 2 x PP
+// micro-batches: under 1F1B and interleaving, the first and last stages reach the same peak allocated with
+// 2 x PP micro-batches as with 8 x PP (the steady state repeats one forward and one backward).
+func TestPipelinePeaksWithinTwiceItsStages(t *testing.T) {
+	const pp = 2
+	for _, s := range []layout.Schedule{{Kind: layout.OneFOneB}, {Kind: layout.Interleaved, Virtual: 2}} {
+		for _, stage := range []int{0, pp - 1} {
+			peak := func(micro int) int64 {
+				c := splitBase(t)
+				c.Layers, c.Accum, c.Steps = 8, micro, 2
+				c.Split = Split{PP: pp, Schedule: s}
+				c.Parallel = dist.Settings{GPUs: pp, Strategy: dist.DDP, Rank: stage}
+				res, _, err := Run(context.Background(), c, nil)
+				if err != nil || res.OOM != nil {
+					t.Fatalf("%s stage %d: %v %v", s, stage, err, res.OOM)
+				}
+				return res.PeakAllocated
+			}
+			if short, long := peak(2*pp), peak(8*pp); short != long {
+				t.Errorf("%s stage %d: %d bytes at peak with %d micro-batches, %d with %d", s, stage, short, 2*pp, long, 8*pp)
+			}
 		}
 	}
 }
