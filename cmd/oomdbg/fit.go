@@ -113,7 +113,7 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 			sig := caught()
 			var mp *layouts.Report
 			if sig == nil && !asJSON && !markdown {
-				var runs []layoutRun
+				var runs layoutRuns
 				if mp, runs = modelParallel(cmd.Context(), flags, cfg, req); mp != nil {
 					fmt.Fprintf(out, "\nModel-parallel layouts of the %d GPUs as Megatron-LM trains the model\n"+
 						"(bf16 mixed precision, Adam): searched with its memory formulas, then each\n"+
@@ -121,7 +121,7 @@ Exit codes: 0 a plan fits, 1 no plan fits (a line on stderr says so), 2 bad usag
 					if err := mp.WriteText(out); err != nil {
 						return err
 					}
-					writeLayoutRuns(out, runs, mp.Job.Usable)
+					runs.write(out, mp.Job.Usable)
 				}
 			}
 			if err := out.Err(); err != nil {
@@ -166,21 +166,22 @@ const modelParallelPlans = 5
 // modelParallel searches the Megatron layouts (DP x TP x PP x CP) of a job of more than one GPU whose model
 // the layouts' formulas describe: a dense decoder (--preset or --hf-config), trained whole. It returns nil
 // where that does not apply: one GPU, adapters, another model, or a job the search refuses.
-func modelParallel(ctx context.Context, flags *configFlags, cfg train.Config, req fit.Request) (*layouts.Report, []layoutRun) {
+func modelParallel(ctx context.Context, flags *configFlags, cfg train.Config, req fit.Request) (*layouts.Report, layoutRuns) {
+	var runs layoutRuns
 	world := cfg.Parallel.World()
 	if world < 2 || cfg.LoRA > 0 || cfg.QLoRA || flags.configFile != "" || flags.preset == "" && flags.hfConfig == "" {
-		return nil, nil
+		return nil, runs
 	}
 	model, name, err := layoutsModel(flags.preset, flags.hfConfig, cfg.Seq)
 	if err != nil {
-		return nil, nil
+		return nil, runs
 	}
 	job := layouts.Job{Name: name, Model: model, GPUs: world, Nodes: cfg.Parallel.NodeCount(),
 		GlobalBatch: max(cfg.Batch, 1) * max(cfg.Accum, 1) * world, GPU: req.GPU,
 		Usable: int64(cfg.GPUMemory) - int64(cfg.ContextReserve), Margin: req.Margin, Top: layoutCandidates}
 	rep, err := layouts.Search(job)
 	if err != nil {
-		return nil, nil
+		return nil, runs
 	}
 	// The formulas pruned; each candidate, fastest first, now runs through run's own flags on the meta
 	// device, every rank that differs, until modelParallelPlans fit.
@@ -192,20 +193,37 @@ func modelParallel(ctx context.Context, flags *configFlags, cfg train.Config, re
 	}
 	limit := fit.Limit(cfg, req.Margin)
 	var kept []layouts.Plan
-	var runs []layoutRun
+	seen := map[string]bool{} // layouts that differ only where the runtime does not (selective and no recompute under flash attention)
 	for _, p := range rep.Plans {
 		if len(kept) == modelParallelPlans || ctx.Err() != nil {
 			break
 		}
 		lr := layoutRun{flags: append(slices.Clone(base), layoutFlags(p, world, cfg.Parallel.NodeCount(), cfg.Seq)...)}
-		if err := lr.simulate(ctx, limit); err != nil || !lr.fits {
+		key := strings.Join(lr.flags, " ")
+		if seen[key] {
 			continue
 		}
-		kept = append(kept, p)
-		runs = append(runs, lr)
+		seen[key] = true
+		if err := lr.simulate(ctx, limit); err != nil { // the workload's own flags refuse a split (e.g. --eval-every)
+			runs.err = err
+			break
+		}
+		runs.simulated++
+		if lr.fits {
+			kept = append(kept, p)
+			runs.listed = append(runs.listed, lr)
+		}
 	}
 	rep.Plans = kept
 	return rep, runs
+}
+
+// layoutRuns is what simulating the formulas' layouts found: the runs listed, how many were simulated, and
+// the error that stopped them.
+type layoutRuns struct {
+	listed    []layoutRun
+	simulated int
+	err       error
 }
 
 // layoutCandidates is how many of the formulas' fastest layouts fit may simulate to find modelParallelPlans.
@@ -262,6 +280,11 @@ func (lr *layoutRun) simulate(ctx context.Context, limit int64) error {
 	if err != nil {
 		return err
 	}
+	if len(ranks) > 2 {
+		// The pipeline's first and last stages: a middle stage holds the first's layers without its
+		// embeddings, and fewer micro-batches in flight.
+		ranks = []int{ranks[0], ranks[len(ranks)-1]}
+	}
 	lr.fits = true
 	for _, r := range ranks {
 		cfg.Parallel.Rank = r
@@ -291,14 +314,20 @@ func peakMicroBatches(cfg train.Config) int {
 	return 2 * pp
 }
 
-// writeLayoutRuns prints each listed layout's run command with what its simulation found.
-func writeLayoutRuns(w io.Writer, runs []layoutRun, usable int64) {
-	if len(runs) == 0 {
+// write prints how many layouts were simulated and each listed one's run command with what its simulation
+// found.
+func (rs layoutRuns) write(w io.Writer, usable int64) {
+	if rs.err != nil {
+		fmt.Fprintf(w, "\nThe layouts could not be run: %v\n", rs.err)
 		return
 	}
-	fmt.Fprintf(w, "\nTo run a layout (simulated: the peak reserved of its fullest rank, of %s usable; a pipeline's\n"+
-		"first 2 x PP micro-batches, where each stage peaks):\n", units.FormatSize(usable))
-	for i, lr := range runs {
+	fmt.Fprintf(w, "\n%d of the fastest layouts simulated (each as run takes it; a pipeline's first and last stages over\n"+
+		"its first 2 x PP micro-batches, where they peak); %d fit when run.\n", rs.simulated, len(rs.listed))
+	if len(rs.listed) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "To run a layout (the peak reserved of its fullest rank, of %s usable):\n", units.FormatSize(usable))
+	for i, lr := range rs.listed {
 		fmt.Fprintf(w, "  %d  oomdbg run %s   (rank %d: %s)\n", i+1, strings.Join(lr.flags, " "), lr.peakRank, units.FormatSize(lr.peak))
 	}
 }

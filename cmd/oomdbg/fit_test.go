@@ -208,6 +208,11 @@ func TestFitListsModelParallelLayouts(t *testing.T) {
 	if commands == 0 {
 		t.Errorf("no layout to run:\n%s", stdout)
 	}
+	// A workload a split rank cannot run says so instead of listing layouts.
+	_, stdout, _ = runCmd("fit", "--preset", "llama-3.1-8b", "--gpus", "8", "--gpu-mem", "80GiB", "--eval-every", "2")
+	if !strings.Contains(stdout, "The layouts could not be run: a split model's rank runs training steps only") || strings.Contains(stdout, "To run a layout") {
+		t.Errorf("fit --eval-every 2 with layouts:\n%s", stdout)
+	}
 	for _, args := range [][]string{
 		{"--preset", "llama-3.2-1b", "--gpu-mem", "16GiB"},
 		{"--preset", "llama-3.2-1b", "--gpus", "4", "--lora", "16", "--gpu-mem", "16GiB"},
