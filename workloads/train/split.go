@@ -261,8 +261,8 @@ func (r *run) pipelineStep() float32 {
 				p.in = r.rt.Zeros(c.Config.DType, r.sentShape(shape), "pp.recv_forward", snapshot.CategoryActivation)
 				p.in.SetRequiresGrad(true)
 			}
-			if r.rank != nil {
-				r.rank.BeginForward(r.iteration, lastForward(ops, i))
+			if r.rank != nil && st.pp == 1 { // FSDP and ZeRO-3 gather as the forward begins
+				r.rank.BeginForward(r.iteration, i == len(ops)-2)
 			}
 			r.setPhase(snapshot.PhaseForward)
 			var out *tensor.Tensor
@@ -277,6 +277,12 @@ func (r *run) pipelineStep() float32 {
 		}
 		p := live[key]
 		delete(live, key)
+		if r.rank != nil && st.pp > 1 {
+			// A stage's backwards do not follow their forwards: the strategy's per-backward state (ddp's and
+			// zero1's, the ones pipelines take) is set before each backward, the step's last reducing the
+			// gradients, as Megatron's pipeline reduces once after its last backward.
+			r.rank.BeginForward(r.iteration, i == len(ops)-1)
+		}
 		r.setPhase(snapshot.PhaseBackward)
 		switch {
 		case p.loss != nil && r.scaler != nil: // fp16: scaler.scale(loss).backward()
@@ -310,15 +316,4 @@ func (r *run) pipelineStep() float32 {
 // each sequence (1/TP of them under sequence parallelism) by the hidden size.
 func (r *run) sentShape(b batchShape) []int {
 	return []int{b.n, b.t / max(r.stage.sp, 1), r.cfg.DModel}
-}
-
-// lastForward reports whether ops[i] is the step's last forward: the data-parallel gradients of what
-// follows are the ones reduced.
-func lastForward(ops []layout.Op, i int) bool {
-	for _, op := range ops[i+1:] {
-		if !op.Backward {
-			return false
-		}
-	}
-	return true
 }

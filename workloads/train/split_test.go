@@ -196,3 +196,27 @@ func TestPipelinePeaksWithinTwiceItsStages(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineReducesOncePerStep: a pipeline stage's data-parallel strategy reduces the gradients once a step,
+// after its last backward, as Megatron's pipeline does, whatever the schedule and the micro-batches: a step
+// of 8 moves what a step of one moves.
+func TestPipelineReducesOncePerStep(t *testing.T) {
+	for _, s := range []dist.Strategy{dist.DDP, dist.ZeRO1} {
+		for _, sched := range []layout.Schedule{{Kind: layout.OneFOneB}, {Kind: layout.GPipe}} {
+			traffic := func(micro int) dist.Traffic {
+				c := splitBase(t)
+				c.Layers, c.Accum, c.Optimizer = 4, micro, knob.AdamW
+				c.Split = Split{PP: 2, Schedule: sched}
+				c.Parallel = dist.Settings{GPUs: 4, Strategy: s}
+				res, _, err := Run(context.Background(), c, nil)
+				if err != nil || res.OOM != nil || len(res.Traffic) == 0 {
+					t.Fatalf("%s %s: %v %v", s, sched, err, res.OOM)
+				}
+				return res.Traffic[0]
+			}
+			if one, eight := traffic(1), traffic(8); one != eight {
+				t.Errorf("%s %s: a step of 8 micro-batches moves %+v, a step of one %+v", s, sched, eight, one)
+			}
+		}
+	}
+}
