@@ -111,6 +111,9 @@ func (r *Report) rankLine() string {
 	}
 
 	line := fmt.Sprintf("rank %d of %d, %s", jr.Rank, max(jr.GPUs, 1), jr.Strategy)
+	if p := jr.place(false); p != "" {
+		line = fmt.Sprintf("rank %d of %d (%s), %s", jr.Rank, max(jr.GPUs, 1), p, jr.Strategy)
+	}
 	if jr.Offload != "" && jr.Offload != "none" {
 		line += ", offload " + jr.Offload
 	}

@@ -24,6 +24,8 @@ type jobRank struct {
 	Strategy string `json:"strategy"`
 	Rank     int    `json:"rank"`
 	Offload  string `json:"offload"`
+	// TP, PP and CP are the model's split (0: none), from the workload's "split".
+	TP, PP, CP int `json:"-"`
 }
 
 // rankOf returns the job a recorded workload is a rank of; ok is false for a single GPU or an imported
@@ -31,11 +33,47 @@ type jobRank struct {
 func rankOf(workload json.RawMessage) (jobRank, bool) {
 	var w struct {
 		Parallel *jobRank `json:"parallel"`
+		Split    struct {
+			TP int `json:"tp"`
+			PP int `json:"pp"`
+			CP int `json:"cp"`
+		} `json:"split"`
 	}
 	if len(workload) == 0 || json.Unmarshal(workload, &w) != nil || w.Parallel == nil || w.Parallel.Strategy == "" || w.Parallel.Strategy == "none" {
 		return jobRank{}, false
 	}
-	return *w.Parallel, true
+	jr := *w.Parallel
+	jr.TP, jr.PP, jr.CP = w.Split.TP, w.Split.PP, w.Split.CP
+	return jr, true
+}
+
+// place says where the rank sits in a split job, as Megatron orders the ranks (TP innermost, then CP, DP
+// and PP): its pipeline stage and its tensor- and context-parallel ranks, each where there are several
+// ("stage 2 of 8, cp rank 1 of 4"; short, "s2 c1"); "" for a job that splits nothing or sizes that do not
+// divide its GPUs.
+func (j jobRank) place(short bool) string {
+	tp, pp, cp, world := max(j.TP, 1), max(j.PP, 1), max(j.CP, 1), max(j.GPUs, 1)
+	if tp*pp*cp == 1 || world%(tp*pp*cp) != 0 {
+		return ""
+	}
+	var parts []string
+	add := func(long, abbr string, i, n int) {
+		if n < 2 {
+			return
+		}
+		if short {
+			parts = append(parts, fmt.Sprintf("%s%d", abbr, i))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %d of %d", long, i, n))
+		}
+	}
+	add("stage", "s", j.Rank/(world/pp), pp)
+	add("tp rank", "t", j.Rank%tp, tp)
+	add("cp rank", "c", j.Rank/tp%cp, cp)
+	if short {
+		return strings.Join(parts, " ")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // rankInName finds a rank in a file name as launchers write them: rank3, rank_3, rank-3, or a trailing
@@ -60,7 +98,11 @@ func rankFromName(file string) int {
 type RankRow struct {
 	File string `json:"file"`
 	// Rank is the rank the recording says it is, or the number in the file's name; -1 when neither tells.
-	Rank          int    `json:"rank"`
+	Rank int `json:"rank"`
+	// Place is where the rank sits in a split job (its pipeline stage, its TP and CP ranks); "" otherwise.
+	// ShortPlace says it in a few characters, for a narrow column.
+	Place         string `json:"place"`
+	ShortPlace    string `json:"-"`
 	PeakAllocated int64  `json:"peak_allocated"`
 	PeakPhase     string `json:"peak_phase"`
 	PeakIteration int32  `json:"peak_iteration"`
@@ -112,7 +154,7 @@ func CompareRanks(files []string, reports []*Report, errs []error) *RankTable {
 		}
 		r := reports[i]
 		if jr, ok := rankOf(r.Source.Workload); ok {
-			row.Rank = jr.Rank
+			row.Rank, row.Place, row.ShortPlace = jr.Rank, jr.place(false), jr.place(true)
 		}
 		if !r.Source.Complete && r.Source.Warning != "" {
 			row.CutShort = r.Source.Warning
@@ -230,6 +272,9 @@ func (t *RankTable) names(is []int) string {
 
 // name says which rank a row is.
 func (r RankRow) name() string {
+	if r.Rank >= 0 && r.Place != "" {
+		return fmt.Sprintf("rank %d (%s)", r.Rank, r.Place)
+	}
 	if r.Rank >= 0 {
 		return fmt.Sprintf("rank %d", r.Rank)
 	}
@@ -306,6 +351,9 @@ func (t *RankTable) WriteJSON(w io.Writer) error {
 }
 
 func (r RankRow) rankCell() string {
+	if r.Rank >= 0 && r.Place != "" {
+		return strconv.Itoa(r.Rank) + " (" + r.Place + ")"
+	}
 	if r.Rank >= 0 {
 		return strconv.Itoa(r.Rank)
 	}

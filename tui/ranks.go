@@ -62,7 +62,11 @@ func (p *ranksPane) view(s Styles, w, h int) string {
 		return s.Muted.Render(ansi.Truncate("one snapshot: oomdbg view FILE FILE... puts a job's ranks side by side", w, "…"))
 	}
 	lines := []string{s.Muted.Render(ansi.Truncate("↑↓ choose, enter opens the rank; * the worst: "+p.table.Why, w, "…"))}
-	header := fmt.Sprintf("  %-5s %10s  %-22s %12s %11s %10s  %s", "rank", "peak", "at", "model states", "activations", "host", "OOM")
+	nameWidth := 5 // the rank, and its place in a split job
+	for _, r := range p.table.Ranks {
+		nameWidth = max(nameWidth, len(rankName(r)))
+	}
+	header := fmt.Sprintf("  %-*s %10s  %-22s %12s %11s %10s  %s", nameWidth, "rank", "peak", "at", "model states", "activations", "host", "OOM")
 	lines = append(lines, s.Muted.Render(ansi.Truncate(header, w, "…")))
 	for i, r := range p.table.Ranks {
 		mark := " "
@@ -72,13 +76,10 @@ func (p *ranksPane) view(s Styles, w, h int) string {
 		case i == p.table.Worst:
 			mark = "*"
 		}
-		name := "?"
-		if r.Rank >= 0 {
-			name = fmt.Sprint(r.Rank)
-		}
+		name := rankName(r)
 		var line string
 		if r.Error != "" {
-			line = fmt.Sprintf("%s %-5s %s", mark, name, r.File+": "+r.Error)
+			line = fmt.Sprintf("%s %-*s %s", mark, nameWidth, name, r.File+": "+r.Error)
 		} else {
 			oom, host := "-", "-"
 			if r.OOM {
@@ -87,7 +88,7 @@ func (p *ranksPane) view(s Styles, w, h int) string {
 			if r.HostAllocated > 0 {
 				host = units.FormatSize(r.HostAllocated)
 			}
-			line = fmt.Sprintf("%s %-5s %10s  %-22s %12s %11s %10s  %s", mark, name, units.FormatSize(r.PeakAllocated),
+			line = fmt.Sprintf("%s %-*s %10s  %-22s %12s %11s %10s  %s", mark, nameWidth, name, units.FormatSize(r.PeakAllocated),
 				whereNamed(r.PeakIteration, r.PeakPhase), units.FormatSize(r.ModelStates),
 				units.FormatSize(r.Activations), host, oom)
 		}
@@ -117,4 +118,16 @@ func (m *Model) openRank(msg rankMsg) tea.Cmd {
 	m.load = loadState{label: "snapshot", done: true}
 	m.landOnTarget()
 	return m.leaks.analyze(m.ix.tl)
+}
+
+// rankName is a rank's name in the pane: its number, and its short place in a split job ("0 s2 c1").
+func rankName(r triage.RankRow) string {
+	name := "?"
+	if r.Rank >= 0 {
+		name = fmt.Sprint(r.Rank)
+	}
+	if r.ShortPlace != "" {
+		name += " " + r.ShortPlace
+	}
+	return name
 }
