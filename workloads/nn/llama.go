@@ -411,15 +411,30 @@ func (m *Llama) ForwardLoss(idx, labels *tensor.Tensor) (logits, loss *tensor.Te
 	return m.head(m.forwardModel(idx), labels)
 }
 
-// head is lm_head and the loss on the final hidden states h (it takes h's reference); under sequence
-// parallelism h is all-gathered first, and lm_head saves the gathered states.
+// head is lm_head and the loss on the final hidden states h (it takes h's reference). Under sequence
+// parallelism lm_head is Megatron's column-parallel output layer: it gathers the rank's tokens and saves
+// them alone; a chunked or fused loss, which cuts the sequence itself, gets the gathered states.
 func (m *Llama) head(h, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
-	if sp := m.Config.Split.sp(); sp > 1 {
+	sp := m.Config.Split.sp()
+	switch {
+	case sp > 1 && m.Config.Loss.Kind == LossFull:
+		return causalLMHead(m.rt, gatheredHead{m.LMHead, sp}, m.LMHead.Weight, h, labels, m.Config.Loss)
+	case sp > 1:
 		full := tensor.GatherSeq(h, sp)
 		h.Release()
 		h = full
 	}
 	return causalLMHead(m.rt, m.Head, m.LMHead.Weight, h, labels, m.Config.Loss)
+}
+
+// gatheredHead is lm_head under sequence parallelism over sp ranks: columnParallel's linear.
+type gatheredHead struct {
+	*Linear
+	sp int
+}
+
+func (g gatheredHead) Forward(x *tensor.Tensor) *tensor.Tensor {
+	return columnParallel(g.Linear, x, g.sp)
 }
 
 // StageForward is one pipeline stage's share of the forward: the embeddings of idx on the first stage, else
