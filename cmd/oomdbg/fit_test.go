@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -190,6 +192,23 @@ func TestFitListsModelParallelLayouts(t *testing.T) {
 	if rows == 0 || rows > modelParallelPlans {
 		t.Errorf("%d layouts listed, want 1 to %d:\n%s", rows, modelParallelPlans, section)
 	}
+	// The fastest listed layout runs whole, every micro-batch of both steps, and fits on its first and last
+	// stages (fit simulated their first 2 x PP micro-batches).
+	_, runs, _ := strings.Cut(section, "To run a layout")
+	first := regexp.MustCompile(`(?m)^  1  oomdbg run (.*?)   \(rank`).FindStringSubmatch(runs)
+	if first == nil {
+		t.Fatalf("no layout to run:\n%s", section)
+	}
+	args := strings.Fields(first[1])
+	pp := 1
+	if i := slices.Index(args, "--pp"); i >= 0 {
+		pp, _ = strconv.Atoi(args[i+1])
+	}
+	for _, rank := range []int{0, 64 - 64/pp} {
+		if !runFlagsFit(t, append(slices.Clone(args), "--steps", "2", "--rank", strconv.Itoa(rank))) {
+			t.Errorf("oomdbg run %s --rank %d: does not fit", first[1], rank)
+		}
+	}
 	// On one node of eight, every listed layout's command runs, whole, and fits.
 	_, stdout, _ = runCmd("fit", "--preset", "llama-3.1-8b", "--gpus", "8", "--gpu-mem", "80GiB")
 	_, section, _ = strings.Cut(stdout, "To run a layout")
@@ -200,9 +219,9 @@ func TestFitListsModelParallelLayouts(t *testing.T) {
 			continue
 		}
 		commands++
-		args, _, _ := strings.Cut(cmdline, "   (rank")
-		if !runFlagsFit(t, append(strings.Fields(args), "--steps", "2")) {
-			t.Errorf("oomdbg run %s: does not fit", args)
+		listed, _, _ := strings.Cut(cmdline, "   (rank")
+		if !runFlagsFit(t, append(strings.Fields(listed), "--steps", "2")) {
+			t.Errorf("oomdbg run %s: does not fit", listed)
 		}
 	}
 	if commands == 0 {
@@ -219,6 +238,16 @@ func TestFitListsModelParallelLayouts(t *testing.T) {
 	} {
 		if _, stdout, _ := runCmd(append([]string{"fit"}, args...)...); strings.Contains(stdout, "Model-parallel layouts") {
 			t.Errorf("fit %s lists layouts", strings.Join(args, " "))
+		}
+	}
+}
+
+// BenchmarkFitLayouts70B is fit on a 64-GPU job of a 70B model: the plans on one GPU, the formulas' search
+// of the layouts and the simulation of the fastest.
+func BenchmarkFitLayouts70B(b *testing.B) {
+	for range b.N {
+		if code, _, stderr := runCmd("fit", "--preset", "llama-2-70b", "--gpus", "64", "--nodes", "8", "--gpu-mem", "80GiB"); code != exitProblem {
+			b.Fatalf("exit %d: %s", code, stderr)
 		}
 	}
 }
