@@ -74,6 +74,8 @@ func (c *Config) validateSplit() error {
 		return fmt.Errorf("sequence parallelism shards over the tensor-parallel ranks: give --tp 2 or more with --sp")
 	case s.SP && (c.Seq/cp)%tp != 0:
 		return fmt.Errorf("sequence parallelism needs the sequence per CP rank (%d) to split over %d TP ranks", c.Seq/cp, tp)
+	case s.SP && !c.SeqDist.Fixed():
+		return fmt.Errorf("sequence parallelism splits every sequence over the TP ranks: it needs sequences of --seq tokens (Megatron pads them to --seq-length), not --seq-dist %s", c.SeqDist)
 	case s.SP && c.QKVBias:
 		return fmt.Errorf("sequence parallelism is modelled without biases (Megatron's Llama has none)")
 	case s.chunks() > c.Layers || c.Layers%(pp*s.chunks()) != 0:

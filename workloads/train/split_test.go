@@ -153,6 +153,7 @@ func TestSplitRefusals(t *testing.T) {
 		{Split{CP: 2}, func(c *Config) { c.Attention = knob.AttentionNaive }, "give --attention flash"},
 		{Split{PP: 2, Schedule: layout.Schedule{Kind: layout.Interleaved, Virtual: 1 << 62}}, func(c *Config) { c.Accum = 2 }, "layers do not split"},
 		{Split{SP: true}, nil, "give --tp 2 or more"},
+		{Split{TP: 2, SP: true}, func(c *Config) { c.SeqDist = UniformSeq(3, 512) }, "sequences of --seq tokens"},
 		{Split{PP: 3}, func(c *Config) { c.Parallel.GPUs = 6 }, "layers do not split"},
 		{Split{PP: 2, Schedule: layout.Schedule{Kind: layout.Interleaved, Virtual: 2}}, func(c *Config) { c.Accum = 3 }, "multiple of 2"},
 		{Split{PP: 2}, func(c *Config) { c.Parallel.Strategy = dist.ZeRO3 }, "ddp or zero1"},
