@@ -29,6 +29,15 @@ var (
 		URL:  "https://github.com/bitsandbytes-foundation/bitsandbytes/pull/1270",
 		Test: "workloads/nn TestQLoRASavesWhatBitsandbytesSaves",
 	}
+	// QuantizesInOwnDType: bitsandbytes stopped quantizing a float16 copy of each 4-bit weight.
+	QuantizesInOwnDType = Behaviour{
+		ID: "bitsandbytes.quantize-half", Library: Bitsandbytes, Changed: V(0, 43, 0),
+		Before: "Params4bit.cuda quantizes self.data.contiguous().half(): the quant state's dtype is float16, so each dequantize_4bit gives a float16 weight that MatMul4Bit's .to(A.dtype) copies into the bfloat16 compute dtype, forward and backward (two weight-sized temporaries alive together)",
+		After:  "Params4bit._quantize quantizes the weight in its own dtype: a bfloat16 checkpoint dequantizes to bfloat16 and .to(A.dtype) copies nothing",
+		File:   "bitsandbytes/nn/modules.py (Params4bit)", Commit: "dcfb6f81 (#970, \"Initial FSDP Support for QLoRA Finetuning\")",
+		URL:  "https://github.com/bitsandbytes-foundation/bitsandbytes/pull/970",
+		Test: "workloads/nn TestOldBitsandbytesDequantizesHalf",
+	}
 	// LossFunction: transformers moved the causal-LM loss out of the model's forward into ForCausalLMLoss.
 	LossFunction = Behaviour{
 		ID: "transformers.causal-lm-loss", Library: Transformers, Changed: V(4, 46, 0),
@@ -89,12 +98,16 @@ var (
 // Behaviours is the table: every behaviour the runtime keys on a library's release, in the order
 // docs/versions.md lists them.
 var Behaviours = []Behaviour{
-	MatMul4BitDropsInput, LossFunction, LossShiftsLabels, NumItemsInBatch, FSDPUpcastsParameters, MeanSavesSizes,
+	MatMul4BitDropsInput, QuantizesInOwnDType, LossFunction, LossShiftsLabels, NumItemsInBatch, FSDPUpcastsParameters, MeanSavesSizes,
 	AdapterDTypeFloat32,
 }
 
 // MatMul4BitKeepsInput reports whether bitsandbytes' MatMul4Bit keeps its input until backward.
 func (s Set) MatMul4BitKeepsInput() bool { return !MatMul4BitDropsInput.In(s) }
+
+// QuantizesHalf reports whether bitsandbytes quantizes a float16 copy of each 4-bit weight (its quant
+// state, and so every dequantization, in float16).
+func (s Set) QuantizesHalf() bool { return !QuantizesInOwnDType.In(s) }
 
 // LossGeneration is how a transformers release computes a causal LM's loss.
 type LossGeneration uint8

@@ -23,12 +23,18 @@ func newLinear4bit(rt *tensor.Runtime, name string, in, out int, bias bool, dtyp
 
 // newLinear4bitLoaded makes a Linear4bit whose weight is loaded in dtype and quantized on the device
 // (onDevice: Params4bit._quantize, w = self.data.contiguous().to(device), quantize_4bit(w), the 16-bit copy
-// freed), or made in its stored form at once, as a checkpoint already quantized loads.
+// freed), or made in its stored form at once, as a checkpoint already quantized loads. With o.Half the
+// weight reaches the device as float16 (Params4bit.cuda's self.data.contiguous().half().cuda(device) before
+// bitsandbytes 0.43.0), so its quant state is float16; the bias stays in dtype.
 func newLinear4bitLoaded(rt *tensor.Runtime, name string, in, out int, bias bool, dtype tensor.DType, std float32, o tensor.Quant4Options, onDevice bool) *Linear4bit {
 	l := &Linear4bit{base: base{rt, name}, ComputeDType: tensor.BF16}
+	wdtype := dtype
+	if o.Half {
+		wdtype = tensor.F16
+	}
 	leave := rt.Scope(name)
 	if onDevice {
-		w := rt.Randn(dtype, []int{out, in}, std, join(name, "weight"), snapshot.CategoryParameter)
+		w := rt.Randn(wdtype, []int{out, in}, std, join(name, "weight"), snapshot.CategoryParameter)
 		l.Q = tensor.Quantize4BitWith(w, snapshot.CategoryParameter, o)
 		w.Release()
 	} else {
@@ -39,7 +45,7 @@ func newLinear4bitLoaded(rt *tensor.Runtime, name string, in, out int, bias bool
 				values[i] = float32(rt.Rand().NormFloat64()) * std
 			}
 		}
-		l.Q = tensor.Quantize4BitValues(rt, values, []int{out, in}, dtype, snapshot.CategoryParameter, o)
+		l.Q = tensor.Quantize4BitValues(rt, values, []int{out, in}, wdtype, snapshot.CategoryParameter, o)
 	}
 	leave()
 	wn := join(name, "weight")

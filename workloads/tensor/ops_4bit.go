@@ -91,6 +91,10 @@ type Quant4Options struct {
 	// Storage is the packed weight's dtype (bnb_4bit_quant_storage): U8 (bitsandbytes' default), BF16, F16 or
 	// F32.
 	Storage DType
+	// Half quantizes a float16 copy of the weight, so that the quant state's dtype, and each dequantization's,
+	// is float16 (Params4bit.cuda's .half() before bitsandbytes 0.43.0, versions.QuantizesInOwnDType; Lightning's
+	// BitsandbytesPrecision always).
+	Half bool
 }
 
 // DefaultQuant4 is the QLoRA recipe's: NF4 with double quantization, stored in uint8.
@@ -285,20 +289,24 @@ func (q *Quant4) dequantize(extraAbsmax bool) (absmax []*Tensor, w *Tensor) {
 // MatMul4Bit is bitsandbytes' matmul_4bit(x, weight, quant_state, bias) for training: x @ W.T + bias with W
 // stored in 4 bits. Its forward (MatMul4Bit.forward, the dequantize-then-linear path gemm_4bit takes for
 // more than 1536 rows, and the only path before 2026) dequantizes the absmax values and the weight into
-// temporaries, runs F.linear (under autocast if it is on) and frees them; as a custom autograd Function it
-// saves no tensor (ctx.tensors keeps only the packed weight, a parameter). Its backward dequantizes the
-// weight again and multiplies: grad_x = grad @ W. The weight gets no gradient; the output requires grad only
-// when x does. Before bitsandbytes 0.43.2 its forward also kept x in ctx.tensors = (A, B), unread, until the
-// graph goes (versions.MatMul4BitDropsInput).
+// temporaries (the absmax values freed as dequantize_4bit returns), converts the weight to x's dtype (a
+// second weight-sized temporary when they differ, as a float16 quant state makes them), runs F.linear (under
+// autocast if it is on) and frees them; as a custom autograd Function it saves no tensor (ctx.tensors keeps
+// only the packed weight, a parameter). Its backward dequantizes the weight again and multiplies: grad_x =
+// grad @ W. The weight gets no gradient; the output requires grad only when x does. Before bitsandbytes
+// 0.43.2 its forward also kept x in ctx.tensors = (A, B), unread, until the graph goes
+// (versions.MatMul4BitDropsInput).
 func MatMul4Bit(x *Tensor, q *Quant4, bias *Tensor) *Tensor {
 	x.check()
 	rt := x.rt
 	var out *Tensor
 	rt.NoGrad(func() {
 		absmax, w := q.dequantize(true)
-		out = Linear(x, w, bias)
-		releaseAll(absmax)
+		releaseAll(absmax)        // dequantize_4bit's locals
+		wc := ToDType(w, x.dtype) // .to(A.dtype): a copy when the state's dtype is not the input's
 		w.Release()
+		out = Linear(x, wc, bias)
+		wc.Release()
 	})
 	if rt.needsGrad(x, bias) {
 		var biasDType DType
