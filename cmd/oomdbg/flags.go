@@ -272,12 +272,14 @@ func addConfigFlags(fs *pflag.FlagSet, defaults train.Config) *configFlags {
 	field(f, "qlora", func(c *cfg) *bool { return &c.QLoRA }, "llama: QLoRA: the base's linear layers in bitsandbytes NF4 with double quantization, computing in bf16 (needs --lora)")
 	field(f, "qlora-double-quant", func(c *cfg) *train.Toggle { return &c.QLoRADoubleQuant }, "llama: quantize QLoRA's absmax values again (bnb_4bit_use_double_quant; default true)")
 	field(f, "qlora-storage", func(c *cfg) *train.QuantStorage { return &c.QLoRAStorage }, "llama: the dtype QLoRA's packed weights are stored in (bnb_4bit_quant_storage): uint8, bf16 or f32")
+	field(f, "qlora-half", func(c *cfg) *train.Toggle { return &c.QLoRAHalf }, "llama: quantize a float16 copy of each weight, so that each dequantization is float16, copied to bf16 (default: true with bitsandbytes before 0.43.0; Lightning's BitsandbytesPrecision, LitGPT's --quantize, always does)")
+	field(f, "qlora-head", func(c *cfg) *bool { return &c.QLoRAHead }, "llama: store lm_head in 4 bits too, as LitGPT's --quantize (Lightning's BitsandbytesPrecision) does; transformers leaves it in 16 bits")
 	field(f, "kbit-prep", func(c *cfg) *train.Toggle { return &c.KbitPrep }, "llama: peft's prepare_model_for_kbit_training, which upcasts the 16-bit parameters that are not 4-bit (norms, embeddings, lm_head) to float32 (default: true with --qlora, but under FSDP and ZeRO, as TRL and DeepSpeed leave it)")
 	field(f, "lora-dtype", func(c *cfg) *train.AdapterDType { return &c.LoRADType }, "llama: the LoRA weights' dtype: peft (float32 from peft 0.12, the base's dtype before), f32 or bf16 (torchtune's)")
 	field(f, "loss", func(c *cfg) *train.LossSetting { return &c.Loss }, "llama: the loss: full (lm_head over every position, the causal-LM loss of --versions' transformers), chunked:T (torchtune's chunked output and cross-entropy, T tokens a chunk), linear-ce:N (torchtune's LinearCrossEntropyLoss, the sequence in N chunks: num_output_chunks) or fused-linear-ce (Liger's, the logits never whole)")
 	field(f, "load", func(c *cfg) *train.Load { return &c.Load }, "llama, bert: how the model reaches the device: none (made there in its final form) or hf (from_pretrained as its own phase: each weight in the checkpoint's dtype, 4-bit ones quantized on the device)")
 	field(f, "versions", func(c *cfg) *versions.Set { return &c.Versions }, "the library releases the run assumes, any of torch, transformers, bitsandbytes, peft, accelerate: e.g. torch=2.3.1,bitsandbytes=0.42.0 (docs/versions.md; default: "+versions.Set{}.Describe()+")")
-	for _, name := range []string{"qlora-double-quant", "kbit-prep"} {
+	for _, name := range []string{"qlora-double-quant", "qlora-half", "kbit-prep"} {
 		fs.Lookup(name).NoOptDefVal = "true"
 	}
 	fs.Var(requirementsFlag{&f.versionsFrom}, "versions-from", "read the library releases from a pip freeze (name==version lines); --versions overrides them")

@@ -46,6 +46,7 @@ type BertConfig struct {
 	DType                      tensor.DType
 	Adapter                    *LoRAConfig
 	QLoRA                      bool
+	Quant                      *tensor.Quant4Options // how QLoRA stores the base (tensor.DefaultQuant4 when nil)
 	Built                      func(l Module)
 }
 
@@ -94,7 +95,7 @@ func NewBert(rt *tensor.Runtime, cfg BertConfig) (*Bert, error) {
 		return nil, err
 	}
 	m := &Bert{base: base{rt, ""}, Config: cfg, Training: true}
-	b := &decoderBuilder{rt: rt, cfg: &DecoderConfig{LlamaConfig: LlamaConfig{DType: cfg.DType, Adapter: cfg.Adapter, QLoRA: cfg.QLoRA}},
+	b := &decoderBuilder{rt: rt, cfg: &DecoderConfig{LlamaConfig: LlamaConfig{DType: cfg.DType, Adapter: cfg.Adapter, QLoRA: cfg.QLoRA, Quant: cfg.Quant}},
 		training: &m.Training}
 	emb := func(name string, n int) *Embedding {
 		return &Embedding{base: base{rt, name}, Weight: b.normal(join(name, "weight"), []int{n, cfg.DModel})}

@@ -249,7 +249,7 @@ func (b *decoderBuilder) linear(name, short string, in, out int, bias bool) Proj
 	}
 	var l Projection
 	if cfg.QLoRA {
-		l = newLinear4bit(b.rt, baseName, in, out, bias, cfg.DType, initStd, tensor.DefaultQuant4)
+		l = newLinear4bit(b.rt, baseName, in, out, bias, cfg.DType, initStd, cfg.quant())
 	} else {
 		lin := &Linear{base: base{b.rt, baseName}, Weight: b.normal(join(baseName, "weight"), []int{out, in})}
 		if bias {

@@ -42,6 +42,9 @@ type LlamaConfig struct {
 	// Quant is how QLoRA stores the base's linear weights (BitsAndBytesConfig's double quantization and
 	// quant storage); the zero value is read as tensor.DefaultQuant4.
 	Quant *tensor.Quant4Options
+	// QuantizeHead stores lm_head in 4 bits as well under QLoRA, as Lightning's BitsandbytesPrecision (LitGPT's
+	// quantize) replaces every nn.Linear; transformers leaves lm_head in 16 bits.
+	QuantizeHead bool
 	// Loss is how the loss is computed from the final hidden states (the full loss when zero).
 	Loss Loss
 	// Prequantized makes the 4-bit weights in their stored form at once (a checkpoint already quantized);
@@ -178,10 +181,7 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 		return &Parameter{Name: name, Tensor: t.SetRequiresGrad(true).SetName(name)}
 	}
 	quantized := cfg.QLoRA
-	quant := tensor.DefaultQuant4
-	if cfg.Quant != nil {
-		quant = *cfg.Quant
-	}
+	quant := cfg.quant()
 	linear := func(name, short string, in, out int, bias bool) Projection {
 		adapted := cfg.Adapter != nil && cfg.Adapter.targets(short)
 		baseName := name
@@ -235,12 +235,17 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 	m.InvFreq = ropeInvFreq(rt, hd, cfg.RopeTheta)
 	if !cfg.Split.NoHead {
 		m.Norm = newRMSNorm(rt, "model.norm", d, cfg.NormEps, cfg.DType)
-		if cfg.Tied {
+		switch {
+		case cfg.QuantizeHead:
+			m.Head = newLinear4bitLoaded(rt, "lm_head", d, cfg.Vocab, false, cfg.DType, std, quant, !cfg.Prequantized)
+		case cfg.Tied:
 			m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: m.Embed.Weight}
-		} else {
+		default:
 			m.LMHead = &Linear{base: base{rt, "lm_head"}, Weight: normal("lm_head.weight", []int{cfg.Vocab, d})}
 		}
-		m.Head = m.LMHead
+		if m.LMHead != nil {
+			m.Head = m.LMHead
+		}
 	}
 	m.adaptEnds(cfg)
 	if cfg.Adapter != nil { // peft: everything but the adapters frozen (embeddings and lm_head included)
@@ -257,10 +262,10 @@ func NewLlama(rt *tensor.Runtime, cfg LlamaConfig) (*Llama, error) {
 // lora.Linear; the base layers renamed base_layer).
 func (m *Llama) adaptEnds(cfg LlamaConfig) {
 	rt, a := m.rt, cfg.Adapter
-	if a == nil || m.Embed == nil || m.LMHead == nil { // a pipeline stage takes no adapters
+	if a == nil || m.Embed == nil || m.Head == nil { // a pipeline stage takes no adapters
 		return
 	}
-	if a.targets(TargetLMHead) {
+	if a.targets(TargetLMHead) { // a 4-bit lm_head (no LMHead) is refused by validate
 		m.LMHead.name = "lm_head.base_layer"
 		m.LMHead.Weight.Name = "lm_head.base_layer.weight"
 		m.LMHead.Weight.Tensor.SetName(m.LMHead.Weight.Name)
@@ -274,8 +279,22 @@ func (m *Llama) adaptEnds(cfg LlamaConfig) {
 	}
 }
 
+// quant returns how QLoRA stores the base's weights.
+func (c LlamaConfig) quant() tensor.Quant4Options {
+	if c.Quant != nil {
+		return *c.Quant
+	}
+	return tensor.DefaultQuant4
+}
+
 func (c LlamaConfig) validate() error {
 	switch {
+	case c.QuantizeHead && (!c.QLoRA || c.Tied || c.Split != Split{}):
+		return fmt.Errorf("a 4-bit lm_head needs qlora, an lm_head of its own and the whole model")
+	case c.QuantizeHead && c.Adapter.targets(TargetLMHead):
+		return fmt.Errorf("lora on a 4-bit lm_head is not modelled")
+	case c.QuantizeHead && c.Loss.Kind == LossFusedLinearCE:
+		return fmt.Errorf("a fused linear cross-entropy over a 4-bit lm_head is not modelled")
 	case c.Vocab <= 1 || c.DModel <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.FFN <= 0 || c.HeadDim <= 0:
 		return fmt.Errorf("llama needs vocab > 1 and d_model, layers, heads, kv_heads, ffn and head_dim > 0 (got %d, %d, %d, %d, %d, %d, %d)",
 			c.Vocab, c.DModel, c.Layers, c.Heads, c.KVHeads, c.FFN, c.HeadDim)
@@ -392,6 +411,9 @@ func (m *Llama) Release() {
 			}
 		}
 	}
+	if h, ok := m.Head.(*Linear4bit); ok {
+		h.releaseState()
+	}
 	ReleaseParameters(m)
 	m.InvFreq.Release()
 }
@@ -424,7 +446,11 @@ func (m *Llama) head(h, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
 		h.Release()
 		h = full
 	}
-	return causalLMHead(m.rt, m.Head, m.LMHead.Weight, h, labels, m.Config.Loss)
+	var weight *Parameter // what a fused loss multiplies by (none for a 4-bit lm_head, which it refuses)
+	if m.LMHead != nil {
+		weight = m.LMHead.Weight
+	}
+	return causalLMHead(m.rt, m.Head, weight, h, labels, m.Config.Loss)
 }
 
 // gatheredHead is lm_head under sequence parallelism over sp ranks: columnParallel's linear.

@@ -75,6 +75,12 @@ type Config struct {
 	// the packed weights' dtype (bnb_4bit_quant_storage).
 	QLoRADoubleQuant Toggle       `json:"qlora_double_quant,omitzero"`
 	QLoRAStorage     QuantStorage `json:"qlora_storage,omitzero"`
+	// QLoRAHalf quantizes a float16 copy of each weight, so that every dequantization is float16 and copied
+	// to the compute dtype (on by default with bitsandbytes before 0.43.0, versions.QuantizesInOwnDType;
+	// Lightning's BitsandbytesPrecision always does it). QLoRAHead stores lm_head in 4 bits too, as
+	// Lightning's plugin, which replaces every nn.Linear, does (llama).
+	QLoRAHalf Toggle `json:"qlora_half,omitzero"`
+	QLoRAHead bool   `json:"qlora_head,omitempty"`
 	// KbitPrep is peft's prepare_model_for_kbit_training: the 16-bit parameters that are not 4-bit upcast to
 	// float32 (on by default with QLoRA, as peft's and TRL's QLoRA recipes call it).
 	KbitPrep Toggle `json:"kbit_prep,omitzero"`
@@ -217,6 +223,13 @@ func (c *Config) loraConfig() nn.LoRAConfig {
 	return nn.LoRAConfig{Rank: c.LoRA, Alpha: alpha, Dropout: c.LoRADropout, Targets: targets, DType: c.adapterDType()}
 }
 
+// quant4 is how QLoRA stores the base's weights: BitsAndBytesConfig's double quantization and storage, and
+// whether a float16 copy is quantized (as bitsandbytes before 0.43.0 does unless told otherwise).
+func (c *Config) quant4() *tensor.Quant4Options {
+	return &tensor.Quant4Options{DoubleQuant: c.QLoRADoubleQuant.On(true), Storage: c.QLoRAStorage.dtype(),
+		Half: c.QLoRAHalf.On(c.Versions.QuantizesHalf())}
+}
+
 // llamaConfig returns the model configuration of a validated llama Config.
 func (c *Config) llamaConfig() nn.LlamaConfig {
 	dtype := c.Weights.dtype()
@@ -232,7 +245,7 @@ func (c *Config) llamaConfig() nn.LlamaConfig {
 		Attention: attention, Dropout: c.Dropout, DType: dtype, QLoRA: c.QLoRA,
 		Loss: nn.Loss{Kind: c.Loss.Kind, Chunk: c.Loss.Chunk}, Prequantized: c.Load == LoadNone}
 	if c.QLoRA {
-		m.Quant = &tensor.Quant4Options{DoubleQuant: c.QLoRADoubleQuant.On(true), Storage: c.QLoRAStorage.dtype()}
+		m.Quant, m.QuantizeHead = c.quant4(), c.QLoRAHead
 	}
 	if c.LoRA > 0 {
 		lc := c.loraConfig()
@@ -320,6 +333,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("lora, qlora and weights apply to the llama model and to bert")
 	}
 	if !c.HF() && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8 || c.KbitPrep != ToggleDefault ||
+		c.QLoRAHalf != ToggleDefault || c.QLoRAHead ||
 		c.LoRADType != AdapterPEFT || !c.Loss.IsZero() || c.Load != LoadNone) {
 		return fmt.Errorf("qlora storage, kbit-prep, lora dtype, loss and load apply to the llama model (and load to bert)")
 	}

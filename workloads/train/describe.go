@@ -34,6 +34,12 @@ func (c Config) ModelName() string {
 	if c.QLoRA && c.QLoRAStorage != StorageUint8 {
 		parts = append(parts, "stored in "+c.QLoRAStorage.String())
 	}
+	if half := c.Versions.QuantizesHalf(); c.QLoRA && c.QLoRAHalf.On(half) != half { // the release says the rest
+		parts = append(parts, map[bool]string{true: "quantized from float16", false: "quantized in the weights' dtype"}[!half])
+	}
+	if c.QLoRAHead {
+		parts = append(parts, "4-bit lm_head")
+	}
 	if c.QLoRA && !c.kbitPrep() {
 		parts = append(parts, "no kbit preparation")
 	}

@@ -127,6 +127,9 @@ func (c *Config) bertConfig() nn.BertConfig {
 		MaxPositions: c.Family.MaxPositions, TypeVocab: c.Family.TypeVocab, Task: c.Task.String(), Labels: c.Family.Labels,
 		NormEps: c.NormEps, HiddenDropout: c.Dropout, AttnDropout: c.Family.AttnDropout, Attention: attention,
 		DType: dtype, QLoRA: c.QLoRA}
+	if c.QLoRA {
+		m.Quant = c.quant4()
+	}
 	if c.LoRA > 0 {
 		lc := c.loraConfig()
 		m.Adapter = &lc

@@ -185,8 +185,16 @@ func (c *Config) AdaptsLMHead() bool { return c.LoRA > 0 && c.LoRATargets&target
 func (c *Config) validateStacks() error {
 	llama := c.Model == "llama" && c.family() == ""
 	switch {
-	case !c.QLoRA && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8):
-		return fmt.Errorf("qlora double quantization and storage need --qlora")
+	case !c.QLoRA && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8 || c.QLoRAHalf != ToggleDefault || c.QLoRAHead):
+		return fmt.Errorf("qlora double quantization, storage, half and head need --qlora")
+	case c.QLoRAHead && !llama:
+		return fmt.Errorf("a 4-bit lm_head is modelled for the Llama family, not %s", c.describeModel())
+	case c.QLoRAHead && c.Tied:
+		return fmt.Errorf("a 4-bit lm_head needs one of its own: this model ties it to the embeddings")
+	case c.QLoRAHead && c.AdaptsLMHead():
+		return fmt.Errorf("lora on a 4-bit lm_head is not modelled")
+	case c.QLoRAHead && c.Loss.Kind == nn.LossFusedLinearCE:
+		return fmt.Errorf("loss %s over a 4-bit lm_head is not modelled", c.Loss)
 	case c.LoRA == 0 && c.LoRADType != AdapterPEFT:
 		return fmt.Errorf("lora dtype needs --lora R")
 	case c.KbitPrep == ToggleOn && !c.QLoRA:

@@ -138,3 +138,70 @@ func TestLoadPhaseHoldsTheQuantizedWeights(t *testing.T) {
 		t.Error("load hf of the mlp accepted")
 	}
 }
+
+// TestQLoRAQuantizesAsItsStackDoes checks the settings of how the base is quantized: a float16 quant state
+// before bitsandbytes 0.43.0 (Params4bit.cuda's .half()) and with --qlora-half, the weight's own dtype from
+// 0.43.0 and with --qlora-half=false; and --qlora-head, which stores lm_head in 4 bits as Lightning's
+// BitsandbytesPrecision does, refused where lm_head is tied to the embeddings.
+func TestQLoRAQuantizesAsItsStackDoes(t *testing.T) {
+	for _, c := range []struct {
+		bnb   string
+		half  Toggle
+		head  bool
+		state tensor.DType
+	}{
+		{"0.41.1", ToggleDefault, false, tensor.F16},
+		{"0.42.0", ToggleDefault, true, tensor.F16},
+		{"0.43.0", ToggleDefault, false, tensor.BF16},
+		{"0.41.1", ToggleOff, false, tensor.BF16},
+		{"", ToggleOn, true, tensor.F16},
+		{"", ToggleDefault, false, tensor.BF16},
+	} {
+		cfg := tinyLlama(t)
+		cfg.LoRA, cfg.QLoRA, cfg.Weights, cfg.AMP = 8, true, WeightsBF16, knob.AMPBF16
+		cfg.QLoRAHalf, cfg.QLoRAHead, cfg.Tied = c.half, c.head, false
+		if c.bnb != "" {
+			cfg.Versions, _ = versions.Parse("bitsandbytes=" + c.bnb)
+		}
+		m := built(t, cfg).model.(*nn.Llama)
+		projections := 0
+		for _, l := range m.Layers {
+			for _, p := range []nn.Projection{l.Attn.Q, l.Attn.K, l.Attn.V, l.Attn.O, l.MLP.Gate, l.MLP.Up, l.MLP.Down} {
+				if q, ok := base4bit(p); ok {
+					projections++
+					if q.DType != c.state {
+						t.Errorf("bitsandbytes %q, half %v: a quant state is %v, want %v", c.bnb, c.half, q.DType, c.state)
+					}
+				}
+			}
+		}
+		if projections != 7*cfg.Layers {
+			t.Errorf("%d 4-bit projections, want %d", projections, 7*cfg.Layers)
+		}
+		head, ok := m.Head.(*nn.Linear4bit)
+		if ok != c.head {
+			t.Errorf("--qlora-head %v: lm_head is %T", c.head, m.Head)
+		}
+		if ok && (head.Q.DType != c.state || head.Q.Packed.Numel() != cfg.Vocab*cfg.DModel/2) {
+			t.Errorf("4-bit lm_head: state %v, %d packed bytes, want %v, %d", head.Q.DType, head.Q.Packed.Numel(), c.state,
+				cfg.Vocab*cfg.DModel/2)
+		}
+	}
+	tied := tinyLlama(t)
+	tied.LoRA, tied.QLoRA, tied.QLoRAHead, tied.Weights = 8, true, true, WeightsBF16
+	if err := tied.Validate(); err == nil || !strings.Contains(err.Error(), "ties") {
+		t.Errorf("a 4-bit lm_head tied to the embeddings: %v", err)
+	}
+}
+
+// base4bit returns the 4-bit quant of a projection, through its LoRA wrapper.
+func base4bit(p nn.Projection) (*tensor.Quant4, bool) {
+	if l, ok := p.(*nn.LoRALinear); ok {
+		p = l.Base
+	}
+	q, ok := p.(*nn.Linear4bit)
+	if !ok {
+		return nil, false
+	}
+	return q.Q, true
+}
