@@ -34,7 +34,8 @@ func TestFrozenConfigsMapToTheirFlags(t *testing.T) {
 			[]string{"tokenizer.max_seq_len", "dataset.packed"}},
 		"litgpt/llama-3.1-8b_qlora.yaml": {LitGPT,
 			"--preset llama-3.1-8b --attention flash --weights bf16 --amp off --lora 32 --lora-alpha 16 --lora-dropout 0.05 " +
-				"--lora-targets q,v --lora-dtype bf16 --qlora=true --qlora-double-quant=false --kbit-prep=false --batch 2 --accum 4 " +
+				"--lora-targets q,v --lora-dtype bf16 --qlora=true --qlora-double-quant=false --qlora-half=true --qlora-head=true " +
+				"--kbit-prep=false --batch 2 --accum 4 " +
 				"--seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 --loss chunked:128",
 			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"litgpt/llama-3.1-8b_lora.yaml": {LitGPT,
@@ -43,7 +44,7 @@ func TestFrozenConfigsMapToTheirFlags(t *testing.T) {
 				"--loss chunked:128",
 			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"litgpt/llama-3.2-1B_full.yaml": {LitGPT,
-			"--preset llama-3.2-1b --attention flash --weights bf16 --amp off --batch 4 --accum 16 --seq 512 --optimizer adamw " +
+			"--preset llama-3.2-1b --attention flash --tied=false --weights bf16 --amp off --batch 4 --accum 16 --seq 512 --optimizer adamw " +
 				"--lr 0.0002 --weight-decay 0.1 --loss chunked:128",
 			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
 		"axolotl/llama-3_qlora-1b.yml": {Axolotl,

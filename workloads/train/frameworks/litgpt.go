@@ -3,14 +3,15 @@ package frameworks
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
 // litgpt reads a LitGPT finetune config (config_hub/finetune/<model>/{full,lora,qlora}.yaml, for litgpt
 // finetune_full and finetune_lora): the checkpoint directory's model, precision, quantize, LoRA's settings,
 // train.micro_batch_size and global_batch_size (their ratio over the devices is the accumulation),
-// train.max_seq_length and the optimizer. LitGPT attends with sdpa and computes the loss in chunks, which is
-// not modelled yet.
+// train.max_seq_length and the optimizer. LitGPT attends with sdpa and runs lm_head and the loss 128 tokens
+// at a time.
 func (b *builder) litgpt() error {
 	b.fw = LitGPT
 	dir, err := b.str("checkpoint_dir")
@@ -22,6 +23,12 @@ func (b *builder) litgpt() error {
 	}
 	if err := b.set("checkpoint_dir", "attention", "flash"); err != nil { // LitGPT's attention is sdpa
 		return err
+	}
+	// LitGPT's GPT ties no weights: convert_hf_checkpoint copies a tied model's embeddings into lm_head.weight
+	if b.cfg.Tied {
+		if err := b.set("checkpoint_dir", "tied", "false"); err != nil {
+			return err
+		}
 	}
 	b.ignore("checkpoint_dir (LitGPT's model)", "LitGPT builds its own GPT class (litgpt/model.py, a fused qkv "+
 		"projection); the model here is Hugging Face's modules of the same shape")
@@ -154,8 +161,17 @@ func (b *builder) litgptLoRA() error {
 		if err := b.set("quantize", "qlora-double-quant", fmt.Sprint(strings.HasSuffix(q, "-dq"))); err != nil {
 			return err
 		}
-		// LitGPT quantizes the blocks' linear layers and leaves the rest in the precision's dtype: no peft
-		// preparation
+		// Lightning's BitsandbytesPrecision replaces every nn.Linear made under fabric.init_module, lm_head's
+		// included, quantizing a float16 copy of each weight (_quantize_weight: .to(dtype=torch.half)); the
+		// norms and the embeddings stay in the precision's dtype: no peft preparation
+		if err := b.set("quantize", "qlora-half", "true"); err != nil {
+			return err
+		}
+		if slices.Contains(modules, "lm_head") {
+			b.ignore("quantize", "lm_head is taken in the precision's dtype: LoRA on a 4-bit lm_head is "+notModelled)
+		} else if err := b.set("quantize", "qlora-head", "true"); err != nil {
+			return err
+		}
 		return b.set("quantize", "kbit-prep", "false")
 	}
 	b.ignore("quantize", q+" is "+notModelled+": the base is taken in the precision's dtype")

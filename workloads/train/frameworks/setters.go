@@ -21,6 +21,8 @@ var setters = map[string]func(c *train.Config, v string) error{
 	"lr":                    floatField(func(c *train.Config) *float32 { return &c.LR }),
 	"weight-decay":          floatField(func(c *train.Config) *float32 { return &c.WeightDecay }),
 	"qlora":                 boolField(func(c *train.Config) *bool { return &c.QLoRA }),
+	"qlora-head":            boolField(func(c *train.Config) *bool { return &c.QLoRAHead }),
+	"tied":                  boolField(func(c *train.Config) *bool { return &c.Tied }),
 	"optimizer-in-backward": boolField(func(c *train.Config) *bool { return &c.OptimizerInBackward }),
 	"sort-by-length":        boolField(func(c *train.Config) *bool { return &c.SortByLength }),
 	"lora-targets":          textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.LoRATargets }),
@@ -35,6 +37,7 @@ var setters = map[string]func(c *train.Config, v string) error{
 	"loss":                  textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.Loss }),
 	"qlora-double-quant":    textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.QLoRADoubleQuant }),
 	"qlora-storage":         textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.QLoRAStorage }),
+	"qlora-half":            textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.QLoRAHalf }),
 	"kbit-prep":             textField(func(c *train.Config) encoding.TextUnmarshaler { return &c.KbitPrep }),
 	"offload": func(c *train.Config, v string) error {
 		o, err := train.ParseOffload(v)
@@ -47,8 +50,8 @@ var setters = map[string]func(c *train.Config, v string) error{
 
 // boolFlags are the setters of boolean flags (and of toggles, which take no value alone), which print as
 // --name=value.
-var boolFlags = map[string]bool{"qlora": true, "optimizer-in-backward": true, "sort-by-length": true,
-	"qlora-double-quant": true, "kbit-prep": true}
+var boolFlags = map[string]bool{"qlora": true, "qlora-head": true, "tied": true, "optimizer-in-backward": true,
+	"sort-by-length": true, "qlora-double-quant": true, "qlora-half": true, "kbit-prep": true}
 
 // The knobs' types are the Config fields' own: check it once.
 var _ = []encoding.TextUnmarshaler{new(knob.AMP), new(knob.Checkpoint), new(knob.Attention), new(knob.Optimizer)}

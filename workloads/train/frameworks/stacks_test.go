@@ -50,7 +50,8 @@ func TestStackSettingsMapToTheirFlags(t *testing.T) {
 		"litgpt nf4-dq": {
 			content: "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\nquantize: bnb.nf4-dq\nlora_r: 8\nlora_query: true\n" +
 				"train:\n  micro_batch_size: 1\n",
-			flags: []string{"--qlora=true", "--qlora-double-quant=true", "--kbit-prep=false", "--lora-dtype bf16"},
+			flags: []string{"--tied=false", "--qlora=true", "--qlora-double-quant=true", "--qlora-half=true", "--qlora-head=true",
+				"--kbit-prep=false", "--lora-dtype bf16"},
 		},
 		"litgpt 32-true adapters": {
 			content: "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: 32-true\nlora_r: 8\nlora_value: true\ntrain:\n  micro_batch_size: 1\n",
