@@ -108,6 +108,8 @@ type Llama struct {
 	InputRequiresGrad bool
 	// AfterLayer, when set, is called with each decoder layer's output, like a forward hook.
 	AfterLayer func(l *LlamaDecoderLayer, out *tensor.Tensor)
+
+	heldLogits []*tensor.Tensor // the float32 logits chunks LitGPT's loop holds (LossChunkedHeld)
 }
 
 // LlamaDecoderLayer is one layer: x = x + attn(input_layernorm(x)); x = x + mlp(post_attention_layernorm(x)).
@@ -293,6 +295,8 @@ func (c LlamaConfig) validate() error {
 		return fmt.Errorf("a 4-bit lm_head needs qlora, an lm_head of its own and the whole model")
 	case c.QuantizeHead && c.Adapter.targets(TargetLMHead):
 		return fmt.Errorf("lora on a 4-bit lm_head is not modelled")
+	case c.Loss.Kind == LossChunkedHeld && c.Split != Split{}:
+		return fmt.Errorf("LitGPT's chunked loss of one rank of a split model is not modelled")
 	case c.QuantizeHead && c.Loss.Kind == LossFusedLinearCE:
 		return fmt.Errorf("a fused linear cross-entropy over a 4-bit lm_head is not modelled")
 	case c.Vocab <= 1 || c.DModel <= 0 || c.Layers <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.FFN <= 0 || c.HeadDim <= 0:
@@ -416,6 +420,8 @@ func (m *Llama) Release() {
 	}
 	ReleaseParameters(m)
 	m.InvFreq.Release()
+	releaseAll(m.heldLogits)
+	m.heldLogits = nil
 }
 
 // Loss returns the mean cross-entropy of the model's next-token predictions; the logits are freed as
@@ -437,6 +443,9 @@ func (m *Llama) ForwardLoss(idx, labels *tensor.Tensor) (logits, loss *tensor.Te
 // parallelism lm_head is Megatron's column-parallel output layer: it gathers the rank's tokens and saves
 // them alone; a chunked or fused loss, which cuts the sequence itself, gets the gathered states.
 func (m *Llama) head(h, labels *tensor.Tensor) (logits, loss *tensor.Tensor) {
+	if m.Config.Loss.Kind == LossChunkedHeld {
+		return nil, heldChunkedLoss(m.rt, m.Head, h, labels, m.Config.Loss.Chunk, &m.heldLogits)
+	}
 	sp := m.Config.Split.sp()
 	switch {
 	case sp > 1 && m.Config.Loss.Kind == LossFull:

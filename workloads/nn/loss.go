@@ -29,6 +29,13 @@ const (
 	// cross-entropy (sum) of the float32 logits, each chunk's logits freed once its log-probabilities are
 	// saved; the sum divided by the tokens counted.
 	LossLinearCE
+	// LossChunkedHeld is LitGPT's finetune loop under Lightning Fabric (finetune/lora.py and lit_gpt/utils.py
+	// chunked_cross_entropy at 8641822): lm_head over chunks of tokens (lm_head_chunk_size), every chunk's
+	// logits converted to float32 as the forward returns (the precision plugin's convert_output, to the
+	// default dtype) and the 16-bit chunks freed, then cross-entropy of each float32 chunk against its
+	// shifted labels, averaged over the positions. The float32 chunks are the loop's logits: its name holds
+	// them through backward until the next forward returns and rebinds it.
+	LossChunkedHeld
 )
 
 // Loss is the loss a causal LM computes: the kind, and for LossChunked the tokens per chunk, for
@@ -45,7 +52,10 @@ func (l Loss) validate() error {
 	if l.Kind == LossLinearCE && l.Chunk <= 0 {
 		return fmt.Errorf("a linear cross-entropy loss needs at least one chunk (got %d)", l.Chunk)
 	}
-	if l.Kind > LossLinearCE {
+	if l.Kind == LossChunkedHeld && l.Chunk <= 0 {
+		return fmt.Errorf("a chunked loss needs chunks of at least one token (got %d)", l.Chunk)
+	}
+	if l.Kind > LossChunkedHeld {
 		return fmt.Errorf("unknown loss %d", l.Kind)
 	}
 	return nil
@@ -271,5 +281,60 @@ func fusedLinearCELoss(rt *tensor.Runtime, weight *Parameter, h, labels *tensor.
 	loss := tensor.FusedLinearCrossEntropy(flat, weight.Tensor, tflat)
 	flat.Release()
 	tflat.Release()
+	return loss
+}
+
+// heldChunkedLoss is LitGPT's chunked head and loss (LossChunkedHeld) on the final hidden states h (it takes
+// h's reference): [lm_head(x_i) for x_i in x.split(chunk, dim=1)], the list converted to float32 by
+// convert_output (all the 16-bit chunks alive until the last is converted), the previous step's list in
+// *held freed as the loop's name is rebound and the new one kept there, logits[-1] = logits[-1][..., :-1,
+// :], and cross_entropy of each chunk against targets[..., 1:] split alike (zip: a last chunk left empty by
+// the slice has no targets); reduction="none" concatenated and averaged, here the chunks' sums added and
+// divided by the positions (the per-position losses are a few bytes).
+func heldChunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk int, held *[]*tensor.Tensor) *tensor.Tensor {
+	b, t := h.Dim(0), h.Dim(1)
+	var chunks []*tensor.Tensor
+	leave := rt.Scope("lm_head")
+	for start := 0; start < t; start += chunk {
+		hc := h.Narrow(1, start, min(chunk, t-start))
+		chunks = append(chunks, head.Forward(hc))
+		hc.Release()
+	}
+	h.Release() // GPT.forward returns: its x goes
+	f32 := make([]*tensor.Tensor, len(chunks))
+	for i, c := range chunks {
+		f32[i] = tensor.ToDType(c, tensor.F32).SetName("logits")
+	}
+	leave()
+	releaseAll(chunks)
+	releaseAll(*held)
+	*held = f32
+	if last := f32[len(f32)-1]; last.Dim(1) > 1 { // a one-token chunk sliced empty is never read
+		f32[len(f32)-1] = last.Narrow(1, 0, last.Dim(1)-1)
+		last.Release()
+	}
+	targets := labels.Narrow(-1, 1, t-1)
+	defer targets.Release()
+	var total *tensor.Tensor
+	for i := 0; i*chunk < t-1; i++ {
+		n := min(chunk, t-1-i*chunk)
+		flat := f32[i].Reshape(-1, f32[i].Dim(-1))
+		tc := targets.Narrow(1, i*chunk, n)
+		tflat := tc.Reshape(-1)
+		tc.Release()
+		ce := tensor.CrossEntropySum(flat, tflat)
+		flat.Release()
+		tflat.Release()
+		if total == nil {
+			total = ce
+			continue
+		}
+		sum := tensor.Add(total, ce)
+		total.Release()
+		ce.Release()
+		total = sum
+	}
+	loss := tensor.Scale(total, 1/float32(b*(t-1)))
+	total.Release()
 	return loss
 }

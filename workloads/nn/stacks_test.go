@@ -292,7 +292,8 @@ func TestChunkedAndFusedLossesMatchFull(t *testing.T) {
 	}
 	full, fg := run(Loss{})
 	for _, loss := range []Loss{{Kind: LossChunked, Chunk: 3}, {Kind: LossChunked, Chunk: 100}, {Kind: LossFusedLinearCE},
-		{Kind: LossLinearCE, Chunk: 3}, {Kind: LossLinearCE, Chunk: 100}} {
+		{Kind: LossLinearCE, Chunk: 3}, {Kind: LossLinearCE, Chunk: 100}, {Kind: LossChunkedHeld, Chunk: 3},
+		{Kind: LossChunkedHeld, Chunk: 7}, {Kind: LossChunkedHeld, Chunk: 100}} {
 		got, gg := run(loss)
 		if d := math.Abs(float64(got - full)); d > 1e-5 {
 			t.Errorf("%v: loss %v, full %v", loss, got, full)
@@ -303,6 +304,55 @@ func TestChunkedAndFusedLossesMatchFull(t *testing.T) {
 					t.Fatalf("%v: gradient of %s[%d]: %v, full %v", loss, name, i, gg[name][i], g[i])
 				}
 			}
+		}
+	}
+}
+
+// TestLitGPTLoopHoldsItsFloat32Logits checks LossChunkedHeld against LitGPT's loop: after the loss and its
+// backward the float32 logits of every chunk are still alive (Fabric's convert_output made them, the
+// loop's name holds them), B*n*V*4 bytes a chunk of n tokens, where torchtune's chunked loss holds none;
+// the next forward frees them as it rebinds the name, so a second step ends where the first did.
+func TestLitGPTLoopHoldsItsFloat32Logits(t *testing.T) {
+	c := llamaCases()[0] // batch 2, 8 tokens, vocabulary 50
+	after := func(loss Loss, steps int) int64 {
+		rt := gptRuntime(device.Meta)
+		cfg := c.llamaConfig(t)
+		cfg.Loss = loss
+		m, err := NewLlama(rt, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx := tokens(rt, c.Batch, c.Seq, c.Vocab)
+		for range steps {
+			l := m.Loss(idx, idx)
+			l.Backward(false)
+			l.Release()
+			for _, p := range m.Parameters() {
+				p.Tensor.SetGrad(nil)
+			}
+		}
+		a := rt.Device().Allocator().Stats().AllocatedBytes.All().Current
+		idx.Release()
+		m.Release()
+		if n := rt.LiveHandles(); n != 0 {
+			t.Errorf("%v: %d references left", loss, n)
+		}
+		return a
+	}
+	for _, chunk := range []int{3, 8} {
+		var want int64
+		for start := 0; start < c.Seq; start += chunk {
+			n := int64(min(chunk, c.Seq-start))
+			want += (int64(c.Batch)*n*int64(c.Vocab)*4 + 511) / 512 * 512
+		}
+		torchtune := after(Loss{Kind: LossChunked, Chunk: chunk}, 1)
+		one, two := after(Loss{Kind: LossChunkedHeld, Chunk: chunk}, 1), after(Loss{Kind: LossChunkedHeld, Chunk: chunk}, 2)
+		if one-torchtune != want {
+			t.Errorf("chunks of %d: %d bytes more held after backward than torchtune's loss, want the float32 logits' %d",
+				chunk, one-torchtune, want)
+		}
+		if two != one {
+			t.Errorf("chunks of %d: %d bytes after two steps, %d after one: the previous logits were not freed", chunk, two, one)
 		}
 	}
 }

@@ -105,7 +105,8 @@ func (a *AdapterDType) UnmarshalText(text []byte) error { return parseInto(a, Pa
 // LossSetting is how the loss is computed (--loss): full (the zero value: lm_head over every position and
 // the causal-LM loss of the run's transformers release), chunked:T (torchtune's chunked output and
 // CEWithChunkedOutputLoss, T tokens a chunk), linear-ce:N (torchtune's LinearCrossEntropyLoss, the sequence
-// in N chunks) or fused-linear-ce (Liger's fused linear cross-entropy).
+// in N chunks), fused-linear-ce (Liger's fused linear cross-entropy) or litgpt-chunked:T (LitGPT's loop under
+// Fabric: the chunks' logits converted to float32 and held until the next forward).
 type LossSetting struct {
 	Kind  nn.LossKind
 	Chunk int
@@ -114,9 +115,15 @@ type LossSetting struct {
 // maxChunk bounds chunked:T: no context is longer.
 const maxChunk = 1 << 24
 
-// ParseLoss reads full, chunked:T, linear-ce:N or fused-linear-ce.
+// ParseLoss reads full, chunked:T, linear-ce:N, fused-linear-ce or litgpt-chunked:T.
 func ParseLoss(s string) (LossSetting, error) {
 	switch {
+	case strings.HasPrefix(s, "litgpt-chunked:"):
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "litgpt-chunked:"))
+		if err != nil || n <= 0 || n > maxChunk {
+			return LossSetting{}, fmt.Errorf("loss %q: litgpt-chunked:T takes T, the tokens a chunk, from 1 to %d", s, maxChunk)
+		}
+		return LossSetting{Kind: nn.LossChunkedHeld, Chunk: n}, nil
 	case s == "" || s == "full":
 		return LossSetting{}, nil
 	case s == "fused-linear-ce":
@@ -134,7 +141,7 @@ func ParseLoss(s string) (LossSetting, error) {
 		}
 		return LossSetting{Kind: nn.LossLinearCE, Chunk: n}, nil
 	}
-	return LossSetting{}, fmt.Errorf("unknown loss %q (want full, chunked:T, linear-ce:N or fused-linear-ce)", s)
+	return LossSetting{}, fmt.Errorf("unknown loss %q (want full, chunked:T, linear-ce:N, fused-linear-ce or litgpt-chunked:T)", s)
 }
 
 func (l LossSetting) String() string {
@@ -145,6 +152,8 @@ func (l LossSetting) String() string {
 		return "linear-ce:" + strconv.Itoa(l.Chunk)
 	case nn.LossFusedLinearCE:
 		return "fused-linear-ce"
+	case nn.LossChunkedHeld:
+		return "litgpt-chunked:" + strconv.Itoa(l.Chunk)
 	}
 	return "full"
 }
@@ -203,6 +212,8 @@ func (c *Config) validateStacks() error {
 		return fmt.Errorf("loss %s is modelled for the Llama family (llama, mistral, qwen2), not %s", c.Loss, c.describeModel())
 	case !llama && c.QLoRA && (c.QLoRADoubleQuant != ToggleDefault || c.QLoRAStorage != StorageUint8):
 		return fmt.Errorf("qlora double quantization and storage are modelled for the Llama family, not %s", c.describeModel())
+	case c.Loss.Kind == nn.LossChunkedHeld && c.Seq < 2:
+		return fmt.Errorf("loss %s predicts each next token: it needs sequences of 2 tokens or more", c.Loss)
 	case c.Loss.Kind == nn.LossLinearCE && c.Loss.Chunk > c.Seq:
 		return fmt.Errorf("loss %s splits the %d-token sequence into empty chunks: want at most %d chunks", c.Loss, c.Seq, c.Seq)
 	case c.Loss.Kind != 0 && c.Logits == LogitsKeep:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oomdbg/oomdbg/knob"
 	"github.com/oomdbg/oomdbg/workloads/device"
+	"github.com/oomdbg/oomdbg/workloads/nn"
 )
 
 // frozenWorkloads are Meta.Workload blobs as snapshots recorded before the settings were typed stored them:
@@ -65,7 +66,8 @@ func TestBadSettingsRefusedWhereTheyEnter(t *testing.T) {
 		`{"weights":"fp8"}`:                         `unknown weights "fp8" (want f32, bf16 or fp16)`,
 		`{"lora_targets":"q,embeddings"}`:           `unknown lora target "embeddings" (want some of q,k,v,o,gate,up,down,qkv,gate_up,lm_head,embed, or all-linear)`,
 		`{"loss":"chunked:0"}`:                      `loss "chunked:0": chunked:T takes T, the tokens a chunk, from 1 to 16777216`,
-		`{"loss":"fused"}`:                          `unknown loss "fused" (want full, chunked:T, linear-ce:N or fused-linear-ce)`,
+		`{"loss":"fused"}`:                          `unknown loss "fused" (want full, chunked:T, linear-ce:N, fused-linear-ce or litgpt-chunked:T)`,
+		`{"loss":"litgpt-chunked:x"}`:               `loss "litgpt-chunked:x": litgpt-chunked:T takes T, the tokens a chunk, from 1 to 16777216`,
 		`{"qlora_storage":"int4"}`:                  `unknown qlora storage "int4" (want uint8, bf16 or f32)`,
 		`{"kbit_prep":"maybe"}`:                     `"maybe" is not true or false`,
 		`{"load":"disk"}`:                           `unknown load "disk" (want none or hf)`,
@@ -98,6 +100,11 @@ func TestSettingsRoundTrip(t *testing.T) {
 	if DefaultLoRATargets.String() != "q,v" || AllLoRATargets.String() != "q,k,v,o,gate,up,down" {
 		t.Errorf("default targets %q, all %q", DefaultLoRATargets, AllLoRATargets)
 	}
+	for _, s := range []string{"full", "chunked:128", "linear-ce:8", "fused-linear-ce", "litgpt-chunked:128"} {
+		if l, err := ParseLoss(s); err != nil || l.String() != s {
+			t.Errorf("loss %q: %v, %v", s, l, err)
+		}
+	}
 	// Settings made in code have no source string and marshal to the canonical one.
 	var a AllocConf
 	a.ExpandableSegments = true
@@ -115,11 +122,13 @@ func TestLlamaWorkloadRoundTrip(t *testing.T) {
 	}
 	c.LoRA, c.LoRAAlpha, c.LoRADropout, c.QLoRA = 16, 32, 0.05, true
 	c.LoRATargets, c.Weights, c.OptimizerImpl, c.Optimizer = AllLoRATargets, WeightsFP16, knob.Fused, knob.PagedAdamW8bit
+	c.QLoRAHalf, c.QLoRAHead, c.Loss = ToggleOff, true, LossSetting{Kind: nn.LossChunkedHeld, Chunk: 128}
 	blob, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"weights":"fp16"`, `"lora_targets":"q,k,v,o,gate,up,down"`, `"optimizer_impl":"fused"`, `"optimizer":"paged-adamw8bit"`} {
+	for _, want := range []string{`"weights":"fp16"`, `"lora_targets":"q,k,v,o,gate,up,down"`, `"optimizer_impl":"fused"`, `"optimizer":"paged-adamw8bit"`,
+		`"qlora_head":true`, `"loss":"litgpt-chunked:128"`} {
 		if !strings.Contains(string(blob), want) {
 			t.Errorf("%s lacks %s", blob, want)
 		}
