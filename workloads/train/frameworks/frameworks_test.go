@@ -36,17 +36,17 @@ func TestFrozenConfigsMapToTheirFlags(t *testing.T) {
 			"--preset llama-3.1-8b --attention flash --weights bf16 --amp off --lora 32 --lora-alpha 16 --lora-dropout 0.05 " +
 				"--lora-targets q,v --lora-dtype bf16 --qlora=true --qlora-double-quant=false --qlora-half=true --qlora-head=true " +
 				"--kbit-prep=false --batch 2 --accum 4 " +
-				"--seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 --loss chunked:128",
-			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
+				"--seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 --loss litgpt-chunked:128",
+			[]string{"checkpoint_dir (LitGPT's model)", "data"}},
 		"litgpt/llama-3.1-8b_lora.yaml": {LitGPT,
 			"--preset llama-3.1-8b --attention flash --weights bf16 --amp off --lora 32 --lora-alpha 16 --lora-dropout 0.05 " +
 				"--lora-targets q,v --lora-dtype bf16 --batch 1 --accum 8 --seq 512 --optimizer adamw --lr 0.0002 --weight-decay 0 " +
-				"--loss chunked:128",
-			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
+				"--loss litgpt-chunked:128",
+			[]string{"checkpoint_dir (LitGPT's model)", "data"}},
 		"litgpt/llama-3.2-1B_full.yaml": {LitGPT,
 			"--preset llama-3.2-1b --attention flash --tied=false --weights bf16 --amp off --batch 4 --accum 16 --seq 512 --optimizer adamw " +
-				"--lr 0.0002 --weight-decay 0.1 --loss chunked:128",
-			[]string{"checkpoint_dir (LitGPT's model)", "data", "(LitGPT's finetune loop)"}},
+				"--lr 0.0002 --weight-decay 0.1 --loss litgpt-chunked:128",
+			[]string{"checkpoint_dir (LitGPT's model)", "data"}},
 		"axolotl/llama-3_qlora-1b.yml": {Axolotl,
 			"--preset llama-3.2-1b --lora 32 --lora-alpha 16 --lora-dropout 0.05 --lora-targets q,k,v,o,gate,up,down --qlora=true " +
 				"--seq 2048 --batch 2 --accum 4 --optimizer adamw8bit --lr 0.0002 --weight-decay 0 --weights bf16 --amp bf16 " +

@@ -77,14 +77,12 @@ func (b *builder) litgpt() error {
 		return err
 	}
 	// the finetune loop makes the logits and the loss 128 tokens at a time (lm_head_chunk_size=128,
-	// chunked_cross_entropy)
+	// chunked_cross_entropy), Fabric's convert_output turning the chunks to float32, which the loop's
+	// logits holds until the next forward
 	if b.cfg.AdaptsLMHead() {
-		b.ignore("(LitGPT's finetune loop)", "--loss chunked:128 with LoRA on lm_head is "+notModelled+"; the full logits are taken")
-	} else if err := b.set("(LitGPT's finetune loop)", "loss", "chunked:128"); err != nil {
+		b.ignore("(LitGPT's finetune loop)", "--loss litgpt-chunked:128 with LoRA on lm_head is "+notModelled+"; the full logits are taken")
+	} else if err := b.set("(LitGPT's finetune loop)", "loss", "litgpt-chunked:128"); err != nil {
 		return err
-	} else {
-		b.ignore("(LitGPT's finetune loop)", "chunked_cross_entropy takes each chunk's logits in the model's dtype; "+
-			"chunked:128 upcasts them to float32 as torchtune does, and counts those copies")
 	}
 	b.rest()
 	return nil
