@@ -63,6 +63,9 @@ func heldAdvice(h HeldGroup) string {
 		return ""
 	}
 	root := h.RetainedBy.Root
+	if strings.HasPrefix(root, "local ") { // a reference of the running code, described by its tensor, not named
+		return fmt.Sprintf("%s holds a tensor into the next iteration: let it go once backward is done", root)
+	}
 	if i := strings.LastIndexByte(root, '.'); i >= 0 { // a module's attribute: self.intermediate = ... in forward
 		attr := root[i+1:]
 		return fmt.Sprintf("use a local variable, not self.%s = ... in forward: %s holds a tensor until the next forward", attr, root)

@@ -19,6 +19,8 @@ func TestAdvice(t *testing.T) {
 		"nothing names them": {Result{Verdict: Leak, Suspects: []Suspect{{Kind: Unclassified}}}, "record heap dumps"},
 		"a module attribute": {Result{Verdict: Held, Held: []HeldGroup{{RetainedBy: &RetainerPath{Root: "net.0.intermediate"}}}}, "not self.intermediate = ..."},
 		"a variable":         {Result{Verdict: Held, Held: []HeldGroup{{RetainedBy: &RetainerPath{Root: "logits"}}}}, "del logits"},
+		"an unnamed local": {Result{Verdict: Held, Held: []HeldGroup{{RetainedBy: &RetainerPath{Root: "local f32[4,50] mm.out"}}}},
+			"local f32[4,50] mm.out holds a tensor into the next iteration"},
 		"gradients":          {Result{Verdict: Held, Gradients: &GradientFinding{}}, "optimizer.zero_grad(set_to_none=True)"},
 		"no leak, no advice": {Result{Verdict: NoLeak}, ""},
 		"inconclusive, none": {Result{Verdict: Inconclusive}, ""},
