@@ -310,7 +310,7 @@ func heldChunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, c
 	releaseAll(*held)
 	*held = f32
 	if last := f32[len(f32)-1]; last.Dim(1) > 1 { // a one-token chunk sliced empty is never read
-		f32[len(f32)-1] = last.Narrow(1, 0, last.Dim(1)-1)
+		f32[len(f32)-1] = last.Narrow(1, 0, last.Dim(1)-1).SetName("logits")
 		last.Release()
 	}
 	targets := labels.Narrow(-1, 1, t-1)
