@@ -1,9 +1,11 @@
 package tensor
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/oomdbg/oomdbg/snapshot"
+	"github.com/oomdbg/oomdbg/versions"
 )
 
 // block is the size the caching allocator hands out for n bytes of a small tensor: rounded up to 512.
@@ -283,4 +285,53 @@ func TestGraphIsFreedWhenItsOutputIsDropped(t *testing.T) {
 	if n := len(rt.SavedTensors()); n != 0 {
 		t.Errorf("%d saved tensors survive their graph", n)
 	}
+}
+
+// TestRetainersNameACtxAttribute follows a ctx attribute: bitsandbytes 0.41.1's MatMul4Bit keeps its input
+// in ctx.tensors, which outlives the backward for as long as the graph does; an output held by the loop's
+// logits holds the graph, and so the input, whose path leads to it.
+func TestRetainersNameACtxAttribute(t *testing.T) {
+	rt := newMeta(t, 1<<30)
+	old, err := versions.Parse("bitsandbytes=0.41.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.SetVersions(old)
+	w := rt.Zeros(BF16, []int{64, 32}, "w", snapshot.CategoryParameter)
+	q := Quantize4Bit(w, snapshot.CategoryParameter)
+	w.Release()
+	x0 := rt.Zeros(BF16, []int{4, 32}, "x0", snapshot.CategoryInput).SetRequiresGrad(true)
+	x := Scale(x0, 2) // a non-leaf input, as a layer's is
+	y := MatMul4Bit(x, q, nil)
+	s := Sum(y)
+	s.Backward(false)
+	s.Release()
+	y.SetName("logits")
+	xAddr := x.Addr()
+	x.Release()
+
+	edges := rt.Retainers()
+	byID := map[uint64]Retainer{}
+	for _, e := range edges {
+		byID[e.Holder] = e
+	}
+	var path []string
+	for _, e := range edges {
+		if e.Addr == xAddr && e.Parent != 0 {
+			for cur := e; ; cur = byID[cur.Parent] {
+				path = append(path, cur.Description)
+				if cur.Parent == 0 {
+					break
+				}
+			}
+			break
+		}
+	}
+	want := []string{"MatMul4BitBackward holds ctx.tensors", "MatMul4BitBackward", "logits"}
+	if !slices.Equal(path, want) {
+		t.Errorf("retainer path of the kept input %q, want %q", path, want)
+	}
+	y.Release()
+	x0.Release()
+	q.Release()
 }

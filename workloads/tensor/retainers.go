@@ -112,6 +112,9 @@ func (w *retainerWalk) visitNode(n *Node, parent uint64) {
 		for _, k := range n.kept {
 			w.visitRef(k, id)
 		}
+		for _, a := range n.attrs { // ctx attributes: they live as long as the node does
+			w.visitRef(a, id)
+		}
 		for _, e := range n.next {
 			// AccumulateGrad holds only its leaf: a parameter, already a root, or an input it keeps alive.
 			if e.node != nil && (e.node.leaf == nil || len(e.node.kept) > 0) {
