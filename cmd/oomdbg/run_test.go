@@ -70,6 +70,8 @@ func TestRunCommand(t *testing.T) {
 		"config and preset":  {args: []string{"--hf-config", smollm, "--preset", "tiny"}, code: exitUsage, stderr: "give one"},
 		"llama flags, lora":  {args: append(slices.Clone(llama), "--tied", "--lora", "4"), code: exitOK, stdout: []string{"[LoRA r=4, bf16 weights], ", "trainable"}},
 		"qlora without lora": {args: append(slices.Clone(llama), "--qlora"), code: exitUsage, stderr: "give --lora R"},
+		"litgpt loss, one token": {args: append(slices.Clone(llama), "--loss", "litgpt-chunked:2", "--seq-dist", "uniform:1:1", "--batch", "1"),
+			code: exitUsage, stderr: "a batch of 1 token has no next token"},
 		"bad lora target":    {args: append(slices.Clone(llama), "--lora", "4", "--lora-targets", "q,embeddings"), code: exitUsage, stderr: `unknown lora target "embeddings"`},
 		"unknown library":    {args: append(slices.Clone(llama), "--versions", "jax=0.4.30"), code: exitUsage, stderr: `versions: unknown library "jax"`},
 		"bad version":        {args: append(slices.Clone(llama), "--versions", "torch=two"), code: exitUsage, stderr: `versions: torch: version "two"`},

@@ -163,16 +163,7 @@ func shiftLabels(labels *tensor.Tensor) *tensor.Tensor {
 func chunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk int) *tensor.Tensor {
 	shifted := shiftLabels(labels)
 	defer shifted.Release()
-	t := h.Dim(1)
-	var chunks []*tensor.Tensor
-	leave := rt.Scope("lm_head")
-	for start := 0; start < t; start += chunk {
-		n := min(chunk, t-start)
-		hc := h.Narrow(1, start, n)
-		chunks = append(chunks, head.Forward(hc))
-		hc.Release()
-	}
-	leave()
+	chunks := headChunks(rt, head, h, chunk)
 	var total *tensor.Tensor
 	for i, lc := range chunks {
 		n := lc.Dim(1)
@@ -185,14 +176,7 @@ func chunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk
 		ce := tensor.CrossEntropySum(lf, tflat)
 		lf.Release()
 		tflat.Release()
-		if total == nil {
-			total = ce
-			continue
-		}
-		sum := tensor.Add(total, ce)
-		total.Release()
-		ce.Release()
-		total = sum
+		total = addLoss(total, ce)
 	}
 	releaseAll(chunks)
 	count := float32(shifted.Numel() - shifted.Dim(0)) // the ignore column is not counted
@@ -293,19 +277,15 @@ func fusedLinearCELoss(rt *tensor.Runtime, weight *Parameter, h, labels *tensor.
 // divided by the positions (the per-position losses are a few bytes).
 func heldChunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, chunk int, held *[]*tensor.Tensor) *tensor.Tensor {
 	b, t := h.Dim(0), h.Dim(1)
-	var chunks []*tensor.Tensor
-	leave := rt.Scope("lm_head")
-	for start := 0; start < t; start += chunk {
-		hc := h.Narrow(1, start, min(chunk, t-start))
-		chunks = append(chunks, head.Forward(hc))
-		hc.Release()
+	if t < 2 { // no position has a next token: torch.cat of no losses raises
+		tensor.Abort(fmt.Errorf("loss litgpt-chunked: a batch of %d token has no next token to predict (LitGPT's chunked_cross_entropy concatenates no losses, and torch.cat raises)", t))
 	}
+	chunks := headChunks(rt, head, h, chunk)
 	h.Release() // GPT.forward returns: its x goes
 	f32 := make([]*tensor.Tensor, len(chunks))
 	for i, c := range chunks {
 		f32[i] = tensor.ToDType(c, tensor.F32).SetName("logits")
 	}
-	leave()
 	releaseAll(chunks)
 	releaseAll(*held)
 	*held = f32
@@ -325,16 +305,35 @@ func heldChunkedLoss(rt *tensor.Runtime, head Layer, h, labels *tensor.Tensor, c
 		ce := tensor.CrossEntropySum(flat, tflat)
 		flat.Release()
 		tflat.Release()
-		if total == nil {
-			total = ce
-			continue
-		}
-		sum := tensor.Add(total, ce)
-		total.Release()
-		ce.Release()
-		total = sum
+		total = addLoss(total, ce)
 	}
 	loss := tensor.Scale(total, 1/float32(b*(t-1)))
 	total.Release()
 	return loss
+}
+
+// headChunks runs lm_head over each chunk of chunk tokens of h, in order ([lm_head(x_i) for x_i in
+// x.split(chunk, dim=1)]), and returns the chunks' logits; h stays the caller's.
+func headChunks(rt *tensor.Runtime, head Layer, h *tensor.Tensor, chunk int) []*tensor.Tensor {
+	t := h.Dim(1)
+	var chunks []*tensor.Tensor
+	leave := rt.Scope("lm_head")
+	defer leave()
+	for start := 0; start < t; start += chunk {
+		hc := h.Narrow(1, start, min(chunk, t-start))
+		chunks = append(chunks, head.Forward(hc))
+		hc.Release()
+	}
+	return chunks
+}
+
+// addLoss adds a chunk's loss ce to the running total (nil before the first), taking both references.
+func addLoss(total, ce *tensor.Tensor) *tensor.Tensor {
+	if total == nil {
+		return ce
+	}
+	sum := tensor.Add(total, ce)
+	total.Release()
+	ce.Release()
+	return sum
 }
