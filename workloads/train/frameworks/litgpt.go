@@ -3,7 +3,6 @@ package frameworks
 import (
 	"fmt"
 	"path"
-	"slices"
 	"strings"
 )
 
@@ -165,7 +164,7 @@ func (b *builder) litgptLoRA() error {
 		if err := b.set("quantize", "qlora-half", "true"); err != nil {
 			return err
 		}
-		if slices.Contains(modules, "lm_head") {
+		if b.cfg.AdaptsLMHead() {
 			b.ignore("quantize", "lm_head is taken in the precision's dtype: LoRA on a 4-bit lm_head is "+notModelled)
 		} else if err := b.set("quantize", "qlora-head", "true"); err != nil {
 			return err

@@ -53,6 +53,13 @@ func TestStackSettingsMapToTheirFlags(t *testing.T) {
 			flags: []string{"--tied=false", "--qlora=true", "--qlora-double-quant=true", "--qlora-half=true", "--qlora-head=true",
 				"--kbit-prep=false", "--lora-dtype bf16"},
 		},
+		"litgpt nf4 with LoRA on lm_head keeps lm_head in 16 bits": {
+			content: "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\nquantize: bnb.nf4\nlora_r: 8\nlora_query: true\n" +
+				"lora_head: true\ntrain:\n  micro_batch_size: 1\n",
+			flags:   []string{"--tied=false", "--qlora=true", "--qlora-half=true", "--lora-targets q,lm_head"},
+			absent:  []string{"--qlora-head", "--loss"},
+			ignored: []string{"quantize", "(LitGPT's finetune loop)"},
+		},
 		"litgpt 32-true adapters": {
 			content: "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: 32-true\nlora_r: 8\nlora_value: true\ntrain:\n  micro_batch_size: 1\n",
 			flags:   []string{"--lora-dtype f32"},
