@@ -91,9 +91,10 @@ type Quant4Options struct {
 	// Storage is the packed weight's dtype (bnb_4bit_quant_storage): U8 (bitsandbytes' default), BF16, F16 or
 	// F32.
 	Storage DType
-	// Half quantizes a float16 copy of the weight, so that the quant state's dtype, and each dequantization's,
-	// is float16 (Params4bit.cuda's .half() before bitsandbytes 0.43.0, versions.QuantizesInOwnDType; Lightning's
-	// BitsandbytesPrecision always).
+	// Half says the weight is quantized from a float16 copy, so that the quant state's dtype, and each
+	// dequantization's, is float16 (Params4bit.cuda's .half() before bitsandbytes 0.43.0,
+	// versions.QuantizesInOwnDType; Lightning's BitsandbytesPrecision always). The quantizing functions take
+	// the dtype they are given: the caller that loads the weight makes it float16 (nn's Linear4bit).
 	Half bool
 }
 

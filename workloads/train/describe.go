@@ -35,7 +35,11 @@ func (c Config) ModelName() string {
 		parts = append(parts, "stored in "+c.QLoRAStorage.String())
 	}
 	if half := c.Versions.QuantizesHalf(); c.QLoRA && c.QLoRAHalf.On(half) != half { // the release says the rest
-		parts = append(parts, map[bool]string{true: "quantized from float16", false: "quantized in the weights' dtype"}[!half])
+		if half {
+			parts = append(parts, "quantized in the weights' dtype")
+		} else {
+			parts = append(parts, "quantized from float16")
+		}
 	}
 	if c.QLoRAHead {
 		parts = append(parts, "4-bit lm_head")
