@@ -234,18 +234,7 @@ func TestRetainersNameWhoKeepsALeakedGraph(t *testing.T) {
 	}
 	// The saved ReLU output's shortest path leads, through the second layer that saved it, to the loss in the
 	// history list.
-	var path []string
-	for _, e := range edges {
-		if e.Addr == actAddr && e.Parent != 0 {
-			for cur := e; ; cur = byID[cur.Parent] {
-				path = append(path, cur.Description)
-				if cur.Parent == 0 {
-					break
-				}
-			}
-			break
-		}
-	}
+	path := retainerPath(edges, actAddr)
 	want := []string{"AddmmBackward0 saved mat1", "AddmmBackward0", "MseLossBackward0", "loss_history[7]"}
 	if len(path) != len(want) {
 		t.Fatalf("retainer path %q, want %q", path, want)
@@ -310,28 +299,33 @@ func TestRetainersNameACtxAttribute(t *testing.T) {
 	xAddr := x.Addr()
 	x.Release()
 
-	edges := rt.Retainers()
-	byID := map[uint64]Retainer{}
-	for _, e := range edges {
-		byID[e.Holder] = e
-	}
-	var path []string
-	for _, e := range edges {
-		if e.Addr == xAddr && e.Parent != 0 {
-			for cur := e; ; cur = byID[cur.Parent] {
-				path = append(path, cur.Description)
-				if cur.Parent == 0 {
-					break
-				}
-			}
-			break
-		}
-	}
 	want := []string{"MatMul4BitBackward holds ctx.tensors", "MatMul4BitBackward", "logits"}
-	if !slices.Equal(path, want) {
+	if path := retainerPath(rt.Retainers(), xAddr); !slices.Equal(path, want) {
 		t.Errorf("retainer path of the kept input %q, want %q", path, want)
 	}
 	y.Release()
 	x0.Release()
 	q.Release()
+}
+
+// retainerPath is the path from the first non-root holder of the block at addr up to its root, each holder
+// described.
+func retainerPath(edges []Retainer, addr uint64) []string {
+	byID := map[uint64]Retainer{}
+	for _, e := range edges {
+		byID[e.Holder] = e
+	}
+	for _, e := range edges {
+		if e.Addr != addr || e.Parent == 0 {
+			continue
+		}
+		var path []string
+		for cur := e; ; cur = byID[cur.Parent] {
+			path = append(path, cur.Description)
+			if cur.Parent == 0 {
+				return path
+			}
+		}
+	}
+	return nil
 }
