@@ -37,6 +37,18 @@ type caseLoRA struct {
 	Targets []string `json:"targets"`
 }
 
+// newLlama builds the case's model on rt, its configuration changed by set.
+func (c llamaCase) newLlama(t testing.TB, rt *tensor.Runtime, set func(*LlamaConfig)) *Llama {
+	t.Helper()
+	cfg := c.llamaConfig(t)
+	set(&cfg)
+	m, err := NewLlama(rt, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func (c llamaCase) llamaConfig(t testing.TB) LlamaConfig {
 	t.Helper()
 	dtype := tensor.F32
@@ -131,12 +143,9 @@ func TestLlamaSavesWhatPyTorchSaves(t *testing.T) {
 func TestLoRATrainsOnlyAdapters(t *testing.T) {
 	c := llamaCases()[0]
 	rt := gptRuntime(device.CPU)
-	cfg := c.llamaConfig(t)
-	cfg.Adapter = &LoRAConfig{Rank: 4, Alpha: 8, Targets: []string{"q", "v", "down"}}
-	m, err := NewLlama(rt, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := c.newLlama(t, rt, func(cfg *LlamaConfig) {
+		cfg.Adapter = &LoRAConfig{Rank: 4, Alpha: 8, Targets: []string{"q", "v", "down"}}
+	})
 	idx := tokens(rt, c.Batch, c.Seq, c.Vocab)
 	lossWith := func(scale float32) float32 {
 		var l float32
@@ -152,7 +161,7 @@ func TestLoRATrainsOnlyAdapters(t *testing.T) {
 		})
 		return l
 	}
-	if with, without := lossWith(cfg.Adapter.Scaling()), lossWith(0); with != without {
+	if with, without := lossWith(m.Config.Adapter.Scaling()), lossWith(0); with != without {
 		t.Errorf("loss %v with fresh adapters, %v without: lora_B must start at zero", with, without)
 	}
 	loss := m.Loss(idx, idx)
@@ -187,12 +196,7 @@ func TestLlamaFlashMatchesEager(t *testing.T) {
 	c := llamaCases()[0]
 	run := func(attention string) (float32, map[string][]float32) {
 		rt := gptRuntime(device.CPU)
-		cfg := c.llamaConfig(t)
-		cfg.Attention = attention
-		m, err := NewLlama(rt, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := c.newLlama(t, rt, func(cfg *LlamaConfig) { cfg.Attention = attention })
 		idx := tokens(rt, c.Batch, c.Seq, c.Vocab)
 		loss := m.Loss(idx, idx)
 		loss.Backward(false)
@@ -226,12 +230,9 @@ func TestLlamaCheckpointedGradientsAreIdentical(t *testing.T) {
 	c := llamaCases()[0]
 	run := func(ckpt bool) map[string][]float32 {
 		rt := gptRuntime(device.CPU)
-		cfg := c.llamaConfig(t)
-		cfg.Adapter = &LoRAConfig{Rank: 4, Alpha: 8, Dropout: 0.1, Targets: []string{"q", "k", "up"}}
-		m, err := NewLlama(rt, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := c.newLlama(t, rt, func(cfg *LlamaConfig) {
+			cfg.Adapter = &LoRAConfig{Rank: 4, Alpha: 8, Dropout: 0.1, Targets: []string{"q", "k", "up"}}
+		})
 		// lora_B starts at zero: give it values so lora_A gets a gradient too.
 		for _, p := range m.Parameters() {
 			if strings.Contains(p.Name, "lora_B") {

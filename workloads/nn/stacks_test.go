@@ -266,12 +266,7 @@ func TestChunkedAndFusedLossesMatchFull(t *testing.T) {
 	c := llamaCases()[0]
 	run := func(loss Loss) (float32, map[string][]float32) {
 		rt := gptRuntime(device.CPU)
-		cfg := c.llamaConfig(t)
-		cfg.Loss = loss
-		m, err := NewLlama(rt, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := c.newLlama(t, rt, func(cfg *LlamaConfig) { cfg.Loss = loss })
 		idx := tokens(rt, c.Batch, c.Seq, c.Vocab)
 		l := m.Loss(idx, idx)
 		l.Backward(false)
@@ -316,12 +311,7 @@ func TestLitGPTLoopHoldsItsFloat32Logits(t *testing.T) {
 	c := llamaCases()[0] // batch 2, 8 tokens, vocabulary 50
 	after := func(loss Loss, steps int) int64 {
 		rt := gptRuntime(device.Meta)
-		cfg := c.llamaConfig(t)
-		cfg.Loss = loss
-		m, err := NewLlama(rt, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := c.newLlama(t, rt, func(cfg *LlamaConfig) { cfg.Loss = loss })
 		idx := tokens(rt, c.Batch, c.Seq, c.Vocab)
 		for range steps {
 			l := m.Loss(idx, idx)
