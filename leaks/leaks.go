@@ -214,9 +214,10 @@ type groupKey struct {
 
 // group is a groupKey's live bytes and counts at each point.
 type group struct {
-	key    groupKey
-	bytes  []int64
-	counts []int
+	key       groupKey
+	bytes     []int64 // the blocks' sizes, what allocated memory counts
+	requested []int64 // what the program asked for, which says whether the group grows
+	counts    []int
 }
 
 // maxMeasured is how many iterations Analyze measures at most: the last ones. A leak shows in a few dozen;
@@ -234,17 +235,19 @@ func Analyze(tl *timeline.Timeline, opts ...Option) *Result {
 
 // groupSum is a group's live bytes and blocks at one point.
 type groupSum struct {
-	bytes int64
-	count int
+	bytes, requested int64
+	count            int
 }
 
-// sumGroups sums a live set by group.
+// sumGroups sums a live set by group: the blocks' sizes, and the bytes the program asked for (a block's size
+// where its request is not recorded).
 func sumGroups(live []timeline.Allocation) map[groupKey]groupSum {
 	out := map[groupKey]groupSum{}
 	for _, b := range live {
 		k := groupKey{b.Stack, b.Scope, b.Category}
 		g := out[k]
 		g.bytes += b.Size
+		g.requested += cmp.Or(b.Requested, b.Size)
 		g.count++
 		out[k] = g
 	}
@@ -348,9 +351,10 @@ func (r *Result) measure(m measurer, seqs []int, iters []int32) []*group {
 			if !ok {
 				j = len(groups)
 				index[k] = j
-				groups = append(groups, &group{key: k, bytes: make([]int64, len(seqs)), counts: make([]int, len(seqs))})
+				groups = append(groups, &group{key: k, bytes: make([]int64, len(seqs)), requested: make([]int64, len(seqs)),
+					counts: make([]int, len(seqs))})
 			}
-			groups[j].bytes[i], groups[j].counts[i] = v.bytes, v.count
+			groups[j].bytes[i], groups[j].requested[i], groups[j].counts[i] = v.bytes, v.requested, v.count
 		}
 	}
 	slices.SortFunc(groups, func(a, b *group) int {
@@ -381,7 +385,11 @@ func (r *Result) findSuspects(c *config, s *snapshot.Snapshot, m measurer, group
 	last := r.Points[n]
 	growing := map[groupKey]bool{}
 	for _, g := range groups {
-		if !sustained(g.bytes) {
+		// Growth is judged on what the program asked for: a block's size also holds the allocator's
+		// rounding, which changes with the cached block a request lands in (a large block is not split when
+		// less than 1 MiB would remain), so that a tensor kept from one iteration into the next would seem to
+		// grow and shrink by up to a megabyte without the program keeping more.
+		if !sustained(g.requested) {
 			continue
 		}
 		growing[g.key] = true
